@@ -1,0 +1,155 @@
+"""Vendor-neutral readings: what every backend returns, in SI base units.
+
+A backend fills one :class:`GpuReading` per GPU. Every field is optional: ``None``
+(or an empty dict) means "we could not take this reading", and the exporter then
+emits no series for it. Nothing here is ever a placeholder 0.
+
+Units are fixed by the field name: ``*_bytes``, ``*_watts``, ``*_joules``,
+``*_hertz``, ``*_celsius``, ``*_ratio`` (0-1), ``*_seconds``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class MigReading:
+    """One MIG instance (NVIDIA) or compute partition (AMD) of a physical GPU."""
+
+    gpu_instance_id: int
+    compute_instance_id: int | None = None
+    uuid: str | None = None
+    profile: str | None = None  # e.g. "1g.10gb" (nvidia-smi -L)
+    memory_total_bytes: float | None = None
+    memory_used_bytes: float | None = None
+    utilization_ratio: float | None = None
+
+
+@dataclass
+class GpuReading:
+    """One GPU at one moment. ``index`` and ``uuid`` identify it on every series."""
+
+    index: int
+    uuid: str
+    vendor: str = "unknown"  # "nvidia" | "amd" | "simulated-vendor" ...
+    # ``up`` False: the device exists but cannot be read (lost, unknown error).
+    # The exporter then emits gpu_up 0 and no other reading for it.
+    up: bool = True
+    up_reason: str | None = None
+
+    # identity (gpu_info labels)
+    name: str | None = None
+    pci_bus_id: str | None = None  # canonical "0000:3b:00.0", lower case
+    serial: str | None = None
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None  # "12.4"; ROCm version on AMD
+    firmware_version: str | None = None
+
+    # utilisation, ratio 0-1 (nvidia-smi utilization.gpu / utilization.memory)
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+
+    # framebuffer memory, bytes (nvidia-smi memory.total/used/free/reserved)
+    memory_total_bytes: float | None = None
+    memory_used_bytes: float | None = None
+    memory_free_bytes: float | None = None
+    memory_reserved_bytes: float | None = None
+
+    # sensor name -> celsius ("gpu"/"edge", "memory", "junction")
+    temperature_celsius: dict[str, float] = field(default_factory=dict)
+
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None  # monotonic since driver load
+
+    # clock name -> hertz ("graphics", "sm", "memory", "video", "soc")
+    clock_hertz: dict[str, float] = field(default_factory=dict)
+    clock_max_hertz: dict[str, float] = field(default_factory=dict)
+
+    pcie_link_generation: float | None = None
+    pcie_link_generation_max: float | None = None
+    pcie_link_width: float | None = None
+    pcie_link_width_max: float | None = None
+    pcie_replay_total: float | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+
+    fan_speed_ratio: float | None = None
+    performance_state: float | None = None  # P0 = 0 ... P15 = 15
+
+    # ECC counters: (error_type "corrected"|"uncorrected", counter "volatile"|"aggregate") -> count
+    ecc_errors: dict[tuple[str, str], float] = field(default_factory=dict)
+    ecc_mode_enabled: float | None = None
+    retired_pages: dict[str, float] = field(default_factory=dict)  # cause -> pages
+    retired_pages_pending: float | None = None
+    remapped_rows: dict[str, float] = field(default_factory=dict)  # "corrected"/"uncorrected" -> rows
+    remapped_rows_pending: float | None = None
+    remapped_rows_failed: float | None = None
+
+    # throttle / clock-event reasons: reason -> 0|1 ; violation seconds: reason -> seconds
+    throttle_reasons: dict[str, float] = field(default_factory=dict)
+    violation_seconds: dict[str, float] = field(default_factory=dict)
+
+    # NVLink / XGMI: link -> 0|1 ; (link, counter) -> count
+    link_up: dict[int, float] = field(default_factory=dict)
+    link_errors: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    # processes
+    process_count: float | None = None
+    process_memory_used_bytes: float | None = None
+    # opt-in per-PID: pid -> bytes used
+    process_memory_by_pid: dict[int, float] = field(default_factory=dict)
+
+    # MIG / partitions
+    mig_mode_enabled: float | None = None
+    mig: list[MigReading] = field(default_factory=list)
+
+    # fields this GPU reported as unsupported (names of metric families)
+    unsupported: set[str] = field(default_factory=set)
+
+
+@dataclass
+class PeerReading:
+    """Topology between two GPUs of the same backend (nvidia-smi topo -m)."""
+
+    gpu: int
+    peer: int
+    # "read" | "write" | "atomics" | "nvlink" | "xgmi" -> 0|1
+    p2p: dict[str, float] = field(default_factory=dict)
+    # NVML topology level name: "internal", "single", "multiple", "hostbridge", "node", "system"
+    topology_level: str | None = None
+    topology_level_value: float | None = None
+
+
+@dataclass
+class Collection:
+    """What one backend returned in one collection cycle."""
+
+    backend: str
+    gpus: list[GpuReading] = field(default_factory=list)
+    peers: list[PeerReading] = field(default_factory=list)
+    # XID (NVIDIA) or RAS event counters: (gpu index, uuid, code) -> count; last event time per GPU
+    xid_counts: dict[tuple[int, str, str], float] = field(default_factory=dict)
+    xid_last_seconds: dict[tuple[int, str], float] = field(default_factory=dict)
+    # PCI devices of this vendor seen on the bus (sysfs), for "fell off the bus"
+    pci_devices: int | None = None
+    # non-fatal errors by kind during this collection, e.g. {"gpu_lost": 1}
+    errors: dict[str, int] = field(default_factory=dict)
+    # the collection did not complete (timeout): the readings are partial
+    partial: bool = False
+
+    def count_error(self, kind: str, n: int = 1) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + n
+
+
+@dataclass
+class HostInfo:
+    """Host identity (gpu_host_info labels)."""
+
+    node: str
+    cpu_model: str
+    kernel: str
+    os: str = ""
