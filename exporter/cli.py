@@ -1,0 +1,59 @@
+"""``gpu-exporter`` console script. Subcommands import their own code lazily, so that
+``serve`` never loads the Kubernetes client or the profiler (tens of MiB)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+USAGE = """usage: gpu-exporter <command> [options]
+
+commands:
+  serve      serve GPU metrics on :9400/metrics (Prometheus exporter)
+  profile    classify GPU usage from Prometheus and annotate Nodes
+  version    print the version
+
+Run 'gpu-exporter <command> --help' for a command's options.
+"""
+
+
+def _serve(argv: Sequence[str]) -> int:
+    from exporter.serve import main
+
+    return main(argv)
+
+
+def _profile(argv: Sequence[str]) -> int:
+    from exporter.profiler.main import run
+
+    return run(list(argv))
+
+
+def _version(argv: Sequence[str]) -> int:
+    from exporter import __version__
+
+    print(f"gpu-exporter {__version__}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "serve": _serve,
+    "profile": _profile,
+    "version": _version,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return 0 if args else 2
+    cmd = COMMANDS.get(args[0])
+    if cmd is None:
+        sys.stderr.write(f"gpu-exporter: unknown command {args[0]!r}; expected one of: {', '.join(COMMANDS)}\n")
+        return 2
+    return cmd(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

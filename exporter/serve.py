@@ -1,0 +1,114 @@
+"""``gpu-exporter serve``: pick backends, start the engine and the HTTP server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from exporter import backends, config, logs
+from exporter.backends.base import Backend, BackendOptions, BackendUnavailable, FieldFilter
+
+log = logging.getLogger("exporter")
+
+SIMULATED_BANNER = (
+    "NO GPU FOUND: serving SIMULATED GPU data (backend=simulated). These numbers are not real. "
+    "Use --backend nvml|amdsmi|rocm-smi in production."
+)
+
+
+def options_from(settings: config.Settings) -> BackendOptions:
+    return BackendOptions(
+        fields=FieldFilter(include=settings.fields_include, exclude=settings.fields_exclude),
+        sysfs_root=settings.sysfs_root,
+        simulated_gpus=settings.simulated_gpus,
+        per_process=settings.per_process,
+        pcie_throughput=settings.pcie_throughput,
+    )
+
+
+def choose_backends(settings: config.Settings, options: BackendOptions) -> tuple[list[Backend], set[str]]:
+    """Backends to run and the names already initialised.
+
+    ``auto`` tries each real backend in order and keeps the first that initialises; it
+    falls back to ``simulated`` only with ``--allow-simulated``, with a loud warning.
+    Explicit backends are kept even when they fail now: the engine retries their init on
+    every collection and reports the failure in gpu_exporter_collector_success.
+    """
+    chosen: list[Backend] = []
+    ready: set[str] = set()
+    if settings.backend == "auto":
+        reasons = []
+        for name in backends.auto_order():
+            b = backends.create(name, options)
+            try:
+                b.init()
+            except BackendUnavailable as exc:
+                reasons.append(f"{name}: {exc}")
+                continue
+            except Exception as exc:  # noqa: BLE001 - probe failures are reasons, not crashes
+                reasons.append(f"{name}: {type(exc).__name__}: {exc}")
+                continue
+            log.info("backend auto: using %s", name)
+            return [b], {name}
+        detail = "; ".join(reasons) or "no backends known"
+        if settings.allow_simulated:
+            log.warning("%s (auto-detection: %s)", SIMULATED_BANNER, detail)
+            return [backends.create("simulated", options)], set()
+        log.error("no GPU backend available (%s); serving exporter self-metrics only", detail)
+        return [], set()
+    for name in settings.backend.split(","):
+        b = backends.create(name, options)
+        if name == "simulated":
+            log.warning(SIMULATED_BANNER)
+        chosen.append(b)
+    return chosen, ready
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        settings = config.load(argv)
+    except config.ConfigError as exc:
+        sys.stderr.write(f"gpu-exporter: error: {exc}\n")
+        return 2
+    logs.setup(settings.log_level, settings.log_format)
+    if settings.check_config:
+        sys.stdout.write(json.dumps(settings.as_dict(), indent=2, sort_keys=True) + "\n")
+        return 0
+
+    from exporter.engine import Engine
+    from exporter.host import host_info
+    from exporter.server import build_server
+
+    options = options_from(settings)
+    chosen, ready = choose_backends(settings, options)
+    engine = Engine(chosen, host_info(), options.fields, settings.collection_interval,
+                    settings.collection_timeout)
+    for name in ready:
+        engine.mark_initialised(name)
+    try:
+        server = build_server(engine, settings.address, settings.port, settings.metrics_path,
+                              settings.ready_max_age, settings.max_connections, settings.read_timeout)
+    except OSError as exc:
+        sys.stderr.write(f"gpu-exporter: error: cannot listen on {settings.address}:{settings.port}: "
+                         f"{exc.strerror or exc}\n")
+        return 1
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    names = ",".join(b.name for b in chosen) or "none"
+    log.info("serving http://%s:%d%s (backend %s)", settings.address, server.server_address[1],
+             settings.metrics_path, names)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        engine.stop()
+    return 0

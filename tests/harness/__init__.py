@@ -1,0 +1,1 @@
+"""Test harnesses for the outside world: fake NVML fleet, Prometheus, kube API, kubelet."""

@@ -1,0 +1,107 @@
+"""Run the real ``gpu-exporter serve`` as a subprocess on 127.0.0.1 and scrape it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.harness.poll import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, headers: Mapping[str, str] | None = None, timeout: float = 10.0) -> tuple[int, bytes, dict]:
+    req = urllib.request.Request(url, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def parse_samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """Exposition text -> {(sample name, frozenset(labels)): value}."""
+    out: dict[tuple[str, frozenset], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def sample(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float | None:
+    """The value of the one sample of ``name`` whose labels include ``labels`` (None if absent)."""
+    hits = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls)]
+    assert len(hits) <= 1, f"{name}{labels} matches {len(hits)} samples"
+    return hits[0] if hits else None
+
+
+class ExporterProcess:
+    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None, port: int | None = None,
+                 wait: bool = True) -> None:
+        self.port = port or free_port()
+        self.log_file = tempfile.NamedTemporaryFile(prefix="exporter-", suffix=".log", delete=False)  # noqa: SIM115
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        cmd = [sys.executable, "-m", "exporter", "serve", "--address", "127.0.0.1", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, env=full_env, cwd=REPO, stdout=self.log_file, stderr=subprocess.STDOUT)
+        if wait:
+            self.wait_healthy()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return Path(self.log_file.name).read_text(errors="replace")
+
+    def wait_healthy(self, timeout: float = 15.0) -> None:
+        def ok() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exporter exited with {self.proc.returncode}:\n{self.log()}")
+            return http_get(self.url + "/healthz", timeout=1)[0] == 200
+
+        wait_until(ok, timeout, what="exporter /healthz")
+
+    def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, bytes, dict]:
+        return http_get(self.url + path, headers)
+
+    def scrape_text(self, path: str = "/metrics") -> str:
+        status, body, _ = self.get(path)
+        assert status == 200, body
+        return body.decode()
+
+    def scrape(self, path: str = "/metrics") -> dict[tuple[str, frozenset], float]:
+        return parse_samples(self.scrape_text(path))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log_file.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> ExporterProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        os.unlink(self.log_file.name)
