@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from exporter.backends.base import Backend, BackendError, BackendUnavailable
 from exporter.readings import Collection, GpuReading
+from exporter.sysfs import NVIDIA_VENDOR, count_pci_gpus
 
 # NVML return codes (nvml.h)
 NOT_SUPPORTED = 3
@@ -225,6 +226,8 @@ class NvmlBackend(Backend):
                     out.count_error(down.kind)
                     self.log_once(f"down:{gpu.index}:{down}", "nvml: GPU %d unreadable: %s", gpu.index, down)
                 out.gpus.append(reading)
+        if self.enabled("gpu_pci_devices"):
+            out.pci_devices = count_pci_gpus(self.options.sysfs_root, NVIDIA_VENDOR)
 
     def _read_gpu(self, gpu: _Gpu, r: GpuReading) -> None:
         nv = self._nv
