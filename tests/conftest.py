@@ -1,0 +1,57 @@
+"""Shared pytest fixtures. Keep each fixture small and grouped by the outside system it stands for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.prom import Prometheus
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+
+# ---- Prometheus (tests/harness/prom.py) -------------------------------------------------
+
+
+@pytest.fixture
+def make_prometheus(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
+    """Factory: ``make_prometheus(scrape_targets=[...], rule_files=[...], ...)`` -> a started server.
+
+    Keyword arguments go to :class:`Prometheus`; every server is stopped at teardown.
+    """
+    started: list[Prometheus] = []
+
+    def make(**kwargs: Any) -> Prometheus:
+        prom = Prometheus(tmp_path / f"prometheus-{len(started)}", **kwargs)
+        started.append(prom)
+        return prom.start()
+
+    yield make
+    for prom in started:
+        prom.stop()
+
+
+# ---- Kubernetes API (tests/harness/kubeapi.py) ------------------------------------------
+
+
+@pytest.fixture
+def kubeapi() -> Iterator[FakeKubeAPI]:
+    """A running fake API server on 127.0.0.1 with no nodes; add them with ``add_node``."""
+    with FakeKubeAPI() as api:
+        yield api
+
+
+@pytest.fixture
+def kube_client(kubeapi: FakeKubeAPI, tmp_path: Path) -> Iterator[ApiClient]:
+    """A real ``kubernetes.client.ApiClient`` for ``kubeapi`` (the global client config is untouched)."""
+    from kubernetes import config
+
+    kubeconfig = kubeapi.kubeconfig(tmp_path / "kubeconfig")
+    client: ApiClient = config.new_client_from_config(config_file=str(kubeconfig))
+    yield client
+    client.close()

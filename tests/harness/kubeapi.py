@@ -1,0 +1,734 @@
+"""A small fake Kubernetes API server (Nodes only) for the real ``kubernetes`` Python client.
+
+No kube-apiserver can be installed on the development machines, so the profiler's Node
+writes are tested against this HTTP server on 127.0.0.1. It emulates what matters for them:
+
+* ``GET /api/v1/nodes`` (``labelSelector``, ``fieldSelector=metadata.name=...``, ``limit`` and
+  ``continue``), ``GET /api/v1/nodes/{name}``, ``PUT`` and ``PATCH /api/v1/nodes/{name}``.
+* PATCH as ``application/merge-patch+json`` (RFC 7386, ``null`` deletes a key),
+  ``application/strategic-merge-patch+json`` (maps merge like a merge patch, lists are
+  replaced; ``$setElementOrder/...`` keys are ignored, other ``$`` directives are refused)
+  and ``application/json-patch+json`` (RFC 6902: add, remove, replace, move, copy, test;
+  ``~1`` escapes ``/``). Server-side apply is refused with 415.
+* ``metadata.resourceVersion`` is a server-wide counter bumped on every write that changes the
+  object (a no-op patch does not bump it, like the real server). A patch or PUT carrying a
+  different ``resourceVersion`` gets 409 Conflict: optimistic concurrency.
+* The real server's validation of what the profiler writes: label and annotation keys
+  (``prefix/name``, DNS subdomain prefix, name at most 63 characters), label values, string
+  values only, and at most 256 KiB of annotations per object (422 Invalid / 400 BadRequest).
+* Errors are ``Status`` objects with ``reason`` and ``code``, so ``ApiException`` parses them.
+* A bearer token (``test-token``) is required; anything else gets 401.
+
+Test controls: :meth:`FakeKubeAPI.add_node`, :meth:`~FakeKubeAPI.node`,
+:meth:`~FakeKubeAPI.edit_node` (another writer), :meth:`~FakeKubeAPI.delete_node`,
+:meth:`~FakeKubeAPI.inject` (fail or stall matching requests), :attr:`~FakeKubeAPI.requests`
+and :meth:`~FakeKubeAPI.patches` (what the client sent), :meth:`~FakeKubeAPI.kubeconfig`.
+
+Retries inside the client (kubernetes 37, measured): a GET answered 429 or 503 *with* a
+``Retry-After`` header is retried up to 3 times after that delay (4 requests in all); without
+the header it is not. A GET or PUT whose read times out is retried by urllib3 up to 3 times
+(then ``MaxRetryError``); a PATCH is sent once (``ReadTimeoutError``). Count requests with
+that in mind. Watches are not supported (400).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import http.server
+import json
+import re
+import socket
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+TOKEN = "test-token"
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+
+JsonObj = dict[str, Any]
+
+_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+_HTTP_PHRASES = {s.value: s.phrase for s in http.HTTPStatus}
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+_NODE_PATH = re.compile(r"/api/v1/nodes/([^/]+)\Z")
+
+
+class ApiError(Exception):
+    """Raised inside the server to answer with a Status object."""
+
+    def __init__(self, code: int, message: str, name: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.name = name
+        self.reason = reason or _REASONS.get(code, "Unknown")
+
+    def status(self) -> JsonObj:
+        doc: JsonObj = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.name is not None:
+            doc["details"] = {"name": self.name, "kind": "nodes"}
+        return doc
+
+
+@dataclass
+class RecordedRequest:
+    """One request as the server saw it. ``status`` is filled in once it has been answered."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    content_type: str | None
+    body: Any  # parsed JSON, the raw text if it was not JSON, None without a body
+    headers: dict[str, str]
+    time: float
+    status: int | None = None
+    injected: bool = False
+
+    @property
+    def node(self) -> str | None:
+        """The node name for ``/api/v1/nodes/{name}``, else None."""
+        m = _NODE_PATH.match(self.path)
+        return urllib.parse.unquote(m.group(1)) if m else None
+
+
+@dataclass
+class _Injection:
+    method: str
+    path: re.Pattern[str]
+    status: int | None
+    remaining: int
+    delay: float
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+# ---- patch semantics --------------------------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge recursively, ``null`` deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            result.pop(k, None)
+        else:
+            result[k] = merge_patch(result.get(k), v)
+    return result
+
+
+def _strip_strategic_directives(patch: Any, where: str = "") -> Any:
+    if not isinstance(patch, dict):
+        return patch
+    out = {}
+    for k, v in patch.items():
+        if k.startswith("$setElementOrder/"):
+            continue  # only orders list elements; our lists are replaced wholesale
+        if k.startswith("$"):
+            raise ApiError(400, f"fake API server: strategic merge directive {k!r} at {where or '/'} unsupported")
+        out[k] = _strip_strategic_directives(v, f"{where}/{k}")
+    return out
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ApiError(422, f"json patch path {path!r} must start with '/'")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _parent(doc: Any, parts: list[str], path: str) -> Any:
+    cur = doc
+    for p in parts[:-1]:
+        if isinstance(cur, dict) and p in cur:
+            cur = cur[p]
+        elif isinstance(cur, list) and p.isdigit() and int(p) < len(cur):
+            cur = cur[int(p)]
+        else:
+            raise ApiError(422, f"json patch: path {path!r} does not exist (missing {p!r})")
+    return cur
+
+
+def _get(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return doc
+    parent = _parent(doc, parts, path)
+    last = parts[-1]
+    if isinstance(parent, dict) and last in parent:
+        return parent[last]
+    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
+        return parent[int(last)]
+    raise ApiError(422, f"json patch: path {path!r} does not exist")
+
+
+def _add(doc: Any, path: str, value: Any) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return copy.deepcopy(value)
+    parent = _parent(doc, parts, path)
+    last = parts[-1]
+    if isinstance(parent, dict):
+        parent[last] = copy.deepcopy(value)
+    elif isinstance(parent, list):
+        idx = len(parent) if last == "-" else int(last) if last.isdigit() else -1
+        if not 0 <= idx <= len(parent):
+            raise ApiError(422, f"json patch: bad array index in {path!r}")
+        parent.insert(idx, copy.deepcopy(value))
+    else:
+        raise ApiError(422, f"json patch: cannot add below a scalar at {path!r}")
+    return doc
+
+
+def _remove(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        raise ApiError(422, "json patch: cannot remove the whole object")
+    _get(doc, path)  # raises when missing, like the real server
+    parent = _parent(doc, parts, path)
+    if isinstance(parent, dict):
+        del parent[parts[-1]]
+    else:
+        del parent[int(parts[-1])]
+    return doc
+
+
+def json_patch(doc: Any, ops: Any) -> Any:
+    """RFC 6902 on a copy of ``doc``; a failing op (including ``test``) aborts the whole patch."""
+    if not isinstance(ops, list):
+        raise ApiError(400, "json patch body must be a list of operations")
+    doc = copy.deepcopy(doc)
+    for i, op in enumerate(ops):
+        if not isinstance(op, dict) or "op" not in op or "path" not in op:
+            raise ApiError(400, f"json patch operation {i} needs 'op' and 'path': {op!r}")
+        kind, path = op["op"], op["path"]
+        if kind in ("add", "replace", "test") and "value" not in op:
+            raise ApiError(400, f"json patch operation {i} ({kind} {path}) needs 'value'")
+        if kind == "add":
+            doc = _add(doc, path, op["value"])
+        elif kind == "remove":
+            doc = _remove(doc, path)
+        elif kind == "replace":
+            _get(doc, path)
+            doc = _add(_remove(doc, path), path, op["value"]) if _pointer(path) else op["value"]
+        elif kind in ("move", "copy"):
+            value = copy.deepcopy(_get(doc, op.get("from", "")))
+            if kind == "move":
+                doc = _remove(doc, op["from"])
+            doc = _add(doc, path, value)
+        elif kind == "test":
+            if _get(doc, path) != op["value"]:
+                raise ApiError(422, f"json patch test operation {i} failed: {path} is not {op['value']!r}")
+        else:
+            raise ApiError(400, f"json patch operation {i}: unknown op {kind!r}")
+    return doc
+
+
+# ---- validation -------------------------------------------------------------------------
+
+
+def _key_error(key: str) -> str | None:
+    prefix, sep, name = key.rpartition("/")
+    if sep and not (prefix and len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
+        return "prefix part must be a lowercase DNS subdomain of at most 253 characters"
+    if not name or len(name) > 63 or not _NAME_PART.match(name):
+        return (
+            "name part must be at most 63 characters: alphanumerics, '-', '_' or '.', "
+            "starting and ending with an alphanumeric"
+        )
+    return None
+
+
+def validate_node(node: JsonObj) -> None:
+    """Raise ApiError as the real server would for the fields the profiler writes."""
+    meta = node.get("metadata")
+    if not isinstance(meta, dict):
+        raise ApiError(400, "metadata must be an object")
+    name = meta.get("name", "")
+    for fld in ("labels", "annotations"):
+        m = meta.get(fld) or {}
+        if not isinstance(m, dict):
+            raise ApiError(400, f"metadata.{fld} must be an object of strings, got {type(m).__name__}")
+        for k, v in m.items():
+            if not isinstance(v, str):
+                raise ApiError(400, f"metadata.{fld}[{k!r}]: cannot unmarshal {type(v).__name__} into a string", name)
+            err = _key_error(k)
+            if err:
+                raise ApiError(422, f'Node "{name}" is invalid: metadata.{fld}: Invalid value: "{k}": {err}', name)
+            if fld == "labels" and (len(v) > 63 or not _LABEL_VALUE.match(v)):
+                raise ApiError(
+                    422,
+                    f'Node "{name}" is invalid: metadata.labels: Invalid value: "{v}": a label value must be '
+                    "at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with one",
+                    name,
+                )
+    size = sum(len(k) + len(v) for k, v in (meta.get("annotations") or {}).items())
+    if size > MAX_ANNOTATIONS_BYTES:
+        raise ApiError(
+            422,
+            f'Node "{name}" is invalid: metadata.annotations: Too long: must have at most '
+            f"{MAX_ANNOTATIONS_BYTES} bytes",
+            name,
+        )
+
+
+# ---- selectors --------------------------------------------------------------------------
+
+_REQ = re.compile(
+    r"\s*(?:(?P<not>!)\s*(?P<nkey>[^\s!=,()]+)"
+    r"|(?P<key>[^\s!=,()]+)\s*(?:(?P<op>==|!=|=)\s*(?P<val>[^\s!=,()]*)"
+    r"|\s+(?P<setop>in|notin)\s*\((?P<set>[^()]*)\))?)\s*(?:,|\Z)"
+)
+
+
+def label_selector(expr: str) -> Callable[[Mapping[str, str]], bool]:
+    """Compile a label selector (``a=b,c!=d,e,!f,g in (x,y),h notin (z)``) to a predicate."""
+    reqs: list[tuple[str, str, frozenset[str]]] = []  # (operator, key, values)
+    pos = 0
+    expr = expr.strip()
+    while pos < len(expr):
+        m = _REQ.match(expr, pos)
+        if not m or m.end() == pos:
+            raise ApiError(400, f"unable to parse requirement in labelSelector {expr!r} at {expr[pos:]!r}")
+        pos = m.end()
+        if m["nkey"]:
+            reqs.append(("!", m["nkey"], frozenset()))
+        elif m["op"]:
+            reqs.append(("!=" if m["op"] == "!=" else "=", m["key"], frozenset([m["val"]])))
+        elif m["setop"]:
+            reqs.append((m["setop"], m["key"], frozenset(v.strip() for v in m["set"].split(","))))
+        else:
+            reqs.append(("exists", m["key"], frozenset()))
+
+    def matches(labels: Mapping[str, str]) -> bool:
+        for op, key, values in reqs:
+            ok = {
+                "!": key not in labels,
+                "exists": key in labels,
+                "=": labels.get(key) in values,
+                "in": labels.get(key) in values,
+                "!=": labels.get(key) not in values,
+                "notin": labels.get(key) not in values,
+            }[op]
+            if not ok:
+                return False
+        return True
+
+    return matches
+
+
+def _field_selector(expr: str) -> Callable[[JsonObj], bool]:
+    reqs: list[tuple[str, bool]] = []  # (name, negated)
+    for term in filter(None, (t.strip() for t in expr.split(","))):
+        m = re.fullmatch(r"metadata\.name\s*(==|!=|=)\s*(.*)", term)
+        if not m:
+            raise ApiError(400, f'field label not supported by the fake: "{term}"')
+        reqs.append((m[2], m[1] == "!="))
+    return lambda node: all((node["metadata"]["name"] == want) != neg for want, neg in reqs)
+
+
+# ---- the server -------------------------------------------------------------------------
+
+
+class FakeKubeAPI:
+    """The fake API server. Use as a context manager (``start()``/``stop()`` also work)."""
+
+    def __init__(self, token: str | None = TOKEN) -> None:
+        self.token = token
+        self._lock = threading.RLock()
+        self._nodes: dict[str, JsonObj] = {}
+        self._rv = 0
+        self._requests: list[RecordedRequest] = []
+        self._injections: list[_Injection] = []
+        self._stopping = threading.Event()
+        self._connections: set[socket.socket] = set()
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle ----
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="fake-kubeapi", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; stalled (delayed) requests are released and open connections cut."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(10)
+            self._thread = None
+        self._server.server_close()
+        with self._lock:
+            conns = list(self._connections)
+        for c in conns:  # keep-alive connections would otherwise still be served
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def kubeconfig(self, path: Path) -> Path:
+        """Write a kubeconfig for this server (bearer-token user) to ``path`` and return it.
+
+        Use it with ``kubernetes.config.new_client_from_config(config_file=str(path))``.
+        """
+        user: JsonObj = {"token": self.token} if self.token else {}
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake-user", "user": user}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake-user"}}],
+            "current-context": "fake",
+        }
+        path = Path(path)
+        path.write_text(json.dumps(cfg, indent=2))  # JSON is valid YAML
+        return path
+
+    # ---- test controls ----
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def add_node(
+        self,
+        name: str,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        capacity: Mapping[str, str] | None = None,
+    ) -> JsonObj:
+        """Create a Node (``capacity`` e.g. ``{"nvidia.com/gpu": "8"}``); return a copy of it."""
+        node: JsonObj = {
+            "kind": "Node",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": name,
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "labels": dict(labels or {}),
+                "annotations": dict(annotations or {}),
+            },
+            "spec": {},
+            "status": {"capacity": dict(capacity or {}), "allocatable": dict(capacity or {})},
+        }
+        validate_node(node)
+        with self._lock:
+            if name in self._nodes:
+                raise ValueError(f"node {name!r} already exists")
+            node["metadata"]["resourceVersion"] = self._next_rv()
+            self._nodes[name] = node
+            return copy.deepcopy(node)
+
+    def node(self, name: str) -> JsonObj:
+        """A copy of the stored Node; KeyError if there is none."""
+        with self._lock:
+            return copy.deepcopy(self._nodes[name])
+
+    def nodes(self) -> list[str]:
+        with self._lock:
+            return sorted(self._nodes)
+
+    def edit_node(
+        self,
+        name: str,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> JsonObj:
+        """Change a Node as another writer would (merge semantics, None deletes; bumps resourceVersion)."""
+        patch: JsonObj = {"metadata": {}}
+        if labels is not None:
+            patch["metadata"]["labels"] = dict(labels)
+        if annotations is not None:
+            patch["metadata"]["annotations"] = dict(annotations)
+        with self._lock:
+            new = merge_patch(self._nodes[name], patch)
+            validate_node(new)
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self._nodes[name] = new
+            return copy.deepcopy(new)
+
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            del self._nodes[name]
+            self._rv += 1
+
+    def inject(
+        self,
+        method: str,
+        path_regex: str,
+        status: int | None,
+        times: int = 1,
+        delay: float = 0.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Answer the next ``times`` requests matching ``method`` (``"*"`` for any) and ``path_regex``
+        (``re.search`` on the path, query excluded) with a ``status`` Status object, after waiting
+        ``delay`` s. ``status=None`` only delays, then serves normally (a slow server).
+        """
+        with self._lock:
+            self._injections.append(
+                _Injection(method.upper(), re.compile(path_regex), status, times, delay, dict(headers or {}))
+            )
+
+    def clear_injections(self) -> None:
+        """Forget injections not used up yet."""
+        with self._lock:
+            self._injections.clear()
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every request received so far, in arrival order (a copy of the list)."""
+        with self._lock:
+            return list(self._requests)
+
+    def clear_requests(self) -> None:
+        with self._lock:
+            self._requests.clear()
+
+    def patches(self, node: str | None = None) -> list[RecordedRequest]:
+        """The PATCH requests received, optionally only those for one node."""
+        return [r for r in self.requests if r.method == "PATCH" and (node is None or r.node == node)]
+
+    # ---- request handling ----
+
+    def _take_injection(self, method: str, path: str) -> _Injection | None:
+        with self._lock:
+            for inj in self._injections:
+                if inj.remaining > 0 and inj.method in ("*", method) and inj.path.search(path):
+                    inj.remaining -= 1
+                    return inj
+        return None
+
+    def _dispatch(self, method: str, path: str, query: Mapping[str, str], ctype: str | None, body: Any) -> JsonObj:
+        if path == "/api/v1/nodes":
+            if method != "GET":
+                raise ApiError(405, f"fake API server: {method} {path} is not supported")
+            return self._list(query)
+        m = _NODE_PATH.match(path)
+        if not m:
+            raise ApiError(404, f"the server could not find the requested resource ({method} {path})")
+        name = urllib.parse.unquote(m.group(1))
+        with self._lock:
+            current = self._nodes.get(name)
+            if current is None:
+                raise ApiError(404, f'nodes "{name}" not found', name)
+            if method == "GET":
+                return copy.deepcopy(current)
+            if method == "PATCH":
+                new = self._patched(current, ctype, body)
+            elif method == "PUT":
+                if not isinstance(body, dict):
+                    raise ApiError(400, "PUT body must be a Node object")
+                new = copy.deepcopy(body)
+                new.setdefault("metadata", {})
+            else:
+                raise ApiError(405, f"fake API server: {method} {path} is not supported")
+            return self._store(name, current, new)
+
+    def _patched(self, current: JsonObj, ctype: str | None, body: Any) -> JsonObj:
+        media = (ctype or "").split(";")[0].strip().lower()
+        if media == "application/json-patch+json":
+            return dict(json_patch(current, body))
+        if media in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            if not isinstance(body, dict):
+                raise ApiError(400, f"{media} body must be a JSON object, got {type(body).__name__}")
+            if media.startswith("application/strategic"):
+                body = _strip_strategic_directives(body)
+            return dict(merge_patch(current, body))
+        raise ApiError(
+            415,
+            f"the body of the request was in an unknown format ({media or 'no Content-Type'}) - accepted "
+            "media types include: application/json-patch+json, application/merge-patch+json, "
+            "application/strategic-merge-patch+json",
+        )
+
+    def _store(self, name: str, current: JsonObj, new: JsonObj) -> JsonObj:
+        meta = new.get("metadata")
+        if not isinstance(meta, dict):
+            raise ApiError(400, "metadata must be an object")
+        if meta.get("name", name) != name:
+            raise ApiError(
+                400, f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
+        cur_rv = current["metadata"]["resourceVersion"]
+        if meta.get("resourceVersion") not in (None, "", cur_rv):
+            raise ApiError(
+                409,
+                f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; '
+                "please apply your changes to the latest version and try again",
+                name,
+            )
+        # Fields the server owns: keep them whatever the client sent.
+        for k in ("name", "uid", "creationTimestamp", "resourceVersion"):
+            meta[k] = current["metadata"][k]
+        new["kind"], new["apiVersion"] = "Node", "v1"
+        validate_node(new)
+        if new != current:
+            meta["resourceVersion"] = self._next_rv()
+            self._nodes[name] = new
+        return copy.deepcopy(self._nodes[name])
+
+    def _list(self, query: Mapping[str, str]) -> JsonObj:
+        if query.get("watch") in ("true", "1"):
+            raise ApiError(400, "fake API server: watch is not supported")
+        sel = label_selector(query.get("labelSelector", ""))
+        fsel = _field_selector(query.get("fieldSelector", ""))
+        with self._lock:
+            items = [copy.deepcopy(n) for _, n in sorted(self._nodes.items())]
+            rv = str(self._rv)
+        items = [n for n in items if sel(n["metadata"].get("labels") or {}) and fsel(n)]
+        meta: JsonObj = {"resourceVersion": rv}
+        cont = query.get("continue")
+        if cont:
+            try:
+                after = base64.urlsafe_b64decode(cont.encode()).decode()
+            except ValueError:
+                raise ApiError(400, f"invalid continue token {cont!r}") from None
+            items = [n for n in items if n["metadata"]["name"] > after]
+        limit = int(query.get("limit") or 0)
+        if limit and len(items) > limit:
+            meta["continue"] = base64.urlsafe_b64encode(items[limit - 1]["metadata"]["name"].encode()).decode()
+            meta["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
+        return {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items}
+
+    def _handler_class(self) -> type[http.server.BaseHTTPRequestHandler]:
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the client's connection pool expects
+
+            def setup(self) -> None:
+                super().setup()
+                with api._lock:
+                    api._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with api._lock:
+                    api._connections.discard(self.connection)
+                super().finish()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._handle()
+
+            def do_PATCH(self) -> None:
+                self._handle()
+
+            def do_PUT(self) -> None:
+                self._handle()
+
+            def do_POST(self) -> None:
+                self._handle()
+
+            def do_DELETE(self) -> None:
+                self._handle()
+
+            def _handle(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                query = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body: Any = None
+                bad_json = False
+                if raw:
+                    try:
+                        body = json.loads(raw)
+                    except ValueError:
+                        body, bad_json = raw.decode(errors="replace"), True
+                rec = RecordedRequest(
+                    method=self.command,
+                    path=url.path,
+                    query=query,
+                    content_type=self.headers.get("Content-Type"),
+                    body=body,
+                    headers={k.lower(): v for k, v in self.headers.items()},
+                    time=time.time(),
+                )
+                with api._lock:
+                    api._requests.append(rec)
+                extra_headers: dict[str, str] = {}
+                try:
+                    if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
+                        raise ApiError(401, "Unauthorized")
+                    inj = api._take_injection(self.command, url.path)
+                    if inj is not None:
+                        rec.injected = True
+                        if inj.delay:
+                            api._stopping.wait(inj.delay)
+                        if inj.status is not None:
+                            extra_headers = inj.headers
+                            raise ApiError(inj.status, f"injected HTTP {inj.status} by the test", rec.node)
+                    if bad_json:
+                        raise ApiError(400, f"request body is not valid JSON: {str(body)[:80]!r}")
+                    code, doc = 200, api._dispatch(self.command, url.path, query, rec.content_type, body)
+                except ApiError as e:
+                    code, doc = e.code, e.status()
+                except Exception as e:  # noqa: BLE001 - a bug in the fake must still answer
+                    code, doc = 500, ApiError(500, f"fake API server crashed: {e!r}").status()
+                rec.status = code
+                data = json.dumps(doc).encode()
+                try:
+                    self.send_response(code, _HTTP_PHRASES.get(code))
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    for k, v in extra_headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:
+                    self.close_connection = True  # the client gave up (timeout) or we are stopping
+
+        return Handler
+
+
+__all__ = ["TOKEN", "ApiError", "FakeKubeAPI", "RecordedRequest", "json_patch", "label_selector", "merge_patch"]
