@@ -74,8 +74,7 @@ class GpuReading:
     pcie_link_width: float | None = None
     pcie_link_width_max: float | None = None
     pcie_replay_total: float | None = None
-    pcie_tx_bytes_per_second: float | None = None
-    pcie_rx_bytes_per_second: float | None = None
+    pcie_throughput: dict[str, float] = field(default_factory=dict)  # "tx"/"rx" -> bytes per second
 
     fan_speed_ratio: float | None = None
     performance_state: float | None = None  # P0 = 0 ... P15 = 15
@@ -93,9 +92,9 @@ class GpuReading:
     throttle_reasons: dict[str, float] = field(default_factory=dict)
     violation_seconds: dict[str, float] = field(default_factory=dict)
 
-    # NVLink / XGMI: link -> 0|1 ; (link, counter) -> count
+    # NVLink / XGMI: link -> 0|1 ; counter ("crc_flit", "crc_data", "replay", "recovery") -> count, all links
     link_up: dict[int, float] = field(default_factory=dict)
-    link_errors: dict[tuple[int, str], float] = field(default_factory=dict)
+    link_errors: dict[str, float] = field(default_factory=dict)
 
     # processes
     process_count: float | None = None

@@ -168,8 +168,10 @@ def _peer_families(snap: Snapshot, fields: FieldFilter) -> Iterator[Metric]:
         GAUGE,
     )
     for coll in snap.collections:
-        uuids = {r.index: r.uuid for r in coll.gpus}
+        uuids = {r.index: r.uuid for r in coll.gpus if r.up}
         for p in coll.peers:
+            if p.gpu not in uuids or p.peer not in uuids:
+                continue  # a lost GPU publishes nothing, topology included
             base = {"gpu": str(p.gpu), "uuid": uuids.get(p.gpu, ""), "peer": str(p.peer)}
             for cap, v in p.p2p.items():
                 p2p.samples.append(Sample("gpu_p2p_supported", {**base, "capability": cap}, float(v)))

@@ -18,11 +18,12 @@ Static values (identity, max clocks, max PCIe link) are read once per initialisa
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from exporter.backends.base import Backend, BackendError, BackendUnavailable
-from exporter.readings import Collection, GpuReading
+from exporter.readings import Collection, GpuReading, MigReading, PeerReading
 from exporter.sysfs import NVIDIA_VENDOR, count_pci_gpus
 
 # NVML return codes (nvml.h)
@@ -45,6 +46,19 @@ _DRIVER_CODES = {UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VER
 # Anything else raised by a device call marks that GPU down for this cycle.
 
 CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))
+# nvmlClocksEventReason* bits (nvidia-smi -q -d PERFORMANCE), named as nvidia-smi's clocks_event_reasons.*
+THROTTLE_REASONS = (
+    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
+)
+# NVML_PERF_POLICY_* for nvmlDeviceGetViolationStatus
+VIOLATION_POLICIES = ((0, "power"), (1, "thermal"), (2, "sync_boost"), (3, "board_limit"),
+                      (4, "low_utilization"), (5, "reliability"))
+NVLINK_ERROR_FIELDS = (("crc_flit", 38), ("crc_data", 45), ("replay", 52), ("recovery", 59))
+NVML_FI_DEV_NVLINK_LINK_COUNT = 91
+P2P_CAPS = ((0, "read"), (1, "write"), (2, "nvlink"), (3, "atomics"))  # NVML_P2P_CAPS_INDEX_* (integers)
+TOPOLOGY_NAMES = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
 NVML_FI_DEV_MEMORY_TEMP = 82
 PSTATE_UNKNOWN = 32
 
@@ -94,6 +108,8 @@ class NvmlBackend(Backend):
         self._cuda_version: str | None = None
         self._lock = threading.Lock()  # NVML handles are shared with the event watcher
         self._initialised = False
+        self._peers: list[PeerReading] | None = None
+        self._xid = _XidWatcher(self)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -125,6 +141,8 @@ class NvmlBackend(Backend):
             cuda = self._sys(pynvml.nvmlSystemGetCudaDriverVersion, "cuda_driver_version")
         self._cuda_version = f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) and cuda > 0 else None
         self._enumerate()
+        if self.enabled("gpu_xid_*") and self._gpus:
+            self._xid.start(self._gpus)
 
     def reset(self) -> None:
         self._shutdown_nvml()
@@ -133,6 +151,7 @@ class NvmlBackend(Backend):
         self._shutdown_nvml()
 
     def _shutdown_nvml(self) -> None:
+        self._xid.stop()  # before nvmlShutdown: the watcher holds an event set
         if self._initialised and self._nv is not None:
             try:
                 self._nv.nvmlShutdown()
@@ -140,6 +159,7 @@ class NvmlBackend(Backend):
                 pass  # shutting down a broken driver is allowed to fail
         self._initialised = False
         self._gpus = []
+        self._peers = None
 
     def _enumerate(self) -> None:
         nv = self._nv
@@ -226,6 +246,9 @@ class NvmlBackend(Backend):
                     out.count_error(down.kind)
                     self.log_once(f"down:{gpu.index}:{down}", "nvml: GPU %d unreadable: %s", gpu.index, down)
                 out.gpus.append(reading)
+            if len(self._gpus) > 1 and (self.enabled("gpu_p2p_supported") or self.enabled("gpu_topology_level")):
+                self._read_topology(out)
+        out.xid_counts, out.xid_last_seconds = self._xid.snapshot()
         if self.enabled("gpu_pci_devices"):
             out.pci_devices = count_pci_gpus(self.options.sysfs_root, NVIDIA_VENDOR)
 
@@ -334,6 +357,9 @@ class NvmlBackend(Backend):
         if self.enabled("gpu_pcie_link_width_max"):
             w = call(gpu, r, "gpu_pcie_link_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth, h)
             st["pcie_link_width_max"] = float(w) if w is not _MISSING else None
+        if self.enabled("gpu_link_*"):
+            n = self._field_value(gpu, r, h, "nvlink_count", NVML_FI_DEV_NVLINK_LINK_COUNT)
+            st["nvlinks"] = tuple(range(int(n))) if n else ()
         gpu.static = st
 
     def _read_memory(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
@@ -380,7 +406,285 @@ class NvmlBackend(Backend):
         return _field_number(v)
 
     def _read_depth(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
-        """Readings beyond the core set (ECC, throttling, topology...): see the depth issue."""
+        """Health readings: ECC, row remapping, throttling, NVLink, codecs, processes, MIG."""
+        nv = self._nv
+        call = self._call
+        en = self.enabled
+        if en("gpu_ecc_mode_enabled") or en("gpu_ecc_errors_total"):
+            mode = call(gpu, r, "gpu_ecc_mode_enabled", nv.nvmlDeviceGetEccMode, h)
+            if mode is not _MISSING:
+                r.ecc_mode_enabled = 1.0 if mode[0] else 0.0
+            if en("gpu_ecc_errors_total") and (mode is _MISSING or mode[0]):
+                for etype, ename in ((1, "uncorrected"), (0, "corrected")):
+                    for ctype, cname in ((0, "volatile"), (1, "aggregate")):
+                        v = call(gpu, r, f"gpu_ecc_errors_total:{ename}_{cname}", nv.nvmlDeviceGetTotalEccErrors,
+                                 h, etype, ctype)
+                        if v is not _MISSING:
+                            r.ecc_errors[(ename, cname)] = float(v)
+        if en("gpu_retired_pages"):
+            for cause, cname in ((0, "single_bit"), (1, "double_bit")):
+                pages = call(gpu, r, f"gpu_retired_pages:{cname}", nv.nvmlDeviceGetRetiredPages, h, cause)
+                if pages is not _MISSING:
+                    r.retired_pages[cname] = float(len(pages))
+        if en("gpu_retired_pages_pending"):
+            pend = call(gpu, r, "gpu_retired_pages_pending", nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
+            if pend is not _MISSING:
+                r.retired_pages_pending = 1.0 if pend else 0.0
+        if en("gpu_remapped_rows*"):
+            rows = call(gpu, r, "gpu_remapped_rows", nv.nvmlDeviceGetRemappedRows, h)
+            if rows is not _MISSING:
+                corr, unc, pending, failed = rows
+                r.remapped_rows = {"corrected": float(corr), "uncorrected": float(unc)}
+                r.remapped_rows_pending = 1.0 if pending else 0.0
+                r.remapped_rows_failed = 1.0 if failed else 0.0
+        if en("gpu_throttle_reason_active"):
+            self._read_throttle(gpu, r, h)
+        if en("gpu_violation_seconds_total"):
+            for policy, pname in VIOLATION_POLICIES:
+                v = call(gpu, r, f"gpu_violation_seconds_total:{pname}", nv.nvmlDeviceGetViolationStatus, h, policy)
+                if v is not _MISSING:
+                    r.violation_seconds[pname] = v.violationTime / 1e9
+        if en("gpu_pcie_replays_total"):
+            v = call(gpu, r, "gpu_pcie_replays_total", nv.nvmlDeviceGetPcieReplayCounter, h)
+            if v is not _MISSING:
+                r.pcie_replay_total = float(v)
+        if self.options.pcie_throughput and en("gpu_pcie_throughput_bytes_per_second"):
+            for counter, dname in ((0, "tx"), (1, "rx")):
+                v = call(gpu, r, f"gpu_pcie_throughput_bytes_per_second:{dname}", nv.nvmlDeviceGetPcieThroughput,
+                         h, counter)
+                if v is not _MISSING:
+                    r.pcie_throughput[dname] = float(v) * 1024.0  # NVML reports KB/s
+        if en("gpu_link_up"):
+            for link in gpu.static.get("nvlinks", ()):
+                v = call(gpu, r, f"gpu_link_up:{link}", nv.nvmlDeviceGetNvLinkState, h, link)
+                if v is not _MISSING:
+                    r.link_up[link] = 1.0 if v else 0.0
+        if en("gpu_link_errors_total") and gpu.static.get("nvlinks"):
+            for name, fid in NVLINK_ERROR_FIELDS:
+                v = self._field_value(gpu, r, h, f"gpu_link_errors_total:{name}", fid)
+                if v is not None:
+                    r.link_errors[name] = v
+        if en("gpu_encoder_utilization_ratio"):
+            v = call(gpu, r, "gpu_encoder_utilization_ratio", nv.nvmlDeviceGetEncoderUtilization, h)
+            if v is not _MISSING:
+                r.encoder_utilization_ratio = v[0] / 100.0
+        if en("gpu_decoder_utilization_ratio"):
+            v = call(gpu, r, "gpu_decoder_utilization_ratio", nv.nvmlDeviceGetDecoderUtilization, h)
+            if v is not _MISSING:
+                r.decoder_utilization_ratio = v[0] / 100.0
+        if en("gpu_processes*") or (self.options.per_process and en("gpu_process_memory_used_bytes")):
+            procs = call(gpu, r, "gpu_processes", nv.nvmlDeviceGetComputeRunningProcesses, h)
+            if procs is not _MISSING:
+                r.process_count = float(len(procs))
+                used = [p.usedGpuMemory for p in procs if isinstance(p.usedGpuMemory, int)]
+                # usedGpuMemory is None where the driver cannot attribute memory (e.g. MIG without privileges)
+                r.process_memory_used_bytes = float(sum(used)) if len(used) == len(procs) else None
+                if self.options.per_process:
+                    r.process_memory_by_pid = {int(p.pid): float(p.usedGpuMemory) for p in procs
+                                               if isinstance(p.usedGpuMemory, int)}
+        if en("gpu_mig_*"):
+            self._read_mig(gpu, r, h)
+
+    def _read_throttle(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
+        """Clock event (throttle) reasons, decoded into one 0/1 value per supported reason.
+
+        ``ClocksEventReasons`` replaced ``ClocksThrottleReasons`` in newer drivers: probed once.
+        """
+        nv = self._nv
+        current = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if current is None or "nvmlDeviceGetCurrentClocksEventReasons" in self._missing_symbols:
+            current = nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        mask = self._call(gpu, r, "gpu_throttle_reason_active", current, h)
+        if mask is _MISSING and current.__name__.endswith("EventReasons") and \
+                current.__name__ in self._missing_symbols:
+            gpu.skip.discard("gpu_throttle_reason_active")
+            mask = self._call(gpu, r, "gpu_throttle_reason_active", nv.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        if mask is _MISSING:
+            return
+        supported = gpu.static.get("throttle_supported")
+        if supported is None:
+            sup_fn = getattr(nv, "nvmlDeviceGetSupportedClocksEventReasons", None)
+            try:
+                supported = int(sup_fn(h)) if sup_fn is not None else int(
+                    nv.nvmlDeviceGetSupportedClocksThrottleReasons(h))
+            except nv.NVMLError:
+                try:
+                    supported = int(nv.nvmlDeviceGetSupportedClocksThrottleReasons(h))
+                except nv.NVMLError:
+                    supported = ~0  # unknown: report every named reason
+            gpu.static["throttle_supported"] = supported
+        for bit, name in THROTTLE_REASONS:
+            if supported & bit:
+                r.throttle_reasons[name] = 1.0 if int(mask) & bit else 0.0
+
+    def _read_mig(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
+        """MIG mode and, per MIG instance, its memory (utilisation is not reported by NVML)."""
+        nv = self._nv
+        mode = self._call(gpu, r, "gpu_mig_mode_enabled", nv.nvmlDeviceGetMigMode, h)
+        if mode is _MISSING:
+            return
+        r.mig_mode_enabled = 1.0 if mode[0] == 1 else 0.0
+        if mode[0] != 1:
+            return
+        try:
+            slots = int(nv.nvmlDeviceGetMaxMigDeviceCount(h))
+        except nv.NVMLError as exc:
+            self.log_once(f"mig:{gpu.index}", "nvml: GPU %d: cannot list MIG devices: %s", gpu.index, self._err(exc))
+            return
+        for slot in range(slots):
+            try:
+                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) in (NOT_FOUND, INVALID_ARGUMENT):
+                    continue  # an empty slot
+                self.log_once(f"mig:{gpu.index}:{slot}", "nvml: GPU %d MIG slot %d: %s", gpu.index, slot,
+                              self._err(exc))
+                continue
+            r.mig.append(self._read_mig_device(mh))
+
+    def _read_mig_device(self, mh: Any) -> MigReading:
+        nv = self._nv
+
+        def get(fn: Callable[..., Any], *args: Any) -> Any:
+            try:
+                return fn(mh, *args)
+            except nv.NVMLError:
+                return None
+
+        gi = get(nv.nvmlDeviceGetGpuInstanceId)
+        name = get(nv.nvmlDeviceGetName) or ""
+        m = MigReading(gpu_instance_id=int(gi) if gi is not None else -1,
+                       compute_instance_id=get(nv.nvmlDeviceGetComputeInstanceId),
+                       uuid=get(nv.nvmlDeviceGetUUID),
+                       profile=name.rsplit("MIG ", 1)[1].strip() if "MIG " in name else None)
+        mem = get(nv.nvmlDeviceGetMemoryInfo)
+        if mem is not None:
+            m.memory_total_bytes = float(mem.total)
+            m.memory_used_bytes = float(mem.used)
+        util = get(nv.nvmlDeviceGetUtilizationRates)
+        if util is not None:
+            m.utilization_ratio = util.gpu / 100.0
+        return m
+
+    def _read_topology(self, out: Collection) -> None:
+        """P2P capabilities and topology level between every pair of GPUs (static: read once)."""
+        nv = self._nv
+        if self._peers is None:
+            peers: list[PeerReading] = []
+            handles = [(g.index, g.handle) for g in self._gpus if g.handle is not None]
+            want_p2p = self.enabled("gpu_p2p_supported")
+            want_topo = self.enabled("gpu_topology_level")
+            for a, ha in handles:
+                for b, hb in handles:
+                    if a == b:
+                        continue
+                    p = PeerReading(gpu=a, peer=b)
+                    for idx, cap in P2P_CAPS if want_p2p else ():
+                        try:
+                            status = nv.nvmlDeviceGetP2PStatus(ha, hb, idx)
+                        except nv.NVMLError as exc:
+                            self.log_once(f"p2p:{cap}", "nvml: P2P status %s unavailable: %s", cap, self._err(exc))
+                            continue
+                        p.p2p[cap] = 1.0 if status == 0 else 0.0
+                    if want_topo:
+                        try:
+                            level = int(nv.nvmlDeviceGetTopologyCommonAncestor(ha, hb))
+                            p.topology_level = TOPOLOGY_NAMES.get(level, str(level))
+                            p.topology_level_value = float(level)
+                        except nv.NVMLError as exc:
+                            self.log_once("topology", "nvml: topology unavailable: %s", self._err(exc))
+                    if p.p2p or p.topology_level is not None:
+                        peers.append(p)
+            complete = len(handles) == len(self._gpus)
+            if not complete:
+                return  # a GPU is down: try again next time rather than cache a partial matrix
+            self._peers = peers
+        out.peers.extend(self._peers)
+
+
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+
+
+class _XidWatcher:
+    """Background thread that waits on an NVML event set for XID errors.
+
+    It never blocks a scrape: collections read its counters under a short lock. It
+    survives a lost GPU (that GPU just stops reporting) and a driver reload (the backend
+    stops it before nvmlShutdown and starts a new one after the next nvmlInit). Counts
+    are kept for the life of the process, so ``gpu_xid_errors_total`` is a true counter.
+    """
+
+    WAIT_MS = 500  # bounds how long stop() waits for the thread
+
+    def __init__(self, backend: NvmlBackend) -> None:
+        self.b = backend
+        self.counts: dict[tuple[int, str, str], float] = {}
+        self.last: dict[tuple[int, str], float] = {}
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, gpus: list[_Gpu]) -> None:
+        self.stop()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(list(gpus), self._stop), name="nvml-xid",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.WAIT_MS / 1000 * 4)
+            self._thread = None
+
+    def snapshot(self) -> tuple[dict[tuple[int, str, str], float], dict[tuple[int, str], float]]:
+        with self.lock:
+            return dict(self.counts), dict(self.last)
+
+    def _run(self, gpus: list[_Gpu], stop: threading.Event) -> None:
+        nv = self.b._nv
+        try:
+            evset = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            self.b.log_once("xid:create", "nvml: XID events unavailable: %s", self.b._err(exc))
+            return
+        registered = 0
+        uuids: dict[int, str] = {}
+        for g in gpus:
+            try:
+                h = g.handle if g.handle is not None else nv.nvmlDeviceGetHandleByIndex(g.index)
+                nv.nvmlDeviceRegisterEvents(h, XID_EVENT, evset)
+                registered += 1
+                uuids[g.index] = g.uuid or nv.nvmlDeviceGetUUID(h)
+            except nv.NVMLError as exc:
+                self.b.log_once(f"xid:register:{g.index}", "nvml: GPU %d: XID events unavailable: %s", g.index,
+                                self.b._err(exc))
+        try:
+            while registered and not stop.is_set():
+                try:
+                    data = nv.nvmlEventSetWait_v2(evset, self.WAIT_MS)
+                except nv.NVMLError as exc:
+                    if getattr(exc, "value", None) == TIMEOUT:
+                        continue
+                    # GPU lost / driver going away: stop quietly; the backend restarts us after re-init.
+                    self.b.log_once(f"xid:wait:{getattr(exc, 'value', None)}", "nvml: XID watcher stopped: %s",
+                                    self.b._err(exc))
+                    return
+                if not (data.eventType & XID_EVENT):
+                    continue
+                try:
+                    idx = int(nv.nvmlDeviceGetIndex(data.device))
+                except nv.NVMLError:
+                    continue
+                key = (idx, uuids.get(idx, ""), str(int(data.eventData)))
+                with self.lock:
+                    self.counts[key] = self.counts.get(key, 0.0) + 1.0
+                    self.last[(idx, key[1])] = time.time()
+        finally:
+            try:
+                nv.nvmlEventSetFree(evset)
+            except nv.NVMLError:
+                pass
 
 
 def _raiser(exc: Exception) -> Callable[[], Any]:

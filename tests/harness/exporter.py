@@ -44,10 +44,10 @@ def parse_samples(text: str) -> dict[tuple[str, frozenset], float]:
     return out
 
 
-def sample(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float | None:
-    """The value of the one sample of ``name`` whose labels include ``labels`` (None if absent)."""
-    hits = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls)]
-    assert len(hits) <= 1, f"{name}{labels} matches {len(hits)} samples"
+def sample(samples: dict[tuple[str, frozenset], float], metric: str, /, **labels: str) -> float | None:
+    """The value of the one sample of ``metric`` whose labels include ``labels`` (None if absent)."""
+    hits = [v for (n, ls), v in samples.items() if n == metric and set(labels.items()) <= set(ls)]
+    assert len(hits) <= 1, f"{metric}{labels} matches {len(hits)} samples"
     return hits[0] if hits else None
 
 

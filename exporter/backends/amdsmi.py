@@ -1,0 +1,624 @@
+"""AMD GPUs through ROCm's ``libamd_smi.so`` and the ``amdsmi`` Python package (amd-smi's library).
+
+The package is imported lazily in :meth:`AmdSmiBackend.init`. Without ROCm its wrapper
+``print()``s two lines (Python-level prints, so ``sys.stdout`` is redirected while importing)
+and raises ``KeyError``; that becomes ``BackendUnavailable("amdsmi not available: <reason>")``.
+
+Every library call goes through :meth:`AmdSmiBackend._call`, which sorts amdsmi status codes:
+
+- not supported / no data / no permission: the reading is absent (logged once per field) and
+  its family is listed in ``GpuReading.unsupported``;
+- device-level (DRM, I/O, busy, timeout ...): the reading is absent and counted in
+  ``Collection.errors["device_error"]``; a GPU that answers nothing but such errors is
+  reported ``up=False`` with the status as reason;
+- library-level (not initialised, driver not loaded, init error): :class:`BackendError`
+  with kind ``not_initialized`` / ``driver_not_loaded`` / ``library_error``; :meth:`reset`
+  shuts the library down and the next collection initialises again.
+
+Identity (name, UUID, PCI bus ID, serial, driver, VBIOS, partition mode) and topology are read
+once per initialisation; everything else on every collection.
+
+UUID rule (``uuid`` label): amdsmi's device UUID (``amdsmi_get_gpu_device_uuid``, amd-smi's
+"GPU UUID"); else the same UUID computed from the ASIC serial (unique ID) and PCI device ID
+(:func:`amd_uuid`, so that the rocm-smi backend labels the same GPU the same way); else
+``amd-serial-<board serial>``; else ``amd-pci-<bus id>``; else ``amd-index-<index>``. A UUID
+whose serial part is zero (consumer boards) does not identify a GPU and is skipped. If two
+GPUs still share an ID (e.g. partitions of one GPU), ``-p<partition id>`` (or ``-i<index>``)
+is appended.
+
+Units: amdsmi reports temperatures in C, power in W, power caps in uW, clocks in MHz, PCIe
+speed in MT/s, activities in percent and energy as a count times a resolution in uJ; the
+readings are SI (see ``exporter/readings.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from types import ModuleType
+from typing import Any, ClassVar
+
+from exporter.backends.base import Backend, BackendError, BackendOptions, BackendUnavailable
+from exporter.readings import Collection, GpuReading, MigReading, PeerReading
+from exporter.schema import GPU_FAMILIES, TOPOLOGY_LEVELS
+
+log = logging.getLogger(__name__)
+
+_FAMILY_OF_ATTR = {f.attr: f.name for f in GPU_FAMILIES}
+
+# amdsmi_status_t codes (amdsmi_wrapper.py), grouped by what they mean for one reading.
+_ABSENT_CODES = frozenset({
+    1,   # INVAL: returned for sensors an ASIC does not have
+    2,   # NOT_SUPPORTED
+    3,   # NOT_YET_IMPLEMENTED
+    10,  # NO_PERM
+    14,  # FILE_ERROR: sysfs file missing on this ASIC
+    17,  # INPUT_OUT_OF_BOUNDS
+    20,  # DIRECTORY_NOT_FOUND
+    40,  # NO_DATA
+    43,  # UNEXPECTED_DATA
+    52,  # FILE_NOT_FOUND
+    55,  # SETTING_UNAVAILABLE
+})
+_LIBRARY_CODES = {
+    4: "library_error",       # FAIL_LOAD_MODULE
+    5: "library_error",       # FAIL_LOAD_SYMBOL
+    18: "library_error",      # INIT_ERROR
+    19: "library_error",      # REFCOUNT_OVERFLOW
+    32: "not_initialized",    # NOT_INIT
+    34: "driver_not_loaded",  # DRIVER_NOT_LOADED
+    51: "driver_not_loaded",  # NO_DRV
+}
+
+# a call that is unsupported leaves these readings absent too
+_ALSO_ABSENT: dict[str, tuple[str, ...]] = {
+    "utilization_ratio": ("memory_utilization_ratio",),
+    "pcie_link_width": ("pcie_link_width_max", "pcie_link_generation", "pcie_link_generation_max"),
+    "process_count": ("process_memory_used_bytes",),
+    "clock_hertz": ("clock_max_hertz",),
+}
+
+_U64_MAX = 2**64 - 1
+_PCIE_GEN_BY_MTS = {2500: 1, 5000: 2, 8000: 3, 16000: 4, 32000: 5, 64000: 6}
+
+# indep_throttle_status bits (Linux amdgpu_smu.h SMU_THROTTLER_*_BIT) -> NVIDIA reason names.
+_THROTTLE_BITS: dict[str, tuple[int, ...]] = {
+    "sw_power_cap": (0, 1, 2, 3, 4, 5, 6, 7),         # PPT0-3, SPL, FPPT, SPPT, SPPT_APU
+    "sw_thermal_slowdown": (32, 33, 35, 36, 37),      # TEMP_GPU (socket), CORE, EDGE, HOTSPOT, SOC
+    "hw_slowdown": (46, 47),                          # PROCHOT_CPU, PROCHOT_GFX
+    "hw_thermal_slowdown": (34, 38, 39, 40, 41, 44, 45),  # TEMP_MEM (HBM), VR temps, VRHOT
+}
+# gpu_metrics residency accumulators (MI300) -> the same reason names.
+_RESIDENCY_FIELDS: dict[str, tuple[str, ...]] = {
+    "sw_power_cap": ("ppt_residency_acc",),
+    "sw_thermal_slowdown": ("socket_thm_residency_acc",),
+    "hw_slowdown": ("prochot_residency_acc",),
+    "hw_thermal_slowdown": ("vr_thm_residency_acc", "hbm_thm_residency_acc"),
+}
+
+_NA_STRINGS = ("n/a", "(secondary die)", "n/a (secondary die)", "")
+_BUS_ID_RE = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+
+
+# ---- helpers shared with the rocm-smi backend ---------------------------------------------------
+
+
+def is_na(value: object) -> bool:
+    """True for the values AMD tools print for "no reading": "N/A", "(Secondary die)", ""."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in _NA_STRINGS)
+
+
+def canonical_bus_id(value: str | None) -> str | None:
+    """``0000:1E:00.0`` / ``1e:00.0`` -> ``0000:1e:00.0``; None when it is not a PCI address."""
+    if value is None or is_na(value):
+        return None
+    m = _BUS_ID_RE.match(value.strip())
+    if not m:
+        return None
+    domain, bus, dev, fn = m.groups()
+    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
+
+
+def amd_uuid(serial: int, device_id: int, fcn: int = 0xFF) -> str | None:
+    """The UUID amdsmi derives from the ASIC serial (unique ID) and PCI device ID.
+
+    Layout (amd-smi's ``amdsmi_uuid_gen``, a version-1 UUID): time_low = serial byte 7,
+    ``fcn``, device ID; time_mid/high 0 with version 1; clock sequence = variant 2 and
+    serial byte 6; node = serial bytes 5-0. None when the serial is 0 (not unique).
+    """
+    if serial <= 0 or serial >= 2**64:
+        return None
+    b7 = (serial >> 56) & 0xFF
+    b6 = (serial >> 48) & 0xFF
+    return (f"{b7:02x}{fcn & 0xFF:02x}{device_id & 0xFFFF:04x}-0000-1000-80{b6:02x}-"
+            f"{(serial >> 32) & 0xFFFF:04x}{serial & 0xFFFFFFFF:08x}")
+
+
+def _uuid_is_unique(uuid: str) -> bool:
+    """amdsmi UUIDs of boards without a serial end in zeros only: they identify nothing."""
+    tail = uuid.replace("-", "")[-14:]
+    return bool(uuid) and not is_na(uuid) and set(tail) != {"0"}
+
+
+def dedupe_uuids(readings: list[tuple[str, int | None, int]]) -> list[str]:
+    """Make (uuid, partition id, index) triples unique: ``-p<partition>`` or ``-i<index>`` suffix."""
+    counts: dict[str, int] = {}
+    for uuid, _, _ in readings:
+        counts[uuid] = counts.get(uuid, 0) + 1
+    out = []
+    for uuid, part, index in readings:
+        if counts[uuid] == 1:
+            out.append(uuid)
+            continue
+        parts = [p for u, p, _ in readings if u == uuid]
+        distinct = None not in parts and len(set(parts)) == len(parts)
+        out.append(f"{uuid}-p{part}" if distinct else f"{uuid}-i{index}")
+    return out
+
+
+def _num(value: object) -> float | None:
+    """A numeric amdsmi value, or None for "N/A" strings and bools."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _text(value: object) -> str | None:
+    if not isinstance(value, str) or is_na(value):
+        return None
+    return value.strip()
+
+
+# ---- import -------------------------------------------------------------------------------------
+
+
+def import_amdsmi() -> ModuleType:
+    """Import the ``amdsmi`` package with stdout kept clean; BackendUnavailable if it cannot load."""
+    printed = io.StringIO()
+    try:
+        # The wrapper reports a missing library with print() (Python-level), then raises KeyError.
+        with contextlib.redirect_stdout(printed):
+            import amdsmi  # lazy by design: discovery stays cheap without ROCm
+    except ModuleNotFoundError as exc:
+        if exc.name == "amdsmi":
+            raise BackendUnavailable("amdsmi not available: the amdsmi Python package is not installed") from None
+        raise BackendUnavailable(f"amdsmi not available: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - KeyError (no library), AttributeError (missing symbol) ...
+        lines = [ln.strip() for ln in printed.getvalue().splitlines() if ln.strip()]
+        reason = lines[0] if lines else f"{type(exc).__name__}: {exc}"
+        if lines:
+            reason = f"libamd_smi.so could not be loaded ({reason})"
+        raise BackendUnavailable(f"amdsmi not available: {reason}") from None
+    return amdsmi
+
+
+# ---- backend ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Device:
+    """Static facts about one processor handle, read at initialisation."""
+
+    index: int
+    handle: Any
+    uuid: str = ""
+    name: str | None = None
+    pci_bus_id: str | None = None
+    serial: str | None = None
+    driver_version: str | None = None
+    firmware_version: str | None = None
+    compute_partition: str | None = None
+    memory_partition: str | None = None
+    partition_id: int | None = None
+    numa_node: int | None = None
+
+
+@dataclass
+class _GpuCall:
+    """Outcome of the calls for one GPU in one collection."""
+
+    index: int
+    answered: int = 0
+    device_errors: int = 0
+    first_error: str | None = None
+    absent_attrs: set[str] = field(default_factory=set)
+
+
+class _DeviceDown(Exception):
+    """The GPU answered only device-level errors: stop reading it."""
+
+
+class AmdSmiBackend(Backend):
+    """AMD GPUs via ``libamd_smi.so`` (amd-smi's library). Preferred over rocm-smi."""
+
+    name: ClassVar[str] = "amdsmi"
+    auto_priority: ClassVar[int | None] = 20
+    vendor: ClassVar[str] = "amd"
+
+    #: a GPU whose first this-many calls all fail at device level is reported down at once
+    DOWN_AFTER = 3
+
+    def __init__(self, options: BackendOptions | None = None) -> None:
+        super().__init__(options)
+        self._smi: ModuleType | None = None
+        self._ready = False
+        self._devices: list[_Device] = []
+        self._peers: list[PeerReading] = []
+        self._rocm_version: str | None = None
+        # uuid -> (accumulation counter, residency per reason) from the previous collection
+        self._residency: dict[str, tuple[int, dict[str, int]]] = {}
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def init(self) -> None:
+        try:
+            self._start()
+        except BackendError as exc:
+            raise BackendUnavailable(f"amdsmi not available: {exc}") from None
+
+    def reset(self) -> None:
+        self._stop()
+
+    def shutdown(self) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._smi is not None and self._ready:
+            with contextlib.suppress(Exception):
+                self._smi.amdsmi_shut_down()
+        self._ready = False
+        self._devices = []
+        self._peers = []
+
+    def _start(self) -> None:
+        smi = self._smi or import_amdsmi()
+        self._smi = smi
+        self._ready = False
+        self._call(None, "init", smi.amdsmi_init, smi.AmdSmiInitFlags.INIT_AMD_GPUS, library=True)
+        self._ready = True
+        handles = self._call(None, "processor handles", smi.amdsmi_get_processor_handles, library=True)
+        if not handles:
+            self._stop()
+            raise BackendUnavailable("amdsmi not available: no AMD GPU found")
+        devices = [self._identify(i, h) for i, h in enumerate(handles)]
+        unique = dedupe_uuids([(d.uuid, d.partition_id, d.index) for d in devices])
+        for d, uuid in zip(devices, unique, strict=True):
+            d.uuid = uuid
+        self._devices = devices
+        ok, version = smi.amdsmi_get_rocm_version()
+        self._rocm_version = version if ok else None
+        if not ok:
+            self.log_once("rocm_version", "amdsmi: ROCm version unknown: %s", version)
+        self._peers = self._topology() if self._want_peers() else []
+
+    # --- the one wrapper around every amdsmi call --------------------------------------------
+
+    def _call(self, gpu: _GpuCall | None, attr: str, fn: Callable[..., Any], *args: Any,
+              library: bool = False) -> Any:
+        """Call ``fn``; None when the reading is absent. ``attr`` names the reading for logs.
+
+        ``library=True``: any failure is a library-level :class:`BackendError` (init, discovery).
+        """
+        smi = self._smi
+        assert smi is not None
+        try:
+            result = fn(*args)
+        except smi.AmdSmiLibraryException as exc:
+            code = int(exc.get_error_code())
+            status = self._status_name(code)
+            where = getattr(fn, "__name__", str(fn))
+            if library or code in _LIBRARY_CODES:
+                kind = _LIBRARY_CODES.get(code, "library_error")
+                raise BackendError(f"amdsmi: {where} failed: {status}", kind=kind) from None
+            if code in _ABSENT_CODES:
+                if gpu is not None:
+                    gpu.answered += 1
+                    gpu.absent_attrs.add(attr)
+                self.log_once(f"absent:{attr}:{code}",
+                              "amdsmi: %s not available (%s from %s); that series is omitted", attr, status, where)
+                return None
+            if gpu is None:  # topology/identity outside a collection: just absent
+                self.log_once(f"device:{attr}:{code}", "amdsmi: %s failed: %s", where, status,
+                              level=logging.WARNING)
+                return None
+            gpu.device_errors += 1
+            gpu.first_error = gpu.first_error or f"{status} from {where}"
+            if gpu.answered == 0 and gpu.device_errors >= self.DOWN_AFTER:
+                raise _DeviceDown from None
+            return None
+        except smi.AmdSmiException as exc:  # parameter errors: a bug on our side, never fatal
+            self.log_once(f"param:{attr}", "amdsmi: %s: %s", attr, exc, level=logging.WARNING)
+            return None
+        if gpu is not None:
+            gpu.answered += 1
+        return result
+
+    def _status_name(self, code: int) -> str:
+        names = getattr(getattr(self._smi, "amdsmi_wrapper", None), "amdsmi_status_t__enumvalues", {})
+        return str(names.get(code, f"amdsmi status {code}"))
+
+    def _want(self, attr: str) -> bool:
+        return self.enabled(_FAMILY_OF_ATTR.get(attr, attr))
+
+    def _want_peers(self) -> bool:
+        return self.enabled("gpu_p2p_supported") or self.enabled("gpu_topology_level")
+
+    # --- identity and topology (once per init) -------------------------------------------------
+
+    def _identify(self, index: int, handle: Any) -> _Device:
+        smi = self._smi
+        assert smi is not None
+        d = _Device(index=index, handle=handle)
+        asic = self._call(None, "name", smi.amdsmi_get_gpu_asic_info, handle) or {}
+        board = self._call(None, "serial", smi.amdsmi_get_gpu_board_info, handle) or {}
+        d.name = _text(asic.get("market_name")) or _text(board.get("product_name"))
+        d.serial = _text(board.get("product_serial"))
+        if d.serial is not None and not d.serial.strip("0"):
+            d.serial = None  # "0": a board without a FRU serial
+        d.pci_bus_id = canonical_bus_id(self._call(None, "pci_bus_id", smi.amdsmi_get_gpu_device_bdf, handle))
+        driver = self._call(None, "driver_version", smi.amdsmi_get_gpu_driver_info, handle) or {}
+        d.driver_version = _text(driver.get("driver_version"))
+        vbios = self._call(None, "firmware_version", smi.amdsmi_get_gpu_vbios_info, handle) or {}
+        d.firmware_version = _text(vbios.get("version"))
+        d.compute_partition = _text(self._call(None, "mig_mode_enabled", smi.amdsmi_get_gpu_compute_partition,
+                                               handle))
+        d.memory_partition = _text(self._call(None, "memory_partition", smi.amdsmi_get_gpu_memory_partition,
+                                              handle))
+        kfd = self._call(None, "partition_id", smi.amdsmi_get_gpu_kfd_info, handle) or {}
+        part = kfd.get("current_partition_id")
+        d.partition_id = part if isinstance(part, int) and not isinstance(part, bool) else None
+        numa = self._call(None, "numa_node", smi.amdsmi_topo_get_numa_node_number, handle)
+        d.numa_node = numa if isinstance(numa, int) else None
+
+        uuid = _text(self._call(None, "uuid", smi.amdsmi_get_gpu_device_uuid, handle))
+        if uuid is None or not _uuid_is_unique(uuid):
+            uuid = None
+            serial_hex, device_id = _text(asic.get("asic_serial")), _text(asic.get("device_id"))
+            if serial_hex and device_id:
+                with contextlib.suppress(ValueError):
+                    uuid = amd_uuid(int(serial_hex, 16), int(device_id, 16))
+        if uuid is None and d.serial:
+            uuid = f"amd-serial-{d.serial}"
+        if uuid is None and d.pci_bus_id:
+            uuid = f"amd-pci-{d.pci_bus_id}"
+        d.uuid = uuid or f"amd-index-{index}"
+        return d
+
+    def _topology(self) -> list[PeerReading]:
+        """P2P access and link type for every ordered pair (amd-smi topology)."""
+        smi = self._smi
+        assert smi is not None
+        xgmi = smi.amdsmi_wrapper.AMDSMI_LINK_TYPE_XGMI
+        peers = []
+        for a in self._devices:
+            for b in self._devices:
+                if a.index == b.index:
+                    continue
+                p2p: dict[str, float] = {}
+                ok = self._call(None, "p2p", smi.amdsmi_is_P2P_accessible, a.handle, b.handle)
+                if ok is not None:
+                    # amdsmi has one bit for peer access: it covers both reads and writes
+                    p2p["read"] = p2p["write"] = 1.0 if ok else 0.0
+                link = self._call(None, "p2p", smi.amdsmi_topo_get_link_type, a.handle, b.handle)
+                if isinstance(link, dict) and isinstance(link.get("type"), int):
+                    p2p["xgmi"] = 1.0 if link["type"] == xgmi else 0.0
+                level = None
+                if a.numa_node is not None and b.numa_node is not None:
+                    # amdsmi does not expose PCIe switches, only NUMA affinity: "node" or "system"
+                    level = "node" if a.numa_node == b.numa_node else "system"
+                peers.append(PeerReading(gpu=a.index, peer=b.index, p2p=p2p, topology_level=level,
+                                         topology_level_value=TOPOLOGY_LEVELS[level] if level else None))
+        return peers
+
+    # --- collection ----------------------------------------------------------------------------
+
+    def collect(self, out: Collection) -> None:
+        if not self._ready:
+            self._start()
+        for d in self._devices:
+            out.gpus.append(self._read(d, out))
+        out.peers.extend(replace(p, p2p=dict(p.p2p)) for p in self._peers)
+
+    def _read(self, d: _Device, out: Collection) -> GpuReading:
+        r = GpuReading(
+            index=d.index, uuid=d.uuid, vendor=self.vendor, name=d.name, pci_bus_id=d.pci_bus_id,
+            serial=d.serial, driver_version=d.driver_version, cuda_driver_version=self._rocm_version,
+            firmware_version=d.firmware_version,
+        )
+        gpu = _GpuCall(d.index)
+        try:
+            self._read_values(d, r, gpu)
+        except _DeviceDown:
+            pass
+        if gpu.device_errors:
+            out.count_error("device_error", gpu.device_errors)
+        if gpu.answered == 0 and gpu.device_errors:
+            return GpuReading(index=d.index, uuid=d.uuid, vendor=self.vendor, up=False,
+                              up_reason=gpu.first_error, name=d.name, pci_bus_id=d.pci_bus_id)
+        absent = set(gpu.absent_attrs)
+        for attr in gpu.absent_attrs:
+            absent.update(_ALSO_ABSENT.get(attr, ()))
+        for attr in sorted(absent):
+            value = getattr(r, attr, None)
+            if value is None or value == {} or value == []:
+                r.unsupported.add(_FAMILY_OF_ATTR.get(attr, attr))
+        return r
+
+    def _read_values(self, d: _Device, r: GpuReading, gpu: _GpuCall) -> None:
+        smi = self._smi
+        assert smi is not None
+        h = d.handle
+        call = self._call
+
+        if self._want("utilization_ratio") or self._want("memory_utilization_ratio"):
+            act = call(gpu, "utilization_ratio", smi.amdsmi_get_gpu_activity, h) or {}
+            if (v := _num(act.get("gfx_activity"))) is not None:
+                r.utilization_ratio = v / 100.0
+            if (v := _num(act.get("umc_activity"))) is not None:
+                r.memory_utilization_ratio = v / 100.0
+
+        if self._want("memory_total_bytes") or self._want("memory_used_bytes") or self._want("memory_free_bytes"):
+            vram = smi.AmdSmiMemoryType.VRAM
+            r.memory_total_bytes = _num(call(gpu, "memory_total_bytes", smi.amdsmi_get_gpu_memory_total, h, vram))
+            r.memory_used_bytes = _num(call(gpu, "memory_used_bytes", smi.amdsmi_get_gpu_memory_usage, h, vram))
+            if r.memory_total_bytes is not None and r.memory_used_bytes is not None:
+                r.memory_free_bytes = max(0.0, r.memory_total_bytes - r.memory_used_bytes)
+
+        if self._want("temperature_celsius"):
+            t, cur = smi.AmdSmiTemperatureType, smi.AmdSmiTemperatureMetric.CURRENT
+            for sensor, kind in (("gpu", t.EDGE), ("junction", t.HOTSPOT), ("memory", t.VRAM)):
+                v = _num(call(gpu, "temperature_celsius", smi.amdsmi_get_temp_metric, h, kind, cur))
+                if v is not None:
+                    r.temperature_celsius[sensor] = v
+
+        if self._want("power_watts"):
+            power = call(gpu, "power_watts", smi.amdsmi_get_power_info, h) or {}
+            # MI300 reports current_socket_power; older GPUs only the average (amd-smi does the same)
+            r.power_watts = _num(power.get("current_socket_power"))
+            if r.power_watts is None:
+                r.power_watts = _num(power.get("average_socket_power"))
+
+        if self._want("power_limit_watts"):
+            cap = call(gpu, "power_limit_watts", smi.amdsmi_get_power_cap_info, h) or {}
+            if (v := _num(cap.get("power_cap"))) is not None and v > 0:
+                r.power_limit_watts = v / 1e6  # uW
+
+        if self._want("energy_joules"):
+            energy = call(gpu, "energy_joules", smi.amdsmi_get_energy_count, h) or {}
+            acc, res = _num(energy.get("energy_accumulator")), _num(energy.get("counter_resolution"))
+            if acc is not None and res is not None:
+                r.energy_joules = acc * res / 1e6  # count x uJ per count
+
+        if self._want("clock_hertz") or self._want("clock_max_hertz"):
+            c = smi.AmdSmiClkType
+            for key, kind in (("graphics", c.GFX), ("memory", c.MEM), ("soc", c.SOC), ("video", c.VCLK0)):
+                clk = call(gpu, "clock_hertz", smi.amdsmi_get_clock_info, h, kind) or {}
+                if (v := _num(clk.get("clk"))) is not None:
+                    r.clock_hertz[key] = v * 1e6
+                if (v := _num(clk.get("max_clk"))) is not None and v > 0:
+                    r.clock_max_hertz[key] = v * 1e6
+
+        if any(self._want(a) for a in ("pcie_link_generation", "pcie_link_width", "pcie_replay_total")):
+            self._read_pcie(h, r, gpu)
+
+        if self._want("fan_speed_ratio"):
+            speed = _num(call(gpu, "fan_speed_ratio", smi.amdsmi_get_gpu_fan_speed, h, 0))
+            top = _num(call(gpu, "fan_speed_ratio", smi.amdsmi_get_gpu_fan_speed_max, h, 0)) if speed is not None \
+                else None
+            if speed is not None and top:
+                r.fan_speed_ratio = min(1.0, speed / top)
+
+        if self._want("ecc_errors"):
+            ecc = call(gpu, "ecc_errors", smi.amdsmi_get_gpu_total_ecc_count, h) or {}
+            # AMD counts are kept across reboots in the RAS EEPROM: NVIDIA's "aggregate" counter
+            for error_type, key in (("corrected", "correctable_count"), ("uncorrected", "uncorrectable_count")):
+                if (v := _num(ecc.get(key))) is not None:
+                    r.ecc_errors[(error_type, "aggregate")] = v
+
+        if self._want("link_up"):
+            links = call(gpu, "link_up", smi.amdsmi_get_gpu_xgmi_link_status, h) or {}
+            for i, state in enumerate(links.get("status") or []):
+                if state in ("U", "D"):  # "X": link disabled, not a link of this GPU
+                    r.link_up[i] = 1.0 if state == "U" else 0.0
+
+        if self._want("throttle_reasons"):
+            self._read_throttle(d, r, gpu)
+
+        if self._want("process_count") or self._want("process_memory_used_bytes") or \
+                (self.options.per_process and self._want("process_memory_by_pid")):
+            procs = call(gpu, "process_count", smi.amdsmi_get_gpu_process_list, h)
+            if isinstance(procs, list):
+                by_pid: dict[int, float] = {}
+                for p in procs:
+                    used = _num((p.get("memory_usage") or {}).get("vram_mem"))
+                    by_pid[int(p["pid"])] = by_pid.get(int(p["pid"]), 0.0) + (used or 0.0)
+                r.process_count = float(len(by_pid))
+                r.process_memory_used_bytes = sum(by_pid.values())
+                if self.options.per_process:
+                    r.process_memory_by_pid = by_pid
+
+        if d.compute_partition is not None:
+            # AMD partitions in the style of MIG: SPX is "off"; in DPX/QPX/CPX each partition is
+            # its own amdsmi processor (its own reading), described by one MigReading.
+            spx = d.compute_partition.upper() == "SPX"
+            r.mig_mode_enabled = 0.0 if spx else 1.0
+            if not spx and d.partition_id is not None:
+                profile = d.compute_partition + (f"/{d.memory_partition}" if d.memory_partition else "")
+                r.mig.append(MigReading(gpu_instance_id=d.partition_id, uuid=d.uuid, profile=profile,
+                                        memory_total_bytes=r.memory_total_bytes,
+                                        memory_used_bytes=r.memory_used_bytes,
+                                        utilization_ratio=r.utilization_ratio))
+
+    def _read_pcie(self, h: Any, r: GpuReading, gpu: _GpuCall) -> None:
+        smi = self._smi
+        assert smi is not None
+        pcie = self._call(gpu, "pcie_link_width", smi.amdsmi_get_pcie_info, h) or {}
+        static, metric = pcie.get("pcie_static") or {}, pcie.get("pcie_metric") or {}
+        r.pcie_link_width = _num(metric.get("pcie_width")) or None
+        r.pcie_link_width_max = _num(static.get("max_pcie_width")) or None
+        speed = _num(metric.get("pcie_speed"))
+        if speed is not None:
+            r.pcie_link_generation = _PCIE_GEN_BY_MTS.get(int(speed))
+        gen_max = _num(static.get("pcie_interface_version"))
+        if not gen_max and (top := _num(static.get("max_pcie_speed"))) is not None:
+            gen_max = _PCIE_GEN_BY_MTS.get(int(top))
+        r.pcie_link_generation_max = float(gen_max) if gen_max else None
+        if r.pcie_link_generation is not None:
+            r.pcie_link_generation = float(r.pcie_link_generation)
+        replay = _num(metric.get("pcie_replay_count"))
+        if replay is None:  # gpu_metrics has no replay count before MI300: the sysfs counter does
+            replay = _num(self._call(gpu, "pcie_replay_total", smi.amdsmi_get_gpu_pci_replay_counter, h))
+        r.pcie_replay_total = replay
+
+    def _read_throttle(self, d: _Device, r: GpuReading, gpu: _GpuCall) -> None:
+        """Throttle reasons from gpu_metrics: the status bits, or residency counters (MI300)."""
+        smi = self._smi
+        assert smi is not None
+        metrics = self._call(gpu, "throttle_reasons", self._raw_gpu_metrics, d.handle)
+        if metrics is None:
+            return
+        status = int(metrics.indep_throttle_status)
+        if status != _U64_MAX:
+            for reason, bits in _THROTTLE_BITS.items():
+                r.throttle_reasons[reason] = 1.0 if any(status >> b & 1 for b in bits) else 0.0
+            return
+        acc = int(metrics.accumulation_counter)
+        if acc == _U64_MAX:
+            gpu.absent_attrs.add("throttle_reasons")
+            return
+        now: dict[str, int] = {}
+        for reason, names in _RESIDENCY_FIELDS.items():
+            values = [int(getattr(metrics, n)) for n in names]
+            if all(v != _U64_MAX for v in values):
+                now[reason] = sum(values)
+        prev = self._residency.get(d.uuid)
+        self._residency[d.uuid] = (acc, now)
+        if prev is None or acc <= prev[0]:
+            return  # first sample (or counters restarted): no interval to judge yet
+        for reason, value in now.items():
+            if reason in prev[1]:
+                # active if the residency grew during the last collection interval
+                r.throttle_reasons[reason] = 1.0 if value > prev[1][reason] else 0.0
+
+    def _raw_gpu_metrics(self, handle: Any) -> Any:
+        """``amdsmi_get_gpu_metrics_info`` as the raw ctypes struct.
+
+        The Python-level function turns the throttle bit masks into booleans, so the struct is
+        read through the package's own ctypes binding instead.
+        """
+        smi = self._smi
+        assert smi is not None
+        w = smi.amdsmi_wrapper
+        metrics = w.amdsmi_gpu_metrics_t()
+        status = w.amdsmi_get_gpu_metrics_info(handle, ctypes.byref(metrics))
+        if status != w.AMDSMI_STATUS_SUCCESS:
+            raise smi.AmdSmiLibraryException(status)
+        return metrics
+
+
+BACKEND = AmdSmiBackend

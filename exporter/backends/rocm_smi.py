@@ -1,0 +1,321 @@
+"""AMD GPUs through the ``rocm-smi`` command line tool: the fallback when ``libamd_smi.so`` is absent.
+
+One ``rocm-smi ... --json`` run per collection reads every GPU (never one run per GPU), with a
+hard timeout after which the whole process group is killed. Because a run costs a Python
+start-up (about a second), the collector serves its readings at most every
+:attr:`RocmSmiBackend.min_interval` seconds.
+
+Options (:data:`ROCM_SMI_ARGS`) are limited to those present in every ``rocm_smi.py`` from
+ROCm 5.7.1 to 6.2.x (checked against the tagged sources); an unknown option makes older
+versions exit with a usage error. ``--showmemorypartition`` (6.0+) is therefore not asked
+for, though a "Memory Partition" key is parsed when present.
+
+rocm-smi exits with the status of the last failed library call, so a non-zero exit with a
+complete JSON document (some field unsupported on some GPU) is normal: the readings are
+used and the exit code is logged once. A non-zero exit without JSON, a timeout, or output
+that is not one complete JSON object fails the collection with :class:`BackendError`.
+
+JSON keys differ between ROCm versions; :func:`parse_rocm_smi_json` reads every variant
+(all values are strings; "N/A", "(Secondary die)" and "N/A (Secondary die)" mean absent):
+
+==================  ==============================================================
+reading             keys
+==================  ==============================================================
+name                "Card Series" (6.1+) / "Card series", else "Device Name"
+device id           "Device ID" (6.0+) / "GPU ID" (5.x)
+uuid                from "Unique ID" + device id (amdsmi's UUID, see ``amdsmi.amd_uuid``),
+                    else ``amd-serial-<Serial Number>``, else ``amd-pci-<PCI Bus>``
+power               "Current Socket Graphics Package Power (W)" (MI300, APUs),
+                    else "Average Graphics Package Power (W)"
+power limit         "Max Graphics Package Power (W)" (the current power cap)
+memory activity     "GPU Memory Read/Write Activity (%)" (6.1+) / "GPU memory use (%)"
+                    (before 6.1: the same busy percent). "GPU Memory Allocated (VRAM%)"
+                    is VRAM *allocation*, already given in bytes, and is not used.
+temperatures        "Temperature (Sensor edge|junction|memory) (C)" -> gpu|junction|memory
+clocks              "sclk|mclk|socclk|vclk0 clock speed:" "(1402Mhz)" -> graphics|memory|soc|video
+PCIe link           "pcie clock level" "1 (16.0GT/s x16)" -> generation 4, width 16
+==================  ==============================================================
+
+Ignored: bare numeric keys ("0", "1", ...: clock level lists of ``-s``, which overwrite one
+another in the JSON), the "system" section except "Driver version", and the topology keys.
+Not available from rocm-smi JSON: maximum clocks, PCIe maximum link, ECC totals, XGMI link
+state, throttle reasons, per-process memory, ROCm version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from typing import Any, ClassVar
+
+from exporter.backends.amdsmi import amd_uuid, canonical_bus_id, dedupe_uuids, is_na
+from exporter.backends.base import Backend, BackendError, BackendOptions, BackendUnavailable
+from exporter.readings import Collection, GpuReading
+
+log = logging.getLogger(__name__)
+
+#: one run reads everything for every GPU; each option exists in rocm-smi 5.7.1 .. 6.2.x
+ROCM_SMI_ARGS: tuple[str, ...] = (
+    "--showid", "--showproductname", "--showuniqueid", "--showserial", "--showbus", "--showdriverversion",
+    "--showvbios", "--showtemp", "--showuse", "--showmemuse", "--showpower", "--showmaxpower",
+    "--showenergycounter", "--showclocks", "--showfan", "--showreplaycount", "--showcomputepartition",
+    "--showmeminfo", "vram", "--json",
+)
+
+_CARD_RE = re.compile(r"^card(\d+)$")
+_NUMBER_RE = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_CLOCK_RE = re.compile(r"\(?\s*(\d+(?:\.\d+)?)\s*([kMG]?)hz\s*\)?", re.IGNORECASE)
+_PCIE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*GT/s\s*x(\d+)", re.IGNORECASE)
+_CLOCK_KEYS = {"sclk": "graphics", "mclk": "memory", "socclk": "soc", "vclk0": "video"}
+_TEMP_KEYS = {"edge": "gpu", "junction": "junction", "memory": "memory"}
+_PCIE_GEN_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+_CLOCK_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+class RocmSmiParseError(ValueError):
+    """rocm-smi printed something that is not a complete JSON document of cards."""
+
+
+def _value(card: dict[str, Any], *keys: str) -> str | None:
+    """The first of ``keys`` present with a real value (not "N/A"/"(Secondary die)")."""
+    for key in keys:
+        v = card.get(key)
+        if isinstance(v, str) and not is_na(v):
+            return v.strip()
+    return None
+
+
+def _number(card: dict[str, Any], *keys: str) -> float | None:
+    v = _value(card, *keys)
+    if v is None:
+        return None
+    m = _NUMBER_RE.search(v)
+    return float(m.group()) if m else None
+
+
+def _clock_hertz(text: str | None) -> float | None:
+    if text is None:
+        return None
+    m = _CLOCK_RE.search(text)
+    return float(m.group(1)) * _CLOCK_SCALE[m.group(2).lower()] if m else None
+
+
+def decode_rocm_smi_json(text: str) -> dict[str, Any]:
+    """The JSON object rocm-smi printed; RocmSmiParseError saying where it broke."""
+    stripped = text.lstrip()
+    start = len(text) - len(stripped)
+    if not stripped.startswith(("{", "[")):
+        # rocm-smi may print a warning line before the JSON: start at the first line that opens it
+        line = text.find("\n{")
+        if line < 0:
+            snippet = " ".join(text.split())[:60]
+            raise RocmSmiParseError(f"no JSON object in the output ({snippet!r})" if snippet else "empty output")
+        log.debug("rocm-smi printed text before its JSON: %r", text[:line].strip()[:120])
+        start = line + 1
+    try:
+        doc, end = json.JSONDecoder().raw_decode(text, start)
+    except json.JSONDecodeError as exc:
+        raise RocmSmiParseError(f"invalid JSON at line {exc.lineno} column {exc.colno} "
+                                f"(char {exc.pos}): {exc.msg}") from None
+    if not isinstance(doc, dict):
+        raise RocmSmiParseError(f"JSON top level is a {type(doc).__name__}, not an object")
+    if text[end:].strip():
+        raise RocmSmiParseError(f"unexpected text after the JSON object at char {end}")
+    return doc
+
+
+def parse_rocm_smi_json(text: str) -> list[GpuReading]:
+    """Readings for every ``cardN`` in rocm-smi's JSON, ordered by N (the rocm-smi device index).
+
+    Pure function of the text. Raises :class:`RocmSmiParseError` (a ValueError) for output
+    that is not one complete JSON object; unknown keys are ignored.
+    """
+    doc = decode_rocm_smi_json(text)
+    raw_system = doc.get("system")
+    system: dict[str, Any] = raw_system if isinstance(raw_system, dict) else {}
+    driver = _value(system, "Driver version")
+    cards = sorted((int(m.group(1)), v) for k, v in doc.items()
+                   if (m := _CARD_RE.match(k)) and isinstance(v, dict))
+    readings = [_card_reading(index, card, driver) for index, card in cards]
+    unique = dedupe_uuids([(r.uuid, None, r.index) for r in readings])
+    for r, uuid in zip(readings, unique, strict=True):
+        r.uuid = uuid
+    return readings
+
+
+def _card_reading(index: int, card: dict[str, Any], driver: str | None) -> GpuReading:
+    bus = canonical_bus_id(_value(card, "PCI Bus"))
+    serial = _value(card, "Serial Number")
+    if serial is not None and not serial.strip("0"):
+        serial = None  # "0" on boards without a FRU serial (MI100, ROCm 5.7)
+    uuid = None
+    unique_id, device_id = _value(card, "Unique ID"), _value(card, "Device ID", "GPU ID")
+    if unique_id and device_id:
+        try:
+            uuid = amd_uuid(int(unique_id, 16), int(device_id, 16))
+        except ValueError:
+            uuid = None
+    if uuid is None and serial:
+        uuid = f"amd-serial-{serial}"
+    if uuid is None and bus:
+        uuid = f"amd-pci-{bus}"
+    r = GpuReading(
+        index=index,
+        uuid=uuid or f"amd-index-{index}",
+        vendor="amd",
+        name=_value(card, "Card Series", "Card series", "Device Name"),
+        pci_bus_id=bus,
+        serial=serial,
+        driver_version=driver,
+        firmware_version=_value(card, "VBIOS version"),
+    )
+    if (v := _number(card, "GPU use (%)")) is not None:
+        r.utilization_ratio = v / 100.0
+    if (v := _number(card, "GPU Memory Read/Write Activity (%)", "GPU memory use (%)")) is not None:
+        r.memory_utilization_ratio = v / 100.0
+    r.memory_total_bytes = _number(card, "VRAM Total Memory (B)")
+    r.memory_used_bytes = _number(card, "VRAM Total Used Memory (B)")
+    if r.memory_total_bytes is not None and r.memory_used_bytes is not None:
+        r.memory_free_bytes = max(0.0, r.memory_total_bytes - r.memory_used_bytes)
+    for sensor, name in _TEMP_KEYS.items():
+        if (v := _number(card, f"Temperature (Sensor {sensor}) (C)")) is not None:
+            r.temperature_celsius[name] = v
+    r.power_watts = _number(card, "Current Socket Graphics Package Power (W)",
+                            "Average Graphics Package Power (W)")
+    r.power_limit_watts = _number(card, "Max Graphics Package Power (W)") or None
+    if (v := _number(card, "Accumulated Energy (uJ)")) is not None:
+        r.energy_joules = v / 1e6
+    for clk, name in _CLOCK_KEYS.items():
+        if (hz := _clock_hertz(_value(card, f"{clk} clock speed:"))) is not None:
+            r.clock_hertz[name] = hz
+    pcie = _value(card, "pcie clock level")
+    if pcie and (m := _PCIE_RE.search(pcie)):
+        gen = _PCIE_GEN_BY_GTS.get(float(m.group(1)))
+        r.pcie_link_generation = float(gen) if gen else None
+        r.pcie_link_width = float(m.group(2))
+    r.pcie_replay_total = _number(card, "PCIe Replay Count")
+    if (v := _number(card, "Fan speed (%)")) is not None:
+        r.fan_speed_ratio = min(1.0, v / 100.0)
+    partition = _value(card, "Compute Partition")
+    if partition:
+        r.mig_mode_enabled = 0.0 if partition.upper() == "SPX" else 1.0
+    return r
+
+
+def run_rocm_smi(binary: str, timeout: float) -> tuple[str, int]:
+    """Run rocm-smi once: (stdout, exit code). BackendError on timeout or a failure without JSON.
+
+    The child gets its own session so that a timeout kills it and anything it started.
+    """
+    cmd = [binary, *ROCM_SMI_ARGS]
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    except OSError as exc:
+        raise BackendError(f"rocm-smi could not be started ({binary}): {exc.strerror or exc}",
+                           kind="command_failed") from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise BackendError(f"rocm-smi timed out after {timeout:g} s and was killed", kind="timeout") from None
+    stdout = out.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        try:
+            decode_rocm_smi_json(stdout)
+        except RocmSmiParseError:
+            lines = [ln.strip() for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+            lines = lines or [ln.strip() for ln in stdout.splitlines() if ln.strip()] or ["no output"]
+            # a Python traceback says what went wrong on its last line
+            first = lines[-1] if lines[0].startswith("Traceback") else lines[0]
+            status = f"signal {-proc.returncode}" if proc.returncode < 0 else f"code {proc.returncode}"
+            raise BackendError(f"rocm-smi exited with {status}: {first[:200]}", kind="command_failed") from None
+    return stdout, proc.returncode
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.communicate(timeout=2.0)
+    except subprocess.TimeoutExpired:  # a grandchild left the group and holds the pipes
+        log.warning("rocm-smi (pid %d) did not exit after SIGKILL", proc.pid)
+
+
+def find_rocm_smi(explicit: str | None = None) -> str | None:
+    """``explicit``, else ``rocm-smi`` on PATH, else ``$ROCM_PATH/bin`` or ``/opt/rocm/bin``."""
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    found = shutil.which("rocm-smi")
+    if found:
+        return found
+    for root in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
+        if root and os.access(candidate := os.path.join(root, "bin", "rocm-smi"), os.X_OK):
+            return candidate
+    return None
+
+
+class RocmSmiBackend(Backend):
+    """AMD GPUs via one ``rocm-smi --json`` run per collection (at most every 10 s)."""
+
+    name: ClassVar[str] = "rocm-smi"
+    auto_priority: ClassVar[int | None] = 30
+    vendor: ClassVar[str] = "amd"
+    min_interval: ClassVar[float] = 10.0
+
+    def __init__(self, options: BackendOptions | None = None, binary: str | None = None) -> None:
+        super().__init__(options)
+        # explicit path: constructor, then BackendOptions.rocm_smi_path when the option exists
+        self._explicit = binary or getattr(self.options, "rocm_smi_path", None)
+        self._binary: str | None = None
+        self._first: tuple[float, list[GpuReading]] | None = None
+
+    def init(self) -> None:
+        binary = find_rocm_smi(self._explicit)
+        if binary is None:
+            where = self._explicit or "PATH, $ROCM_PATH/bin or /opt/rocm/bin"
+            raise BackendUnavailable(f"rocm-smi not available: not found in {where}")
+        self._binary = binary
+        try:
+            readings = self._read()
+        except BackendError as exc:
+            raise BackendUnavailable(f"rocm-smi not available: {exc}") from None
+        if not readings:
+            raise BackendUnavailable("rocm-smi not available: it reports no AMD GPU")
+        self._first = (time.monotonic(), readings)  # served by the first collect: no second run
+
+    def reset(self) -> None:
+        self._first = None
+
+    def collect(self, out: Collection) -> None:
+        first, self._first = self._first, None
+        if first is not None and time.monotonic() - first[0] < self.min_interval:
+            readings = first[1]
+        else:
+            readings = self._read()
+        out.gpus.extend(readings)
+
+    def _read(self) -> list[GpuReading]:
+        if self._binary is None:
+            self._binary = find_rocm_smi(self._explicit)
+            if self._binary is None:
+                raise BackendError("rocm-smi not found", kind="command_failed")
+        text, code = run_rocm_smi(self._binary, self.options.command_timeout)
+        if code != 0:
+            self.log_once(f"exit:{code}", "rocm-smi exits with code %d (a field it was asked for is unsupported "
+                          "on some GPU); its JSON output is used", code)
+        try:
+            return parse_rocm_smi_json(text)
+        except RocmSmiParseError as exc:
+            raise BackendError(f"rocm-smi output unusable: {exc}", kind="parse_error") from None
+
+
+BACKEND = RocmSmiBackend

@@ -1,0 +1,216 @@
+"""Node reads and annotation patches with the official ``kubernetes`` client.
+
+One JSON merge patch per changed node (``application/merge-patch+json``), carrying the
+``resourceVersion`` it was computed from, so a concurrent change to the node makes the API
+server answer 409 instead of us overwriting it: we then read the node again, recompute
+and retry. Responses are read as raw JSON (``_preload_content=False``): deserialising
+1,000 Node models costs seconds we do not need to spend.
+
+RBAC the profiler needs on ``nodes`` (cluster scope): ``list`` (one per cycle), ``get``
+(after a conflict) and ``patch``. A 403 names the missing verb.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# error kinds (label values of gpu_profiler_errors_total)
+KUBE_FORBIDDEN = "kube_forbidden"
+KUBE_CONFLICT = "kube_conflict"  # still conflicting after the retries
+KUBE_SERVER = "kube_server_error"
+KUBE_UNREACHABLE = "kube_unreachable"
+KUBE_REJECTED = "kube_rejected"  # 4xx other than 403/404/409: our patch is wrong
+KUBE_BAD_RESPONSE = "kube_bad_response"
+KINDS = (KUBE_FORBIDDEN, KUBE_CONFLICT, KUBE_SERVER, KUBE_UNREACHABLE, KUBE_REJECTED, KUBE_BAD_RESPONSE)
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeError(Exception):
+    """An API call failed for good; ``kind`` is one of :data:`KINDS`."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class NodeGone(Exception):
+    """404: the node was deleted since we listed it."""
+
+
+class Conflict(Exception):
+    """409: the node changed since we read it."""
+
+
+@dataclass
+class NodeInfo:
+    name: str
+    annotations: dict[str, str]
+    resource_version: str
+
+
+def _node_info(obj: Any) -> NodeInfo:
+    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+        raise KubeError(KUBE_BAD_RESPONSE, "API server answered something that is not a Node")
+    meta = obj["metadata"]
+    ann = meta.get("annotations") or {}
+    return NodeInfo(name=str(meta.get("name", "")), annotations={str(k): str(v) for k, v in ann.items()},
+                    resource_version=str(meta.get("resourceVersion", "")))
+
+
+_VERBS = {"GET": "get", "PATCH": "patch", "LIST": "list"}
+
+
+class NodeStore:
+    """Nodes through a ``kubernetes.client.ApiClient`` (built by the caller from a kubeconfig
+    or the in-cluster service account)."""
+
+    def __init__(self, api_client: Any, timeout: float = 10.0, retries: int = 3, backoff: float = 0.5,
+                 label_selector: str | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        from kubernetes import client
+
+        self.api = client.CoreV1Api(api_client)
+        self.timeout = timeout
+        self.retries = max(0, retries)
+        self.backoff = backoff
+        self.label_selector = label_selector
+        self._sleep = sleep
+        self.requests_sent = 0
+        self.writes_sent = 0
+
+    # ---- calls with retries ----
+
+    def _call(self, verb: str, what: str, fn: Callable[[], Any]) -> Any:
+        """Run one API call: 5xx/429 and connection errors retried with backoff and jitter."""
+        from kubernetes.client.exceptions import ApiException
+
+        last: KubeError | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self._sleep(random.uniform(0, self.backoff * 2 ** (attempt - 1)))
+            self.requests_sent += 1
+            try:
+                resp = fn()
+                try:
+                    raw = resp.data
+                finally:
+                    resp.release_conn()
+                return json.loads(raw)
+            except ApiException as exc:
+                status = int(exc.status or 0)
+                if status == 404:
+                    raise NodeGone(what) from None
+                if status == 409:
+                    raise Conflict(what) from None
+                if status == 403:
+                    raise KubeError(KUBE_FORBIDDEN, (
+                        f"forbidden to {_VERBS.get(verb, verb.lower())} {what}: the profiler's service account "
+                        f"needs RBAC verb '{_VERBS.get(verb, verb.lower())}' on 'nodes' (ClusterRole rules: "
+                        f"apiGroups [''], resources ['nodes'], verbs ['get', 'list', 'patch'])"
+                    )) from None
+                if status >= 500 or status == 429:
+                    last = KubeError(KUBE_SERVER, f"{verb} {what}: HTTP {status} {_reason(exc)}")
+                    continue
+                if status == 0:
+                    last = KubeError(KUBE_UNREACHABLE, f"{verb} {what}: {exc}")
+                    continue
+                raise KubeError(KUBE_REJECTED, f"{verb} {what}: HTTP {status} {_reason(exc)}") from None
+            except ValueError as exc:
+                raise KubeError(KUBE_BAD_RESPONSE, f"{verb} {what}: answer is not JSON ({exc})") from None
+            except Exception as exc:  # noqa: BLE001 - urllib3 MaxRetryError, timeouts, resets
+                last = KubeError(KUBE_UNREACHABLE, f"{verb} {what}: {type(exc).__name__}: {exc}")
+        assert last is not None
+        raise last
+
+    # ---- public ----
+
+    def list_nodes(self) -> dict[str, NodeInfo]:
+        """Every node (optionally filtered by the label selector), paginated by 500."""
+        out: dict[str, NodeInfo] = {}
+        cont: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 500, "_preload_content": False,
+                                      "_request_timeout": self.timeout}
+            if cont:
+                kwargs["_continue"] = cont
+            if self.label_selector:
+                kwargs["label_selector"] = self.label_selector
+            def call(kw: dict[str, Any] = kwargs) -> Any:
+                return self.api.list_node(**kw)
+
+            try:
+                doc = self._call("LIST", "nodes", call)
+            except (NodeGone, Conflict) as exc:
+                raise KubeError(KUBE_SERVER, f"listing nodes: unexpected {type(exc).__name__}") from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
+                raise KubeError(KUBE_BAD_RESPONSE, "node list without items")
+            for item in doc["items"]:
+                ni = _node_info(item)
+                out[ni.name] = ni
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                return out
+
+    def get_node(self, name: str) -> NodeInfo | None:
+        """The node now, or None if it no longer exists."""
+        try:
+            doc = self._call("GET", f"node {name}", lambda: self.api.read_node(
+                name, _preload_content=False, _request_timeout=self.timeout))
+        except NodeGone:
+            return None
+        except Conflict:
+            raise KubeError(KUBE_SERVER, f"GET node {name}: unexpected 409") from None
+        return _node_info(doc)
+
+    def patch_annotations(self, name: str, annotations: dict[str, str | None], resource_version: str) -> NodeInfo:
+        """Send one merge patch; raises Conflict (409), NodeGone (404) or KubeError."""
+        body: dict[str, Any] = {"metadata": {"annotations": annotations}}
+        if resource_version:
+            body["metadata"]["resourceVersion"] = resource_version
+        self.writes_sent += 1
+        doc = self._call("PATCH", f"node {name}", lambda: self.api.patch_node(
+            name, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=self.timeout))
+        return _node_info(doc)
+
+
+def _reason(exc: Any) -> str:
+    try:
+        doc = json.loads(exc.body)
+        return str(doc.get("message") or exc.reason)
+    except Exception:  # noqa: BLE001 - the body is only a detail
+        return str(getattr(exc, "reason", ""))
+
+
+def build_api_client(kubeconfig: str | None) -> Any:
+    """``--kubeconfig`` if given; else the in-cluster service account; else ``$KUBECONFIG``
+    or ``~/.kube/config``. Never touches the kubernetes package's global configuration.
+
+    Raises KubeError(KUBE_UNREACHABLE) with the reasons when none of them works.
+    """
+    from kubernetes import client, config
+
+    if kubeconfig:
+        try:
+            return config.new_client_from_config(config_file=kubeconfig)
+        except Exception as exc:  # noqa: BLE001 - any loader error is a bad --kubeconfig
+            raise KubeError(KUBE_UNREACHABLE, f"--kubeconfig {kubeconfig}: {exc}") from None
+    reasons = []
+    try:
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    except Exception as exc:  # noqa: BLE001
+        reasons.append(f"in-cluster: {exc}")
+    try:
+        return config.new_client_from_config()
+    except Exception as exc:  # noqa: BLE001
+        reasons.append(f"kubeconfig: {exc}")
+    raise KubeError(KUBE_UNREACHABLE, "no Kubernetes configuration found (" + "; ".join(reasons) + ")")

@@ -1,0 +1,338 @@
+"""The profiler cycle, its loop, and its own HTTP endpoint (``/metrics``, ``/healthz``).
+
+A cycle: read the snapshot from Prometheus (4 queries), list the Nodes (1 call), classify
+every reporting GPU, plan each node's annotations, and patch only nodes whose plan differs
+from what they carry. Any failure is logged, counted in ``gpu_profiler_errors_total{kind}``
+and ends that step, never the loop; when the read fails nothing is written at all.
+
+``/healthz`` is liveness: 200 while the loop thread runs and is not stuck, 503 otherwise
+(a cycle running longer than ``stall_after_s``, or no cycle finished for
+``interval + stall_after_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import IO, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from exporter.profiler import annotate, prom, queries
+from exporter.profiler.annotate import Conflict, KubeError, NodeGone, NodeInfo, NodeStore
+from exporter.profiler.classify import GpuStats, classify_gpu
+from exporter.profiler.plan import GpuInput, PlanConfig, diff, has_our_keys, plan_node, valid_gpu_id
+from exporter.profiler.prom import PromError
+from exporter.profiler.queries import Reader
+
+log = logging.getLogger(__name__)
+
+INTERNAL = "internal"
+ERROR_KINDS = (*prom.KINDS, queries.EMPTY, *annotate.KINDS, INTERNAL)
+CONFLICT_RETRIES = 3
+
+
+@dataclass
+class CycleResult:
+    """What one cycle did (also what ``--once`` reports)."""
+
+    ok: bool = True
+    duration_s: float = 0.0
+    queries: int = 0
+    nodes_seen: int = 0  # nodes with GPU data or with our annotations
+    patches: int = 0  # merge patches sent (dry run: that would be sent)
+    unchanged: int = 0
+    errors: list[str] = field(default_factory=list)  # kinds
+    patterns: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, gpu) -> published
+
+
+class _PatternCollector(Collector):
+    """``gpu_profile_pattern{node,gpu,pattern} 1`` for the patterns last published."""
+
+    def __init__(self) -> None:
+        self.patterns: dict[tuple[str, str], str] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fam = GaugeMetricFamily("gpu_profile_pattern", "GPU usage pattern last published on the node "
+                                "(1 per GPU; value of the pattern label).", labels=["node", "gpu", "pattern"])
+        for (node, gpu), pattern in sorted(self.patterns.items()):
+            fam.add_metric([node, gpu, pattern], 1.0)
+        yield fam
+
+
+class ProfilerMetrics:
+    """The profiler's own metrics, in a private registry (never the process-global one)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.cycles = Counter("gpu_profiler_cycles", "Profiler cycles by result (ok, failed).", ["result"],
+                              registry=r)
+        self.duration = Histogram("gpu_profiler_cycle_duration_seconds", "Duration of one profiler cycle.",
+                                  buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
+        self.queries = Counter("gpu_profiler_prometheus_queries", "Queries sent to Prometheus "
+                               "(logical queries; HTTP retries not included).", registry=r)
+        self.requests = Counter("gpu_profiler_prometheus_requests", "HTTP requests sent to Prometheus, "
+                                "retries included.", registry=r)
+        self.patched = Counter("gpu_profiler_nodes_patched", "Node merge patches accepted by the API server.",
+                               registry=r)
+        self.errors = Counter("gpu_profiler_errors", "Profiler errors by kind.", ["kind"], registry=r)
+        self.last_success = Gauge("gpu_profiler_last_success_timestamp_seconds",
+                                  "Unix time the last cycle completed without error.", registry=r)
+        self.gpus = Gauge("gpu_profiler_gpus", "GPUs classified in the last cycle, by pattern.", ["pattern"],
+                          registry=r)
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind)
+        for res in ("ok", "failed"):
+            self.cycles.labels(res)
+        self.pattern_collector = _PatternCollector()
+        r.register(self.pattern_collector)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class Profiler:
+    """One profiler: a Prometheus reader, a node store (None: dry run without a cluster)."""
+
+    def __init__(self, reader: Reader, store: NodeStore | None, plan: PlanConfig, dry_run: bool = False,
+                 out: IO[str] | None = None, metrics: ProfilerMetrics | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.reader = reader
+        self.store = store
+        self.plan = plan
+        self.dry_run = dry_run or store is None
+        self.out = out if out is not None else sys.stdout
+        self.metrics = metrics or ProfilerMetrics()
+        self.clock = clock
+        # dry run: what the nodes would carry had the patches been sent (keeps hysteresis going)
+        self._overlay: dict[str, dict[str, str]] = {}
+        self.cycle_started: float | None = None  # monotonic, while a cycle runs
+        self.last_cycle_end: float = time.monotonic()
+        self.cycles_done = 0
+
+    # ---- one cycle ----
+
+    def run_cycle(self, at: float | None = None) -> CycleResult:
+        """One full cycle evaluated at unix time ``at`` (default: now). Never raises."""
+        t0 = time.monotonic()
+        self.cycle_started = t0
+        res = CycleResult()
+        requests_before = self.reader.client.requests_sent
+        queries_before = self.reader.queries_sent
+        try:
+            self._cycle(self.clock() if at is None else at, res)
+        except Exception as exc:
+            log.exception("profiler cycle failed unexpectedly: %s", exc)
+            self._error(res, INTERNAL)
+        res.duration_s = time.monotonic() - t0
+        res.queries = self.reader.queries_sent - queries_before
+        m = self.metrics
+        m.duration.observe(res.duration_s)
+        m.queries.inc(res.queries)
+        m.requests.inc(self.reader.client.requests_sent - requests_before)
+        m.cycles.labels("ok" if res.ok else "failed").inc()
+        if res.ok:
+            m.last_success.set(self.clock())
+        self.cycle_started = None
+        self.last_cycle_end = time.monotonic()
+        self.cycles_done += 1
+        log.info("cycle: %.2fs, %d queries, %d nodes, %d patches%s, %d unchanged, errors: %s",
+                 res.duration_s, res.queries, res.nodes_seen, res.patches, " (dry run)" if self.dry_run else "",
+                 res.unchanged, ",".join(res.errors) or "none")
+        return res
+
+    def _error(self, res: CycleResult, kind: str) -> None:
+        res.ok = False
+        res.errors.append(kind)
+        self.metrics.errors.labels(kind).inc()
+
+    def _cycle(self, at: float, res: CycleResult) -> None:
+        try:
+            snap = self.reader.read(at)
+        except PromError as exc:
+            log.error("reading Prometheus failed, nothing written this cycle: %s", exc)
+            self._error(res, exc.kind)
+            return
+
+        nodes = self._nodes(snap.gpus, res)
+        if nodes is None:
+            return
+        inputs: dict[str, dict[str, GpuInput]] = {}
+        counts: dict[str, int] = {}
+        for (node, gpu), st in snap.gpus.items():
+            if not st.fresh:
+                continue  # gone: its keys are removed (or the node has no data)
+            if not valid_gpu_id(gpu):
+                log.warning("node %s: gpu label %r cannot be part of an annotation key; skipped", node, gpu)
+                continue
+            prof = classify_gpu(st, self.plan.thresholds)
+            inputs.setdefault(node, {})[gpu] = GpuInput(st.uuid, prof)
+            counts[prof.pattern] = counts.get(prof.pattern, 0) + 1
+        self.metrics.gpus.clear()
+        for pattern, n in counts.items():
+            self.metrics.gpus.labels(pattern).set(n)
+
+        unknown_nodes = sorted(set(inputs) - set(nodes))
+        if unknown_nodes:
+            log.debug("%d nodes report GPUs but are not in the cluster (or not selected): %s",
+                      len(unknown_nodes), ", ".join(unknown_nodes[:5]))
+        patterns: dict[tuple[str, str], str] = {}
+        forbidden = False
+        for name in sorted(nodes):
+            info = nodes[name]
+            gpus = inputs.get(name, {})
+            if not gpus and not has_our_keys(info.annotations, self.plan.prefix):
+                continue  # no GPU data and nothing of ours: not a GPU node
+            res.nodes_seen += 1
+            if forbidden:
+                continue
+            try:
+                final = self._write(info, gpus, res)
+            except KubeError as exc:
+                log.error("node %s: %s", name, exc)
+                self._error(res, exc.kind)
+                if exc.kind == annotate.KUBE_FORBIDDEN:
+                    forbidden = True  # every other node would fail the same way: stop writing
+                self._keep_patterns(name, patterns)
+                continue
+            if final is None:
+                continue  # node deleted meanwhile
+            prefix = self.plan.prefix + "/gpu-"
+            for key, value in final.items():
+                if key.startswith(prefix) and key.endswith(".pattern"):
+                    patterns[(name, key[len(prefix):-len(".pattern")])] = value
+        res.patterns = patterns
+        self.metrics.pattern_collector.patterns = patterns
+
+    def _keep_patterns(self, node: str, patterns: dict[tuple[str, str], str]) -> None:
+        for (n, g), p in self.metrics.pattern_collector.patterns.items():
+            if n == node:
+                patterns[(n, g)] = p
+
+    def _nodes(self, gpus: Mapping[tuple[str, str], GpuStats], res: CycleResult) -> dict[str, NodeInfo] | None:
+        if self.store is None:
+            # dry run without a cluster: every node seen in Prometheus, as we last left it
+            names = {node for node, _ in gpus} | set(self._overlay)
+            return {n: NodeInfo(n, dict(self._overlay.get(n, {})), "") for n in names}
+        try:
+            nodes = self.store.list_nodes()
+        except KubeError as exc:
+            log.error("listing nodes failed, nothing written this cycle: %s", exc)
+            self._error(res, exc.kind)
+            return None
+        if self.dry_run:
+            for name, ann in self._overlay.items():
+                if name in nodes:
+                    nodes[name].annotations = dict(ann)
+        return nodes
+
+    def _write(self, info: NodeInfo, gpus: dict[str, GpuInput], res: CycleResult) -> dict[str, str] | None:
+        """Plan and patch one node; return our annotations as the node now carries them."""
+        prefix = self.plan.prefix
+        for _ in range(CONFLICT_RETRIES + 1):
+            desired = plan_node(info.annotations, gpus, self.plan)
+            patch = diff(info.annotations, desired, prefix)
+            if not patch:
+                res.unchanged += 1
+                return desired
+            res.patches += 1
+            if self.dry_run:
+                doc = {"node": info.name, "patch": {"metadata": {"annotations": patch}}}
+                self.out.write(json.dumps(doc, sort_keys=True) + "\n")
+                self.out.flush()
+                merged = {k: v for k, v in {**info.annotations, **patch}.items() if v is not None}
+                self._overlay[info.name] = merged
+                return desired
+            assert self.store is not None
+            try:
+                self.store.patch_annotations(info.name, patch, info.resource_version)
+                self.metrics.patched.inc()
+                return desired
+            except NodeGone:
+                log.info("node %s was deleted; skipped", info.name)
+                return None
+            except Conflict:
+                log.info("node %s changed while we planned it (409); reading it again", info.name)
+                fresh = self.store.get_node(info.name)
+                if fresh is None:
+                    return None
+                info = fresh
+        raise KubeError(annotate.KUBE_CONFLICT, f"still conflicting after {CONFLICT_RETRIES} retries")
+
+    # ---- loop ----
+
+    def loop(self, interval_s: float, stop: threading.Event) -> None:
+        """Run cycles every ``interval_s`` (start to start) until ``stop`` is set."""
+        while not stop.is_set():
+            started = time.monotonic()
+            self.run_cycle()
+            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+
+
+class Health:
+    """Liveness of a loop thread driving a :class:`Profiler`."""
+
+    def __init__(self, profiler: Profiler, interval_s: float, stall_after_s: float,
+                 thread: threading.Thread | None = None) -> None:
+        self.profiler = profiler
+        self.interval_s = interval_s
+        self.stall_after_s = stall_after_s
+        self.thread = thread
+
+    def check(self) -> tuple[bool, str]:
+        now = time.monotonic()
+        if self.thread is not None and not self.thread.is_alive():
+            return False, "profiler loop is not running"
+        started = self.profiler.cycle_started
+        if started is not None and now - started > self.stall_after_s:
+            return False, f"cycle running for {now - started:.0f}s (limit {self.stall_after_s:.0f}s)"
+        idle = now - self.profiler.last_cycle_end
+        if started is None and idle > self.interval_s + self.stall_after_s:
+            return False, f"no cycle for {idle:.0f}s"
+        return True, f"ok: {self.profiler.cycles_done} cycles"
+
+
+_LANDING = b"""<html><head><title>gpu-exporter profiler</title></head><body>
+<h1>gpu-exporter profiler</h1><p><a href="/metrics">/metrics</a> <a href="/healthz">/healthz</a></p>
+</body></html>
+"""
+
+
+def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Health) -> ThreadingHTTPServer:
+    """The profiler's HTTP server (not started): ``/metrics``, ``/healthz``, ``/``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/healthz":
+                ok, why = health.check()
+                self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
+            elif path == "/":
+                self._send(200, _LANDING, "text/html; charset=utf-8")
+            else:
+                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+        def _send(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http: " + format, *args)
+
+    server = ThreadingHTTPServer((address, port), Handler)
+    server.daemon_threads = True
+    return server

@@ -1,0 +1,264 @@
+"""``gpu-exporter profile``: flags, wiring, and the run modes (loop, ``--once``, ``--dry-run``).
+
+Exit status: 0 success; 1 a ``--once`` cycle had errors (or the loop could not start);
+2 invalid flags (one line on stderr naming the flag, the value and what is allowed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO, Any, NoReturn
+
+from exporter.profiler.annotate import KubeError, NodeStore, build_api_client
+from exporter.profiler.classify import Thresholds
+from exporter.profiler.loop import Health, Profiler, make_server
+from exporter.profiler.plan import PlanConfig, valid_prefix
+from exporter.profiler.prom import PromClient
+from exporter.profiler.queries import QueryConfig, Reader
+
+log = logging.getLogger("exporter.profiler")
+
+PROG = "gpu-exporter profile"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?\Z")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+class UsageError(Exception):
+    """A flag has a bad value: the message is the one line printed."""
+
+
+def parse_duration(flag: str, value: str, lo: float, hi: float) -> float:
+    """``"30m"``, ``"1800s"``, ``"1h"``, ``"90"`` (seconds) -> seconds, within [lo, hi]."""
+    m = _DURATION.match(value.strip())
+    if not m:
+        raise UsageError(f"{flag} {value!r}: expected a duration such as 90s, 30m or 1h")
+    secs = float(m.group(1)) * _UNITS[m.group(2)]
+    if not lo <= secs <= hi:
+        raise UsageError(f"{flag} {value!r}: must be between {_fmt_dur(lo)} and {_fmt_dur(hi)}")
+    return secs
+
+
+def _fmt_dur(s: float) -> str:
+    for unit, f in (("h", 3600), ("m", 60)):
+        if s >= f and s % f == 0:
+            return f"{int(s // f)}{unit}"
+    return f"{s:g}s"
+
+
+def _ratio(flag: str, value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise UsageError(f"{flag} {value!r}: expected a ratio between 0 and 1 (e.g. 0.3)") from None
+    if not 0.0 < x <= 1.0:
+        raise UsageError(f"{flag} {value!r}: must be a ratio greater than 0 and at most 1 (0.3 means 30%)")
+    return x
+
+
+def _int(flag: str, value: str, lo: int, hi: int) -> int:
+    try:
+        x = int(value)
+    except ValueError:
+        raise UsageError(f"{flag} {value!r}: expected a whole number from {lo} to {hi}") from None
+    if not lo <= x <= hi:
+        raise UsageError(f"{flag} {value!r}: must be from {lo} to {hi}")
+    return x
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = _Parser(prog=PROG, description=(
+        "Read GPU series back from Prometheus, classify each GPU's usage pattern over a window "
+        "(idle, steady, periodic, bursty, growing, unknown) and write it to the Node's annotations. "
+        "See docs/profiler.md and docs/annotations.md."))
+    g = p.add_argument_group("Prometheus")
+    g.add_argument("--prometheus-url", default=env("PROMETHEUS_URL"),
+                   help="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090 (env PROMETHEUS_URL)")
+    g.add_argument("--prometheus-token-file", help="file holding a bearer token, re-read on every request")
+    g.add_argument("--prometheus-ca-file", help="CA bundle to verify an https Prometheus")
+    g.add_argument("--prometheus-timeout", default="10s", help="timeout of one HTTP request (default 10s)")
+    g.add_argument("--prometheus-retries", default="2", help="extra attempts after a transient failure (default 2)")
+    g.add_argument("--node-label", default="node",
+                   help="label holding the Kubernetes node name on GPU series (default node; series "
+                        "without it are joined to gpu_host_info on instance)")
+    c = p.add_argument_group("classification")
+    c.add_argument("--window", default="30m", help="history each classification looks at (default 30m)")
+    c.add_argument("--step", default="auto",
+                   help="resolution of the utilisation range; auto: the median scrape interval (default)")
+    c.add_argument("--hysteresis", default="2",
+                   help="consecutive evaluations a new classification must hold before it is written (default 2)")
+    c.add_argument("--idle-util", default="0.30",
+                   help="idle-GPU count: window-mean utilisation below this ratio (default 0.30)")
+    c.add_argument("--idle-mem", default="0.50",
+                   help="idle-GPU count: window-mean memory used below this ratio (default 0.50)")
+    k = p.add_argument_group("Kubernetes")
+    k.add_argument("--annotation-prefix", default="gpu-exporter.io",
+                   help="annotation key prefix (default gpu-exporter.io)")
+    k.add_argument("--kubeconfig", help="kubeconfig file; default: in-cluster service account, else $KUBECONFIG")
+    k.add_argument("--node-selector", help="label selector limiting the nodes listed and annotated")
+    k.add_argument("--dry-run", action="store_true",
+                   help="print the merge patches (one JSON document per line) instead of sending them")
+    r = p.add_argument_group("running")
+    r.add_argument("--once", action="store_true", help="run one cycle and exit (cron style)")
+    r.add_argument("--interval", default=env("PROFILER_INTERVAL", "60s"),
+                   help="time between cycles (env PROFILER_INTERVAL, default 60s)")
+    r.add_argument("--listen-address", default="0.0.0.0", help="address of /metrics and /healthz (default 0.0.0.0)")
+    r.add_argument("--listen-port", default=env("PROFILER_PORT", "9401"),
+                   help="port of /metrics and /healthz (env PROFILER_PORT, default 9401)")
+    r.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
+    return p
+
+
+@dataclass
+class Settings:
+    prometheus_url: str
+    token_file: str | None
+    ca_file: str | None
+    timeout_s: float
+    retries: int
+    query: QueryConfig
+    plan: PlanConfig
+    kubeconfig: str | None
+    node_selector: str | None
+    dry_run: bool
+    once: bool
+    interval_s: float
+    listen_address: str
+    listen_port: int
+    log_level: str
+
+
+def parse_args(argv: list[str]) -> Settings:
+    """Parse and validate; raises UsageError with a one-line message."""
+    a = build_parser().parse_args(argv)
+    if not a.prometheus_url:
+        raise UsageError("--prometheus-url is required (or set PROMETHEUS_URL), e.g. http://prometheus:9090")
+    if not re.match(r"https?://[^/\s]+", a.prometheus_url):
+        raise UsageError(f"--prometheus-url {a.prometheus_url!r}: expected http://host:port or https://host:port")
+    for flag, path in (("--prometheus-token-file", a.prometheus_token_file),
+                       ("--prometheus-ca-file", a.prometheus_ca_file), ("--kubeconfig", a.kubeconfig)):
+        if path is not None and not os.path.isfile(path):
+            raise UsageError(f"{flag} {path!r}: no such file")
+    window = parse_duration("--window", a.window, 300, 86400)
+    step: float | None = None
+    if a.step != "auto":
+        step = parse_duration("--step", a.step, 1, window / 16)
+    if not _LABEL.match(a.node_label):
+        raise UsageError(f"--node-label {a.node_label!r}: must be a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+    if not valid_prefix(a.annotation_prefix):
+        raise UsageError(f"--annotation-prefix {a.annotation_prefix!r}: must be a lowercase DNS subdomain "
+                         "such as gpu-exporter.io (at most 253 characters)")
+    level = a.log_level.lower()
+    if level not in ("debug", "info", "warning", "error"):
+        raise UsageError(f"--log-level {a.log_level!r}: must be one of debug, info, warning, error")
+    th = Thresholds(node_idle_util=_ratio("--idle-util", a.idle_util), node_idle_mem=_ratio("--idle-mem", a.idle_mem))
+    return Settings(
+        prometheus_url=a.prometheus_url,
+        token_file=a.prometheus_token_file,
+        ca_file=a.prometheus_ca_file,
+        timeout_s=parse_duration("--prometheus-timeout", a.prometheus_timeout, 0.1, 600),
+        retries=_int("--prometheus-retries", a.prometheus_retries, 0, 10),
+        query=QueryConfig(window_s=window, step_s=step, node_label=a.node_label, thresholds=th,
+                          fresh_s=min(300.0, window / 2)),
+        plan=PlanConfig(prefix=a.annotation_prefix, hysteresis=_int("--hysteresis", a.hysteresis, 1, 100),
+                        thresholds=th),
+        kubeconfig=a.kubeconfig,
+        node_selector=a.node_selector,
+        dry_run=a.dry_run,
+        once=a.once,
+        interval_s=parse_duration("--interval", a.interval, 1, 86400),
+        listen_address=a.listen_address,
+        listen_port=_int("--listen-port", a.listen_port, 0, 65535),
+        log_level=level,
+    )
+
+
+def _setup_logging(level: str) -> None:
+    root = logging.getLogger("exporter")
+    if not any(getattr(h, "_profiler", False) for h in root.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        h._profiler = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+    root.setLevel(level.upper())
+
+
+def build_profiler(s: Settings, out: IO[str] | None = None) -> Profiler:
+    """Objects for ``s``; the Kubernetes client is optional only in a dry run."""
+    client = PromClient(s.prometheus_url, timeout=s.timeout_s, retries=s.retries, token_file=s.token_file,
+                        ca_file=s.ca_file)
+    store: NodeStore | None = None
+    try:
+        store = NodeStore(build_api_client(s.kubeconfig), label_selector=s.node_selector)
+    except KubeError as exc:
+        if not s.dry_run:
+            raise
+        log.warning("dry run without a cluster (%s): planning from Prometheus alone, as if no node carried "
+                    "annotations yet", exc)
+    return Profiler(Reader(client, s.query), store, s.plan, dry_run=s.dry_run, out=out)
+
+
+def run(argv: list[str], out: IO[str] | None = None,
+        install_signals: bool = True, stop: threading.Event | None = None,
+        on_ready: Callable[[Any], None] | None = None) -> int:
+    """Entry point of ``gpu-exporter profile``. ``stop``/``on_ready`` let tests drive the loop."""
+    try:
+        s = parse_args(argv)
+    except UsageError as exc:
+        sys.stderr.write(f"{PROG}: {exc}\n")
+        return 2
+    _setup_logging(s.log_level)
+    try:
+        prof = build_profiler(s, out)
+    except (KubeError, ValueError) as exc:
+        log.error("%s", exc)
+        return 1
+    if s.once:
+        res = prof.run_cycle()
+        return 0 if res.ok else 1
+
+    stop = stop or threading.Event()
+    thread = threading.Thread(target=prof.loop, args=(s.interval_s, stop), name="profiler-loop", daemon=True)
+    health = Health(prof, s.interval_s, stall_after_s=max(120.0, 2 * s.interval_s), thread=thread)
+    try:
+        server = make_server(s.listen_address, s.listen_port, prof.metrics, health)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", s.listen_address, s.listen_port, exc)
+        return 1
+    if install_signals:
+        def _stop(signum: int, frame: FrameType | None) -> None:
+            log.info("signal %d: stopping", signum)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+    server_thread = threading.Thread(target=server.serve_forever, name="profiler-http", daemon=True)
+    server_thread.start()
+    thread.start()
+    log.info("profiler: %s every %s, window %s, /metrics on %s:%d%s", s.prometheus_url, _fmt_dur(s.interval_s),
+             _fmt_dur(s.query.window_s), s.listen_address, server.server_address[1],
+             " (dry run)" if prof.dry_run else "")
+    if on_ready is not None:
+        on_ready({"port": server.server_address[1], "profiler": prof, "health": health, "stop": stop})
+    try:
+        stop.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)
+    return 0

@@ -1,0 +1,274 @@
+"""What a Node's annotations should become: hysteresis, dead bands, owned keys. Pure.
+
+Everything the profiler remembers between cycles lives in its own annotations on the Node,
+so ``--once`` runs from cron carry state exactly like the long-running loop:
+
+* ``<prefix>/owned-keys``: the names (without prefix) of every key this profiler wrote,
+  like Node Feature Discovery's record. Only these keys are ever removed; a key outside
+  the record is never touched, even under the same prefix.
+* ``<prefix>/pending``: candidate values waiting out the hysteresis,
+  ``name=value:count`` separated by commas (absent when nothing is pending).
+
+Rules (docs/annotations.md has the reader's side):
+
+* A classification (a GPU's pattern, the node's idle-GPU count) changes only after the
+  new value has been seen ``k`` consecutive evaluations. A first value (nothing published,
+  or ``unknown`` published) is written at once: that fills a gap, it is not a flap.
+* Numbers that come with a pattern (period, growth rate) and the best-GPU score move only
+  when they change by more than a dead band, so noise in the last digits causes no writes.
+* A GPU that stopped reporting while others on its node still report has its keys
+  removed. A node where no GPU reports at all keeps its GPU keys, each turning ``unknown``
+  through the hysteresis, and loses its statistics (idle count, best GPU).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exporter.profiler.classify import (
+    GROWING,
+    PATTERNS,
+    PERIODIC,
+    UNKNOWN,
+    GpuProfile,
+    Thresholds,
+    dominant_pattern,
+    is_idle_for_node,
+)
+
+OWNED = "owned-keys"
+PENDING = "pending"
+NODE_PATTERN = "pattern"
+IDLE_GPUS = "idle-gpus"
+BEST_GPU = "best-gpu"
+BEST_SCORE = "best-gpu-score"
+GPU_FIELDS = ("pattern", "uuid", "period-seconds", "memory-growth-bytes-per-second")
+
+_GPU_KEY = re.compile(r"gpu-([0-9A-Za-z_.-]+)\.(pattern|uuid|period-seconds|memory-growth-bytes-per-second)\Z")
+_GPU_ID = re.compile(r"[0-9A-Za-z]([0-9A-Za-z_.-]{0,18}[0-9A-Za-z])?\Z")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+
+
+def valid_prefix(prefix: str) -> bool:
+    """An annotation prefix must be a lowercase DNS subdomain of at most 253 characters."""
+    return 0 < len(prefix) <= 253 and bool(_DNS_SUBDOMAIN.match(prefix))
+
+
+def valid_gpu_id(gpu: str) -> bool:
+    """GPU ids become part of a key name (``gpu-<id>.pattern``): keep them short and plain."""
+    return bool(_GPU_ID.match(gpu))
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    prefix: str = "gpu-exporter.io"
+    hysteresis: int = 2  # k consecutive evaluations before a classification changes
+    score_deadband: float = 0.05  # availability score: absolute
+    period_deadband: float = 0.10  # period: relative
+    growth_deadband: float = 0.25  # growth rate: relative
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    def __post_init__(self) -> None:
+        if not valid_prefix(self.prefix):
+            raise ValueError(f"annotation prefix {self.prefix!r} is not a lowercase DNS subdomain")
+        if self.hysteresis < 1:
+            raise ValueError(f"hysteresis {self.hysteresis} must be at least 1")
+
+
+@dataclass(frozen=True)
+class GpuInput:
+    """One reporting GPU of a node for this evaluation."""
+
+    uuid: str
+    profile: GpuProfile
+
+
+def parse_pending(value: str | None) -> dict[str, tuple[str, int]]:
+    """``"gpu-0.pattern=bursty:1,idle-gpus=3:1"`` -> {name: (value, count)}; junk is ignored."""
+    out: dict[str, tuple[str, int]] = {}
+    for item in (value or "").split(","):
+        name, eq, rest = item.strip().partition("=")
+        val, colon, count = rest.rpartition(":")
+        if eq and colon and name and val and count.isdigit():
+            out[name] = (val, int(count))
+    return out
+
+
+def format_pending(pending: Mapping[str, tuple[str, int]]) -> str:
+    return ",".join(f"{k}={v}:{c}" for k, (v, c) in sorted(pending.items()))
+
+
+def owned_names(annotations: Mapping[str, str], prefix: str) -> set[str]:
+    """Names recorded in ``<prefix>/owned-keys`` (empty entries and odd names dropped)."""
+    raw = annotations.get(f"{prefix}/{OWNED}", "")
+    return {n.strip() for n in raw.split(",") if n.strip() and "/" not in n.strip()}
+
+
+def _fmt_number(x: float) -> str:
+    return str(round(x))
+
+
+def _fmt_score(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def _num(s: str | None) -> float | None:
+    try:
+        return float(s) if s is not None else None
+    except ValueError:
+        return None
+
+
+def _moved(old: str | None, new: float, rel: float | None = None, absolute: float | None = None) -> bool:
+    """Whether ``new`` is outside the dead band around the published ``old``."""
+    o = _num(old)
+    if o is None:
+        return True
+    if absolute is not None:
+        return abs(new - o) >= absolute
+    assert rel is not None
+    return abs(new - o) > rel * max(abs(o), 1e-12)
+
+
+class _Hysteresis:
+    def __init__(self, published: Mapping[str, str], pending: Mapping[str, tuple[str, int]], k: int) -> None:
+        self.published = published
+        self.pending = pending
+        self.k = k
+        self.new_pending: dict[str, tuple[str, int]] = {}
+
+    def __call__(self, name: str, candidate: str) -> str:
+        pub = self.published.get(name)
+        if pub is None or (pub == UNKNOWN and name.endswith(".pattern")) or pub == candidate:
+            return candidate
+        val, count = self.pending.get(name, ("", 0))
+        count = count + 1 if val == candidate else 1
+        if count >= self.k:
+            return candidate
+        self.new_pending[name] = (candidate, count)
+        return pub
+
+
+def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: PlanConfig) -> dict[str, str]:
+    """The complete set of our annotations (full keys) this node should carry now.
+
+    ``current``: all of the node's annotations as read from the API server (foreign ones
+    included; they are only read for our prefix). ``gpus``: the GPUs reporting now (fresh),
+    by GPU id; empty when the node has no data.
+    """
+    p = cfg.prefix + "/"
+    owned = owned_names(current, cfg.prefix)
+    published = {n: current[p + n] for n in owned if p + n in current}
+    pending = parse_pending(current.get(p + PENDING)) if PENDING in owned else {}
+    hyst = _Hysteresis(published, pending, cfg.hysteresis)
+    out: dict[str, str] = {}
+
+    if gpus:
+        inputs: Mapping[str, GpuInput] = gpus
+    else:
+        # no data for the whole node: every GPU we published turns unknown (via hysteresis)
+        known = sorted({m.group(1) for n in published if (m := _GPU_KEY.match(n))})
+        inputs = {g: GpuInput(published.get(f"gpu-{g}.uuid", ""), GpuProfile(UNKNOWN)) for g in known}
+
+    for gpu in sorted(inputs, key=_gpu_sort_key):
+        if not valid_gpu_id(gpu):
+            continue
+        gi = inputs[gpu]
+        prof = gi.profile
+        base = f"gpu-{gpu}."
+        name = base + "pattern"
+        pattern = hyst(name, prof.pattern if prof.pattern in PATTERNS else UNKNOWN)
+        out[name] = pattern
+        if gi.uuid:
+            out[base + "uuid"] = gi.uuid
+        held = pattern != prof.pattern  # the hysteresis kept the old pattern
+        changed = published.get(name) != pattern
+        if pattern == PERIODIC:
+            _number(out, published, base + "period-seconds", None if held else prof.period_seconds,
+                    changed, rel=cfg.period_deadband)
+        elif pattern == GROWING:
+            _number(out, published, base + "memory-growth-bytes-per-second",
+                    None if held else prof.growth_bytes_per_second, changed, rel=cfg.growth_deadband)
+
+    patterns = [v for n, v in out.items() if n.endswith(".pattern")]
+    if patterns:
+        out[NODE_PATTERN] = dominant_pattern(patterns)
+
+    profiles = {g: gi.profile for g, gi in gpus.items() if valid_gpu_id(g)}
+    measured = [pr for pr in profiles.values() if pr.util_mean is not None and pr.mem_used_ratio is not None]
+    if measured:
+        idle = sum(1 for pr in measured if is_idle_for_node(pr, cfg.thresholds))
+        out[IDLE_GPUS] = hyst(IDLE_GPUS, str(idle))
+    scores = {g: pr.score for g, pr in profiles.items() if pr.score is not None}
+    if scores:
+        best = max(sorted(scores, key=_gpu_sort_key), key=lambda g: scores[g])
+        pub_best = published.get(BEST_GPU)
+        # keep the published best GPU while it is within the dead band of the best one
+        if pub_best in scores and scores[pub_best] >= scores[best] - cfg.score_deadband:
+            best = pub_best
+        out[BEST_GPU] = best
+        pub_score = published.get(BEST_SCORE)
+        new_score = scores[best]
+        keep = pub_score is not None and pub_best == best and not _moved(pub_score, new_score,
+                                                                         absolute=cfg.score_deadband)
+        out[BEST_SCORE] = pub_score if keep and pub_score is not None else _fmt_score(new_score)
+
+    if hyst.new_pending:
+        out[PENDING] = format_pending(hyst.new_pending)
+    if not out:
+        return {}  # nothing left to say: diff() then removes the record itself
+    desired = {p + n: v for n, v in out.items()}
+    desired[p + OWNED] = ",".join(sorted(out, key=_name_sort_key))
+    return desired
+
+
+def _number(out: dict[str, str], published: Mapping[str, str], name: str, value: float | None,
+            changed: bool, rel: float) -> None:
+    """Set a pattern's number: keep the published one inside the dead band or when held."""
+    old = published.get(name)
+    if value is None:
+        if old is not None:
+            out[name] = old
+        return
+    if changed or old is None or _moved(old, value, rel=rel):
+        out[name] = _fmt_number(value)
+    else:
+        out[name] = old
+
+
+def _gpu_sort_key(g: str) -> tuple[int, int, str]:
+    return (0, int(g), "") if g.isdigit() else (1, 0, g)
+
+
+def _name_sort_key(n: str) -> tuple[int, tuple[int, int, str], str]:
+    m = _GPU_KEY.match(n)
+    if m:
+        return (1, _gpu_sort_key(m.group(1)), m.group(2))
+    return (0, (0, 0, ""), n)
+
+
+def diff(current: Mapping[str, str], desired: Mapping[str, str], prefix: str) -> dict[str, str | None]:
+    """The annotations part of a JSON merge patch taking ``current`` to ``desired``.
+
+    Sets what differs; deletes (``None``) only keys named in the current owned-keys record
+    (plus the record and pending keys themselves) that ``desired`` no longer has.
+    """
+    p = prefix + "/"
+    patch: dict[str, str | None] = {k: v for k, v in desired.items() if current.get(k) != v}
+    for name in owned_names(current, prefix) | {OWNED, PENDING}:
+        key = p + name
+        if key in current and key not in desired:
+            patch[key] = None
+    return patch
+
+
+def has_our_keys(annotations: Mapping[str, str], prefix: str) -> bool:
+    return f"{prefix}/{OWNED}" in annotations
+
+
+def annotation_bytes(annotations: Mapping[str, str], prefix: str) -> int:
+    """Bytes of keys and values under our record (what the 4 KiB budget counts)."""
+    p = prefix + "/"
+    return sum(len(k) + len(v) for k, v in annotations.items() if k.startswith(p))
