@@ -334,6 +334,10 @@ class AmdSmiBackend(Backend):
         except smi.AmdSmiException as exc:  # parameter errors: a bug on our side, never fatal
             self.log_once(f"param:{attr}", "amdsmi: %s: %s", attr, exc, level=logging.WARNING)
             return None
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # the wrapper choked on a value
+            self.log_once(f"wrapper:{attr}", "amdsmi: %s: the wrapper failed: %r", attr, exc,
+                          level=logging.WARNING)
+            return None
         if gpu is not None:
             gpu.answered += 1
         return result
