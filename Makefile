@@ -6,11 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
-APT_PKGS_TEST := prometheus prometheus-alertmanager kubectl gcc
 ADDRESS ?= 0.0.0.0
 PORT ?= 9400
 
-.PHONY: run test lint bench gpu-check demo reliability clean golden
+.PHONY: run test lint bench gpu-check demo reliability clean golden .apt-test-deps
 
 # Fresh Debian ships python3 without ensurepip; install python3-venv once if venv fails.
 $(VENV)/bin/python:
@@ -31,7 +30,7 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
-	command -v kubectl >/dev/null || missing="$$missing kubectl"; \
+	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

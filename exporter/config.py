@@ -151,6 +151,8 @@ SPECS: tuple[Spec, ...] = (
          "seconds between background collections; 0 = collect on scrape (default 0)"),
     Spec("collection_timeout", "--collection-timeout", "COLLECTION_TIMEOUT", _seconds(0.01, 300),
          "seconds a scrape waits for a collection before answering with what it has (default 5)"),
+    Spec("cache_ttl", "--cache-ttl", "SCRAPE_CACHE_TTL", _seconds(0, 60),
+         "collect-on-scrape: reuse a collection that finished less than this ago (default 1; 0 = never)"),
     Spec("ready_max_age", "--ready-max-age", "READY_MAX_AGE", _seconds(1, 86400),
          "/readyz fails when the last successful collection is older than this (default 60)"),
     Spec("log_level", "--log-level", "LOG_LEVEL", _choice(("debug", "info", "warning", "error")),
@@ -193,6 +195,7 @@ class Settings:
     metrics_path: str = "/metrics"
     collection_interval: float = 0.0
     collection_timeout: float = 5.0
+    cache_ttl: float = 1.0
     ready_max_age: float = 60.0
     log_level: str = "info"
     log_format: str = "text"

@@ -6,6 +6,9 @@ Two modes:
   collection on the worker thread; scrapes arriving meanwhile join it. Everyone gets the
   same rendered bytes. A scrape waits at most ``collection_timeout`` and then answers with
   the GPUs read so far plus ``gpu_exporter_collector_success 0`` and a ``timeout`` error.
+  A scrape arriving within ``cache_ttl`` (default 1 s) of the end of the last collection
+  reuses it: NVML's utilisation is itself an average over 1/6-1 s, so a second
+  Prometheus of an HA pair loses nothing, and a burst of scrapers costs one collection.
 - background (``COLLECTION_INTERVAL>0``): a thread collects every interval; scrapes serve
   the last rendered bytes. Samples never carry timestamps.
 
@@ -49,12 +52,15 @@ class Engine:
         fields: FieldFilter,
         collection_interval: float = 0.0,
         collection_timeout: float = 5.0,
+        cache_ttl: float = 0.0,
     ) -> None:
         self.backends = backends
         self.host = host
         self.fields = fields
         self.interval = collection_interval
         self.timeout = collection_timeout
+        self.cache_ttl = cache_ttl
+        self._last_done = 0.0
         self.stats: dict[str, BackendStats] = {b.name: BackendStats() for b in backends}
         self.gpu_labels: LabelHook | None = None
         self.family_sources: list[FamilySource] = []
@@ -88,6 +94,9 @@ class Engine:
                 return last
             flight = self._join_or_start()  # before the first background cycle has finished
         else:
+            last = self._last
+            if last is not None and time.monotonic() - self._last_done < self.cache_ttl:
+                return last  # a collection that just finished: NVML averages over ~1 s anyway
             flight = self._join_or_start()
         return self._wait(flight)
 
@@ -151,7 +160,7 @@ class Engine:
             # Readings older than one timeout window would be stale: serve only a fresh partial.
             fresh = time.monotonic() - flight.started <= 2 * self.timeout
             colls = [
-                Collection(backend=c.backend, gpus=list(c.gpus), peers=list(c.peers), partial=True)
+                Collection(backend=c.backend, gpus=list(c.gpus), peers=c.peers, partial=True)
                 for c in flight.collections
             ] if fresh else []
         return Rendered(self._snapshot(colls), self.fields)
@@ -188,6 +197,7 @@ class Engine:
             flight.result = Rendered(snap, self.fields)
             if not flight.timed_out:
                 self._last = flight.result
+                self._last_done = time.monotonic()
         finally:
             flight.current = None
             flight.done.set()
@@ -215,7 +225,7 @@ class Engine:
         if every > 0 and cached is not None and now - cached[0] < every * 0.95:
             src = cached[1]
             coll.gpus.extend(src.gpus)
-            coll.peers.extend(src.peers)
+            coll.peers = src.peers
             coll.xid_counts, coll.xid_last_seconds, coll.pci_devices = (
                 src.xid_counts, src.xid_last_seconds, src.pci_devices)
             return
@@ -244,7 +254,7 @@ class Engine:
                 st.success = False
                 st.errors_total[kind] = st.errors_total.get(kind, 0) + 1
                 coll.gpus.clear()  # a failed collection publishes no readings, never stale ones
-                coll.peers.clear()
+                coll.peers = []
                 st.gpus = 0
             elif not flight.timed_out:
                 st.success = True

@@ -22,7 +22,7 @@ def fleet(tmp_path: Path) -> FakeNvml:
 
 def start(fleet: FakeNvml, tmp_path: Path, *args: str, wait: bool = True) -> ExporterProcess:
     return ExporterProcess(["--backend", "nvml", "--sysfs-root", str(tmp_path / "sys"), "--collection-timeout", "30",
-                            *args], env=fleet.env(),
+                            "--cache-ttl", "0", *args], env=fleet.env(),
                            wait=wait)
 
 

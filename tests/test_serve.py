@@ -75,3 +75,13 @@ def test_background_mode_serves_cached_collection() -> None:
         for line in text.splitlines():
             if line and not line.startswith("#"):
                 assert len(line.rsplit("} ", 1)[-1].split()) == 1 or "{" not in line, line
+
+
+def test_scrapes_within_cache_ttl_reuse_the_collection() -> None:
+    with ExporterProcess(["--backend", "simulated", "--cache-ttl", "60"]) as ex:
+        first = sample(ex.scrape(), "gpu_exporter_collections_total", backend="simulated")
+        for _ in range(5):
+            assert sample(ex.scrape(), "gpu_exporter_collections_total", backend="simulated") == first
+    with ExporterProcess(["--backend", "simulated", "--cache-ttl", "0"]) as ex:
+        counts = [sample(ex.scrape(), "gpu_exporter_collections_total", backend="simulated") for _ in range(3)]
+        assert counts == sorted(set(counts)) and len(counts) == 3  # a fresh collection every scrape

@@ -599,7 +599,7 @@ class NvmlBackend(Backend):
             if not complete:
                 return  # a GPU is down: try again next time rather than cache a partial matrix
             self._peers = peers
-        out.peers.extend(self._peers)
+        out.peers = self._peers  # the same static list object: the renderer caches its text
 
 
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError

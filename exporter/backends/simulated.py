@@ -84,6 +84,11 @@ class SimulatedBackend(Backend):
         self._count = self.options.simulated_gpus
         self._energy = [0.0] * self._count
         self._last_t: float | None = None
+        self._peers = [  # static, like a real topology: the same list every collection
+            PeerReading(gpu=a, peer=b, p2p={"read": 1.0, "write": 1.0, "nvlink": 1.0},
+                        topology_level="single", topology_level_value=10.0)
+            for a in range(self._count) for b in range(self._count) if a != b
+        ]
 
     def collect(self, out: Collection) -> None:
         now = time.time()
@@ -128,13 +133,7 @@ class SimulatedBackend(Backend):
                     throttle_reasons={"gpu_idle": 1.0 if u < 0.05 else 0.0, "sw_power_cap": 0.0},
                 )
             )
-        for a in range(self._count):
-            for b in range(self._count):
-                if a != b:
-                    out.peers.append(
-                        PeerReading(gpu=a, peer=b, p2p={"read": 1.0, "write": 1.0, "nvlink": 1.0},
-                                    topology_level="single", topology_level_value=10.0)
-                    )
+        out.peers = self._peers
 
 
 BACKEND = SimulatedBackend

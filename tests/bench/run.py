@@ -90,7 +90,7 @@ def _proc_cpu_s(pid: int) -> float:
 
 def _pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 def _scraper(port: int, path: str, n: int, lat: list[float], errors: list[str]) -> None:
@@ -112,7 +112,7 @@ def _scraper(port: int, path: str, n: int, lat: list[float], errors: list[str]) 
 
 
 def measure_server(cmd: list[str], env: dict[str, str], port: int, path: str, scrapes: int) -> ServerFigures:
-    log = tempfile.TemporaryFile()
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process it logs
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     fig = ServerFigures()
     try:
@@ -167,7 +167,7 @@ def measure_collection(env: dict[str, str], n: int) -> dict[str, float]:
 
 def run(gpu_counts: list[int], scrapes: int, peer: bool) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
-    lib = build_library()
+    build_library()
     for n in gpu_counts:
         with tempfile.TemporaryDirectory() as tmp:
             fleet = FakeNvml(Path(tmp) / "fleet.conf", gpus=n)
@@ -178,7 +178,11 @@ def run(gpu_counts: list[int], scrapes: int, peer: bool) -> list[dict[str, objec
             ours = measure_server([sys.executable, "-m", "exporter", "serve", "--backend", "nvml", "--address",
                                    "127.0.0.1", "--port", str(port), "--sysfs-root", tmp],
                                   env, port, "/metrics", scrapes)
-            row: dict[str, object] = {"gpus": n, "collect": coll, "ours": ours}
+            port = free_port()
+            nocache = measure_server([sys.executable, "-m", "exporter", "serve", "--backend", "nvml", "--address",
+                                      "127.0.0.1", "--port", str(port), "--sysfs-root", tmp, "--cache-ttl", "0"],
+                                     env, port, "/metrics", scrapes)
+            row: dict[str, object] = {"gpus": n, "collect": coll, "ours": ours, "ours_nocache": nocache}
             if peer and shutil.which("nvitop-exporter", path=str(Path(sys.executable).parent)):
                 port = free_port()
                 exe = str(Path(sys.executable).parent / "nvitop-exporter")
@@ -217,13 +221,15 @@ def to_markdown(rows: list[dict[str, object]], scrapes: int) -> str:
         n = row["gpus"]
         coll = row["collect"]
         assert isinstance(coll, dict)
-        for who in ("ours", "peer"):
+        for who in ("ours", "ours_nocache", "peer"):
             fig = row.get(who)
             if not isinstance(fig, ServerFigures):
                 continue
-            name = "gpu-exporter" if who == "ours" else "nvitop-exporter 1.7 (peer)"
-            c1 = _ms(coll["collect_s"]) if who == "ours" else "n/a (1 s loop)"
-            c2 = _ms(coll["collect_render_s"]) if who == "ours" else "n/a"
+            name = {"ours": "gpu-exporter (default, cache-ttl 1 s)",
+                    "ours_nocache": "gpu-exporter (cache-ttl 0: collect on every scrape)",
+                    "peer": "nvitop-exporter 1.7 (peer)"}[who]
+            c1 = _ms(coll["collect_s"]) if who != "peer" else "n/a (1 s loop)"
+            c2 = _ms(coll["collect_render_s"]) if who != "peer" else "n/a"
             lines.append(
                 f"| {n} | {name} | {c1} | {c2} | {_ms(fig.p50_1)} | {_ms(fig.p99_1)} | {_ms(fig.p50_50)} "
                 f"| {_ms(fig.p99_50)} | {fig.errors_50} | {fig.rss_before_mib:.1f} | {fig.rss_after_mib:.1f} "
@@ -237,8 +243,8 @@ def to_markdown(rows: list[dict[str, object]], scrapes: int) -> str:
     for row in rows:
         ours, peer = row.get("ours"), row.get("peer")
         if isinstance(ours, ServerFigures) and isinstance(peer, ServerFigures):
-            def ratio(f: Callable[[ServerFigures], float]) -> str:
-                a, b = f(ours), f(peer)
+            def ratio(f: Callable[[ServerFigures], float], o: ServerFigures = ours, p: ServerFigures = peer) -> str:
+                a, b = f(o), f(p)
                 return f"{b / a:.1f}x" if a > 0 else "n/a"
 
             lines.append(
