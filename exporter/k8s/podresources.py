@@ -466,11 +466,15 @@ class PodAttribution:
         by_key: dict[Key, list[Allocation]] = {}
         allocations: list[Allocation] = []
         ignored = 0
+        kinds: dict[str, tuple[str, bool] | None] = {}  # a busy node repeats a few names thousands of times
         for pod in resp.pod_resources:
             for ctr in pod.containers:
                 for dev in ctr.devices:
                     resource = dev.resource_name
-                    kind = classify_resource(resource)
+                    try:
+                        kind = kinds[resource]
+                    except KeyError:
+                        kind = kinds[resource] = classify_resource(resource)
                     if kind is None:
                         ignored += len(dev.device_ids)
                         self._note_unknown(resource)
