@@ -169,6 +169,10 @@ SPECS: tuple[Spec, ...] = (
          "emit per-PID memory series (unbounded cardinality; default false)"),
     Spec("pcie_throughput", "--pcie-throughput", "EXPORTER_PCIE_THROUGHPUT", _bool,
          "read PCIe TX/RX throughput (about 20 ms per GPU per read on NVIDIA; default false)"),
+    Spec("rocm_smi_path", "--rocm-smi-path", "ROCM_SMI_PATH", _file,
+         "rocm-smi binary for the rocm-smi backend (default: PATH, then /opt/rocm/bin/rocm-smi)"),
+    Spec("command_timeout", "--command-timeout", "COMMAND_TIMEOUT", _seconds(0.1, 120),
+         "hard timeout for CLI backends such as rocm-smi (default 5)"),
     Spec("pod_resources_socket", "--pod-resources-socket", "POD_RESOURCES_SOCKET", _file,
          "kubelet pod-resources socket for pod attribution"),
     Spec("pod_resources_interval", "--pod-resources-interval", "POD_RESOURCES_INTERVAL", _seconds(1, 3600),
@@ -205,6 +209,8 @@ class Settings:
     simulated_gpus: int = 4
     per_process: bool = False
     pcie_throughput: bool = False
+    rocm_smi_path: str | None = None
+    command_timeout: float = 5.0
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     pod_resources_interval: float = 10.0
     pod_attribution: str = "auto"

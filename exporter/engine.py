@@ -212,8 +212,9 @@ class Engine:
         stats = {k: BackendStats(**vars(v)) for k, v in self.stats.items()}
         for st in stats.values():
             st.errors_total = dict(st.errors_total)
+        intervals = {b.name: self.interval if self.interval > 0 else b.min_interval for b in self.backends}
         return Snapshot(collections=collections, host=self.host, stats=stats, created=time.time(),
-                        gpu_labels=self.gpu_labels, extra_families=extra)
+                        gpu_labels=self.gpu_labels, extra_families=extra, intervals=intervals)
 
     # --- one backend -----------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ class Snapshot:
     created: float
     gpu_labels: LabelHook | None = None
     extra_families: list[Metric] = field(default_factory=list)
+    intervals: dict[str, float] = field(default_factory=dict)  # backend -> seconds between real reads
 
 
 # --- exposition primitives ----------------------------------------------------------------
@@ -319,6 +320,11 @@ def _self_families(out: _Out, snap: Snapshot) -> None:
     out.family("gpu_exporter_last_success_timestamp_seconds", GAUGE,
                "Unix time of the backend's last successful collection.", "".join(last))
     out.family("gpu_exporter_collections_total", COUNTER, "Collections run by the backend.", "".join(total))
+    out.family("gpu_exporter_collection_interval_seconds", GAUGE,
+               "Minimum seconds between real reads of the backend: 0 reads on every scrape; CLI backends "
+               "(rocm-smi, a subprocess) are read at most every COLLECTION_INTERVAL, default 10 s.",
+               "".join(f'gpu_exporter_collection_interval_seconds{{backend="{esc(n)}"}} {num(v)}\n'
+                       for n, v in sorted(snap.intervals.items())))
     for m in snap.extra_families:
         _render_metric(out, m)
 

@@ -28,6 +28,8 @@ def options_from(settings: config.Settings) -> BackendOptions:
         simulated_gpus=settings.simulated_gpus,
         per_process=settings.per_process,
         pcie_throughput=settings.pcie_throughput,
+        rocm_smi_path=settings.rocm_smi_path,
+        command_timeout=settings.command_timeout,
     )
 
 

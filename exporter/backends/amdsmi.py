@@ -39,13 +39,14 @@ import io
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar
 
 from exporter.backends.base import Backend, BackendError, BackendOptions, BackendUnavailable
 from exporter.readings import Collection, GpuReading, MigReading, PeerReading
 from exporter.schema import GPU_FAMILIES, TOPOLOGY_LEVELS
+from exporter.sysfs import AMD_VENDOR, count_pci_gpus
 
 log = logging.getLogger(__name__)
 
@@ -426,7 +427,9 @@ class AmdSmiBackend(Backend):
             self._start()
         for d in self._devices:
             out.gpus.append(self._read(d, out))
-        out.peers.extend(replace(p, p2p=dict(p.p2p)) for p in self._peers)
+        out.peers = self._peers  # static until re-init: the renderer caches its text
+        if self.enabled("gpu_pci_devices"):
+            out.pci_devices = count_pci_gpus(self.options.sysfs_root, AMD_VENDOR)
 
     def _read(self, d: _Device, out: Collection) -> GpuReading:
         r = GpuReading(

@@ -64,6 +64,7 @@ class BackendOptions:
     per_process: bool = False  # per-PID series are unbounded cardinality: opt-in
     pcie_throughput: bool = False  # about 20 ms per GPU per read on NVIDIA: opt-in
     command_timeout: float = 5.0  # CLI backends (rocm-smi)
+    rocm_smi_path: str | None = None  # explicit rocm-smi binary; default: PATH, then /opt/rocm/bin
 
 
 class Backend(ABC):

@@ -57,6 +57,7 @@ from typing import Any, ClassVar
 from exporter.backends.amdsmi import amd_uuid, canonical_bus_id, dedupe_uuids, is_na
 from exporter.backends.base import Backend, BackendError, BackendOptions, BackendUnavailable
 from exporter.readings import Collection, GpuReading
+from exporter.sysfs import AMD_VENDOR, count_pci_gpus
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ class RocmSmiBackend(Backend):
     def __init__(self, options: BackendOptions | None = None, binary: str | None = None) -> None:
         super().__init__(options)
         # explicit path: constructor, then BackendOptions.rocm_smi_path when the option exists
-        self._explicit = binary or getattr(self.options, "rocm_smi_path", None)
+        self._explicit = binary or self.options.rocm_smi_path
         self._binary: str | None = None
         self._first: tuple[float, list[GpuReading]] | None = None
 
@@ -302,6 +303,8 @@ class RocmSmiBackend(Backend):
         else:
             readings = self._read()
         out.gpus.extend(readings)
+        if self.enabled("gpu_pci_devices"):
+            out.pci_devices = count_pci_gpus(self.options.sysfs_root, AMD_VENDOR)
 
     def _read(self) -> list[GpuReading]:
         if self._binary is None:
