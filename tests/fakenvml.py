@@ -235,6 +235,7 @@ def _default_gpu(i: int, n: int) -> dict[str, Any]:
         "unsupported": [],                # NVML function names returning NOT_SUPPORTED
         "supported_events": 0xD1F,        # SBE|DBE|PState|XID|Clock|MIG|DRAM retirement (+failure)
         "lost": 0,
+        "delay_ms": 0,                    # every device call sleeps this long (a hung driver)
     }
 
 

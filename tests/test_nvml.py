@@ -217,3 +217,24 @@ def test_not_supported_everywhere_still_serves(fleet: FakeNvml, tmp_path: Path) 
         assert sample(s, "gpu_exporter_collector_success", backend="nvml") == 1.0
 
 
+
+
+def test_slow_driver_answers_with_what_it_has_within_the_timeout(fleet: FakeNvml, tmp_path: Path) -> None:
+    import time
+
+    with ExporterProcess(["--backend", "nvml", "--sysfs-root", str(tmp_path), "--collection-timeout", "1",
+                          "--cache-ttl", "0"], env=fleet.env()) as ex:
+        assert sample(ex.scrape(), "gpu_up", gpu="1") == 1.0
+        fleet.set(1, delay_ms=400)  # ~40 calls per GPU: GPU 1 takes far longer than the 1 s budget
+        t0 = time.monotonic()
+        s = ex.scrape()
+        elapsed = time.monotonic() - t0
+        assert elapsed < 3.0, f"scrape took {elapsed:.1f}s with a 1s collection timeout"
+        assert sample(s, "gpu_exporter_collector_success", backend="nvml") == 0.0
+        assert (sample(s, "gpu_exporter_collection_errors_total", backend="nvml", kind="timeout") or 0) >= 1
+        assert sample(s, "gpu_power_watts", gpu="0") is not None  # GPU 0 was read before the stall
+        assert sample(s, "gpu_power_watts", gpu="1") is None  # nothing half-read or stale for GPU 1
+        fleet.set(1, delay_ms=0)
+        wait_until(lambda: sample(ex.scrape(), "gpu_exporter_collector_success", backend="nvml") == 1.0, 60,
+                   what="recovery once the driver answers again")
+        assert ex.log().count("collection failed (timeout)") == 1

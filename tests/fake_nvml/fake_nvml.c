@@ -36,6 +36,7 @@
  *   xid.<seq>=<gpu>:<xid>    a queued XID event (seq 1..65535, unique); each is
  *                            delivered once per process by nvmlEventSetWait*
  *   gpu.<i>.<scalar>=<value> see gpu_scalars[] below (name, uuid, power_mw, ...)
+ *   gpu.<i>.delay_ms=<ms>    every device call on this GPU sleeps that long (a hung driver)
  *   gpu.<i>.fail.<function>=<code>   injected code for this GPU only
  *   gpu.<i>.field_fail.<fieldId>=<code>
  *   gpu.<i>.unsupported=<function>,...   these return NVML_ERROR_NOT_SUPPORTED
@@ -242,6 +243,7 @@ struct gpu {
     uint64_t clocks_event_reasons, supported_clocks_event_reasons, violation_ref;
     uint64_t nvlinks, enc_util, enc_period_us, dec_util, dec_period_us;
     uint64_t mig_mode, mig_pending, mig_max, supported_events, lost;
+    uint64_t delay_ms;  /* every device call on this GPU sleeps this long (a hung driver) */
 
     unsigned int pci_domain, pci_bus, pci_dev, pci_fn; /* parsed from bus_id */
     uint64_t violation[NPOLICY];
@@ -290,7 +292,7 @@ static const struct scalar gpu_scalars[] = {
     U(remap_corr), U(remap_unc), U(remap_pending), U(remap_failure),
     U(clocks_event_reasons), U(supported_clocks_event_reasons), U(violation_ref),
     U(nvlinks), U(enc_util), U(enc_period_us), U(dec_util), U(dec_period_us),
-    U(mig_mode), U(mig_pending), U(mig_max), U(supported_events), U(lost),
+    U(mig_mode), U(mig_pending), U(mig_max), U(supported_events), U(lost), U(delay_ms),
 };
 
 /* ---- process state ---- */
@@ -671,6 +673,10 @@ static nvmlReturn_t enter_dev(int fid, nvmlDevice_t dev, int flags, struct gpu *
     if (slot >= 0 && (!g->mig_mode || !g->mig[slot].present)) return leave(NVML_ERROR_INVALID_ARGUMENT);
     nvmlReturn_t rc = check_gpu(fid, g);
     if (rc) return leave(rc);
+    if (g->delay_ms) {
+        struct timespec ts = { (time_t)(g->delay_ms / 1000), (long)(g->delay_ms % 1000) * 1000000L };
+        nanosleep(&ts, NULL);
+    }
     if (slot >= 0 && !(flags & (MIG_OK | MIG_ONLY))) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (slot < 0 && (flags & MIG_ONLY)) return leave(NVML_ERROR_NOT_SUPPORTED);
     *gp = g;
