@@ -32,6 +32,7 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 
 from exporter.backends.base import Backend, BackendError, BackendUnavailable, FieldFilter
-from exporter.readings import Collection, HostInfo
+from exporter.readings import Collection, GpuReading, HostInfo
 from exporter.render import BackendStats, LabelHook, Rendered, Snapshot
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,8 @@ class Engine:
         self.stats: dict[str, BackendStats] = {b.name: BackendStats() for b in backends}
         self.gpu_labels: LabelHook | None = None
         self.family_sources: list[FamilySource] = []
+        # called with every reading of a finished collection, before its snapshot is built
+        self.observers: list[Callable[[list[GpuReading]], None]] = []
         self._initialised: dict[str, bool] = {b.name: False for b in backends}
         self._failing: dict[str, str] = {}
         self._cached: dict[str, tuple[float, Collection]] = {}
@@ -193,6 +195,12 @@ class Engine:
                     flight.collections.append(coll)
                     flight.current = b.name
                 self._collect_backend(b, coll, flight)
+            readings = [r for c in flight.collections for r in c.gpus]
+            for observe in self.observers:
+                try:
+                    observe(readings)
+                except Exception:  # a plugin must never break /metrics
+                    log.exception("observer %r failed", observe)
             snap = self._snapshot(flight.collections)
             flight.result = Rendered(snap, self.fields)
             if not flight.timed_out:

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from exporter import backends, config, logs
 from exporter.backends.base import Backend, BackendOptions, BackendUnavailable, FieldFilter
+
+if TYPE_CHECKING:
+    from exporter.engine import Engine
+    from exporter.k8s.podresources import PodAttribution
 
 log = logging.getLogger("exporter")
 
@@ -71,6 +77,28 @@ def choose_backends(settings: config.Settings, options: BackendOptions) -> tuple
     return chosen, ready
 
 
+def start_attribution(settings: config.Settings, engine: Engine) -> PodAttribution | None:
+    """Pod attribution from the kubelet's pod-resources socket (``--pod-attribution``).
+
+    ``auto`` starts when the socket's directory exists (the kubelet may still be starting:
+    the thread waits for the socket itself), so plain hosts never load gRPC.
+    """
+    mode = settings.pod_attribution
+    sock = settings.pod_resources_socket
+    if mode == "off" or (mode == "auto" and not os.path.isdir(os.path.dirname(sock) or ".")):
+        return None
+    from exporter.k8s.podresources import PodAttribution
+
+    attribution = PodAttribution(sock, interval=settings.pod_resources_interval,
+                                 timeout=min(5.0, settings.pod_resources_interval))
+    engine.gpu_labels = attribution.labels_for
+    engine.observers.append(attribution.update_gpus)
+    engine.family_sources.append(attribution.families)
+    attribution.start()
+    log.info("pod attribution from %s every %gs", sock, settings.pod_resources_interval)
+    return attribution
+
+
 def main(argv: Sequence[str]) -> int:
     try:
         settings = config.load(argv)
@@ -92,6 +120,7 @@ def main(argv: Sequence[str]) -> int:
                     settings.collection_timeout, settings.cache_ttl)
     for name in ready:
         engine.mark_initialised(name)
+    attribution = start_attribution(settings, engine)
     try:
         server = build_server(engine, settings.address, settings.port, settings.metrics_path,
                               settings.ready_max_age, settings.max_connections, settings.read_timeout)
@@ -112,5 +141,7 @@ def main(argv: Sequence[str]) -> int:
         server.serve_forever(poll_interval=0.5)
     finally:
         server.server_close()
+        if attribution is not None:
+            attribution.stop()
         engine.stop()
     return 0
