@@ -61,7 +61,7 @@ bench: $(VENV)/.installed-test .apt-test-deps
 
 # Field-by-field comparison against nvidia-smi on a machine with an NVIDIA GPU.
 gpu-check: $(VENV)/.installed
-	$(PY) -m exporter.tools.gpu_check
+	$(PY) -m exporter.gpucheck --markdown docs/validation.md
 
 clean:
 	rm -rf $(VENV) tests/.build .pytest_cache .mypy_cache .ruff_cache
