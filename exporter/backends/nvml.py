@@ -642,34 +642,48 @@ class _XidWatcher:
             return dict(self.counts), dict(self.last)
 
     def _run(self, gpus: list[_Gpu], stop: threading.Event) -> None:
+        """Register every reachable GPU and wait; rebuild the event set after any error.
+
+        A lost GPU makes the wait fail (or its registration fail): the set is rebuilt with
+        the GPUs that still answer, and rebuilt again periodically while one is missing, so
+        it rejoins when it comes back.
+        """
+        while not stop.is_set():
+            missing = self._watch(gpus, stop)
+            if stop.wait(1.0 if missing is None else 0.0):
+                return
+
+    def _watch(self, gpus: list[_Gpu], stop: threading.Event) -> int | None:
+        """One event set's life. Returns None after an error (caller backs off)."""
         nv = self.b._nv
         try:
             evset = nv.nvmlEventSetCreate()
         except nv.NVMLError as exc:
             self.b.log_once("xid:create", "nvml: XID events unavailable: %s", self.b._err(exc))
-            return
-        registered = 0
+            return None
         uuids: dict[int, str] = {}
-        for g in gpus:
-            try:
-                h = g.handle if g.handle is not None else nv.nvmlDeviceGetHandleByIndex(g.index)
-                nv.nvmlDeviceRegisterEvents(h, XID_EVENT, evset)
-                registered += 1
-                uuids[g.index] = g.uuid or nv.nvmlDeviceGetUUID(h)
-            except nv.NVMLError as exc:
-                self.b.log_once(f"xid:register:{g.index}", "nvml: GPU %d: XID events unavailable: %s", g.index,
-                                self.b._err(exc))
         try:
-            while registered and not stop.is_set():
+            for g in gpus:
+                try:
+                    h = nv.nvmlDeviceGetHandleByIndex(g.index)
+                    nv.nvmlDeviceRegisterEvents(h, XID_EVENT, evset)
+                    uuids[g.index] = g.uuid or nv.nvmlDeviceGetUUID(h)
+                except nv.NVMLError as exc:
+                    self.b.log_once(f"xid:register:{g.index}", "nvml: GPU %d: XID events unavailable: %s",
+                                    g.index, self.b._err(exc))
+            if not uuids:
+                return None
+            rebuild_at = time.monotonic() + (30.0 if len(uuids) < len(gpus) else float("inf"))
+            while not stop.is_set() and time.monotonic() < rebuild_at:
                 try:
                     data = nv.nvmlEventSetWait_v2(evset, self.WAIT_MS)
                 except nv.NVMLError as exc:
                     if getattr(exc, "value", None) == TIMEOUT:
                         continue
-                    # GPU lost / driver going away: stop quietly; the backend restarts us after re-init.
-                    self.b.log_once(f"xid:wait:{getattr(exc, 'value', None)}", "nvml: XID watcher stopped: %s",
+                    self.b.log_once(f"xid:wait:{getattr(exc, 'value', None)}",
+                                    "nvml: XID wait failed (%s); re-registering the GPUs that answer",
                                     self.b._err(exc))
-                    return
+                    return None
                 if not (data.eventType & XID_EVENT):
                     continue
                 try:
@@ -680,12 +694,12 @@ class _XidWatcher:
                 with self.lock:
                     self.counts[key] = self.counts.get(key, 0.0) + 1.0
                     self.last[(idx, key[1])] = time.time()
+            return len(gpus) - len(uuids)
         finally:
             try:
                 nv.nvmlEventSetFree(evset)
             except nv.NVMLError:
                 pass
-
 
 def _raiser(exc: Exception) -> Callable[[], Any]:
     def fn() -> Any:
