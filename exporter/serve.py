@@ -106,6 +106,15 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"gpu-exporter: error: {exc}\n")
         return 2
     logs.setup(settings.log_level, settings.log_format)
+    web = None
+    if settings.web_config_file:
+        from exporter import webconfig
+
+        try:
+            web = webconfig.load(settings.web_config_file)
+        except config.ConfigError as exc:
+            sys.stderr.write(f"gpu-exporter: error: {exc}\n")
+            return 2
     if settings.check_config:
         sys.stdout.write(json.dumps(settings.as_dict(), indent=2, sort_keys=True) + "\n")
         return 0
@@ -123,7 +132,7 @@ def main(argv: Sequence[str]) -> int:
     attribution = start_attribution(settings, engine)
     try:
         server = build_server(engine, settings.address, settings.port, settings.metrics_path,
-                              settings.ready_max_age, settings.max_connections, settings.read_timeout)
+                              settings.ready_max_age, settings.max_connections, settings.read_timeout, web)
     except OSError as exc:
         sys.stderr.write(f"gpu-exporter: error: cannot listen on {settings.address}:{settings.port}: "
                          f"{exc.strerror or exc}\n")
@@ -135,8 +144,9 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     names = ",".join(b.name for b in chosen) or "none"
-    log.info("serving http://%s:%d%s (backend %s)", settings.address, server.server_address[1],
-             settings.metrics_path, names)
+    scheme = "https" if web is not None and web.ssl_context is not None else "http"
+    log.info("serving %s://%s:%d%s (backend %s%s)", scheme, settings.address, server.server_address[1],
+             settings.metrics_path, names, ", basic auth" if web is not None and web.users else "")
     try:
         server.serve_forever(poll_interval=0.5)
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 
 from exporter.engine import Engine
+from exporter.webconfig import OPEN_PATHS, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         self.timeout = self.server.read_timeout  # type: ignore[misc]  # slow or silent clients cannot hold a thread forever
+        if isinstance(self.request, ssl.SSLSocket):
+            # The handshake runs here, in the connection's thread, so a slow client cannot stall accept().
+            self.request.settimeout(self.server.read_timeout)
+            self.request.do_handshake()
         super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -67,12 +73,14 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self, head: bool) -> None:
         try:
             parts = urlsplit(self.path)
-            route = self.server.routes.get(parts.path)
-            if route is None:
-                resp = Response(404, b"not found\n")
+            web = self.server.web
+            if web.users and parts.path not in OPEN_PATHS and not web.check(self.headers.get("Authorization")):
+                resp = Response(401, b"unauthorized\n",
+                                headers={"WWW-Authenticate": 'Basic realm="gpu-exporter", charset="UTF-8"'})
             else:
-                resp = route(self, parts.path, parts.query)
-        except Exception:
+                route = self.server.routes.get(parts.path)
+                resp = Response(404, b"not found\n") if route is None else route(self, parts.path, parts.query)
+        except Exception:  # one bad request must not kill the server
             log.exception("error serving %r", self.path[:200])
             resp = Response(500, b"internal error\n")
         self._send(resp, head)
@@ -92,10 +100,15 @@ class GpuHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # the listen backlog: bursts of scrapers wait in the kernel, not fail
 
-    def __init__(self, addr: tuple[str, int], max_connections: int, read_timeout: float) -> None:
+    def __init__(self, addr: tuple[str, int], max_connections: int, read_timeout: float,
+                 web: WebConfig | None = None) -> None:
         if ":" in addr[0]:
             self.address_family = socket.AF_INET6
         super().__init__(addr, Handler)
+        self.web = web or WebConfig()
+        if self.web.ssl_context is not None:
+            self.socket = self.web.ssl_context.wrap_socket(self.socket, server_side=True,
+                                                           do_handshake_on_connect=False)
         self.routes: dict[str, Route] = {}
         self.read_timeout = read_timeout
         self.max_connections = max_connections
@@ -111,6 +124,10 @@ class GpuHTTPServer(ThreadingHTTPServer):
             self._reject(request)
             return
         super().process_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A failed TLS handshake or a client that went away: debug, not a traceback on stderr."""
+        log.debug("connection from %s failed", client_address, exc_info=True)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
@@ -149,8 +166,8 @@ def metrics_route(engine: Engine) -> Route:
 
 
 def build_server(engine: Engine, address: str, port: int, metrics_path: str, ready_max_age: float,
-                 max_connections: int = 64, read_timeout: float = 10.0) -> GpuHTTPServer:
-    srv = GpuHTTPServer((address, port), max_connections=max_connections, read_timeout=read_timeout)
+                 max_connections: int = 64, read_timeout: float = 10.0, web: WebConfig | None = None) -> GpuHTTPServer:
+    srv = GpuHTTPServer((address, port), max_connections=max_connections, read_timeout=read_timeout, web=web)
     landing = LANDING.format(metrics=metrics_path).encode()
 
     def index(h: Handler, path: str, query: str) -> Response:
