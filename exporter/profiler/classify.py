@@ -208,6 +208,32 @@ def _interpolate_peak(r: Sequence[float], k: int) -> float:
     return float(k)
 
 
+def _odd_weaker(r: Sequence[float], p: float, max_lag: int, n: int) -> bool:
+    """Whether r at odd multiples of ``p`` is below 0.75 x r at even multiples (scaled by N/(N-k))."""
+    odd: list[float] = []
+    even: list[float] = []
+    j = 1
+    while j * p <= max_lag:
+        k = _peak_near(r, j * p, max(1.0, 0.1 * p))
+        if k is not None:
+            (odd if j % 2 else even).append(_peak_height(r, k) * n / (n - k))
+        j += 1
+    if not odd or not even:
+        return False
+    return sum(odd) / len(odd) < 0.75 * sum(even) / len(even)
+
+
+def _peak_height(r: Sequence[float], k: int) -> float:
+    """Height of the parabola through r(k-1), r(k), r(k+1): a period that is not a whole
+    number of steps splits its peak over two lags, and r(k) alone underestimates it."""
+    if 0 < k < len(r) - 1:
+        a, b, c = r[k - 1], r[k], r[k + 1]
+        den = a - 2 * b + c
+        if den < 0:
+            return b - (a - c) ** 2 / (8 * den)
+    return r[k]
+
+
 def detect_period(values: Sequence[float], z: float = 3.0, min_cycles: int = 4,
                   min_period_steps: int = 3) -> PeriodResult | None:
     """Fundamental period of ``values`` in steps, or None when there is no significant one.
@@ -219,7 +245,8 @@ def detect_period(values: Sequence[float], z: float = 3.0, min_cycles: int = 4,
     multiple of the true period, so the smallest peak whose lag divides it and whose
     height is comparable is taken as the fundamental. The peak must repeat near twice
     that lag (also above the bound), which is why a period must fit ``min_cycles`` (4)
-    times into the window. The period is refined from the farthest repeat inside the ACF
+    times into the window. A half-period harmonic (odd multiples of the lag clearly weaker
+    than even ones) is doubled. The period is refined from the farthest repeat inside the ACF
     (parabolic interpolation, divided by the repeat number).
     """
     n = len(values)
@@ -269,6 +296,10 @@ def detect_period(values: Sequence[float], z: float = 3.0, min_cycles: int = 4,
         if all(q is not None and r[q] > bound for q in reps):
             fundamental = p
             break
+    # a half-period harmonic (two unequal bursts per cycle) passes the test above; it shows
+    # as odd multiples of the lag correlating clearly less than even ones: double it
+    while _odd_weaker(r, fundamental, max_lag, n):
+        fundamental *= 2
     if fundamental > longest:
         return None
     # the peak must repeat: a random excursion of a correlated (bursty) series rarely does

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import IO, Any
@@ -46,6 +47,9 @@ class CycleResult:
 
     ok: bool = True
     duration_s: float = 0.0
+    read_s: float = 0.0  # Prometheus queries and parsing
+    classify_s: float = 0.0  # statistics for every GPU
+    write_s: float = 0.0  # listing nodes, planning, patching
     queries: int = 0
     nodes_seen: int = 0  # nodes with GPU data or with our annotations
     patches: int = 0  # merge patches sent (dry run: that would be sent)
@@ -105,7 +109,7 @@ class Profiler:
 
     def __init__(self, reader: Reader, store: NodeStore | None, plan: PlanConfig, dry_run: bool = False,
                  out: IO[str] | None = None, metrics: ProfilerMetrics | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, write_concurrency: int = 4) -> None:
         self.reader = reader
         self.store = store
         self.plan = plan
@@ -118,6 +122,9 @@ class Profiler:
         self.cycle_started: float | None = None  # monotonic, while a cycle runs
         self.last_cycle_end: float = time.monotonic()
         self.cycles_done = 0
+        # patches to different nodes are independent; a few in flight hide API server latency
+        self._writers = ThreadPoolExecutor(write_concurrency, thread_name_prefix="patch") \
+            if write_concurrency > 1 else None
 
     # ---- one cycle ----
 
@@ -145,9 +152,10 @@ class Profiler:
         self.cycle_started = None
         self.last_cycle_end = time.monotonic()
         self.cycles_done += 1
-        log.info("cycle: %.2fs, %d queries, %d nodes, %d patches%s, %d unchanged, errors: %s",
-                 res.duration_s, res.queries, res.nodes_seen, res.patches, " (dry run)" if self.dry_run else "",
-                 res.unchanged, ",".join(res.errors) or "none")
+        log.info("cycle: %.2fs (read %.2fs, classify %.2fs, write %.2fs), %d queries, %d nodes, %d patches%s, "
+                 "%d unchanged, errors: %s", res.duration_s, res.read_s, res.classify_s, res.write_s, res.queries,
+                 res.nodes_seen, res.patches, " (dry run)" if self.dry_run else "", res.unchanged,
+                 ",".join(res.errors) or "none")
         return res
 
     def _error(self, res: CycleResult, kind: str) -> None:
@@ -156,16 +164,17 @@ class Profiler:
         self.metrics.errors.labels(kind).inc()
 
     def _cycle(self, at: float, res: CycleResult) -> None:
+        t0 = time.monotonic()
         try:
             snap = self.reader.read(at)
         except PromError as exc:
             log.error("reading Prometheus failed, nothing written this cycle: %s", exc)
             self._error(res, exc.kind)
             return
+        finally:
+            res.read_s = time.monotonic() - t0
 
-        nodes = self._nodes(snap.gpus, res)
-        if nodes is None:
-            return
+        t0 = time.monotonic()
         inputs: dict[str, dict[str, GpuInput]] = {}
         counts: dict[str, int] = {}
         for (node, gpu), st in snap.gpus.items():
@@ -180,33 +189,59 @@ class Profiler:
         self.metrics.gpus.clear()
         for pattern, n in counts.items():
             self.metrics.gpus.labels(pattern).set(n)
+        res.classify_s = time.monotonic() - t0
+
+        t0 = time.monotonic()
+        try:
+            self._apply(self._nodes(snap.gpus, res), inputs, res)
+        finally:
+            res.write_s = time.monotonic() - t0
+
+    def _apply(self, nodes: dict[str, NodeInfo] | None, inputs: dict[str, dict[str, GpuInput]],
+               res: CycleResult) -> None:
+        if nodes is None:
+            return
 
         unknown_nodes = sorted(set(inputs) - set(nodes))
         if unknown_nodes:
             log.debug("%d nodes report GPUs but are not in the cluster (or not selected): %s",
                       len(unknown_nodes), ", ".join(unknown_nodes[:5]))
-        patterns: dict[tuple[str, str], str] = {}
-        forbidden = False
+        targets = []
         for name in sorted(nodes):
             info = nodes[name]
             gpus = inputs.get(name, {})
-            if not gpus and not has_our_keys(info.annotations, self.plan.prefix):
-                continue  # no GPU data and nothing of ours: not a GPU node
-            res.nodes_seen += 1
-            if forbidden:
-                continue
+            if gpus or has_our_keys(info.annotations, self.plan.prefix):
+                targets.append((info, gpus))  # else: no GPU data and nothing of ours, not a GPU node
+        res.nodes_seen = len(targets)
+        forbidden = threading.Event()
+
+        def one(target: tuple[NodeInfo, dict[str, GpuInput]]) -> tuple[str, dict[str, str] | None, str]:
+            info, gpus = target
+            if forbidden.is_set():
+                return info.name, None, "skipped"
             try:
-                final = self._write(info, gpus, res)
+                final, outcome = self._write(info, gpus)
+                return info.name, final, outcome
             except KubeError as exc:
-                log.error("node %s: %s", name, exc)
-                self._error(res, exc.kind)
+                log.error("node %s: %s", info.name, exc)
                 if exc.kind == annotate.KUBE_FORBIDDEN:
-                    forbidden = True  # every other node would fail the same way: stop writing
-                self._keep_patterns(name, patterns)
-                continue
+                    forbidden.set()  # every other node would fail the same way: stop writing
+                return info.name, None, exc.kind
+
+        # dry run: in order, so the printed patches come out sorted by node
+        results = map(one, targets) if self.dry_run or self._writers is None else self._writers.map(one, targets)
+        patterns: dict[tuple[str, str], str] = {}
+        prefix = self.plan.prefix + "/gpu-"
+        for name, final, outcome in results:
+            if outcome == "patched":
+                res.patches += 1
+            elif outcome == "unchanged":
+                res.unchanged += 1
+            elif outcome in annotate.KINDS:
+                self._error(res, outcome)
             if final is None:
-                continue  # node deleted meanwhile
-            prefix = self.plan.prefix + "/gpu-"
+                self._keep_patterns(name, patterns)  # not written: the node still carries the old ones
+                continue
             for key, value in final.items():
                 if key.startswith(prefix) and key.endswith(".pattern"):
                     patterns[(name, key[len(prefix):-len(".pattern")])] = value
@@ -235,38 +270,40 @@ class Profiler:
                     nodes[name].annotations = dict(ann)
         return nodes
 
-    def _write(self, info: NodeInfo, gpus: dict[str, GpuInput], res: CycleResult) -> dict[str, str] | None:
-        """Plan and patch one node; return our annotations as the node now carries them."""
+    def _write(self, info: NodeInfo, gpus: dict[str, GpuInput]) -> tuple[dict[str, str] | None, str]:
+        """Plan and patch one node: (our annotations as the node now carries them, outcome).
+
+        Outcome: ``unchanged``, ``patched`` (dry run: printed) or ``gone`` (deleted meanwhile).
+        A 409 re-reads the node and plans again, up to CONFLICT_RETRIES times.
+        """
         prefix = self.plan.prefix
         for _ in range(CONFLICT_RETRIES + 1):
             desired = plan_node(info.annotations, gpus, self.plan)
             patch = diff(info.annotations, desired, prefix)
             if not patch:
-                res.unchanged += 1
-                return desired
-            res.patches += 1
+                return desired, "unchanged"
             if self.dry_run:
                 doc = {"node": info.name, "patch": {"metadata": {"annotations": patch}}}
                 self.out.write(json.dumps(doc, sort_keys=True) + "\n")
                 self.out.flush()
                 merged = {k: v for k, v in {**info.annotations, **patch}.items() if v is not None}
                 self._overlay[info.name] = merged
-                return desired
+                return desired, "patched"
             assert self.store is not None
             try:
                 self.store.patch_annotations(info.name, patch, info.resource_version)
                 self.metrics.patched.inc()
-                return desired
+                return desired, "patched"
             except NodeGone:
                 log.info("node %s was deleted; skipped", info.name)
-                return None
+                return None, "gone"
             except Conflict:
                 log.info("node %s changed while we planned it (409); reading it again", info.name)
                 fresh = self.store.get_node(info.name)
                 if fresh is None:
-                    return None
+                    return None, "gone"
                 info = fresh
-        raise KubeError(annotate.KUBE_CONFLICT, f"still conflicting after {CONFLICT_RETRIES} retries")
+        raise KubeError(annotate.KUBE_CONFLICT, f"node {info.name} still conflicting after {CONFLICT_RETRIES} retries")
 
     # ---- loop ----
 

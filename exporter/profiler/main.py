@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any, NoReturn
 
+from exporter import logs
 from exporter.profiler.annotate import KubeError, NodeStore, build_api_client
 from exporter.profiler.classify import Thresholds
 from exporter.profiler.loop import Health, Profiler, make_server
@@ -120,7 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--listen-address", default="0.0.0.0", help="address of /metrics and /healthz (default 0.0.0.0)")
     r.add_argument("--listen-port", default=env("PROFILER_PORT", "9401"),
                    help="port of /metrics and /healthz (env PROFILER_PORT, default 9401)")
-    r.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
+    r.add_argument("--log-level", default=env("LOG_LEVEL", "info"),
+                   help="debug, info, warning or error (env LOG_LEVEL, default info)")
+    r.add_argument("--log-format", default=env("LOG_FORMAT", "text"),
+                   help="text or json, one object per line (env LOG_FORMAT, default text)")
     return p
 
 
@@ -141,6 +145,7 @@ class Settings:
     listen_address: str
     listen_port: int
     log_level: str
+    log_format: str
 
 
 def parse_args(argv: list[str]) -> Settings:
@@ -166,6 +171,8 @@ def parse_args(argv: list[str]) -> Settings:
     level = a.log_level.lower()
     if level not in ("debug", "info", "warning", "error"):
         raise UsageError(f"--log-level {a.log_level!r}: must be one of debug, info, warning, error")
+    if a.log_format not in ("text", "json"):
+        raise UsageError(f"--log-format {a.log_format!r}: must be text or json")
     th = Thresholds(node_idle_util=_ratio("--idle-util", a.idle_util), node_idle_mem=_ratio("--idle-mem", a.idle_mem))
     return Settings(
         prometheus_url=a.prometheus_url,
@@ -185,17 +192,8 @@ def parse_args(argv: list[str]) -> Settings:
         listen_address=a.listen_address,
         listen_port=_int("--listen-port", a.listen_port, 0, 65535),
         log_level=level,
+        log_format=a.log_format,
     )
-
-
-def _setup_logging(level: str) -> None:
-    root = logging.getLogger("exporter")
-    if not any(getattr(h, "_profiler", False) for h in root.handlers):
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        h._profiler = True  # type: ignore[attr-defined]
-        root.addHandler(h)
-    root.setLevel(level.upper())
 
 
 def build_profiler(s: Settings, out: IO[str] | None = None) -> Profiler:
@@ -222,7 +220,7 @@ def run(argv: list[str], out: IO[str] | None = None,
     except UsageError as exc:
         sys.stderr.write(f"{PROG}: {exc}\n")
         return 2
-    _setup_logging(s.log_level)
+    logs.setup(s.log_level, s.log_format)
     try:
         prof = build_profiler(s, out)
     except (KubeError, ValueError) as exc:

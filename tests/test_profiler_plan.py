@@ -1,0 +1,206 @@
+"""Annotation planning (pure): hysteresis, dead bands, owned keys, foreign keys, sizes."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.profiler.classify import BURSTY, GROWING, IDLE, PERIODIC, STEADY, UNKNOWN, GpuProfile
+from exporter.profiler.plan import (
+    GpuInput,
+    PlanConfig,
+    annotation_bytes,
+    diff,
+    format_pending,
+    parse_pending,
+    plan_node,
+    valid_prefix,
+)
+
+P = "gpu-exporter.io/"
+CFG = PlanConfig()
+
+
+def gpu(pattern: str, util: float = 0.5, mem: float = 0.5, score: float | None = None,
+        period: float | None = None, growth: float | None = None, uuid: str = "") -> GpuInput:
+    sc = score if score is not None else round(0.6 * (1 - mem) + 0.4 * (1 - util), 4)
+    return GpuInput(uuid, GpuProfile(pattern, period_seconds=period, growth_bytes_per_second=growth,
+                                     util_mean=util, mem_used_ratio=mem, score=sc))
+
+
+def apply(current: dict[str, str], gpus: dict[str, GpuInput], cfg: PlanConfig = CFG) -> tuple[dict, dict]:
+    """One evaluation: (merge patch annotations, node annotations afterwards)."""
+    desired = plan_node(current, gpus, cfg)
+    patch = diff(current, desired, cfg.prefix)
+    after = {k: v for k, v in {**current, **patch}.items() if v is not None}
+    return patch, after
+
+
+def test_first_evaluation_writes_everything_at_once() -> None:
+    patch, after = apply({}, {"0": gpu(STEADY, uuid="GPU-a"), "1": gpu(IDLE, util=0.01, mem=0.0)})
+    assert patch == {
+        P + "gpu-0.pattern": "steady",
+        P + "gpu-0.uuid": "GPU-a",
+        P + "gpu-1.pattern": "idle",
+        P + "pattern": "steady",  # tie: the more actionable wins
+        P + "idle-gpus": "1",
+        P + "best-gpu": "1",
+        P + "best-gpu-score": "1.00",
+        P + "owned-keys": "best-gpu,best-gpu-score,idle-gpus,pattern,gpu-0.pattern,gpu-0.uuid,gpu-1.pattern",
+    }
+    # the same data again: nothing to write
+    assert apply(after, {"0": gpu(STEADY, uuid="GPU-a"), "1": gpu(IDLE, util=0.01, mem=0.0)})[0] == {}
+
+
+def test_hysteresis_needs_k_consecutive_evaluations() -> None:
+    _, a = apply({}, {"0": gpu(STEADY)})
+    p1, a = apply(a, {"0": gpu(BURSTY)})
+    assert p1 == {P + "pending": "gpu-0.pattern=bursty:1",
+                  P + "owned-keys": "best-gpu,best-gpu-score,idle-gpus,pattern,pending,gpu-0.pattern"}
+    assert a[P + "gpu-0.pattern"] == "steady"
+    p2, a = apply(a, {"0": gpu(BURSTY)})
+    assert p2 == {P + "gpu-0.pattern": "bursty", P + "pattern": "bursty", P + "pending": None,
+                  P + "owned-keys": "best-gpu,best-gpu-score,idle-gpus,pattern,gpu-0.pattern"}
+
+
+def test_hysteresis_resets_when_the_candidate_flaps() -> None:
+    _, a = apply({}, {"0": gpu(STEADY)})
+    _, a = apply(a, {"0": gpu(BURSTY)})
+    _, a = apply(a, {"0": gpu(PERIODIC, period=60)})  # a different candidate restarts the count
+    assert a[P + "pending"] == "gpu-0.pattern=periodic:1" and a[P + "gpu-0.pattern"] == "steady"
+    p, a = apply(a, {"0": gpu(STEADY)})  # back to the published value: pending dropped
+    assert p == {P + "pending": None, P + "owned-keys": "best-gpu,best-gpu-score,idle-gpus,pattern,gpu-0.pattern"}
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_hysteresis_k_is_configurable(k: int) -> None:
+    cfg = PlanConfig(hysteresis=k)
+    _, a = apply({}, {"0": gpu(STEADY)}, cfg)
+    for _ in range(k - 1):
+        _, a = apply(a, {"0": gpu(BURSTY)}, cfg)
+        assert a[P + "gpu-0.pattern"] == "steady"
+    _, a = apply(a, {"0": gpu(BURSTY)}, cfg)
+    assert a[P + "gpu-0.pattern"] == "bursty"
+
+
+def test_unknown_is_replaced_at_once_but_reached_only_through_hysteresis() -> None:
+    _, a = apply({}, {"0": gpu(UNKNOWN)})
+    _, a = apply(a, {"0": gpu(STEADY)})
+    assert a[P + "gpu-0.pattern"] == "steady"  # filling a gap is not a flap
+    _, a = apply(a, {"0": gpu(UNKNOWN)})
+    assert a[P + "gpu-0.pattern"] == "steady"  # one bad evaluation changes nothing published
+
+
+def test_period_and_growth_numbers_and_their_dead_bands() -> None:
+    _, a = apply({}, {"0": gpu(PERIODIC, period=61.7), "1": gpu(GROWING, growth=1_000_000.4)})
+    assert a[P + "gpu-0.period-seconds"] == "62"
+    assert a[P + "gpu-1.memory-growth-bytes-per-second"] == "1000000"
+    # inside the dead bands (10% period, 25% growth): no write
+    assert apply(a, {"0": gpu(PERIODIC, period=66.0), "1": gpu(GROWING, growth=1_200_000)})[0] == {}
+    p, a = apply(a, {"0": gpu(PERIODIC, period=90.0), "1": gpu(GROWING, growth=2_000_000)})
+    assert p == {P + "gpu-0.period-seconds": "90", P + "gpu-1.memory-growth-bytes-per-second": "2000000"}
+    # the pattern changes: its number goes with it (after the hysteresis)
+    _, a = apply(a, {"0": gpu(STEADY), "1": gpu(GROWING, growth=2_000_000)})
+    assert a[P + "gpu-0.period-seconds"] == "90"  # held with its pattern
+    p, a = apply(a, {"0": gpu(STEADY), "1": gpu(GROWING, growth=2_000_000)})
+    assert p[P + "gpu-0.period-seconds"] is None and a[P + "gpu-0.pattern"] == "steady"
+
+
+def test_best_gpu_and_score_dead_band() -> None:
+    _, a = apply({}, {"0": gpu(STEADY, score=0.50), "1": gpu(STEADY, score=0.52)})
+    assert (a[P + "best-gpu"], a[P + "best-gpu-score"]) == ("1", "0.52")
+    # GPU 0 overtakes by less than the dead band: keep GPU 1 and its published score
+    assert apply(a, {"0": gpu(STEADY, score=0.55), "1": gpu(STEADY, score=0.51)})[0] == {}
+    p, a = apply(a, {"0": gpu(STEADY, score=0.70), "1": gpu(STEADY, score=0.51)})
+    assert p == {P + "best-gpu": "0", P + "best-gpu-score": "0.70"}
+    p, _ = apply(a, {"0": gpu(STEADY, score=0.60), "1": gpu(STEADY, score=0.51)})
+    assert p == {P + "best-gpu-score": "0.60"}
+
+
+def test_idle_count_uses_the_node_rule_and_hysteresis() -> None:
+    gpus = {"0": gpu(STEADY, util=0.2, mem=0.4), "1": gpu(STEADY, util=0.2, mem=0.6), "2": gpu(BURSTY, util=0.9)}
+    _, a = apply({}, gpus)
+    assert a[P + "idle-gpus"] == "1"  # only GPU 0: util < 30% and memory < 50%
+    gpus["2"] = gpu(BURSTY, util=0.1, mem=0.1)
+    _, a = apply(a, gpus)
+    assert a[P + "idle-gpus"] == "1" and a[P + "pending"] == "idle-gpus=2:1"
+    _, a = apply(a, gpus)
+    assert a[P + "idle-gpus"] == "2" and P + "pending" not in a
+
+
+def test_foreign_keys_are_never_touched() -> None:
+    foreign = {
+        "example.com/team": "ml",
+        "gpu-exporter.io/note": "set by a person",  # our prefix but not in our record
+        "profile.gpu-exporter.io/pattern": "x",
+        "gpu-exporter.io.old/pattern": "y",
+        "gpu-exporter.iox/pattern": "z",
+        "nfd.node.kubernetes.io/feature-labels": "cpu-cpuid.AVX",
+    }
+    _, a = apply(dict(foreign), {"0": gpu(STEADY), "1": gpu(IDLE)})
+    for _ in range(3):
+        patch, a = apply(a, {"0": gpu(BURSTY)})  # GPU 1 vanished, GPU 0 changes
+        assert not set(patch) & set(foreign)
+    assert {k: a[k] for k in foreign} == foreign
+
+
+def test_keys_of_a_vanished_gpu_are_removed_at_once() -> None:
+    _, a = apply({}, {"0": gpu(STEADY, uuid="GPU-a"), "1": gpu(PERIODIC, period=60, uuid="GPU-b")})
+    patch, a = apply(a, {"0": gpu(STEADY, uuid="GPU-a")})
+    assert {k for k, v in patch.items() if v is None} == {
+        P + "gpu-1.pattern", P + "gpu-1.uuid", P + "gpu-1.period-seconds"}
+    assert not any(k.startswith(P + "gpu-1") for k in a)
+    assert a[P + "owned-keys"] == "best-gpu,best-gpu-score,idle-gpus,pattern,gpu-0.pattern,gpu-0.uuid"
+
+
+def test_node_without_data_turns_unknown_and_drops_its_statistics() -> None:
+    _, a = apply({"other/x": "1"}, {"0": gpu(STEADY, uuid="GPU-a"), "1": gpu(PERIODIC, period=60)})
+    _, a = apply(a, {})
+    assert a[P + "gpu-0.pattern"] == "steady"  # first evaluation without data: held
+    _, a = apply(a, {})
+    assert a == {
+        "other/x": "1",
+        P + "gpu-0.pattern": "unknown",
+        P + "gpu-0.uuid": "GPU-a",
+        P + "gpu-1.pattern": "unknown",
+        P + "pattern": "unknown",
+        P + "owned-keys": "pattern,gpu-0.pattern,gpu-0.uuid,gpu-1.pattern",
+    }
+    assert apply(a, {})[0] == {}  # and stays quiet
+
+
+def test_lost_record_means_nothing_is_removed() -> None:
+    _, a = apply({}, {"0": gpu(STEADY), "1": gpu(STEADY)})
+    del a[P + "owned-keys"]
+    patch, _ = apply(a, {"0": gpu(STEADY)})
+    assert all(v is not None for v in patch.values())  # without the record we delete nothing
+
+
+def test_eight_gpus_fit_in_4_kib_and_values_are_plain() -> None:
+    gpus = {str(i): gpu(GROWING, growth=123_456_789.0, uuid=f"GPU-{i:08x}-1234-5678-9abc-def012345678")
+            for i in range(8)}
+    _, a = apply({}, gpus)
+    _, a = apply(a, {str(i): gpu(PERIODIC, period=300, uuid=f"GPU-{i:08x}-1234-5678-9abc-def012345678")
+                     for i in range(8)})  # worst case: everything pending too
+    assert P + "pending" in a
+    assert annotation_bytes(a, "gpu-exporter.io") < 4096
+    for k, v in a.items():
+        name = k.split("/", 1)[1]
+        assert len(name) <= 63 and all(c.isalnum() or c in "-_." for c in name)
+        assert "{" not in v and "'" not in v and "(" not in v  # no repr, no JSON
+
+
+def test_pending_round_trip_and_junk() -> None:
+    pend = {"gpu-0.pattern": ("bursty", 1), "idle-gpus": ("3", 2)}
+    assert parse_pending(format_pending(pend)) == pend
+    assert parse_pending("garbage,,x=1,y=:2,gpu-1.pattern=idle:1") == {"gpu-1.pattern": ("idle", 1)}
+    assert parse_pending(None) == {}
+
+
+def test_prefix_validation() -> None:
+    assert valid_prefix("gpu-exporter.io") and valid_prefix("profiler.example.com")
+    for bad in ("", "Upper.io", "with/slash", "-lead.io", "a" * 254):
+        assert not valid_prefix(bad)
+        with pytest.raises(ValueError):
+            PlanConfig(prefix=bad)
+    with pytest.raises(ValueError):
+        PlanConfig(hysteresis=0)
