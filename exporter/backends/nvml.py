@@ -46,6 +46,16 @@ _DRIVER_CODES = {UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VER
 # Anything else raised by a device call marks that GPU down for this cycle.
 
 CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))
+# Plain scalar readings: (family, GpuReading attribute, pynvml function, divisor to SI)
+SCALARS = (
+    ("gpu_power_watts", "power_watts", "nvmlDeviceGetPowerUsage", 1000.0),  # mW -> W
+    ("gpu_power_limit_watts", "power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", 1000.0),  # mW -> W
+    ("gpu_energy_joules_total", "energy_joules", "nvmlDeviceGetTotalEnergyConsumption", 1000.0),  # mJ -> J
+    ("gpu_pcie_link_generation", "pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", 1.0),
+    ("gpu_pcie_link_width", "pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", 1.0),
+    ("gpu_pcie_replays_total", "pcie_replay_total", "nvmlDeviceGetPcieReplayCounter", 1.0),
+    ("gpu_fan_speed_ratio", "fan_speed_ratio", "nvmlDeviceGetFanSpeed", 100.0),  # percent -> ratio
+)
 # nvmlClocksEventReason* bits (nvidia-smi -q -d PERFORMANCE), named as nvidia-smi's clocks_event_reasons.*
 THROTTLE_REASONS = (
     (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
@@ -286,18 +296,11 @@ class NvmlBackend(Backend):
             if mt is not None and mt > 0:  # 0 means "no HBM sensor" on boards without one
                 r.temperature_celsius["memory"] = mt
 
-        if en("gpu_power_watts"):
-            p = call(gpu, r, "gpu_power_watts", nv.nvmlDeviceGetPowerUsage, h)
-            if p is not _MISSING:
-                r.power_watts = p / 1000.0
-        if en("gpu_power_limit_watts"):
-            p = call(gpu, r, "gpu_power_limit_watts", nv.nvmlDeviceGetEnforcedPowerLimit, h)
-            if p is not _MISSING:
-                r.power_limit_watts = p / 1000.0
-        if en("gpu_energy_joules_total"):
-            e = call(gpu, r, "gpu_energy_joules_total", nv.nvmlDeviceGetTotalEnergyConsumption, h)
-            if e is not _MISSING:
-                r.energy_joules = e / 1000.0
+        for family, attr, fn_name, divisor in SCALARS:
+            if en(family):
+                v = call(gpu, r, family, getattr(nv, fn_name), h)
+                if v is not _MISSING:
+                    setattr(r, attr, v / divisor)
 
         if en("gpu_clock_hertz"):
             for cname, ctype in CLOCKS:
@@ -306,21 +309,9 @@ class NvmlBackend(Backend):
                     r.clock_hertz[cname] = c * 1e6
         r.clock_max_hertz = dict(st.get("clock_max_hertz", {}))
 
-        if en("gpu_pcie_link_generation"):
-            g = call(gpu, r, "gpu_pcie_link_generation", nv.nvmlDeviceGetCurrPcieLinkGeneration, h)
-            if g is not _MISSING:
-                r.pcie_link_generation = float(g)
-        if en("gpu_pcie_link_width"):
-            w = call(gpu, r, "gpu_pcie_link_width", nv.nvmlDeviceGetCurrPcieLinkWidth, h)
-            if w is not _MISSING:
-                r.pcie_link_width = float(w)
         r.pcie_link_generation_max = st.get("pcie_link_generation_max")
         r.pcie_link_width_max = st.get("pcie_link_width_max")
 
-        if en("gpu_fan_speed_ratio"):
-            f = call(gpu, r, "gpu_fan_speed_ratio", nv.nvmlDeviceGetFanSpeed, h)
-            if f is not _MISSING:
-                r.fan_speed_ratio = f / 100.0
         if en("gpu_performance_state"):
             ps = call(gpu, r, "gpu_performance_state", nv.nvmlDeviceGetPerformanceState, h)
             if ps is not _MISSING and 0 <= int(ps) < PSTATE_UNKNOWN:
@@ -444,10 +435,6 @@ class NvmlBackend(Backend):
                 v = call(gpu, r, f"gpu_violation_seconds_total:{pname}", nv.nvmlDeviceGetViolationStatus, h, policy)
                 if v is not _MISSING:
                     r.violation_seconds[pname] = v.violationTime / 1e9
-        if en("gpu_pcie_replays_total"):
-            v = call(gpu, r, "gpu_pcie_replays_total", nv.nvmlDeviceGetPcieReplayCounter, h)
-            if v is not _MISSING:
-                r.pcie_replay_total = float(v)
         if self.options.pcie_throughput and en("gpu_pcie_throughput_bytes_per_second"):
             for counter, dname in ((0, "tx"), (1, "rx")):
                 v = call(gpu, r, f"gpu_pcie_throughput_bytes_per_second:{dname}", nv.nvmlDeviceGetPcieThroughput,
