@@ -22,16 +22,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-
-from prometheus_client.metrics_core import Metric
+from typing import TYPE_CHECKING
 
 from exporter.backends.base import Backend, BackendError, BackendUnavailable, FieldFilter
 from exporter.readings import Collection, GpuReading, HostInfo
 from exporter.render import BackendStats, LabelHook, Rendered, Snapshot
 
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
 log = logging.getLogger(__name__)
 
-FamilySource = Callable[[], Iterable[Metric]]
+FamilySource = Callable[[], Iterable["Metric"]]
 
 
 @dataclass

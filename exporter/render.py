@@ -20,13 +20,15 @@ import platform
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from prometheus_client.metrics_core import Metric
+from typing import TYPE_CHECKING
 
 from exporter import __version__
 from exporter.backends.base import FieldFilter
 from exporter.readings import Collection, GpuReading, HostInfo, PeerReading
 from exporter.schema import COUNTER, GAUGE, GPU_FAMILIES, TOPOLOGY_LEVELS
+
+if TYPE_CHECKING:  # plugins hand us prometheus_client Metrics; serving alone never imports it
+    from prometheus_client.metrics_core import Metric
 
 # Extra labels for a GPU (pod attribution): reading -> {label: value}
 LabelHook = Callable[[GpuReading], dict[str, str]]

@@ -1,8 +1,13 @@
 """HTTP serving: /metrics, /, /healthz, /readyz, plus routes added by other parts.
 
-The stock prometheus_client server has a listen backlog of 5 and an unbounded thread
-per connection; this one has a deep backlog, a bounded number of connections (more get
-an immediate 503 instead of queueing forever) and a read timeout against idle clients.
+A deliberately small HTTP/1.1 server on ``socketserver``: ``http.server`` pulls in
+``http.client``, ``ssl`` and ``email`` (about 8 MiB of RSS), and the stock
+prometheus_client server has a listen backlog of 5 and an unbounded thread per
+connection. This one has a deep backlog, a bounded number of connections (more get an
+immediate 503 instead of queueing forever), a read timeout against slow or silent
+clients, keep-alive, and strict limits on request size. It serves GET and HEAD only.
+TLS (``ssl``) is imported only when a web config asks for it.
+
 Rendered bytes are shared by every scraper of a collection, so cost does not grow with
 the number of scrapers.
 """
@@ -12,21 +17,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import ssl
+import socketserver
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
-
 from exporter.engine import Engine
-from exporter.webconfig import OPEN_PATHS, WebConfig
+
+if TYPE_CHECKING:
+    from exporter.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
+
+TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+OPEN_PATHS = frozenset({"/healthz"})  # liveness stays open under basic auth (kubelet probes)
+MAX_LINE = 8192
+MAX_HEADERS = 100
+MAX_BODY = 64 * 1024
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+           408: "Request Timeout", 413: "Content Too Large", 414: "URI Too Long",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
 
 
 @dataclass
@@ -35,6 +48,19 @@ class Response:
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
     headers: dict[str, str] | None = None
+
+
+class Headers(dict[str, str]):
+    """Request headers, keyed by lower-case name."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(key.lower(), default)
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 # (handler, path, query) -> Response
@@ -48,62 +74,125 @@ LANDING = """<!doctype html><html><head><meta charset="utf-8"><title>gpu-exporte
 """
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(socketserver.BaseRequestHandler):
+    """One connection: any number of keep-alive requests, each answered in one write."""
+
     server: GpuHTTPServer
-    protocol_version = "HTTP/1.1"  # keep-alive: Prometheus reuses its connection
-    # Buffer the headers and body into one write (flushed per request by handle_one_request):
-    # separate small writes on a keep-alive connection meet Nagle + delayed ACK = 40 ms stalls.
-    wbufsize = 256 * 1024
-    server_version = "gpu-exporter"
-    sys_version = ""
+    command = ""
+    path = ""
+    request_version = "HTTP/1.1"
+    headers: Headers = Headers()
 
     def setup(self) -> None:
-        self.timeout = self.server.read_timeout  # type: ignore[misc]  # slow or silent clients cannot hold a thread forever
+        sock: socket.socket = self.request
+        sock.settimeout(self.server.read_timeout)  # slow or silent clients cannot hold a thread forever
         with contextlib.suppress(OSError):
-            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if isinstance(self.request, ssl.SSLSocket):
-            # The handshake runs here, in the connection's thread, so a slow client cannot stall accept().
-            self.request.settimeout(self.server.read_timeout)
-            self.request.do_handshake()
-        super().setup()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        handshake = getattr(sock, "do_handshake", None)
+        if handshake is not None:  # TLS: the handshake runs here, so a slow client cannot stall accept()
+            handshake()
+        self.rfile = sock.makefile("rb", buffering=MAX_LINE * 2)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            self.rfile.close()
 
-    def do_GET(self) -> None:
-        self._dispatch(head=False)
+    def handle(self) -> None:
+        while True:
+            try:
+                if not self._read_request():
+                    return
+            except _BadRequest as exc:
+                self._send(Response(exc.status, (str(exc) + "\n").encode()), head=False, keep=False)
+                return
+            except (TimeoutError, OSError, ValueError):
+                return  # idle keep-alive connection timed out, or the client went away
+            keep = self._keep_alive()
+            resp = self._dispatch()
+            self._send(resp, head=self.command == "HEAD", keep=keep)
+            if not keep:
+                return
 
-    def do_HEAD(self) -> None:
-        self._dispatch(head=True)
+    # --- parsing --------------------------------------------------------------------------------
 
-    def _dispatch(self, head: bool) -> None:
+    def _line(self) -> bytes:
+        line = self.rfile.readline(MAX_LINE + 1)
+        if len(line) > MAX_LINE:
+            raise _BadRequest(414 if not self.command else 431, "request line or header too long")
+        return line
+
+    def _read_request(self) -> bool:
+        self.command = ""
+        line = self._line()
+        while line in (b"\r\n", b"\n"):  # tolerate stray blank lines between requests (RFC 9112 2.2)
+            line = self._line()
+        if not line:
+            return False
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise _BadRequest(400, "malformed request line")
+        self.command, self.path, self.request_version = parts
+        headers = Headers()
+        for _ in range(MAX_HEADERS + 1):
+            raw = self._line()
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            name, sep, value = raw.decode("latin-1").partition(":")
+            if not sep or not name or name != name.strip():
+                raise _BadRequest(400, "malformed header")
+            headers[name.lower()] = value.strip()
+        else:
+            raise _BadRequest(431, "too many headers")
+        self.headers = headers
+        if headers.get("transfer-encoding"):
+            raise _BadRequest(501, "request bodies are not supported")
+        length = headers.get("content-length", "0")
+        if not length.isdigit():
+            raise _BadRequest(400, "bad Content-Length")
+        if int(length) > MAX_BODY:
+            raise _BadRequest(413, "request body too large")
+        if int(length):
+            self.rfile.read(int(length))  # GET/HEAD bodies carry no meaning: read and drop
+        return True
+
+    def _keep_alive(self) -> bool:
+        conn = self.headers.get("connection", "").lower()
+        if self.request_version == "HTTP/1.0":
+            return "keep-alive" in conn
+        return "close" not in conn
+
+    # --- answering ------------------------------------------------------------------------------
+
+    def _dispatch(self) -> Response:
         try:
+            if self.command not in ("GET", "HEAD"):
+                return Response(405, b"only GET and HEAD\n", headers={"Allow": "GET, HEAD"})
             parts = urlsplit(self.path)
             web = self.server.web
-            if web.users and parts.path not in OPEN_PATHS and not web.check(self.headers.get("Authorization")):
-                resp = Response(401, b"unauthorized\n",
+            if web is not None and web.users and parts.path not in OPEN_PATHS \
+                    and not web.check(self.headers.get("Authorization")):
+                return Response(401, b"unauthorized\n",
                                 headers={"WWW-Authenticate": 'Basic realm="gpu-exporter", charset="UTF-8"'})
-            else:
-                route = self.server.routes.get(parts.path)
-                resp = Response(404, b"not found\n") if route is None else route(self, parts.path, parts.query)
+            route = self.server.routes.get(parts.path)
+            return Response(404, b"not found\n") if route is None else route(self, parts.path, parts.query)
         except Exception:  # one bad request must not kill the server
             log.exception("error serving %r", self.path[:200])
-            resp = Response(500, b"internal error\n")
-        self._send(resp, head)
+            return Response(500, b"internal error\n")
 
-    def _send(self, resp: Response, head: bool) -> None:
-        self.send_response(resp.status)
-        self.send_header("Content-Type", resp.content_type)
-        self.send_header("Content-Length", str(len(resp.body)))
-        for k, v in (resp.headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if not head:
-            self.wfile.write(resp.body)
+    def _send(self, resp: Response, head: bool, keep: bool) -> None:
+        lines = [f"HTTP/1.1 {resp.status} {REASONS.get(resp.status, 'Unknown')}",
+                 f"Content-Type: {resp.content_type}", f"Content-Length: {len(resp.body)}"]
+        lines += [f"{k}: {v}" for k, v in (resp.headers or {}).items()]
+        if not keep:
+            lines.append("Connection: close")
+        head_bytes = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        with contextlib.suppress(OSError):
+            self.request.sendall(head_bytes if head else head_bytes + resp.body)
 
 
-class GpuHTTPServer(ThreadingHTTPServer):
+class GpuHTTPServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
+    allow_reuse_address = True
     request_queue_size = 1024  # the listen backlog: bursts of scrapers wait in the kernel, not fail
 
     def __init__(self, addr: tuple[str, int], max_connections: int, read_timeout: float,
@@ -111,10 +200,9 @@ class GpuHTTPServer(ThreadingHTTPServer):
         if ":" in addr[0]:
             self.address_family = socket.AF_INET6
         super().__init__(addr, Handler)
-        self.web = web or WebConfig()
-        if self.web.ssl_context is not None:
-            self.socket = self.web.ssl_context.wrap_socket(self.socket, server_side=True,
-                                                           do_handshake_on_connect=False)
+        self.web = web
+        if web is not None and web.ssl_context is not None:
+            self.socket = web.ssl_context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.routes: dict[str, Route] = {}
         self.read_timeout = read_timeout
         self.max_connections = max_connections
@@ -166,7 +254,7 @@ def metrics_route(engine: Engine) -> Route:
         rendered = engine.scrape()
         body = rendered.body(openmetrics=om, gz=gz)
         headers = {"Content-Encoding": "gzip"} if gz else None
-        return Response(200, body, OPENMETRICS_TYPE if om else CONTENT_TYPE_LATEST, headers)
+        return Response(200, body, OPENMETRICS_TYPE if om else TEXT_TYPE, headers)
 
     return route
 

@@ -35,7 +35,6 @@ CLIENT_AUTH = {"NoClientCert", "RequestClientCert", "RequireAnyClientCert", "Ver
                "RequireAndVerifyClientCert"}
 VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
             "TLS13": ssl.TLSVersion.TLSv1_3}
-OPEN_PATHS = frozenset({"/healthz"})
 
 
 @dataclass

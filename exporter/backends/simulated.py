@@ -17,7 +17,6 @@ profiler's demo can backfill history from the same model.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import ClassVar
 
@@ -30,12 +29,18 @@ LEAK_BYTES_PER_SECOND = 32 * 2**20
 MEMORY_TOTAL = 80 * 2**30
 POWER_IDLE_W, POWER_MAX_W = 70.0, 700.0
 _EPOCH = time.time()
+_M64 = 2**64 - 1
 
 
 def _noise(index: int, slot: int, salt: str = "") -> float:
-    """Deterministic pseudo-random number in [0, 1) for (gpu, time slot)."""
-    digest = hashlib.blake2b(f"{index}:{slot}:{salt}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
+    """Deterministic pseudo-random number in [0, 1) for (gpu, time slot): splitmix64.
+
+    (Not hashlib: it loads OpenSSL's libcrypto, megabytes of RSS for a demo backend.)
+    """
+    x = (index * 0x9E3779B97F4A7C15 + slot * 0xBF58476D1CE4E5B9 + sum(map(ord, salt)) * 0x94D049BB133111EB) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return (x ^ (x >> 31)) / 2**64
 
 
 def pattern_of(index: int) -> str:
