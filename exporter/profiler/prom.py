@@ -40,7 +40,7 @@ class PromError(Exception):
         self.kind = kind
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     """One series of an instant vector: labels and value (NaN/Inf kept as floats)."""
 
@@ -48,12 +48,18 @@ class Sample:
     value: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RangeSeries:
     """One series of a range query: labels, and (unix seconds, value) points in time order."""
 
     labels: dict[str, str]
     points: list[tuple[float, float]]
+
+
+def _labels(m: Any) -> dict[str, str]:
+    if not isinstance(m, dict):
+        raise TypeError(f"labels are {type(m).__name__}, not an object")
+    return m
 
 
 def _float(v: Any) -> float:
@@ -105,7 +111,7 @@ class PromClient:
             raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no result list")
         try:
             if rtype == "vector":
-                return [Sample(dict(s.get("metric", {})), _float(s["value"][1])) for s in result]
+                return [Sample(_labels(s["metric"]), _float(s["value"][1])) for s in result]
             if rtype == "scalar":
                 return [Sample({}, _float(result[1]))]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -122,7 +128,7 @@ class PromClient:
             raise PromError(BAD_RESPONSE, f"unexpected resultType {data.get('resultType')!r} for a range query")
         try:
             return [
-                RangeSeries(dict(s.get("metric", {})), [(float(t), float(v)) for t, v in s["values"]])
+                RangeSeries(_labels(s["metric"]), [(float(t), float(v)) for t, v in s["values"]])
                 for s in data["result"]
             ]
         except (KeyError, TypeError, ValueError) as exc:

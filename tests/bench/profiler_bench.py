@@ -132,6 +132,9 @@ def run_bench(nodes: int) -> dict[str, Any]:
         "prometheus_start_s": round(setup_s, 1),
         "cycle_first_s": round(first.duration_s, 2),
         "cycle_steady_s": round(second.duration_s, 2),
+        "first_read_classify_write_s": [round(first.read_s, 2), round(first.classify_s, 2), round(first.write_s, 2)],
+        "steady_read_classify_write_s": [round(second.read_s, 2), round(second.classify_s, 2),
+                                         round(second.write_s, 2)],
         "queries_per_cycle": first.queries,
         "queries_second_cycle": second.queries,
         "patches_first": patches_first,
@@ -150,9 +153,14 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         ("patches_second", "patches, no-change cycle"), ("classified_as_generated", "classified as generated"),
         ("max_annotation_bytes", "largest node annotations (bytes)"),
     ]
+    cols.insert(5, ("first_read_classify_write_s", "first cycle: read / classify / write (s)"))
+
+    def cell(v: Any) -> str:
+        return " / ".join(str(x) for x in v) if isinstance(v, list) else str(v)
+
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        lines.append("| " + " | ".join(str(r[k]) for k, _ in cols) + " |")
+        lines.append("| " + " | ".join(cell(r[k]) for k, _ in cols) + " |")
     return "\n".join(lines)
 
 
