@@ -11,6 +11,10 @@ USAGE = """usage: gpu-exporter <command> [options]
 commands:
   serve      serve GPU metrics on :9400/metrics (Prometheus exporter)
   profile    classify GPU usage from Prometheus and annotate Nodes
+  snapshot   one-shot audit of the GPUs and the host (table or JSON)
+  diff       compare two snapshots; non-zero exit when the system changed
+  record     run a command and record GPU use while it runs
+  pick       print the N least-loaded GPU indices for CUDA_VISIBLE_DEVICES
   version    print the version
 
 Run 'gpu-exporter <command> --help' for a command's options.
@@ -29,6 +33,30 @@ def _profile(argv: Sequence[str]) -> int:
     return run(list(argv))
 
 
+def _snapshot(argv: Sequence[str]) -> int:
+    from exporter.tools.snapshot import main
+
+    return main(list(argv))
+
+
+def _diff(argv: Sequence[str]) -> int:
+    from exporter.tools.diff import main
+
+    return main(list(argv))
+
+
+def _record(argv: Sequence[str]) -> int:
+    from exporter.tools.record import main
+
+    return main(list(argv))
+
+
+def _pick(argv: Sequence[str]) -> int:
+    from exporter.tools.pick import main
+
+    return main(list(argv))
+
+
 def _version(argv: Sequence[str]) -> int:
     from exporter import __version__
 
@@ -39,6 +67,10 @@ def _version(argv: Sequence[str]) -> int:
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "serve": _serve,
     "profile": _profile,
+    "snapshot": _snapshot,
+    "diff": _diff,
+    "record": _record,
+    "pick": _pick,
     "version": _version,
 }
 

@@ -1,0 +1,123 @@
+"""``gpu-exporter snapshot``: a one-shot audit of the GPUs and the host (the content of ``/stats``).
+
+Take one before and one after a benchmark, then ``gpu-exporter diff before.json after.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from exporter.tools.audit import (
+    ToolError,
+    add_backend_arguments,
+    fail,
+    format_bytes,
+    open_engine,
+    setup_logging,
+    take_audit,
+)
+
+PROG = "gpu-exporter snapshot"
+
+# nvidia-smi topo -m abbreviations of the NVML topology levels
+TOPO_CODES = {"internal": "INT", "single": "PIX", "multiple": "PXB", "hostbridge": "PHB", "node": "NODE",
+              "system": "SYS"}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Write a one-shot audit of the GPUs and the host "
+                                "(the content of /stats) as a table or as JSON.")
+    p.add_argument("--json", action="store_true", help="write JSON (the /stats schema) instead of a table")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write to FILE instead of stdout (JSON when FILE ends in .json)")
+    p.add_argument("--window", type=float, default=1.0, metavar="SECONDS",
+                   help="read twice this far apart to get the average power from the energy counter "
+                        "(default 1; 0: one reading, no average power)")
+    add_backend_arguments(p)
+    return p
+
+
+def _num(v: float | None, fmt: str = "{:.0f}", unit: str = "") -> str:
+    return "-" if v is None else fmt.format(v) + unit
+
+
+def _pcie(p: dict[str, Any]) -> str:
+    cur = f"gen{_num(p['generation'])} x{_num(p['width'])}"
+    return f"{cur} (max gen{_num(p['generation_max'])} x{_num(p['width_max'])})"
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def table(audit: dict[str, Any]) -> str:
+    """The audit as text: host, one line per GPU, and the topology matrix (as nvidia-smi topo -m)."""
+    h = audit["host"]
+    lines = [f"Host       {h['node_name']}   taken {audit['timestamp']}",
+             f"Processor  {h['processor']}",
+             f"Kernel     {h['kernel']}   {h['os']}".rstrip(),
+             f"Driver     {h['driver_version'] or '-'}   CUDA/ROCm {h['cuda_version'] or '-'}", ""]
+    rows = [["GPU", "BACKEND", "NAME", "PCI BUS ID", "MEMORY USED / TOTAL", "UTIL", "POWER (AVG)", "TEMP",
+             "PCIE"]]
+    for g in audit["gpus"]:
+        util = g["utilization_ratio"]
+        power = f"{_num(g['power_watts'], '{:.1f}', ' W')} ({_num(g['power_average_watts'], '{:.1f}', ' W')})"
+        rows.append([str(g["index"]), g["backend"], (g["name"] or "-") + ("" if g["up"] else " [DOWN]"),
+                     g["pci_bus_id"] or "-",
+                     f"{format_bytes(g['memory_used_bytes'])} / {format_bytes(g['memory_total_bytes'])}",
+                     _num(None if util is None else util * 100, "{:.0f}", "%"), power,
+                     _num(g["temperature_celsius"], "{:.0f}", " C"), _pcie(g["pcie"])])
+    lines += _columns(rows) if audit["gpus"] else ["(no GPUs)"]
+    for backend in dict.fromkeys(p["backend"] for p in audit["p2p"]):
+        peers = {(p["gpu"], p["peer"]): p for p in audit["p2p"] if p["backend"] == backend}
+        ids = sorted({i for pair in peers for i in pair})
+        matrix = [["", *(f"GPU{i}" for i in ids)]]
+        for a in ids:
+            row = [f"GPU{a}"]
+            for b in ids:
+                p = peers.get((a, b))
+                if a == b:
+                    row.append("X")
+                elif p is None:
+                    row.append("-")
+                elif p["p2p"].get("nvlink") or p["p2p"].get("xgmi"):
+                    row.append("NV" if p["p2p"].get("nvlink") else "XGMI")
+                else:
+                    row.append(TOPO_CODES.get(p["topology_level"] or "", p["topology_level"] or "?"))
+            matrix.append(row)
+        p2p_ok = sum(1 for p in peers.values() if p["p2p"].get("read") and p["p2p"].get("write"))
+        lines += ["", f"Topology ({backend}; P2P read+write supported on {p2p_ok} of {len(peers)} pairs)",
+                  *_columns(matrix),
+                  "Legend: X self, NV NVLink, XGMI AMD XGMI, PIX one PCIe switch, PXB several switches, "
+                  "PHB host bridge, NODE same NUMA node, SYS across NUMA nodes, INT same board"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.window < 0 or args.window > 60:
+        return fail(PROG, ToolError(f"--window {args.window:g}: expected seconds in 0..60", code=2))
+    as_json = args.json or (args.output or "").endswith(".json")
+    setup_logging()
+    try:
+        engine = open_engine(args)
+        try:
+            audit = take_audit(engine, args.window)
+        finally:
+            engine.stop()
+    except ToolError as exc:
+        return fail(PROG, exc)
+    text = json.dumps(audit, indent=2) + "\n" if as_json else table(audit)
+    if args.output:
+        try:
+            Path(args.output).write_text(text)
+        except OSError as exc:
+            return fail(PROG, ToolError(f"cannot write {args.output}: {exc.strerror or exc}"))
+    else:
+        sys.stdout.write(text)
+    return 0
