@@ -15,10 +15,12 @@ the number of scrapers.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,7 +41,8 @@ MAX_HEADERS = 100
 MAX_BODY = 64 * 1024
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
            408: "Request Timeout", 413: "Content Too Large", 414: "URI Too Long",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable"}
 
 
 @dataclass
@@ -61,6 +64,36 @@ class _BadRequest(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's raw reader whose reads end at ``deadline`` (monotonic seconds) when one is set.
+
+    A socket timeout alone bounds each read, not the request: a client sending one byte per
+    timeout (slowloris) would hold its connection, and one of ``--max-connections``, forever.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int | None:
+        if self.deadline is not None:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("request not received within the read timeout")
+            self._sock.settimeout(remaining)
+        return self._raw.readinto(buf)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
 
 
 # (handler, path, query) -> Response
@@ -91,22 +124,29 @@ class Handler(socketserver.BaseRequestHandler):
         handshake = getattr(sock, "do_handshake", None)
         if handshake is not None:  # TLS: the handshake runs here, so a slow client cannot stall accept()
             handshake()
-        self.rfile = sock.makefile("rb", buffering=MAX_LINE * 2)
+        self.reader = _DeadlineReader(sock)
+        self.rfile = io.BufferedReader(self.reader, MAX_LINE * 2)
 
     def finish(self) -> None:
         with contextlib.suppress(OSError):
             self.rfile.close()
 
     def handle(self) -> None:
+        timeout = self.server.read_timeout
         while True:
+            # the whole request (and the idle wait before it) must arrive within the read timeout
+            self.reader.deadline = time.monotonic() + timeout
             try:
                 if not self._read_request():
                     return
             except _BadRequest as exc:
+                self.request.settimeout(timeout)
                 self._send(Response(exc.status, (str(exc) + "\n").encode()), head=False, keep=False)
                 return
             except (TimeoutError, OSError, ValueError):
-                return  # idle keep-alive connection timed out, or the client went away
+                return  # idle keep-alive connection timed out, a trickling client, or the client went away
+            self.reader.deadline = None
+            self.request.settimeout(timeout)  # the answer's writes: a per-write timeout again
             keep = self._keep_alive()
             resp = self._dispatch()
             self._send(resp, head=self.command == "HEAD", keep=keep)
