@@ -137,6 +137,9 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"gpu-exporter: error: cannot listen on {settings.address}:{settings.port}: "
                          f"{exc.strerror or exc}\n")
         return 1
+    from exporter.api import register
+
+    register(server, engine, settings.metrics_path)  # JSON API (/api/v1/monitoring/gpu-metrics, /stats), live page
 
     def stop(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
