@@ -45,7 +45,7 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-test .apt-test-deps
 	$(VENV)/bin/ruff check exporter tests
 	$(VENV)/bin/mypy
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not reliability_long"
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check exporter tests
@@ -58,6 +58,14 @@ golden: $(VENV)/.installed-test .apt-test-deps
 bench: $(VENV)/.installed-test .apt-test-deps
 	$(PIP) install -e '.[test,k8s,bench]'
 	$(PY) -m tests.bench.run --write docs/benchmarks.md
+
+# Optional: exporter (simulated) + Prometheus + profiler --dry-run --once, printing the annotations.
+demo: $(VENV)/.installed-test .apt-test-deps
+	$(PY) -m tests.demo
+
+# The whole reliability suite, long scenarios included (docs/reliability.md).
+reliability: $(VENV)/.installed-test .apt-test-deps
+	$(PY) -m pytest tests/reliability -m "reliability_long or not reliability_long" -q
 
 # Field-by-field comparison against nvidia-smi on a machine with an NVIDIA GPU.
 gpu-check: $(VENV)/.installed
