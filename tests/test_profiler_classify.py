@@ -190,6 +190,9 @@ def test_classify_gpu_decisions_and_unknowns() -> None:
     assert classify_gpu(_stats(util_mean=math.nan)).pattern == UNKNOWN
     assert classify_gpu(_stats(util_std=math.inf)).pattern == UNKNOWN
     assert classify_gpu(_stats(util_mean=None, util_std=None, util_count=None)).pattern == UNKNOWN
+    assert classify_gpu(_stats(up=0.0)).pattern == UNKNOWN  # the exporter says the GPU is lost
+    assert classify_gpu(_stats(util_fresh=0.0)).pattern == UNKNOWN  # history, but nothing recent
+    assert classify_gpu(_stats(up=1.0, util_fresh=20.0)).pattern == STEADY
     rng = random.Random(1)
     bursty = [rng.choice([0.05, 0.95]) for _ in range(121)]
     p = classify_gpu(_stats(util_mean=0.5, util_std=0.45, util_range=bursty))

@@ -211,3 +211,41 @@ def test_uuids_shared_across_nodes_do_not_mix_ranges(tmp_path: Path) -> None:
     got = {(n, g): classify_gpu(st).pattern for (n, g), st in snap.gpus.items()}
     assert got == {("dup-a", "2"): "periodic", ("dup-a", "3"): "bursty",
                    ("dup-b", "3"): "bursty", ("dup-b", "2"): "periodic"}
+
+
+def test_lost_gpu_is_unknown_not_removed(tmp_path: Path) -> None:
+    # the exporter reports a GPU that fell off the bus as gpu_up 0 and nothing else
+    hist = [h for h in scenario_node(7, "lost", END) if h.gpu in ("0", "1")]
+    from tests.harness.prom import OpenMetricsWriter
+    from tests.profiler_history import write_openmetrics
+
+    lost = hist[1]
+    cut = END - 600
+    lost.util = [u if t <= cut else None for t, u in zip(lost.times, lost.util, strict=True)]
+    lost.mem_used = [m if t <= cut else None for t, m in zip(lost.times, lost.mem_used, strict=True)]
+    with OpenMetricsWriter(tmp_path / "h.om") as w:
+        write_openmetrics(w, hist)
+        labels = {"gpu": "1", "uuid": lost.uuid, "instance": "lost:9400", "job": "gpu-exporter", "node": "lost"}
+        w.add("gpu_up", labels | {"state": "lost"}, [(t, 0.0) for t in lost.times if t > cut])
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as p:
+        snap = Reader(PromClient(p.url), QueryConfig()).read(END)
+    st = snap.gpus[("lost", "1")]
+    assert st.fresh and st.up == 0.0
+    assert classify_gpu(st).pattern == "unknown"
+    assert classify_gpu(snap.gpus[("lost", "0")]).pattern == "idle"
+
+
+def test_step_is_the_scrape_interval_despite_missed_scrapes(tmp_path: Path) -> None:
+    # two missed scrapes make the window's count 119: 1800/119 = 15.1 s must still give a
+    # 15 s step, else the range skips a sample every 15 steps and that beat looks periodic
+    hist = [h for h in scenario_node(8, "gaps", END) if h.gpu in ("1", "2")]
+    for h in hist:
+        for i in (40, 80):
+            h.util[-i] = None
+            h.mem_used[-i] = None
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=history_file(tmp_path / "h.om", hist)) as p:
+        snap = Reader(PromClient(p.url), QueryConfig()).read(END)
+    assert snap.gpus[("gaps", "1")].util_count == 119
+    assert snap.util_step == 15.0
+    prof = classify_gpu(snap.gpus[("gaps", "2")])
+    assert prof.pattern == "periodic" and prof.period_seconds == pytest.approx(SCENARIO_PERIOD_S, rel=0.1)

@@ -17,7 +17,8 @@ Patterns, checked in this order (the reasons for each threshold are in docs/prof
     the window at least a set fraction of the GPU's memory, and the rise present in both
     halves of the window (a single allocation step is not a leak).
 ``unknown``
-    too few samples, or no samples in the older half of the window: we do not guess.
+    too few samples, no samples in the older half of the window, no recent sample, or
+    the exporter reports the GPU down (``gpu_up`` 0): we do not guess.
 ``idle``
     mean utilisation and its 95th percentile both below small thresholds.
 ``steady``
@@ -95,6 +96,8 @@ class GpuStats:
     mem_free_mean: float | None = None
     mem_count: float | None = None
     mem_early: float | None = None
+    util_fresh: float | None = None  # samples in the freshness period (None: not known)
+    mem_fresh: float | None = None
     util_range: list[float | None] | None = None
     util_step: float = 15.0
     mem_range: list[float | None] | None = None
@@ -416,8 +419,11 @@ def classify_gpu(st: GpuStats, th: Thresholds | None = None) -> GpuProfile:
     score = None if util is None or free_ratio is None else round(availability_score(free_ratio, util), 4)
     common = {"util_mean": util, "mem_used_ratio": used_ratio, "score": score}
 
+    if st.up is not None and st.up == 0:
+        return GpuProfile(UNKNOWN, reason="the exporter reports the GPU down (gpu_up 0)", **common)
     total = finite(st.mem_total)
-    if st.mem_range is not None and total and _enough(st.mem_count, st.mem_early, th):
+    mem_now = st.mem_fresh is None or (finite(st.mem_fresh) or 0) > 0
+    if st.mem_range is not None and total and mem_now and _enough(st.mem_count, st.mem_early, th):
         ys = fill_gaps(st.mem_range, th.max_missing_fraction)
         if ys is not None:
             tr = detect_growth(ys, st.mem_step, total, st.window_s, th)
@@ -427,6 +433,9 @@ def classify_gpu(st: GpuStats, th: Thresholds | None = None) -> GpuProfile:
 
     if not _enough(st.util_count, st.util_early, th) or mean is None or std is None:
         return GpuProfile(UNKNOWN, reason="not enough utilisation samples in the window", **common)
+    if st.util_fresh is not None and not (finite(st.util_fresh) or 0) > 0:
+        # the history is there but the GPU stopped reporting utilisation: old data is not its state now
+        return GpuProfile(UNKNOWN, reason="no recent utilisation sample", **common)
     if mean < th.idle_util_mean and (p95 is None or p95 < th.idle_util_p95):
         return GpuProfile(IDLE, reason=f"mean utilisation {mean:.3f}", **common)
     cv = std / mean if mean > 0 else math.inf

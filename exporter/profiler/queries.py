@@ -232,7 +232,9 @@ class Reader:
         if step is None:
             counts = [v["util_count"] for v in stats.values() if "util_count" in v]
             step = _median_interval(counts, cfg.window_s) or 15.0
-        step = float(math.ceil(max(step, cfg.min_step_s, cfg.window_s / cfg.max_points)))
+        # nearest whole second: a step even slightly longer than the scrape interval skips a
+        # sample now and then, and that beat looks like a period of its own
+        step = float(max(1, round(max(step, cfg.min_step_s, cfg.window_s / cfg.max_points))))
         mem_step = float(max(1, math.ceil(cfg.window_s / cfg.mem_points)))
 
         gpus: dict[tuple[str, str], GpuStats] = {}
@@ -247,6 +249,7 @@ class Reader:
                 util_count=v.get("util_count"), util_early=v.get("util_early"),
                 mem_used_mean=v.get("mem_used"), mem_total=v.get("mem_total"), mem_free_mean=v.get("mem_free"),
                 mem_count=v.get("mem_count"), mem_early=v.get("mem_early"),
+                util_fresh=v.get("util_fresh", 0.0), mem_fresh=v.get("mem_fresh", 0.0),
                 util_step=step, mem_step=mem_step,
             )  # fmt: skip
             prev = gpus.get((node, gpu))
