@@ -240,7 +240,8 @@ class Profiler:
             elif outcome in annotate.KINDS:
                 self._error(res, outcome)
             if final is None:
-                self._keep_patterns(name, patterns)  # not written: the node still carries the old ones
+                if outcome != "gone":
+                    self._keep_patterns(name, patterns)  # not written: the node still carries the old ones
                 continue
             for key, value in final.items():
                 if key.startswith(prefix) and key.endswith(".pattern"):
