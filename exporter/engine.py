@@ -284,10 +284,17 @@ class Engine:
                 self._cached[b.name] = (now, coll)
 
     def _note_failure(self, name: str, kind: str, message: str) -> None:
-        """One log line per failure episode, not one per scrape."""
-        if self._failing.get(name) != kind:
-            self._failing[name] = kind
+        """One warning per outage (with its first cause), not one per scrape.
+
+        The cause may change while the outage lasts (a failed collection, then the re-init
+        failing differently): that goes to debug; the error counter has every kind.
+        """
+        previous = self._failing.get(name)
+        self._failing[name] = kind
+        if previous is None:
             log.warning("backend %s: collection failed (%s): %s", name, kind, message)
+        elif previous != kind:
+            log.debug("backend %s: still failing, now (%s): %s", name, kind, message)
 
     def _note_recovery(self, name: str) -> None:
         if self._failing.pop(name, None) is not None:

@@ -17,6 +17,7 @@ Static values (identity, max clocks, max PCIe link) are read once per initialisa
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from typing import Any, ClassVar
 from exporter.backends.base import Backend, BackendError, BackendUnavailable
 from exporter.readings import Collection, GpuReading, MigReading, PeerReading
 from exporter.sysfs import NVIDIA_VENDOR, count_pci_gpus
+
+log = logging.getLogger(__name__)
 
 # NVML return codes (nvml.h)
 NOT_SUPPORTED = 3
@@ -120,6 +123,7 @@ class NvmlBackend(Backend):
         self._initialised = False
         self._peers: list[PeerReading] | None = None
         self._xid = _XidWatcher(self)
+        self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -254,7 +258,12 @@ class NvmlBackend(Backend):
                                          pci_bus_id=gpu.static.get("pci_bus_id"),
                                          driver_version=self._driver_version)
                     out.count_error(down.kind)
-                    self.log_once(f"down:{gpu.index}:{down}", "nvml: GPU %d unreadable: %s", gpu.index, down)
+                    if gpu.index not in self._down:
+                        log.warning("nvml: GPU %d unreadable: %s", gpu.index, down)
+                    self._down[gpu.index] = str(down)
+                else:
+                    if self._down.pop(gpu.index, None) is not None:
+                        log.info("nvml: GPU %d readable again", gpu.index)
                 out.gpus.append(reading)
             if len(self._gpus) > 1 and (self.enabled("gpu_p2p_supported") or self.enabled("gpu_topology_level")):
                 self._read_topology(out)
