@@ -58,6 +58,7 @@ golden: $(VENV)/.installed-test .apt-test-deps
 bench: $(VENV)/.installed-test .apt-test-deps
 	$(PIP) install -e '.[test,k8s,bench]'
 	$(PY) -m tests.bench.run --write docs/benchmarks.md
+	$(PY) -m tests.bench.profiler_bench 100 1000 --write docs/benchmarks.md
 
 # Optional: exporter (simulated) + Prometheus + profiler --dry-run --once, printing the annotations.
 demo: $(VENV)/.installed-test .apt-test-deps

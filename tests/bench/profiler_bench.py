@@ -13,6 +13,7 @@ the second one finds nothing changed and must send no patch.
 from __future__ import annotations
 
 import io
+import os
 import random
 import sys
 import tempfile
@@ -165,10 +166,24 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 if __name__ == "__main__":
-    counts = [int(a) for a in sys.argv[1:]] or [100, 1000]
+    from tests.bench.run import write_section
+
+    args = sys.argv[1:]
+    target = None
+    if "--write" in args:
+        i = args.index("--write")
+        target = Path(args[i + 1])
+        del args[i:i + 2]
+    counts = [int(a) for a in args] or [100, 1000]
     rows = []
     for c in counts:
         row = run_bench(c)
         print(row, file=sys.stderr)
         rows.append(row)
-    print(to_markdown(rows))
+    md = to_markdown(rows)
+    print(md)
+    if target is not None:
+        begin, end = "<!-- bench:profiler:begin -->", "<!-- bench:profiler:end -->"
+        section = (f"{begin}\nRun {time.strftime('%Y-%m-%d')} on this machine ({os.cpu_count()} cores), "
+                   f"one full cycle against the real Prometheus and the fake API server:\n\n{md}\n{end}")
+        write_section(target, section, begin, end, "Profiler")

@@ -256,14 +256,15 @@ def to_markdown(rows: list[dict[str, object]], scrapes: int) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
+def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END, title: str = "Exporter") -> None:
+    """Replace the text between ``begin`` and ``end`` in ``path`` (``section`` includes the markers)."""
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         text = head + section + tail
     else:
-        text = text.rstrip() + "\n\n## Exporter\n\n" + section + "\n"
+        text = text.rstrip() + f"\n\n## {title}\n\n" + section + "\n"
     path.write_text(text)
 
 
