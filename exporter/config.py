@@ -16,7 +16,14 @@ from typing import Any, NoReturn
 
 
 class ConfigError(Exception):
-    """A setting has a bad value. ``str()`` is the one-line message for the user."""
+    """A setting has a bad value. ``str()`` is the one-line message for the user.
+
+    Control characters from the bad input itself (a newline in a flag or a path) are shown
+    escaped, so the message stays one line.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
 
 
 def _fail(setting: str, source: str, value: object, allowed: str) -> NoReturn:

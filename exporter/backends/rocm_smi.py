@@ -124,6 +124,8 @@ def decode_rocm_smi_json(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise RocmSmiParseError(f"invalid JSON at line {exc.lineno} column {exc.colno} "
                                 f"(char {exc.pos}): {exc.msg}") from None
+    except RecursionError:
+        raise RocmSmiParseError("JSON nested too deeply") from None
     if not isinstance(doc, dict):
         raise RocmSmiParseError(f"JSON top level is a {type(doc).__name__}, not an object")
     if text[end:].strip():
@@ -141,8 +143,9 @@ def parse_rocm_smi_json(text: str) -> list[GpuReading]:
     raw_system = doc.get("system")
     system: dict[str, Any] = raw_system if isinstance(raw_system, dict) else {}
     driver = _value(system, "Driver version")
-    cards = sorted((int(m.group(1)), v) for k, v in doc.items()
-                   if (m := _CARD_RE.match(k)) and isinstance(v, dict))
+    # by N only: "card1" and "card01" both give 1, and dicts do not compare
+    cards = sorted(((int(m.group(1)), v) for k, v in doc.items()
+                    if (m := _CARD_RE.match(k)) and isinstance(v, dict)), key=lambda c: c[0])
     readings = [_card_reading(index, card, driver) for index, card in cards]
     unique = dedupe_uuids([(r.uuid, None, r.index) for r in readings])
     for r, uuid in zip(readings, unique, strict=True):

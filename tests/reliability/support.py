@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import math
 import os
@@ -237,3 +238,103 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.monotonic()
     out = fn()
     return out, time.monotonic() - t0
+
+
+# ---- a switchable proxy in front of Prometheus ---------------------------------------------------
+
+PROXY_MODES = (None, "500", "truncated", "cut", "slow")
+
+
+class PromProxy:
+    """HTTP proxy on a fixed 127.0.0.1 port in front of a Prometheus (``target`` base URL).
+
+    ``mode``: None passes through; ``"500"`` answers HTTP 500; ``"truncated"`` the first half
+    of Prometheus' JSON (a consistent Content-Length); ``"cut"`` announces the full length
+    and closes the connection half-way through the body; ``"slow"`` waits ``delay`` s first.
+    :meth:`down` closes the listening socket (connections are refused), :meth:`up` listens
+    again on the same port.
+    """
+
+    def __init__(self, target: str, delay: float = 3.0) -> None:
+        import http.server
+        import urllib.request
+
+        self.target = target.rstrip("/")
+        self.mode: str | None = None
+        self.delay = delay
+        self.requests = 0
+        self._release = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            wbufsize = 1 << 20  # headers and body in one write: no Nagle / delayed-ACK stall per answer
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.requests += 1
+                mode = outer.mode
+                if mode == "500":
+                    return self._send(500, b'{"status":"error","errorType":"internal","error":"injected"}')
+                if mode == "slow":
+                    outer._release.wait(outer.delay)
+                req = urllib.request.Request(outer.target + self.path, data=body, method="POST",
+                                             headers={"Content-Type": self.headers.get("Content-Type", "")})
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    data = r.read()
+                if mode == "truncated":
+                    return self._send(200, data[: len(data) // 2])
+                if mode == "cut":
+                    return self._send(200, data[: len(data) // 2], length=len(data), close=True)
+                return self._send(200, data)
+
+            def _send(self, code: int, data: bytes, length: int | None = None, close: bool = False) -> None:
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data) if length is None else length))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    self.wfile.flush()
+                except OSError:
+                    pass
+                if close:
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._handler = Handler
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def up(self) -> PromProxy:
+        import http.server
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), self._handler)
+        server.daemon_threads = True
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+        return self
+
+    def down(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            self._release.set()
+            server.shutdown()
+            server.server_close()
+            self._release.clear()
+
+    def __enter__(self) -> PromProxy:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self._release.set()
+        self.down()
