@@ -129,6 +129,9 @@ def test_gpu_lost_mid_run_then_back(fleet: FakeNvml, exporter: ExporterProcess) 
     assert sample(s, "gpu_up", gpu="1", uuid=fleet.gpus[1]["uuid"]) == 0.0
     readings = gpu_series(s, "1") - {"gpu_up", "gpu_info"}
     assert readings == set(), f"a lost GPU must publish no readings, got {readings}"
+    # its identity stays one gpu_info series (same labels as before it was lost)
+    g = fleet.gpus[1]
+    assert sample(s, "gpu_info", gpu="1", uuid=g["uuid"], serial=g["serial"], cuda_version="12.4") == 1.0
     assert sample(s, "gpu_up", gpu="0") == 1.0 and sample(s, "gpu_power_watts", gpu="0") is not None
     assert (sample(s, "gpu_exporter_collection_errors_total", backend="nvml", kind="gpu_lost") or 0) >= 1
     fleet.restore(1)

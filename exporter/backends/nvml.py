@@ -253,10 +253,12 @@ class NvmlBackend(Backend):
                     self._read_gpu(gpu, reading)
                 except _GpuDown as down:
                     gpu.handle = None  # fetch the handle again next time: the GPU may come back
+                    # identity as last seen, so gpu_info keeps one series for the GPU while it is down
                     reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia", up=False,
                                          up_reason=str(down), name=gpu.static.get("name"),
-                                         pci_bus_id=gpu.static.get("pci_bus_id"),
-                                         driver_version=self._driver_version)
+                                         pci_bus_id=gpu.static.get("pci_bus_id"), serial=gpu.static.get("serial"),
+                                         driver_version=self._driver_version,
+                                         cuda_driver_version=self._cuda_version)
                     out.count_error(down.kind)
                     if gpu.index not in self._down:
                         log.warning("nvml: GPU %d unreadable: %s", gpu.index, down)
