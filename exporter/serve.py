@@ -13,7 +13,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from exporter import backends, config, logs
-from exporter.backends.base import Backend, BackendOptions, BackendUnavailable, FieldFilter
+from exporter.backends.base import Backend, BackendOptions, FieldFilter
 
 if TYPE_CHECKING:
     from exporter.engine import Engine
@@ -50,19 +50,10 @@ def choose_backends(settings: config.Settings, options: BackendOptions) -> tuple
     chosen: list[Backend] = []
     ready: set[str] = set()
     if settings.backend == "auto":
-        reasons = []
-        for name in backends.auto_order():
-            b = backends.create(name, options)
-            try:
-                b.init()
-            except BackendUnavailable as exc:
-                reasons.append(f"{name}: {exc}")
-                continue
-            except Exception as exc:  # noqa: BLE001 - probe failures are reasons, not crashes
-                reasons.append(f"{name}: {type(exc).__name__}: {exc}")
-                continue
-            log.info("backend auto: using %s", name)
-            return [b], {name}
+        found, reasons = backends.detect(options)
+        if found is not None:
+            log.info("backend auto: using %s", found.name)
+            return [found], {found.name}
         detail = "; ".join(reasons) or "no backends known"
         if settings.allow_simulated:
             log.warning("%s (auto-detection: %s)", SIMULATED_BANNER, detail)

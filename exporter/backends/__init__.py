@@ -41,6 +41,24 @@ def auto_order() -> list[str]:
     return [n for _, n in sorted(ranked)]
 
 
+def detect(options: BackendOptions) -> tuple[Backend | None, list[str]]:
+    """``--backend auto``: the first real backend whose init() succeeds (initialised), or None.
+
+    Also returns why each one tried before it was skipped ("nvml: libnvidia-ml.so.1 not found").
+    """
+    reasons: list[str] = []
+    for name in auto_order():
+        b = create(name, options)
+        try:
+            b.init()
+        except Exception as exc:  # noqa: BLE001 - every probe failure is a reason to report, not a crash
+            reasons.append(f"{name}: {exc}" if isinstance(exc, BackendUnavailable)
+                           else f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        return b, reasons
+    return None, reasons
+
+
 def create(name: str, options: BackendOptions) -> Backend:
     try:
         cls = registry()[name]
@@ -49,4 +67,4 @@ def create(name: str, options: BackendOptions) -> Backend:
     return cls(options)
 
 
-__all__ = ["Backend", "BackendOptions", "BackendUnavailable", "auto_order", "create", "names", "registry"]
+__all__ = ["Backend", "BackendOptions", "BackendUnavailable", "auto_order", "create", "detect", "names", "registry"]

@@ -239,7 +239,7 @@ def open_engine(args: argparse.Namespace) -> Engine:
     a one-shot tool must fail at once, and ``auto`` never falls back to simulated GPUs.
     """
     from exporter import backends, config
-    from exporter.backends.base import Backend, BackendUnavailable
+    from exporter.backends.base import Backend
     from exporter.host import host_info
     from exporter.serve import options_from
 
@@ -255,17 +255,9 @@ def open_engine(args: argparse.Namespace) -> Engine:
     options = options_from(settings)
     chosen: list[Backend] = []
     if settings.backend == "auto":
-        reasons = []
-        for name in backends.auto_order():
-            b = backends.create(name, options)
-            try:
-                b.init()
-            except Exception as exc:  # noqa: BLE001 - every probe failure is a reason to report
-                reasons.append(f"{name}: {exc}" if isinstance(exc, BackendUnavailable)
-                               else f"{name}: {type(exc).__name__}: {exc}")
-                continue
-            chosen = [b]
-            break
+        found, reasons = backends.detect(options)
+        if found is not None:
+            chosen = [found]
         if not chosen:
             raise ToolError("no GPU found (" + "; ".join(reasons) + "); pass --backend simulated to try "
                             "the tool on simulated GPUs")
