@@ -44,6 +44,7 @@ state, throttle reasons, per-process memory, ROCm version.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -143,9 +144,11 @@ def parse_rocm_smi_json(text: str) -> list[GpuReading]:
     raw_system = doc.get("system")
     system: dict[str, Any] = raw_system if isinstance(raw_system, dict) else {}
     driver = _value(system, "Driver version")
-    # by N only: "card1" and "card01" both give 1, and dicts do not compare
     cards = sorted(((int(m.group(1)), v) for k, v in doc.items()
                     if (m := _CARD_RE.match(k)) and isinstance(v, dict)), key=lambda c: c[0])
+    for (a, _), (b, _) in itertools.pairwise(cards):
+        if a == b:  # "card1" and "card01": two GPUs cannot share a device index
+            raise RocmSmiParseError(f"card {a} appears twice")
     readings = [_card_reading(index, card, driver) for index, card in cards]
     unique = dedupe_uuids([(r.uuid, None, r.index) for r in readings])
     for r, uuid in zip(readings, unique, strict=True):

@@ -25,11 +25,29 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "reliability_long: long reliability scenarios (minutes); only `make reliability` runs them")
 
 
+def result_path(item: pytest.Item) -> Path:
+    name = item.nodeid.split("::", 1)[1].replace("/", "_").replace("[", "-").rstrip("]")
+    return RESULTS_DIR / f"{Path(item.path).stem}.{name}.json"
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: only the tests that will run
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Forget the previous record of every test about to run: a row never outlives its test."""
+    for item in items:
+        if Path(item.path).parent == Path(__file__).parent:
+            result_path(item).unlink(missing_ok=True)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     rep = yield
     setattr(item, f"_rep_{rep.when}", rep)  # the `result` fixture reads the outcome at teardown
     return rep
+
+
+def _xfail_reason(item: pytest.Item) -> str | None:
+    rep = getattr(item, "_rep_call", None)
+    return str(rep.wasxfail) if rep is not None and hasattr(rep, "wasxfail") else None
 
 
 def _outcome(item: pytest.Item) -> str:
@@ -52,6 +70,7 @@ def result(request: pytest.FixtureRequest) -> Iterator[Result]:
     doc: dict[str, Any] = {
         "test": request.node.nodeid,
         "outcome": _outcome(request.node),
+        "xfail_reason": _xfail_reason(request.node),
         "long": request.node.get_closest_marker("reliability_long") is not None,
         "started": started,
         "duration_s": round(time.time() - started, 1),
@@ -60,8 +79,7 @@ def result(request: pytest.FixtureRequest) -> Iterator[Result]:
         **res.as_dict(),
     }
     RESULTS_DIR.mkdir(exist_ok=True)
-    name = request.node.nodeid.split("::", 1)[1].replace("/", "_").replace("[", "-").rstrip("]")
-    (RESULTS_DIR / f"{Path(request.node.path).stem}.{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    result_path(request.node).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def _cpu_model() -> str:

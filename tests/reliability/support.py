@@ -263,6 +263,7 @@ class PromProxy:
         self.mode: str | None = None
         self.delay = delay
         self.requests = 0
+        self.authorization: list[str | None] = []  # the Authorization header of each request
         self._release = threading.Event()
         outer = self
 
@@ -273,6 +274,7 @@ class PromProxy:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 outer.requests += 1
+                outer.authorization.append(self.headers.get("Authorization"))
                 mode = outer.mode
                 if mode == "500":
                     return self._send(500, b'{"status":"error","errorType":"internal","error":"injected"}')

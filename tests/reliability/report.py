@@ -1,0 +1,169 @@
+"""Render docs/reliability.md from the records the reliability tests leave in tests/reliability/.results/.
+
+    python -m tests.reliability.report [--out docs/reliability.md] [--check]
+
+Every row of the table is one test run: the scenario, what was done, what happened and the
+figures measured, with the test's node id so anyone can rerun it. ``make reliability``
+runs the whole suite and then this script. ``--check`` exits 1 when a recorded test failed
+or an expected failure passed (an expected failure is listed under "Open findings", not hidden).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+RESULTS = HERE / ".results"
+
+SECTIONS = [
+    ("test_load", "Load"),
+    ("test_soak", "Memory over time"),
+    ("test_faults_exporter", "Faults: exporter"),
+    ("test_faults_profiler", "Faults: profiler"),
+    ("test_disk", "Faults: files we write"),
+    ("test_fuzz", "Hostile input (hypothesis)"),
+    ("test_escaping", "Hostile input: exposition escaping"),
+    ("test_secrets", "Access control and secrets"),
+]
+
+# Rows proven by tests outside this package (run by `make test`); no figures are measured for them here.
+EXTERNAL = [
+    ("Access control and secrets", {
+        "scenario": "TLS and basic auth on every endpoint",
+        "done": "exporter with an exporter-toolkit web config: real TLS handshakes with the right CA and a wrong "
+                "one, the right password, a wrong one (401), no credentials (401), plain http to the TLS port",
+        "happened": "only the right CA and password get 200; /healthz stays open by documented choice; the "
+                    "password and its hash are not in the debug log",
+        "figures": {}, "test": "tests/test_webconfig.py::test_tls_and_basic_auth", "outcome": "make test"}),
+    ("Access control and secrets", {
+        "scenario": "profiler RBAC",
+        "done": "every kustomization is rendered with kubectl and its ClusterRole read",
+        "happened": "one rule: apiGroups [''], resources [nodes], verbs [get, list, patch]; one binding to the "
+                    "profiler's service account",
+        "figures": {}, "test": "tests/test_deploy.py::test_profiler_rbac_is_nodes_get_list_patch_only",
+        "outcome": "make test"}),
+]
+
+FIXED = [
+    ("exporter/server.py", "a client sending its request one byte per read timeout (slowloris) held a "
+     "connection, and one of --max-connections, forever: the read timeout now bounds the whole request",
+     "test_load.py::test_trickling_client_is_cut_at_the_read_timeout"),
+    ("exporter/engine.py", "an outage whose cause changed (a failed collection, then the re-init failing "
+     "differently: NVML 999, rocm-smi hanging) logged a warning per cause: now one per outage, later causes at "
+     "debug", "test_faults_exporter.py::test_nvml_unknown_error_on_every_call, ::test_rocm_smi_hanging"),
+    ("exporter/backends/nvml.py", "a lost GPU was logged once per distinct NVML message for the life of the "
+     "process (two lines for one outage, none for a second outage): now one warning per outage and one line "
+     "when it is readable again", "test_faults_exporter.py::test_gpu_lost_mid_scrape"),
+    ("exporter/config.py", "a setting holding a newline (flag, path) produced a two-line error: control "
+     "characters are now shown escaped", "test_fuzz.py::test_settings_from_flags_env_and_file"),
+    ("exporter/backends/rocm_smi.py", "\"card1\" next to \"card01\" raised TypeError (dicts compared while "
+     "sorting) and deeply nested JSON raised RecursionError: both are RocmSmiParseError now",
+     "test_fuzz.py::test_rocm_smi_duplicate_card_numbers_and_deep_nesting"),
+]
+
+
+def _load() -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_fmt(x)}" for k, x in v.items())
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    return str(v)
+
+
+def _figures(fig: dict[str, Any]) -> str:
+    return "; ".join(f"{k.replace('_', ' ')}: {_fmt(v)}" for k, v in fig.items()) or "-"
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+OUTCOME = {"passed": "pass", "xfailed": "**FAILS** (known, see below)", "failed": "**FAILED**",
+           "xpassed": "**XPASS** (fixed? remove the xfail)", "make test": "pass (make test)"}
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    by_file: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_file.setdefault(r["test"].split("::")[0].rsplit("/", 1)[-1].removesuffix(".py"), []).append(r)
+    newest = max((r["started"] for r in records), default=time.time())
+    m = records[0]["machine"] if records else {}
+    out = [
+        "# Reliability report",
+        "",
+        "Load, memory over time, faults, hostile input and access control of the exporter and the profiler, "
+        "measured. Every row is one test in the repository; rerun them all with `make reliability` (about "
+        "15 minutes) or the CI-sized part with `make test`; rerun one with `.venv/bin/python -m pytest "
+        "'<test>'`. This file is generated by `python -m tests.reliability.report` from the run's records.",
+        "",
+        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(newest))} on `{m.get('host', '?')}`: "
+        f"{m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs, Linux {m.get('kernel', '?')}, Python "
+        f"{m.get('python', '?')}; no GPU (fake NVML library, fake rocm-smi, fake kubelet, real Prometheus 2.42 "
+        "and a fake API server). The machine was shared with other work, so latencies are upper bounds.",
+        "",
+        "Faults: the process must survive, publish no wrong or stale value, show the failure in a self-metric "
+        "and in one log line (not one per scrape), and recover within one cycle after the fault clears "
+        "(collect on scrape: a cycle is one scrape).",
+        "",
+    ]
+    for stem, title in SECTIONS:
+        rows = sorted(by_file.get(stem, []), key=lambda r: r["test"])
+        rows += [dict(x, long=False) for t, x in EXTERNAL if t == title]
+        if not rows:
+            continue
+        out += [f"## {title}", "", "| Scenario | What was done | What happened | Figures | Test | Result |",
+                "|---|---|---|---|---|---|"]
+        for r in rows:
+            test = r["test"] + (" (long)" if r.get("long") else "")
+            out.append("| " + " | ".join(_cell(x) for x in (
+                r["scenario"], r["done"], r["happened"], _figures(r["figures"]), f"`{test}`",
+                OUTCOME.get(r["outcome"], r["outcome"]))) + " |")
+        out.append("")
+        for r in rows:
+            if r.get("curve"):
+                label = r.get("curve_label") or "x, y"
+                out += [f"Curve of `{r['test']}` ({label}):", "",
+                        "| " + " | ".join(_fmt(x) for x, _ in r["curve"]) + " |",
+                        "|" + "---|" * len(r["curve"]),
+                        "| " + " | ".join(_fmt(y) for _, y in r["curve"]) + " |", ""]
+    known = [r for r in records if r["outcome"] in ("xfailed", "failed")]
+    out += ["## Open findings", "",
+            "Tests that encode a requirement the code does not meet yet (strict expected failures: they turn "
+            "red as soon as the code is fixed, so the marker gets removed).", ""]
+    out += [f"- `{r['test']}`: {r.get('xfail_reason') or r['happened']}" for r in known] or ["- none"]
+    out += ["", "## Fixed while writing this suite", ""]
+    out += [f"- `{f}`: {what} (`tests/reliability/{test}`)" for f, what, test in FIXED]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.reliability.report", description=__doc__)
+    p.add_argument("--out", default=str(REPO / "docs" / "reliability.md"))
+    p.add_argument("--check", action="store_true", help="exit 1 if a test failed or nothing was recorded")
+    args = p.parse_args(argv)
+    records = _load()
+    if not records:
+        sys.stderr.write(f"no records in {RESULTS}: run `make reliability` first\n")
+        return 1
+    Path(args.out).write_text(render(records))
+    failed = [r["test"] for r in records if r["outcome"] in ("failed", "xpassed", "error")]
+    if args.check and failed:
+        sys.stderr.write("failed: " + ", ".join(failed) + "\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
