@@ -89,24 +89,19 @@ def labelstr(labels: dict[str, str]) -> str:
 
 
 class _Out:
-    """Accumulates families: text header, OpenMetrics header, shared sample body."""
+    """Accumulates families in one format (text 0.0.4 or OpenMetrics 1.0)."""
 
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.om: list[str] = []
+    def __init__(self, openmetrics: bool) -> None:
+        self.om = openmetrics
+        self.parts: list[str] = []
 
     def family(self, name: str, kind: str, help_: str, body: str) -> None:
         if not body:
             return
-        base = name[: -len("_total")] if kind == COUNTER and name.endswith("_total") else name
-        self.text.append(f"# HELP {name} {_esc_help(help_, False)}\n# TYPE {name} {kind}\n")
-        self.text.append(body)
-        self.om.append(f"# HELP {base} {_esc_help(help_, True)}\n# TYPE {base} {kind}\n")
-        self.om.append(body)
-
-    def raw(self, text: str, om: str) -> None:
-        self.text.append(text)
-        self.om.append(om)
+        if self.om and kind == COUNTER and name.endswith("_total"):
+            name = name[: -len("_total")]  # OpenMetrics names the counter family without _total
+        self.parts.append(f"# HELP {name} {_esc_help(help_, self.om)}\n# TYPE {name} {kind}\n")
+        self.parts.append(body)
 
 
 def _render_metric(out: _Out, m: Metric) -> None:
@@ -331,14 +326,14 @@ def _self_families(out: _Out, snap: Snapshot) -> None:
         _render_metric(out, m)
 
 
-def render(snap: Snapshot, fields: FieldFilter) -> tuple[bytes, bytes]:
-    """(Prometheus text 0.0.4, OpenMetrics 1.0) exposition of one snapshot."""
-    out = _Out()
+def render(snap: Snapshot, fields: FieldFilter, openmetrics: bool = False) -> bytes:
+    """The Prometheus text 0.0.4 (or OpenMetrics 1.0) exposition of one snapshot."""
+    out = _Out(openmetrics)
     _gpu_families(out, snap, fields)
     _self_families(out, snap)
-    text = "".join(out.text).encode()
-    om = ("".join(out.om) + "# EOF\n").encode()
-    return text, om
+    if openmetrics:
+        out.parts.append("# EOF\n")
+    return "".join(out.parts).encode()
 
 
 class Rendered:
@@ -347,15 +342,15 @@ class Rendered:
     def __init__(self, snap: Snapshot, fields: FieldFilter) -> None:
         self.snap = snap
         self._fields = fields
-        self._bodies: tuple[bytes, bytes] | None = None
+        self._bodies: dict[bool, bytes] = {}  # per format, rendered on first request
         self._gz: dict[bool, bytes] = {}
         self._lock = threading.Lock()
 
     def body(self, openmetrics: bool = False, gz: bool = False) -> bytes:
         with self._lock:  # concurrent scrapers of one collection wait for one render
-            if self._bodies is None:
-                self._bodies = render(self.snap, self._fields)
-            raw = self._bodies[1 if openmetrics else 0]
+            raw = self._bodies.get(openmetrics)
+            if raw is None:
+                raw = self._bodies[openmetrics] = render(self.snap, self._fields, openmetrics)
             if not gz:
                 return raw
             hit = self._gz.get(openmetrics)
