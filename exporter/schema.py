@@ -147,3 +147,23 @@ TOPOLOGY_LEVELS = {"internal": 0, "single": 10, "multiple": 20, "hostbridge": 30
 
 def all_family_names() -> list[str]:
     return [f.name for f in GPU_FAMILIES] + list(SPECIAL_FAMILIES)
+
+
+def _unit(name: str) -> str:
+    for unit in ("bytes_per_second", "bytes", "celsius", "watts", "joules", "hertz", "ratio", "seconds"):
+        if unit in name:
+            return unit.replace("_", " ")
+    return "1"
+
+
+def markdown_table() -> str:
+    """The per-GPU family table of docs/metrics.md (``python -m exporter.schema`` prints it)."""
+    rows = ["| name | type | unit | extra labels | NVML source | nvidia-smi | help |", "|---|---|---|---|---|---|---|"]
+    for f in GPU_FAMILIES:
+        labels = ", ".join(f"`{label}`" for label in f.labels) or "-"
+        rows.append(f"| `{f.name}` | {f.kind} | {_unit(f.name)} | {labels} | `{f.nvml}` | `{f.smi}` | {f.help} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

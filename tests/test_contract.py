@@ -90,3 +90,11 @@ def test_every_family_is_documented() -> None:
     assert missing == []
 
 
+
+
+def test_family_table_matches_the_schema() -> None:
+    from exporter.schema import markdown_table
+
+    text = DOCS.read_text()
+    block = text.split("<!-- families:begin -->\n", 1)[1].split("<!-- families:end -->", 1)[0]
+    assert block == markdown_table(), "docs/metrics.md family table is stale: python -m exporter.schema"
