@@ -33,6 +33,7 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
