@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
@@ -33,6 +34,7 @@ def labels_of(families: object, metric: str, **match: str) -> list[dict[str, str
             if s.name == metric and all(s.labels.get(k) == v for k, v in match.items())]
 
 
+@pytest.mark.prometheus  # promtool
 def test_hostile_gpu_and_pod_names_round_trip(tmp_path: Path, result: Result) -> None:
     fleet = FakeNvml(tmp_path / "fleet.conf", gpus=2)
     fleet.set(0, name=GPU_NAME)

@@ -295,9 +295,15 @@ owned_list = st.lists(st.one_of(st.sampled_from(OUR_NAMES), name_part, st.sample
 
 def _node_annotations(draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, str]:
     ann = {f"example.com/{draw(name_part)}": draw(hostile_value) for _ in range(draw(st.integers(0, 2)))}
+    ours = []
     for _ in range(draw(st.integers(0, 8))):
-        ann[f"{PREFIX}/{draw(st.one_of(st.sampled_from(OUR_NAMES), name_part))}"] = draw(hostile_value)
-    if draw(st.booleans()):
+        name = draw(st.one_of(st.sampled_from(OUR_NAMES), name_part))
+        ann[f"{PREFIX}/{name}"] = draw(hostile_value)
+        ours.append(name)
+    record = draw(st.sampled_from(["ours", "random", "none"]))
+    if record == "ours":  # our record lists what is there (as after our own writes), values then tampered with
+        ann[f"{PREFIX}/owned-keys"] = ",".join(n for n in ours if n != "owned-keys")
+    elif record == "random":
         ann[f"{PREFIX}/owned-keys"] = draw(owned_list)
     return ann
 
@@ -322,6 +328,27 @@ node_annotations = st.composite(_node_annotations)()
 gpu_inputs = st.composite(_gpus)()
 
 
+GARBAGE_PATTERN_BUG = (
+    "exporter/profiler/plan.py plan_node: a published gpu-N.pattern that is not a known pattern ('', 'x', "
+    "'STEADY') is kept by the hysteresis for one more evaluation and classify.dominant_pattern() then raises "
+    "StopIteration; Profiler._apply lets it out of the pool map ('generator raised StopIteration'), so every "
+    "cycle fails as kind=internal with a traceback and that node is never repaired (measured with two nodes: the "
+    "other one is still patched by a pool thread); treat a published value that is not a pattern as absent")
+
+
+@pytest.mark.xfail(strict=True, reason=GARBAGE_PATTERN_BUG)
+@pytest.mark.parametrize("value", ["", "x", "STEADY", "unknown "])
+def test_garbage_published_pattern_is_replaced(value: str) -> None:
+    from exporter.profiler.classify import STEADY, GpuProfile
+    from exporter.profiler.plan import GpuInput, PlanConfig, diff, plan_node
+
+    current = {f"{PREFIX}/owned-keys": "gpu-0.pattern", f"{PREFIX}/gpu-0.pattern": value}
+    for gpus in ({}, {"0": GpuInput("GPU-a", GpuProfile(STEADY, util_mean=0.7, mem_used_ratio=0.5, score=0.4))}):
+        patch = diff(current, plan_node(current, gpus, PlanConfig(prefix=PREFIX)), PREFIX)
+        assert patch.get(f"{PREFIX}/gpu-0.pattern") in ("unknown", "steady", None)
+
+
+@pytest.mark.xfail(strict=True, reason=GARBAGE_PATTERN_BUG)
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_annotations_read_back_from_nodes(budget: int, result: Result) -> None:
     from exporter.profiler.classify import PATTERNS
@@ -330,6 +357,15 @@ def test_annotations_read_back_from_nodes(budget: int, result: Result) -> None:
 
     cfg = PlanConfig(prefix=PREFIX)
     seen = {"nodes_with_our_keys": 0, "converged_after_max": 0}
+    result.scenario = "hostile annotations read back from Nodes"
+    result.done = (f"{budget} generated Nodes carrying garbage under our prefix (owned-keys naming foreign or odd "
+                   "keys, tampered values of listed keys, pending entries with huge counts, non-numbers, "
+                   "5,000-character values) and foreign annotations, planned and diffed repeatedly "
+                   "(`plan_node`, `diff`)")
+    result.happened = ("no exception; patches touch only our prefix; every intermediate Node passes the API "
+                       "server's validation; a fixed point within hysteresis + 1 evaluations; garbage "
+                       "patterns replaced")
+    result.figures = {"cases": budget, **seen}
 
     def check(current: dict[str, str], gpus: dict[str, Any]) -> None:
         try:
@@ -354,15 +390,14 @@ def test_annotations_read_back_from_nodes(budget: int, result: Result) -> None:
             key = f"{PREFIX}/gpu-{gpu}.pattern"
             assert key not in ann or ann[key] in PATTERNS, f"{key}={ann[key]!r} survived"
 
-    run(budget, check, node_annotations, gpu_inputs)
-    result.scenario = "hostile annotations read back from Nodes"
-    result.done = (f"{budget} generated Nodes carrying garbage under our prefix (owned-keys naming foreign or odd "
-                   "keys, pending entries with huge counts, non-numbers, 5,000-character values) and foreign "
-                   "annotations, planned and diffed repeatedly (`plan_node`, `diff`)")
-    result.happened = ("no exception; patches touch only our prefix; every intermediate Node passes the API "
-                       "server's validation; a fixed point within hysteresis + 1 evaluations; garbage "
-                       "patterns replaced")
-    result.figures = {"cases": budget, **seen}
+    try:
+        run(budget, check, node_annotations, gpu_inputs)
+    except BaseException as exc:  # hypothesis may group several distinct failures
+        first = exc.exceptions[0] if isinstance(exc, BaseExceptionGroup) else exc
+        result.happened = f"FAILED: {type(first).__name__} {str(first).splitlines()[0][:200] if str(first) else ''}"
+        raise
+    finally:
+        result.figures = {"cases": budget, **seen}
     assert seen["nodes_with_our_keys"] > 0
 
 

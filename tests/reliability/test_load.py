@@ -235,3 +235,57 @@ def test_trickling_client_is_cut_at_the_read_timeout(trickle_exporter: ExporterP
         if cut else "the connection was still open: the read timeout applies per read, not per request"
     result.figures = {"held_s": round(held, 2), "cut": cut}
     assert cut and held <= read_timeout + 2.0, f"a trickling client held its connection for {held:.1f}s"
+
+
+def test_trickling_tls_handshake_is_cut_at_the_read_timeout(tmp_path: Path, result: Result) -> None:
+    """The same slowloris against a TLS port: the handshake itself must finish within the read timeout."""
+    import ssl
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", "tls.key", "-out",
+                    "tls.crt"], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {tmp_path / 'tls.crt'}\n  key_file: {tmp_path / 'tls.key'}\n")
+    read_timeout = 1.0
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "tls.crt"))
+
+    def https_status(port: int) -> int:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=ctx)
+        try:
+            conn.request("GET", "/healthz")
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    with ExporterProcess(["--backend", "simulated", "--web.config.file", str(web), "--read-timeout",
+                          f"{read_timeout:g}"], wait=False) as ex:
+        wait_until(lambda: https_status(ex.port) == 200, 20, what="https /healthz")
+        # a TLS record header announcing a 512-byte ClientHello, then its bytes one every 0.3 s
+        hello = b"\x16\x03\x01\x02\x00" + b"\x01\x00\x01\xfc\x03\x03" + bytes(range(32)) * 4
+        sock = socket.create_connection(("127.0.0.1", ex.port), timeout=5)
+        t0 = time.monotonic()
+        cut = False
+        for b in hello:
+            try:
+                sock.sendall(bytes([b]))
+                sock.settimeout(0.3)
+                sock.recv(4096)  # an alert or b"" (closed): the server let go
+                cut = True
+                break
+            except TimeoutError:
+                pass
+            except OSError:
+                cut = True
+                break
+            if time.monotonic() - t0 > read_timeout * 4 + 2:
+                break
+        held = time.monotonic() - t0
+        sock.close()
+        assert https_status(ex.port) == 200
+    result.scenario = "trickling TLS handshake"
+    result.done = f"a client sends a ClientHello one byte every 0.3 s to a TLS port (`--read-timeout {read_timeout:g}`)"
+    result.happened = "the server dropped the connection once the read timeout had passed for the whole handshake" \
+        if cut else "the handshake was still waiting: the timeout applied per read"
+    result.figures = {"held_s": round(held, 2), "cut": cut}
+    assert cut and held <= read_timeout + 2.0, f"a trickling TLS client held its connection for {held:.1f}s"

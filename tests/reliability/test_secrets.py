@@ -8,6 +8,7 @@ page are searched for them (and for their base64 and bcrypt forms).
 from __future__ import annotations
 
 import base64
+import logging
 import secrets
 import threading
 import time
@@ -38,7 +39,18 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
         yield server
 
 
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """`gpu-exporter profile` sets up the root logger (handler, level): put it back for the next tests."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.mark.prometheus
+@pytest.mark.usefixtures("restore_logging")
 def test_profiler_tokens_never_logged(prom: Prometheus, tmp_path: Path, capfd: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch, result: Result) -> None:
     prom_token, kube_token = "prom-" + secrets.token_hex(16), "kube-" + secrets.token_hex(16)
