@@ -163,7 +163,7 @@ def test_profiler_cycles_on_a_stable_fleet(fleet_history: Prometheus, tmp_path: 
     result.figures = {"failed_cycles": failed, "writes_after_first": len(writes), "node_lists": lists,
                       "cycle_p50_ms": round(sorted(durations)[len(durations) // 2] * 1000, 1),
                       "test_process_rss_before_mib": curve[0][1], "test_process_rss_after_mib": curve[-1][1],
-                      "live_objects_start_middle_end": [int(y) for _, y in (objects[0], objects[len(objects) // 2], objects[-1])]}
+                      "live_objects_start_middle_end": [int(objects[i][1]) for i in (0, len(objects) // 2, -1)]}
     result.curve, result.curve_label = curve, "cycles, test-process RSS MiB"
     assert failed == 0
     assert writes == [] and after == written
