@@ -140,8 +140,10 @@ def test_prometheus_fault(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path, ca
         cycles, secs = recovery(prof, api, good)
     result.scenario = f"Prometheus {fault} (profiler)"
     result.done = done + f", for {CYCLES} cycles; meanwhile another writer deletes our annotations"
-    result.happened = (f"each cycle stopped after the read and wrote nothing (no list, no patch), counted {kind}; "
-                       "the first cycle after the fault wrote the annotations back")
+    observed = sorted({k for ks in kinds for k in ks})
+    result.happened = (f"each cycle stopped after the read and wrote nothing (no list, no patch), counted "
+                       f"{', '.join(observed)}" + (f" with {tracebacks} tracebacks" if tracebacks else "")
+                       + "; the first cycle after the fault wrote the annotations back")
     result.figures = {"error_kinds": sorted({k for ks in kinds for k in ks}), "errors_counted": counted,
                       "writes_during": len(writes), "error_log_lines": log_lines, "tracebacks": tracebacks,
                       "recovery_cycles": cycles, "recovery_s": secs}
@@ -178,8 +180,9 @@ def test_api_server_fault(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path, ca
     cycles, secs = recovery(prof, api, good)
     result.scenario = f"API server {fault} (profiler)"
     result.done = done + f", for {CYCLES} cycles; our annotations had been deleted by another writer"
-    result.happened = (f"each cycle counted {kind} and carried on; the node never carried a wrong value; the "
-                       "first cycle after the fault wrote the annotations")
+    observed = sorted({k for ks in kinds for k in ks})
+    result.happened = (f"each cycle counted {', '.join(observed)} and carried on; the node never carried a wrong "
+                       "value; the first cycle after the fault wrote the annotations")
     result.figures = {"error_kinds": sorted({k for ks in kinds for k in ks}), "errors_counted": counted,
                       "patches_sent": patches, "error_log_lines": log_lines, "tracebacks": tracebacks,
                       "recovery_cycles": cycles, "recovery_s": secs}
@@ -195,10 +198,14 @@ def test_api_server_fault(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path, ca
     "_apply 'node %s: %s'): an outage of N cycles gives N lines; the issue asks for one line per outage "
     "(and one when it ends), like the exporter's engine"))
 def test_profiler_logs_one_line_per_outage(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path,
-                                           caplog: pytest.LogCaptureFixture) -> None:
+                                           caplog: pytest.LogCaptureFixture, result: Result) -> None:
     with PromProxy(prom.url) as proxy:
         prof = profiler(proxy.url, api, tmp_path)
         assert prof.run_cycle().ok
         proxy.mode = "500"
         _, log_lines, _ = fault_cycles(prof, caplog)
+    result.scenario = "profiler log lines per outage"
+    result.done = f"Prometheus answers 500 for {CYCLES} cycles"
+    result.happened = f"{log_lines} ERROR lines: " + ("one for the outage" if log_lines == 1 else "one per cycle")
+    result.figures = {"cycles": CYCLES, "error_log_lines": log_lines}
     assert log_lines == 1

@@ -546,6 +546,33 @@ def _prometheus_answers(budget: int, typed: bool, result: Result) -> None:
         server.close()
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "exporter/profiler/prom.py PromClient._once catches ValueError around json.loads, not RecursionError: an "
+    "answer nested 100,000 deep fails the cycle as kind=internal with a traceback"))
+def test_deeply_nested_prometheus_answer(result: Result) -> None:
+    import io
+
+    from exporter.profiler.loop import Profiler
+    from exporter.profiler.plan import PlanConfig
+    from exporter.profiler.prom import BAD_RESPONSE, PromClient
+    from exporter.profiler.queries import QueryConfig, Reader
+
+    server = _JsonServer()
+    deep = b'{"status": "success", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    server.answers = {"/api/v1/query": deep, "/api/v1/query_range": deep}
+    try:
+        prof = Profiler(Reader(PromClient(server.url, retries=0), QueryConfig()), None, PlanConfig(), dry_run=True,
+                        out=io.StringIO())
+        r = prof.run_cycle(at=2e9)
+    finally:
+        server.close()
+    result.scenario = "Prometheus answer nested 100,000 deep (profiler)"
+    result.done = "both instant queries get a JSON answer whose data is 100,000 nested arrays"
+    result.happened = f"the cycle failed with {r.errors}"
+    result.figures = {"errors": r.errors}
+    assert r.errors == [BAD_RESPONSE]
+
+
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_prometheus_answers_with_hostile_values(budget: int, result: Result) -> None:
     _prometheus_answers(budget, True, result)
