@@ -67,7 +67,8 @@ demo: $(VENV)/.installed-test .apt-test-deps
 
 # The whole reliability suite, long scenarios included (docs/reliability.md).
 reliability: $(VENV)/.installed-test .apt-test-deps
-	$(PY) -m pytest tests/reliability -m "reliability_long or not reliability_long" -q
+	-$(PY) -m pytest tests/reliability -m "reliability_long or not reliability_long" -q
+	$(PY) -m tests.reliability.report --check
 
 # Field-by-field comparison against nvidia-smi on a machine with an NVIDIA GPU.
 gpu-check: $(VENV)/.installed
