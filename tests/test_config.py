@@ -73,7 +73,7 @@ def test_bad_config_files(tmp_path: Path) -> None:
                          (wrong_type, "invalid port"), (tmp_path / "missing.yaml", "cannot read config file")):
         res = run_serve("--config", str(path), "--check-config")
         assert res.returncode == 2
-        assert expect in res.stderr and str(path) in res.stderr or "invalid port" in res.stderr
+        assert (expect in res.stderr and str(path) in res.stderr) or "invalid port" in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1
 
 
