@@ -435,3 +435,49 @@ def test_cli_usage_lists_the_tools() -> None:
         assert f"  {cmd} " in p.stdout
     p = gx("pick", "-n", "1", "--max-util", "150%")
     assert p.returncode == 2 and "--max-util" in p.stderr
+
+
+def test_output_file_is_replaced_whole_keeping_its_mode_and_links(tmp_path: Path) -> None:
+    from exporter.tools.audit import write_file
+
+    target = tmp_path / "out.json"
+    target.write_text("old and longer than the new text\n")
+    target.chmod(0o640)
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    write_file(str(link), "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    assert target.stat().st_mode & 0o777 == 0o640
+    fresh, reference = tmp_path / "fresh.json", tmp_path / "reference.json"
+    write_file(str(fresh), "x")
+    reference.write_text("x")  # what a plain open() would have created (the umask applied)
+    assert fresh.stat().st_mode & 0o777 == reference.stat().st_mode & 0o777
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.json", "latest.json", "out.json", "reference.json"]
+
+
+def test_output_file_errors_name_the_file(tmp_path: Path) -> None:
+    from exporter.tools.audit import ToolError, write_file
+
+    for path, why in ((tmp_path / "missing" / "out.json", "No such file or directory"),
+                      (tmp_path, "Is a directory"), (Path("/dev/full"), "No space left on device")):
+        with pytest.raises(ToolError) as err:
+            write_file(str(path), "x" * 10_000)
+        assert str(err.value) == f"cannot write {path}: {why}"
+    assert Path("/dev/full").is_char_device()  # written through, never renamed over
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_file_cut_short_leaves_nothing_behind(tmp_path: Path) -> None:
+    # a file size limit fails the write half-way, as a full disk does (EFBIG instead of ENOSPC)
+    target = tmp_path / "out.json"
+    target.write_text("previous\n")
+    code = ("import resource, signal, sys\n"
+            "from exporter.tools.audit import ToolError, write_file\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+            "try:\n    write_file(sys.argv[1], 'x' * 100_000)\n"
+            "except ToolError as exc:\n    sys.exit(str(exc))\n")
+    p = subprocess.run([sys.executable, "-c", code, str(target)], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 1 and p.stderr.strip() == f"cannot write {target}: File too large"
+    assert [f.name for f in tmp_path.iterdir()] == ["out.json"] and target.read_text() == "previous\n"

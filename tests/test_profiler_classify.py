@@ -223,3 +223,6 @@ def test_scores_and_node_rules() -> None:
     assert dominant_pattern([IDLE, STEADY]) == STEADY  # tie: the more actionable
     assert dominant_pattern([GROWING, PERIODIC, PERIODIC]) == PERIODIC
     assert dominant_pattern([UNKNOWN]) == UNKNOWN and dominant_pattern([]) == UNKNOWN
+    # total: values that are not patterns (read back from a tampered annotation) are not counted
+    assert dominant_pattern(["", "x", "STEADY", "unknown "]) == UNKNOWN
+    assert dominant_pattern(["x", "x", IDLE]) == IDLE

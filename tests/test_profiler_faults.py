@@ -199,3 +199,37 @@ def test_metrics_endpoint_counts_kinds(prom: Prometheus, api: FakeKubeAPI, tmp_p
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_one_log_line_per_outage_and_one_when_it_clears(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    with FaultProxy(prom.url) as proxy:
+        prof = make(proxy.url, api, tmp_path)
+        good = good_annotations(prof, api)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="exporter.profiler"):
+            # the node lost our keys and every PATCH fails: a Kubernetes outage
+            api.edit_node("f-0", annotations={k: None for k in good if k.startswith(P)})
+            api.inject("PATCH", r"^/api/v1/nodes/", 500, times=1000)
+            kinds = [prof.run_cycle().errors]
+            # then Prometheus fails too: the writes are never reached, so the Kubernetes outage
+            # is not over; then Prometheus comes back while the PATCHes still fail
+            proxy.mode = "500"
+            kinds += [prof.run_cycle().errors for _ in range(2)]
+            proxy.mode = None
+            kinds.append(prof.run_cycle().errors)
+            api.clear_injections()
+            kinds.append(prof.run_cycle().errors)
+    k8s, p5 = "kube_server_error", "prometheus_http_5xx"
+    assert kinds == [[k8s], [p5], [p5], [k8s], []]
+    assert errors(prof, k8s) == 2 and errors(prof, p5) == 2  # the counter has every error
+    ours = [r for r in caplog.records if r.name.startswith("exporter.profiler.loop") and not
+            r.getMessage().startswith("cycle:")]
+    lines = [(r.levelname, r.getMessage()) for r in ours if r.levelno >= logging.INFO]
+    assert [(lvl, k8s in msg or p5 in msg) for lvl, msg in lines] == [("ERROR", True)] * 2 + [("INFO", True)] * 2
+    assert k8s in lines[0][1] and "node f-0" in lines[0][1]
+    assert p5 in lines[1][1] and "nothing written this cycle" in lines[1][1]
+    assert lines[2][1].startswith(f"{p5} cleared after 2 failed cycles")
+    assert lines[3][1].startswith(f"{k8s} cleared after 2 failed cycles")
+    assert sum(1 for r in ours if r.levelno == logging.DEBUG and "still failing" in r.getMessage()) == 2
+    assert api.node("f-0")["metadata"]["annotations"] == good

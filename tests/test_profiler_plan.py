@@ -196,6 +196,43 @@ def test_pending_round_trip_and_junk() -> None:
     assert parse_pending(None) == {}
 
 
+def test_pending_counts_are_ascii_and_bounded() -> None:
+    # '²'.isdigit() is true but int('²') fails; int() refuses 4,300+ digits
+    assert parse_pending("gpu-0.pattern=idle:²,idle-gpus=3:" + "9" * 5000 + ",gpu-1.pattern=steady:٣") == {}
+    assert parse_pending("gpu-0.pattern=idle:007") == {}  # not as we write it
+
+
+@pytest.mark.parametrize(("name", "garbage"), [
+    ("gpu-0.pattern", "STEADY"), ("gpu-0.pattern", ""), ("gpu-0.pattern", "unknown "),
+    ("pattern", "x"), ("idle-gpus", "007"), ("idle-gpus", "-1"), ("idle-gpus", "²"),
+    ("best-gpu-score", "nan"), ("best-gpu-score", "1e999"), ("best-gpu-score", "1.5"), ("best-gpu-score", "0x1"),
+    ("best-gpu", "../x"),
+])
+def test_garbage_published_values_are_replaced_at_once(name: str, garbage: str) -> None:
+    gpus = {"0": gpu(STEADY, util=0.1, mem=0.1)}
+    _, good = apply({}, gpus)
+    tampered = {**good, P + name: garbage}
+    patch, after = apply(tampered, gpus)  # one evaluation, not held by the hysteresis
+    assert after == good and P + "pending" not in patch
+
+
+@pytest.mark.parametrize("garbage", ["nan", "inf", "1_000", "٣", "1e3", ""])
+def test_garbage_pattern_numbers_are_not_kept(garbage: str) -> None:
+    _, good = apply({}, {"0": gpu(PERIODIC, period=60.0)})
+    tampered = {**good, P + "gpu-0.period-seconds": garbage}
+    # replaced by the measured value (a published 60 would have stayed: 61 is inside its dead band)
+    assert apply(tampered, {"0": gpu(PERIODIC, period=61.0)})[1] == {**good, P + "gpu-0.period-seconds": "61"}
+    # held (no data for the node): a number is only ever carried over when it is one
+    _, after = apply(tampered, {})
+    assert after[P + "gpu-0.pattern"] == PERIODIC and P + "gpu-0.period-seconds" not in after
+
+
+def test_node_without_data_turns_a_garbage_pattern_unknown() -> None:
+    _, good = apply({}, {"0": gpu(STEADY)})
+    _, after = apply({**good, P + "gpu-0.pattern": "x"}, {})
+    assert after[P + "gpu-0.pattern"] == UNKNOWN and after[P + "pattern"] == UNKNOWN
+
+
 def test_prefix_validation() -> None:
     assert valid_prefix("gpu-exporter.io") and valid_prefix("profiler.example.com")
     for bad in ("", "Upper.io", "with/slash", "-lead.io", "a" * 254):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -112,6 +114,19 @@ def test_transient_error_then_success(api_factory: Any) -> None:
      BAD_RESPONSE),
     (200, {"status": "success", "data": {"resultType": "matrix", "result": []}}, BAD_RESPONSE),
     (200, {"status": "success"}, BAD_RESPONSE),
+    # label values must be strings: {"node": 5} is not node "5"
+    (200, {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"node": 5, "gpu": "0"}, "value": [1, "1"]}]}}, BAD_RESPONSE),
+    (200, {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"node": "n", "uuid": ["x"]}, "value": [1, "1"]}]}}, BAD_RESPONSE),
+    # a value that only looks like a pair ("x1"[1] == "1") or is a JSON true
+    (200, {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": "x1"}]}},
+     BAD_RESPONSE),
+    (200, {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1, True]}]}},
+     BAD_RESPONSE),
+    (200, b'{"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1, 1'
+     + b"0" * 400 + b"]}]}}", BAD_RESPONSE),  # an integer beyond float range
+    (200, b'{"status": "success", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", BAD_RESPONSE),
 ])
 def test_bad_answers_are_not_retried(api_factory: Any, code: int, body: Any, kind: str) -> None:
     api = api_factory([(code, body)])
@@ -119,6 +134,79 @@ def test_bad_answers_are_not_retried(api_factory: Any, code: int, body: Any, kin
     with pytest.raises(PromError) as exc:
         c.query("up", 1.0)
     assert exc.value.kind == kind and len(api.seen) == 1
+
+
+@pytest.mark.parametrize("values", [{"12": "0"}, "12", [[1, "0.5", 7]], [["1", None]]])
+def test_malformed_range_answers(api_factory: Any, values: Any) -> None:
+    doc = {"status": "success", "data": {"resultType": "matrix", "result": [{"metric": {}, "values": values}]}}
+    api = api_factory([(200, doc)])
+    with pytest.raises(PromError) as exc:
+        PromClient(f"http://127.0.0.1:{api.port}", retries=0).query_range("up", 0, 60, 15)
+    assert exc.value.kind == BAD_RESPONSE and "malformed matrix" in str(exc.value)
+
+
+def test_range_label_values_must_be_strings(api_factory: Any) -> None:
+    doc = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"node": "n-0"}, "values": [[1, "1"]]}, {"metric": {"node": 5}, "values": [[1, "1"]]}]}}
+    api = api_factory([(200, doc)])
+    with pytest.raises(PromError) as exc:
+        PromClient(f"http://127.0.0.1:{api.port}", retries=0).query_range("up", 0, 60, 15)
+    assert exc.value.kind == BAD_RESPONSE and "label 'node' is int, not a string" in str(exc.value)
+
+
+def test_odd_warnings_are_ignored(api_factory: Any) -> None:
+    api = api_factory([(200, {**VECTOR, "warnings": 5})])
+    assert len(PromClient(f"http://127.0.0.1:{api.port}").query("up", 1.0)) == 2
+
+
+class RawServer:
+    """Accepts connections on 127.0.0.1, reads the request, sends ``reply`` bytes and closes."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.reply = reply
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    head += chunk
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+                body = head.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in head else b""
+                while len(body) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+                conn.sendall(self.reply)
+
+
+@pytest.mark.parametrize(("reply", "named"), [
+    # the connection closes half-way through the announced Content-Length
+    (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n"
+     b'{"status": "success", "data": {"res', "IncompleteRead"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "BadStatusLine"),  # not HTTP at all
+])
+def test_broken_http_answers(reply: bytes, named: str) -> None:
+    server = RawServer(reply)
+    try:
+        with pytest.raises(PromError) as exc:
+            PromClient(f"http://127.0.0.1:{server.port}", retries=3, sleep=lambda s: None).query("up", 1.0)
+    finally:
+        server.sock.close()
+    msg = str(exc.value)
+    assert exc.value.kind == BAD_RESPONSE and named in msg
+    assert f"http://127.0.0.1:{server.port}/api/v1/query" in msg and "\n" not in msg
 
 
 def test_bad_urls_are_refused() -> None:

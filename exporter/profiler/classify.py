@@ -455,12 +455,16 @@ def classify_gpu(st: GpuStats, th: Thresholds | None = None) -> GpuProfile:
 
 
 def dominant_pattern(patterns: Iterable[str]) -> str:
-    """Most frequent known pattern; ties go to the more actionable one; ``unknown`` if none."""
-    counts = Counter(p for p in patterns if p != UNKNOWN)
+    """Most frequent known pattern; ties go to the more actionable one; ``unknown`` if none.
+
+    Total: anything that is not a known pattern (``unknown``, ``''``, ``'STEADY'``, a value
+    read back from a tampered annotation) is not counted, and an empty input gives ``unknown``.
+    """
+    counts = Counter(p for p in patterns if p in _DOMINANCE_ORDER)
     if not counts:
         return UNKNOWN
     top = max(counts.values())
-    return next(p for p in _DOMINANCE_ORDER if counts.get(p) == top)
+    return next((p for p in _DOMINANCE_ORDER if counts[p] == top), UNKNOWN)
 
 
 def is_idle_for_node(profile: GpuProfile, th: Thresholds) -> bool:

@@ -2,8 +2,14 @@
 
 A cycle: read the snapshot from Prometheus (4 queries), list the Nodes (1 call), classify
 every reporting GPU, plan each node's annotations, and patch only nodes whose plan differs
-from what they carry. Any failure is logged, counted in ``gpu_profiler_errors_total{kind}``
-and ends that step, never the loop; when the read fails nothing is written at all.
+from what they carry. Any failure is counted in ``gpu_profiler_errors_total{kind}`` and ends
+that step, never the loop; when the read fails nothing is written at all.
+
+Logging is per outage, not per cycle (as the exporter's engine does for a backend): the
+first failure of an error kind is logged at ERROR, its repeats at DEBUG while that kind keeps
+failing, and one INFO line says when it cleared. A kind clears on the first cycle that gets
+through the step where it arises without it (a Prometheus kind once a read succeeds, a
+Kubernetes kind once the writes ran, ``internal`` once a cycle ends normally).
 
 ``/healthz`` is liveness: 200 while the loop thread runs and is not stuck, 503 otherwise
 (a cycle running longer than ``stall_after_s``, or no cycle finished for
@@ -39,6 +45,15 @@ log = logging.getLogger(__name__)
 INTERNAL = "internal"
 ERROR_KINDS = (*prom.KINDS, queries.EMPTY, *annotate.KINDS, INTERNAL)
 CONFLICT_RETRIES = 3
+
+
+@dataclass
+class _Outage:
+    """An error kind failing on consecutive cycles: when it began (monotonic), and for how many cycles."""
+
+    started: float
+    cycles: int = 0
+    counted_in: int = -1  # the last cycle (cycles_done) counted
 
 
 @dataclass
@@ -122,6 +137,8 @@ class Profiler:
         self.cycle_started: float | None = None  # monotonic, while a cycle runs
         self.last_cycle_end: float = time.monotonic()
         self.cycles_done = 0
+        self._outages: dict[str, _Outage] = {}  # error kind -> outage, while failing
+        self._cleared: set[str] = set()  # kinds this cycle got past the step of without failing
         # patches to different nodes are independent; a few in flight hide API server latency
         self._writers = ThreadPoolExecutor(write_concurrency, thread_name_prefix="patch") \
             if write_concurrency > 1 else None
@@ -135,11 +152,13 @@ class Profiler:
         res = CycleResult()
         requests_before = self.reader.client.requests_sent
         queries_before = self.reader.queries_sent
+        self._cleared = set()
         try:
             self._cycle(self.clock() if at is None else at, res)
-        except Exception as exc:
-            log.exception("profiler cycle failed unexpectedly: %s", exc)
-            self._error(res, INTERNAL)
+            self._cleared.add(INTERNAL)
+        except Exception as exc:  # noqa: BLE001 - a bug must not end the loop; logged with its traceback
+            self._fail(res, INTERNAL, f"profiler cycle failed unexpectedly: {exc}", exc_info=True)
+        self._end_outages(res)
         res.duration_s = time.monotonic() - t0
         res.queries = self.reader.queries_sent - queries_before
         m = self.metrics
@@ -158,21 +177,39 @@ class Profiler:
                  ",".join(res.errors) or "none")
         return res
 
-    def _error(self, res: CycleResult, kind: str) -> None:
+    def _fail(self, res: CycleResult, kind: str, message: str, exc_info: bool = False) -> None:
+        """Count an error of ``kind``; log it at ERROR only when it starts an outage of that kind."""
         res.ok = False
         res.errors.append(kind)
-        self.metrics.errors.labels(kind).inc()
+        self.metrics.errors.labels(kind).inc()  # every error, whatever is logged
+        outage = self._outages.get(kind)
+        if outage is None:
+            outage = self._outages[kind] = _Outage(time.monotonic())
+            log.error("%s [%s; repeats are logged at debug until it clears]", message, kind, exc_info=exc_info)
+        else:
+            log.debug("%s [%s, still failing]", message, kind, exc_info=exc_info)
+        if outage.counted_in != self.cycles_done:
+            outage.counted_in = self.cycles_done
+            outage.cycles += 1
+
+    def _end_outages(self, res: CycleResult) -> None:
+        """One INFO line for each outage this cycle got past without its error."""
+        for kind in sorted(self._outages):
+            if kind in self._cleared and kind not in res.errors:
+                outage = self._outages.pop(kind)
+                log.info("%s cleared after %d failed cycle%s (%.0fs)", kind, outage.cycles,
+                         "" if outage.cycles == 1 else "s", time.monotonic() - outage.started)
 
     def _cycle(self, at: float, res: CycleResult) -> None:
         t0 = time.monotonic()
         try:
             snap = self.reader.read(at)
         except PromError as exc:
-            log.error("reading Prometheus failed, nothing written this cycle: %s", exc)
-            self._error(res, exc.kind)
+            self._fail(res, exc.kind, f"reading Prometheus failed, nothing written this cycle: {exc}")
             return
         finally:
             res.read_s = time.monotonic() - t0
+        self._cleared.update(prom.KINDS, (queries.EMPTY,))
 
         t0 = time.monotonic()
         inputs: dict[str, dict[str, GpuInput]] = {}
@@ -201,6 +238,11 @@ class Profiler:
                res: CycleResult) -> None:
         if nodes is None:
             return
+        self._write_all(nodes, inputs, res)
+        self._cleared.update(annotate.KINDS)  # every node planned and written (or its error counted)
+
+    def _write_all(self, nodes: dict[str, NodeInfo], inputs: dict[str, dict[str, GpuInput]],
+                   res: CycleResult) -> None:
 
         unknown_nodes = sorted(set(inputs) - set(nodes))
         if unknown_nodes:
@@ -215,30 +257,29 @@ class Profiler:
         res.nodes_seen = len(targets)
         forbidden = threading.Event()
 
-        def one(target: tuple[NodeInfo, dict[str, GpuInput]]) -> tuple[str, dict[str, str] | None, str]:
+        def one(target: tuple[NodeInfo, dict[str, GpuInput]]) -> tuple[str, dict[str, str] | None, str, str]:
             info, gpus = target
             if forbidden.is_set():
-                return info.name, None, "skipped"
+                return info.name, None, "skipped", ""
             try:
                 final, outcome = self._write(info, gpus)
-                return info.name, final, outcome
+                return info.name, final, outcome, ""
             except KubeError as exc:
-                log.error("node %s: %s", info.name, exc)
                 if exc.kind == annotate.KUBE_FORBIDDEN:
                     forbidden.set()  # every other node would fail the same way: stop writing
-                return info.name, None, exc.kind
+                return info.name, None, exc.kind, f"node {info.name}: {exc}"  # logged in this thread
 
         # dry run: in order, so the printed patches come out sorted by node
         results = map(one, targets) if self.dry_run or self._writers is None else self._writers.map(one, targets)
         patterns: dict[tuple[str, str], str] = {}
         prefix = self.plan.prefix + "/gpu-"
-        for name, final, outcome in results:
+        for name, final, outcome, message in results:
             if outcome == "patched":
                 res.patches += 1
             elif outcome == "unchanged":
                 res.unchanged += 1
             elif outcome in annotate.KINDS:
-                self._error(res, outcome)
+                self._fail(res, outcome, message)
             if final is None:
                 if outcome != "gone":
                     self._keep_patterns(name, patterns)  # not written: the node still carries the old ones
@@ -262,8 +303,7 @@ class Profiler:
         try:
             nodes = self.store.list_nodes()
         except KubeError as exc:
-            log.error("listing nodes failed, nothing written this cycle: %s", exc)
-            self._error(res, exc.kind)
+            self._fail(res, exc.kind, f"listing nodes failed, nothing written this cycle: {exc}")
             return None
         if self.dry_run:
             for name, ann in self._overlay.items():

@@ -23,6 +23,7 @@ Rules (docs/annotations.md has the reader's side):
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ GPU_FIELDS = ("pattern", "uuid", "period-seconds", "memory-growth-bytes-per-seco
 _GPU_KEY = re.compile(r"gpu-([0-9A-Za-z_.-]+)\.(pattern|uuid|period-seconds|memory-growth-bytes-per-second)\Z")
 _GPU_ID = re.compile(r"[0-9A-Za-z]([0-9A-Za-z_.-]{0,18}[0-9A-Za-z])?\Z")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?\Z")  # as we write numbers: no exponent, no NaN, ASCII digits
+_COUNT = re.compile(r"(0|[1-9][0-9]{0,8})\Z")  # a count as we write it (below 10^9)
 
 
 def valid_prefix(prefix: str) -> bool:
@@ -91,7 +94,8 @@ def parse_pending(value: str | None) -> dict[str, tuple[str, int]]:
     for item in (value or "").split(","):
         name, eq, rest = item.strip().partition("=")
         val, colon, count = rest.rpartition(":")
-        if eq and colon and name and val and count.isdigit():
+        # ASCII digits only ('²'.isdigit() is true), and short: int() refuses 4,300+ digits
+        if eq and colon and name and val and _COUNT.match(count):
             out[name] = (val, int(count))
     return out
 
@@ -115,10 +119,35 @@ def _fmt_score(x: float) -> str:
 
 
 def _num(s: str | None) -> float | None:
-    try:
-        return float(s) if s is not None else None
-    except ValueError:
+    """A finite plain decimal (``62``, ``0.85``) or None: float() would also take ``nan``,
+    ``1e999``, ``1_000`` and ``٣``, none of which we write nor readers parse."""
+    if s is None or not _DECIMAL.match(s):
         return None
+    x = float(s)
+    return x if math.isfinite(x) else None
+
+
+def _well_formed(name: str, value: str) -> bool:
+    """Whether a published value of ours is one this profiler could have written.
+
+    Anything else (a tampered ``gpu-0.pattern: STEADY``, ``best-gpu-score: nan``) is treated
+    as absent, so the plan replaces it at once instead of holding it through the hysteresis.
+    The uuid is free text; the record and ``pending`` have their own tolerant parsers.
+    """
+    m = _GPU_KEY.match(name)
+    kind = m.group(2) if m else name
+    if kind == NODE_PATTERN:  # gpu-<id>.pattern and the node's pattern
+        return value in PATTERNS
+    if kind in ("period-seconds", "memory-growth-bytes-per-second"):
+        return _num(value) is not None
+    if kind == IDLE_GPUS:
+        return bool(_COUNT.match(value))
+    if kind == BEST_SCORE:
+        score = _num(value)
+        return score is not None and 0.0 <= score <= 1.0
+    if kind == BEST_GPU:
+        return valid_gpu_id(value)
+    return True
 
 
 def _moved(old: str | None, new: float, rel: float | None = None, absolute: float | None = None) -> bool:
@@ -160,7 +189,9 @@ def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: Pla
     """
     p = cfg.prefix + "/"
     owned = owned_names(current, cfg.prefix)
-    published = {n: current[p + n] for n in owned if p + n in current}
+    present = {n: current[p + n] for n in owned if p + n in current}
+    # garbage under our keys counts as absent: replaced now, never kept by the hysteresis
+    published = {n: v for n, v in present.items() if _well_formed(n, v)}
     pending = parse_pending(current.get(p + PENDING)) if PENDING in owned else {}
     hyst = _Hysteresis(published, pending, cfg.hysteresis)
     out: dict[str, str] = {}
@@ -169,7 +200,8 @@ def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: Pla
         inputs: Mapping[str, GpuInput] = gpus
     else:
         # no data for the whole node: every GPU we published turns unknown (via hysteresis)
-        known = sorted({m.group(1) for n in published if (m := _GPU_KEY.match(n))})
+        # (a GPU whose keys are all garbage is still one we published: it turns unknown too)
+        known = sorted({m.group(1) for n in present if (m := _GPU_KEY.match(n))})
         inputs = {g: GpuInput(published.get(f"gpu-{g}.uuid", ""), GpuProfile(UNKNOWN)) for g in known}
 
     for gpu in sorted(inputs, key=_gpu_sort_key):

@@ -8,6 +8,7 @@ raised as :class:`PromError` whose ``kind`` labels the profiler's error counter.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import random
@@ -57,14 +58,30 @@ class RangeSeries:
 
 
 def _labels(m: Any) -> dict[str, str]:
+    """A series' labels; every value must be a string (``{"node": 5}`` is not node "5")."""
     if not isinstance(m, dict):
         raise TypeError(f"labels are {type(m).__name__}, not an object")
+    for name, value in m.items():
+        if not isinstance(value, str):
+            raise TypeError(f"label {name[:80]!r} is {type(value).__name__}, not a string")
     return m
 
 
 def _float(v: Any) -> float:
-    # Prometheus sends values as strings: "1.5", "NaN", "+Inf", "-Inf"
-    return float(v)
+    # Prometheus sends values as strings: "1.5", "NaN", "+Inf", "-Inf"; float(True) would be 1.0
+    if isinstance(v, bool) or not isinstance(v, str | int | float):
+        raise TypeError(f"value {v!r:.80} is {type(v).__name__}, not a number")
+    try:
+        return float(v)
+    except OverflowError:  # an integer beyond 1e308 in the JSON
+        raise ValueError(f"value {v!r:.80} is out of range") from None
+
+
+def _pair(p: Any) -> tuple[float, float]:
+    """``[unix seconds, "value"]`` -> (t, v); a string or an object is not a pair."""
+    if not isinstance(p, list) or len(p) != 2:
+        raise TypeError(f"sample {p!r:.80} is not a [time, value] pair")
+    return _float(p[0]), _float(p[1])
 
 
 class PromClient:
@@ -111,9 +128,9 @@ class PromClient:
             raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no result list")
         try:
             if rtype == "vector":
-                return [Sample(_labels(s["metric"]), _float(s["value"][1])) for s in result]
+                return [Sample(_labels(s["metric"]), _pair(s["value"])[1]) for s in result]
             if rtype == "scalar":
-                return [Sample({}, _float(result[1]))]
+                return [Sample({}, _pair(result)[1])]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise PromError(BAD_RESPONSE, f"malformed vector in answer to {expr[:80]!r}: {exc}") from None
         raise PromError(BAD_RESPONSE, f"unexpected resultType {rtype!r} for an instant query")
@@ -126,11 +143,17 @@ class PromClient:
         )
         if data.get("resultType") != "matrix":
             raise PromError(BAD_RESPONSE, f"unexpected resultType {data.get('resultType')!r} for a range query")
+        result = data.get("result")
+        if not isinstance(result, list):
+            raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no result list")
         try:
-            return [
-                RangeSeries(_labels(s["metric"]), [(float(t), float(v)) for t, v in s["values"]])
-                for s in data["result"]
-            ]
+            out = []
+            for s in result:
+                points = s["values"]
+                if not isinstance(points, list):
+                    raise TypeError(f"values are {type(points).__name__}, not a list")
+                out.append(RangeSeries(_labels(s["metric"]), [_pair(p) for p in points]))
+            return out
         except (KeyError, TypeError, ValueError) as exc:
             raise PromError(BAD_RESPONSE, f"malformed matrix in answer to {expr[:80]!r}: {exc}") from None
 
@@ -188,10 +211,17 @@ class PromClient:
             raise PromError(UNREACHABLE, f"{self.base_url}{path}: {exc.reason}") from None
         except (ConnectionError, OSError) as exc:
             raise PromError(UNREACHABLE, f"{self.base_url}{path}: {exc}") from None
+        except http.client.HTTPException as exc:
+            # the connection was cut mid-answer (IncompleteRead) or the answer is not HTTP
+            # (BadStatusLine, LineTooLong): not retried, since a proxy doing this will do it again
+            raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: broken HTTP answer: "
+                            f"{type(exc).__name__} {_one_line(str(exc))}".rstrip()) from None
         try:
             doc = json.loads(raw)
         except ValueError as exc:
             raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: answer is not JSON ({exc})") from None
+        except RecursionError:
+            raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: answer is nested too deeply to parse") from None
         if not isinstance(doc, dict):
             raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: answer is not a JSON object")
         if doc.get("status") != "success":
@@ -199,9 +229,16 @@ class PromClient:
         data = doc.get("data")
         if not isinstance(data, dict):
             raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: answer has no data object")
-        for w in doc.get("warnings") or ():
-            log.warning("Prometheus warning: %s", w)
+        warnings = doc.get("warnings")
+        for w in warnings if isinstance(warnings, list) else ():
+            log.warning("Prometheus warning: %.300s", w)
         return data
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """``text`` on one line, cut to ``limit`` characters (exception texts may carry raw bytes)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
 
 
 def _error_detail(exc: urllib.error.HTTPError) -> str:

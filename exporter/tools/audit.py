@@ -8,9 +8,13 @@ so ``/metrics``, ``/stats``, ``snapshot``, ``record`` and ``pick`` always agree.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import math
+import os
 import re
+import secrets
+import stat
 import sys
 import threading
 import time
@@ -40,6 +44,60 @@ class ToolError(Exception):
 def fail(prog: str, exc: ToolError) -> int:
     sys.stderr.write(f"{prog}: error: {exc}\n")
     return exc.code
+
+
+def write_file(path: str, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all; raises ToolError naming the file.
+
+    A regular file (or a new one) is written as a temporary file in the same directory and
+    renamed over ``path`` (``os.replace``), so a full disk or a crash never leaves a truncated
+    file; the temporary file is removed on error. A symbolic link is followed (its target is
+    replaced, the link kept). Anything else that exists (``/dev/stdout``, ``/dev/full``, a
+    FIFO, a directory) is opened and written directly: renaming over it would replace it.
+    """
+    target = os.path.realpath(path)
+    tmp: str | None = None
+    try:
+        try:
+            st: os.stat_result | None = os.stat(target)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            with open(target, "w", encoding="utf-8") as f:
+                f.write(text)
+            return
+        fd, tmp = _create_temp(os.path.dirname(target), os.path.basename(target))
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if st is not None:
+                os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))  # replacing a file keeps its permissions
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the name points at it
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as exc:
+        raise ToolError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass  # the write error raised above is what the user needs
+
+
+def _create_temp(directory: str, base: str) -> tuple[int, str]:
+    """A new file ``.<base>.<random>.tmp`` in ``directory``: (descriptor, path).
+
+    Created with mode 0666 so the umask applies as it would to the file itself
+    (tempfile.mkstemp would make it 0600).
+    """
+    for _ in range(100):
+        name = os.path.join(directory, f".{base}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", directory)
 
 
 def iso_time(t: float) -> str:

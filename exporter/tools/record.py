@@ -20,7 +20,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from exporter.engine import Engine
@@ -34,6 +33,7 @@ from exporter.tools.audit import (
     numbered,
     open_engine,
     setup_logging,
+    write_file,
 )
 
 log = logging.getLogger(__name__)
@@ -320,9 +320,9 @@ def _write(result: dict[str, Any], rec: Recording, args: argparse.Namespace) -> 
     failed = False
     if args.output:
         try:
-            Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
-        except OSError as exc:
-            fail(PROG, ToolError(f"cannot write {args.output}: {exc.strerror or exc}"))
+            write_file(args.output, json.dumps(result, indent=2) + "\n")
+        except ToolError as exc:
+            fail(PROG, exc)
             failed = True
     else:
         sys.stderr.write(_summary(result))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from exporter.tools.audit import (
@@ -19,6 +18,7 @@ from exporter.tools.audit import (
     open_engine,
     setup_logging,
     take_audit,
+    write_file,
 )
 
 PROG = "gpu-exporter snapshot"
@@ -115,9 +115,9 @@ def main(argv: list[str]) -> int:
     text = json.dumps(audit, indent=2) + "\n" if as_json else table(audit)
     if args.output:
         try:
-            Path(args.output).write_text(text)
-        except OSError as exc:
-            return fail(PROG, ToolError(f"cannot write {args.output}: {exc.strerror or exc}"))
+            write_file(args.output, text)
+        except ToolError as exc:
+            return fail(PROG, exc)
     else:
         sys.stdout.write(text)
     return 0

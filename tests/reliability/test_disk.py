@@ -20,11 +20,6 @@ import pytest
 from tests.harness.exporter import REPO
 from tests.reliability.support import Result
 
-PARTIAL_FILE_BUG = (
-    "exporter/tools/snapshot.py main() and exporter/tools/record.py _write() use Path.write_text: on ENOSPC the "
-    "truncated file (4096 bytes here) is left behind; write a temporary file in the same directory, os.replace "
-    "it into place, and unlink it on error")
-
 SETUP = {
     "full": "mount -t tmpfs -o size=8k tmpfs {d} && head -c 4096 /dev/zero > {d}/filler",
     "read-only": "mount -t tmpfs -o size=64k tmpfs {d} && mount -o remount,ro {d}",
@@ -53,8 +48,7 @@ def tool_argv(tool: str, out: str) -> list[str]:
 
 
 CASES = [
-    pytest.param(tool, fs, id=f"{tool}-{fs}",
-                 marks=[pytest.mark.xfail(strict=True, reason=PARTIAL_FILE_BUG)] if fs == "full" else [])
+    pytest.param(tool, fs, id=f"{tool}-{fs}")
     for tool in ("snapshot", "record") for fs in ("full", "read-only", "dev-full")
 ]
 

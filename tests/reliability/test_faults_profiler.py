@@ -108,11 +108,7 @@ PROM_FAULTS = [
     pytest.param("truncated", "prometheus_bad_response", "every answer is the first half of Prometheus' JSON",
                  id="truncated"),
     pytest.param("cut", "prometheus_bad_response",
-                 "the connection closes half-way through each answer's announced Content-Length",
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "exporter/profiler/prom.py PromClient._once does not catch http.client.HTTPException "
-                     "(IncompleteRead from resp.read(), also BadStatusLine): it escapes as kind=internal with "
-                     "a traceback instead of PromError")), id="cut"),
+                 "the connection closes half-way through each answer's announced Content-Length", id="cut"),
 ]
 
 
@@ -193,10 +189,6 @@ def test_api_server_fault(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path, ca
     assert cycles == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "exporter/profiler/loop.py logs one ERROR per failed cycle (Profiler._cycle 'reading Prometheus failed', "
-    "_apply 'node %s: %s'): an outage of N cycles gives N lines; the issue asks for one line per outage "
-    "(and one when it ends), like the exporter's engine"))
 def test_profiler_logs_one_line_per_outage(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path,
                                            caplog: pytest.LogCaptureFixture, result: Result) -> None:
     with PromProxy(prom.url) as proxy:

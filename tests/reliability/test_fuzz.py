@@ -328,15 +328,6 @@ node_annotations = st.composite(_node_annotations)()
 gpu_inputs = st.composite(_gpus)()
 
 
-GARBAGE_PATTERN_BUG = (
-    "exporter/profiler/plan.py plan_node: a published gpu-N.pattern that is not a known pattern ('', 'x', "
-    "'STEADY') is kept by the hysteresis for one more evaluation and classify.dominant_pattern() then raises "
-    "StopIteration; Profiler._apply lets it out of the pool map ('generator raised StopIteration'), so every "
-    "cycle fails as kind=internal with a traceback and that node is never repaired (measured with two nodes: the "
-    "other one is still patched by a pool thread); treat a published value that is not a pattern as absent")
-
-
-@pytest.mark.xfail(strict=True, reason=GARBAGE_PATTERN_BUG)
 @pytest.mark.parametrize("value", ["", "x", "STEADY", "unknown "])
 def test_garbage_published_pattern_is_replaced(value: str) -> None:
     from exporter.profiler.classify import STEADY, GpuProfile
@@ -348,7 +339,6 @@ def test_garbage_published_pattern_is_replaced(value: str) -> None:
         assert patch.get(f"{PREFIX}/gpu-0.pattern") in ("unknown", "steady", None)
 
 
-@pytest.mark.xfail(strict=True, reason=GARBAGE_PATTERN_BUG)
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_annotations_read_back_from_nodes(budget: int, result: Result) -> None:
     from exporter.profiler.classify import PATTERNS
@@ -546,9 +536,6 @@ def _prometheus_answers(budget: int, typed: bool, result: Result) -> None:
         server.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "exporter/profiler/prom.py PromClient._once catches ValueError around json.loads, not RecursionError: an "
-    "answer nested 100,000 deep fails the cycle as kind=internal with a traceback"))
 def test_deeply_nested_prometheus_answer(result: Result) -> None:
     import io
 
@@ -578,11 +565,6 @@ def test_prometheus_answers_with_hostile_values(budget: int, result: Result) -> 
     _prometheus_answers(budget, True, result)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "exporter/profiler/prom.py PromClient.query/query_range check that 'metric' is an object but not that its "
-    "label values are strings: {\"uuid\": 7} or {\"node\": [\"x\"]} reach queries.Reader.read and the "
-    "cycle fails as kind=internal with a traceback (TypeError: argument of type 'int' is not iterable / "
-    "unhashable type: 'list'); {\"node\": 5} is even planned as node 5"))
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_prometheus_answers_of_the_wrong_shape(budget: int, result: Result) -> None:
     _prometheus_answers(budget, False, result)
