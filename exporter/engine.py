@@ -223,8 +223,17 @@ class Engine:
         for st in stats.values():
             st.errors_total = dict(st.errors_total)
         intervals = {b.name: self.interval if self.interval > 0 else b.min_interval for b in self.backends}
+        hook = None
+        if self.gpu_labels is not None:
+            # Freeze the extra labels now, so that one exposition agrees with the families above
+            # even if the label source (pod attribution) changes before the bytes are rendered.
+            frozen = {id(r): self.gpu_labels(r) for c in collections for r in c.gpus}
+
+            def hook(r: GpuReading) -> dict[str, str]:
+                return frozen.get(id(r), {})
+
         return Snapshot(collections=collections, host=self.host, stats=stats, created=time.time(),
-                        gpu_labels=self.gpu_labels, extra_families=extra, intervals=intervals)
+                        gpu_labels=hook, extra_families=extra, intervals=intervals)
 
     # --- one backend -----------------------------------------------------------------------
 

@@ -294,12 +294,12 @@ class PodAttribution:
 
     def families(self) -> list[Metric]:
         """``gpu_allocation_info`` for the GPUs last given to :meth:`update_gpus`, plus self-metrics."""
-        view = self._view
-        fresh = time.monotonic() - view.taken <= self.max_age
         with self._lock:
+            view = self._view
             errors = dict(self._errors)
             last_success = self._last_success
             duration = self._last_duration
+        fresh = time.monotonic() - view.taken <= self.max_age
 
         info = GaugeMetricFamily(
             "gpu_allocation_info",
@@ -395,8 +395,8 @@ class PodAttribution:
         except Exception as exc:  # noqa: BLE001 - nothing may kill the thread; the outage is reported
             self._close()
             return self._failed("error", f"{type(exc).__name__}: {exc}")
-        self._view = view
-        with self._lock:
+        with self._lock:  # the view and its figures change together (families() reads them under the lock)
+            self._view = view
             self._last_success = time.time()
             self._last_duration = duration
             recovered = self._failing
