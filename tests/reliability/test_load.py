@@ -124,7 +124,7 @@ def _idle_sockets(port: int, n: int) -> list[socket.socket]:
 
 
 def test_idle_connections_do_not_starve_scrapers(fleet: FakeNvml, tmp_path: Path, result: Result) -> None:
-    idle_n, read_timeout = 100, 2.0
+    idle_n, read_timeout = 100, 5.0  # long enough that a loaded machine still scrapes while they are held
     with exporter(fleet, tmp_path, "--max-connections", "256", "--read-timeout", f"{read_timeout:g}") as ex:
         warm(ex)
         base_threads = threads(ex.proc.pid)
@@ -133,7 +133,7 @@ def test_idle_connections_do_not_starve_scrapers(fleet: FakeNvml, tmp_path: Path
         wait_until(lambda: threads(ex.proc.pid) >= base_threads + idle_n, 10, what="idle connections accepted")
         conn = http.client.HTTPConnection("127.0.0.1", ex.port, timeout=10)
         lat = []
-        while time.monotonic() - opened < read_timeout * 0.75:  # all while the idle ones are held
+        while len(lat) < 3 or time.monotonic() - opened < read_timeout * 0.75:  # while the idle ones are held
             t0 = time.perf_counter()
             assert scrape_once(conn)[0] == 200
             lat.append(time.perf_counter() - t0)
