@@ -65,6 +65,22 @@ FIXED = [
     ("exporter/backends/rocm_smi.py", "\"card1\" next to \"card01\" raised TypeError (dicts compared while "
      "sorting) and deeply nested JSON raised RecursionError: both are RocmSmiParseError now",
      "test_fuzz.py::test_rocm_smi_duplicate_card_numbers_and_deep_nesting"),
+    ("exporter/profiler/plan.py, classify.py", "a value under our prefix the profiler could not have written "
+     "('STEADY', '', a bad number) made dominant_pattern() raise StopIteration and failed every cycle: such "
+     "values now count as absent and are replaced in the same cycle",
+     "test_fuzz.py::test_annotations_read_back_from_nodes"),
+    ("exporter/profiler/prom.py", "a connection cut mid-answer, JSON nested 100,000 deep and label values that "
+     "are not strings escaped as internal errors with a traceback ({\"node\": 5} was planned as node 5): all "
+     "are prometheus_bad_response now", "test_fuzz.py::test_deeply_nested_prometheus_answer, "
+     "::test_prometheus_answers_of_the_wrong_shape, test_faults_profiler.py::test_prometheus_fault[cut]"),
+    ("exporter/profiler/loop.py", "one ERROR line per failed cycle: now one per outage and one when it ends",
+     "test_faults_profiler.py::test_profiler_logs_one_line_per_outage"),
+    ("exporter/tools/snapshot.py, record.py", "on a full disk `-o` left a truncated file: now written to a "
+     "temporary file and renamed into place", "test_disk.py::test_output_to_a_full_or_read_only_filesystem"),
+    ("exporter/k8s/podresources.py, exporter/engine.py", "a scrape could show a fresh pod label with the previous "
+     "List's device counts (the view was published before its figures, and labels were read at render time): "
+     "view and figures now change together and labels are frozen with the snapshot",
+     "test_faults_exporter.py::test_pod_resources_answer_over_4mib"),
 ]
 
 
