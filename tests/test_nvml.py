@@ -241,3 +241,31 @@ def test_slow_driver_answers_with_what_it_has_within_the_timeout(fleet: FakeNvml
         wait_until(lambda: sample(ex.scrape(), "gpu_exporter_collector_success", backend="nvml") == 1.0, 60,
                    what="recovery once the driver answers again")
         assert ex.log().count("collection failed (timeout)") == 1
+
+
+def test_driver_without_init_with_flags_uses_init_v2(tmp_path: Path) -> None:
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=2, omit=["nvmlInitWithFlags"])
+    with start(fleet, tmp_path) as ex:
+        s = ex.scrape()
+        assert sample(s, "gpu_exporter_collector_success", backend="nvml") == 1.0
+        assert sample(s, "gpu_power_watts", gpu="1") == pytest.approx(fleet.gpus[1]["power_mw"] / 1000)
+
+
+def test_transient_field_error_loses_one_reading_not_the_gpu(fleet: FakeNvml, tmp_path: Path) -> None:
+    fleet.fail("nvmlDeviceGetClockInfo", 10, gpu=1)  # NVML_ERROR_TIMEOUT on one GPU's clocks
+    with start(fleet, tmp_path) as ex:
+        s = ex.scrape()
+        assert sample(s, "gpu_up", gpu="1") == 1.0
+        assert not any(n == "gpu_clock_hertz" and ("gpu", "1") in ls for n, ls in s)
+        assert sample(s, "gpu_power_watts", gpu="1") is not None
+        assert (sample(s, "gpu_exporter_collection_errors_total", backend="nvml", kind="nvml_error") or 0) >= 4
+        fleet.clear_fail("nvmlDeviceGetClockInfo")
+        s = ex.scrape()  # asked again next time: a transient error is not "unsupported"
+        assert sample(s, "gpu_clock_hertz", gpu="1", clock="sm") == fleet.gpus[1]["clock_sm"] * 1e6
+        for code, kind in ((999, "gpu_error"), (14, "gpu_error")):
+            fleet.fail("nvmlDeviceGetPowerUsage", code, gpu=0)
+            s = ex.scrape()
+            assert sample(s, "gpu_up", gpu="0") == 0.0
+            assert (sample(s, "gpu_exporter_collection_errors_total", backend="nvml", kind=kind) or 0) >= 1
+            fleet.clear_fail("nvmlDeviceGetPowerUsage")
+            wait_until(lambda: sample(ex.scrape(), "gpu_up", gpu="0") == 1.0, 10, what="GPU 0 back")

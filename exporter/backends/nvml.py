@@ -44,9 +44,16 @@ LIB_RM_VERSION_MISMATCH = 18
 ARGUMENT_VERSION_MISMATCH = 25
 UNKNOWN = 999
 
-_ABSENT_CODES = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION}
+# "this GPU/driver cannot": absent, remembered until re-init (NOT_SUPPORTED, NO_PERMISSION,
+# FUNCTION_NOT_FOUND, VGPU_ECC_NOT_SUPPORTED, FREQ_NOT_SUPPORTED, DEPRECATED)
+_ABSENT_CODES = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION, 22, 24, 26}
+# the driver itself is gone: the whole collection fails and NVML is initialised again
 _DRIVER_CODES = {UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH}
-# Anything else raised by a device call marks that GPU down for this cycle.
+# the device is unusable: gpu_up 0 with no other reading (IRQ_ISSUE, CORRUPTED_INFOROM, RESET_REQUIRED,
+# GPU_NOT_FOUND, UNKNOWN)
+_DOWN_CODES = {GPU_IS_LOST, 11, 14, 16, 28, UNKNOWN}
+# Anything else (INVALID_ARGUMENT, TIMEOUT, NOT_READY, NO_DATA...) loses that one reading this cycle,
+# is counted as an nvml_error and logged once per field and code; it is asked again next time.
 
 CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))
 # Plain scalar readings: (family, GpuReading attribute, pynvml function, divisor to SI)
@@ -123,6 +130,7 @@ class NvmlBackend(Backend):
         self._initialised = False
         self._peers: list[PeerReading] | None = None
         self._xid = _XidWatcher(self)
+        self._field_errors = 0  # transient per-field NVML errors in the current collection
         self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -134,7 +142,7 @@ class NvmlBackend(Backend):
             raise BackendUnavailable(f"nvidia-ml-py is not installed: {exc}") from None
         self._nv = pynvml
         try:
-            pynvml.nvmlInit()
+            self._nvml_init(pynvml)
         except pynvml.NVMLError as exc:
             code = getattr(exc, "value", None)
             if code == LIBRARY_NOT_FOUND:
@@ -157,6 +165,19 @@ class NvmlBackend(Backend):
         self._enumerate()
         if self.enabled("gpu_xid_*") and self._gpus:
             self._xid.start(self._gpus)
+
+    @staticmethod
+    def _nvml_init(pynvml: Any) -> None:
+        """``nvmlInit()`` (nvmlInitWithFlags), or ``nvmlInit_v2`` on drivers older than flags (probed once)."""
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            if getattr(exc, "value", None) != FUNCTION_NOT_FOUND:
+                raise
+            fn = pynvml._nvmlGetFunctionPointer("nvmlInit_v2")
+            pynvml._nvmlCheckReturn(fn())
+            with pynvml.libLoadLock:  # keep pynvml's refcount right for nvmlShutdown()
+                pynvml._nvmlLib_refcount += 1
 
     def reset(self) -> None:
         self._shutdown_nvml()
@@ -236,7 +257,12 @@ class NvmlBackend(Backend):
                 raise self._driver_error(name, exc) from None
             if code == GPU_IS_LOST:
                 raise _GpuDown(f"{name}: GPU is lost", "gpu_lost") from None
-            raise _GpuDown(f"{name}: {self._err(exc)}", "gpu_error") from None
+            if code in _DOWN_CODES or field == "handle":
+                raise _GpuDown(f"{name}: {self._err(exc)}", "gpu_error") from None
+            self._field_errors += 1
+            self.log_once(f"{field}:{code}", "nvml: GPU %d: %s failed (%s): %s; the series is omitted this time",
+                          gpu.index, field, name, self._err(exc))
+            return _MISSING
 
     # --- collection ----------------------------------------------------------------------------
 
@@ -270,6 +296,9 @@ class NvmlBackend(Backend):
             if len(self._gpus) > 1 and (self.enabled("gpu_p2p_supported") or self.enabled("gpu_topology_level")):
                 self._read_topology(out)
         out.xid_counts, out.xid_last_seconds = self._xid.snapshot()
+        if self._field_errors:
+            out.count_error("nvml_error", self._field_errors)
+            self._field_errors = 0
         if self.enabled("gpu_pci_devices"):
             out.pci_devices = count_pci_gpus(self.options.sysfs_root, NVIDIA_VENDOR)
 
