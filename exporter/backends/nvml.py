@@ -241,28 +241,34 @@ class NvmlBackend(Backend):
         if name in self._missing_symbols:
             gpu.skip.add(field)
             return _MISSING
-        nv = self._nv
         try:
             return fn(*args)
-        except nv.NVMLError as exc:
-            code = getattr(exc, "value", None)
-            if code in _ABSENT_CODES:
-                if code == FUNCTION_NOT_FOUND:
-                    self._missing_symbols.add(name)
-                gpu.skip.add(field)
-                self.log_once(f"{field}:{code}", "nvml: %s not available (%s): %s; the series is omitted",
-                              field, name, self._err(exc))
-                return _MISSING
-            if code in _DRIVER_CODES:
-                raise self._driver_error(name, exc) from None
-            if code == GPU_IS_LOST:
-                raise _GpuDown(f"{name}: GPU is lost", "gpu_lost") from None
-            if code in _DOWN_CODES or field == "handle":
-                raise _GpuDown(f"{name}: {self._err(exc)}", "gpu_error") from None
-            self._field_errors += 1
-            self.log_once(f"{field}:{code}", "nvml: GPU %d: %s failed (%s): %s; the series is omitted this time",
-                          gpu.index, field, name, self._err(exc))
+        except self._nv.NVMLError as exc:
+            return self._on_error(gpu, field, name, exc)
+
+    def _on_error(self, gpu: _Gpu, field: str, name: str, exc: Exception) -> Any:
+        """Apply the error policy (module docstring) to an NVML error from ``name`` reading ``field``.
+
+        Returns ``_MISSING`` (the reading is absent) or raises ``_GpuDown`` / ``BackendError``.
+        """
+        code = getattr(exc, "value", None)
+        if code in _ABSENT_CODES:
+            if code == FUNCTION_NOT_FOUND:
+                self._missing_symbols.add(name)
+            gpu.skip.add(field)
+            self.log_once(f"{field}:{code}", "nvml: %s not available (%s): %s; the series is omitted",
+                          field, name, self._err(exc))
             return _MISSING
+        if code in _DRIVER_CODES:
+            raise self._driver_error(name, exc) from None
+        if code == GPU_IS_LOST:
+            raise _GpuDown(f"{name}: GPU is lost", "gpu_lost") from None
+        if code in _DOWN_CODES or field == "handle":
+            raise _GpuDown(f"{name}: {self._err(exc)}", "gpu_error") from None
+        self._field_errors += 1
+        self.log_once(f"{field}:{code}", "nvml: GPU %d: %s failed (%s): %s; the series is omitted this time",
+                      gpu.index, field, name, self._err(exc))
+        return _MISSING
 
     # --- collection ----------------------------------------------------------------------------
 
@@ -408,7 +414,7 @@ class NvmlBackend(Backend):
             except nv.NVMLError as exc:
                 code = getattr(exc, "value", None)
                 if code not in (FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH, NOT_SUPPORTED) or self._mem_v2:
-                    self._call(gpu, r, "gpu_memory_total_bytes", _raiser(exc))
+                    self._on_error(gpu, "gpu_memory_total_bytes", "nvmlDeviceGetMemoryInfo_v2", exc)
                     return
                 self._mem_v2 = False
                 self.log_once("mem_v2", "nvml: memory info v2 unavailable (%s); using v1 (no reserved bytes)",
@@ -432,7 +438,7 @@ class NvmlBackend(Backend):
                 self.log_once(f"{field}:fv", "nvml: %s not available (field %d, code %d)", field, field_id,
                               v.nvmlReturn)
                 return None
-            self._call(gpu, r, field, _raiser(nv.NVMLError(v.nvmlReturn)))
+            self._on_error(gpu, field, "nvmlDeviceGetFieldValues", nv.NVMLError(v.nvmlReturn))
             return None
         return _field_number(v)
 
@@ -727,14 +733,6 @@ class _XidWatcher:
                 nv.nvmlEventSetFree(evset)
             except nv.NVMLError:
                 pass
-
-def _raiser(exc: Exception) -> Callable[[], Any]:
-    def fn() -> Any:
-        raise exc
-
-    fn.__name__ = "nvmlDeviceGetFieldValues"
-    return fn
-
 
 def _field_number(v: Any) -> float | None:
     """Decode an ``nvmlFieldValue_t`` union by its ``valueType``."""
