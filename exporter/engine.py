@@ -184,7 +184,7 @@ class Engine:
     def _tick(self) -> None:
         while not self._stop.is_set():
             flight = self._join_or_start()
-            self._wait(flight)
+            self._wait(flight)  # counts a timeout the same way a scrape would
             flight.done.wait()
             if self._stop.wait(self.interval):
                 return

@@ -106,14 +106,12 @@ class _Out:
 
 def _render_metric(out: _Out, m: Metric) -> None:
     """A prometheus_client Metric (from a plugin) through our writer."""
-    kind = m.type if m.type in (GAUGE, COUNTER) else "untyped" if m.type == "unknown" else m.type
+    # info becomes a gauge of 1s; anything else we do not type (unknown, stateset...) is untyped
+    kind = m.type if m.type in (GAUGE, COUNTER) else GAUGE if m.type == "info" else "untyped"
     name = m.name + "_total" if kind == COUNTER and not m.name.endswith("_total") else m.name
     body = "".join(f"{s.name}{{{labelstr(s.labels)}}} {num(float(s.value))}\n" if s.labels
                    else f"{s.name} {num(float(s.value))}\n" for s in m.samples)
-    if kind in (GAUGE, COUNTER):
-        out.family(name, kind, m.documentation, body)
-    else:  # info/stateset from a plugin: write as gauge-like untyped samples
-        out.family(m.name, "untyped" if kind != "info" else GAUGE, m.documentation, body)
+    out.family(name, kind, m.documentation, body)
 
 
 # --- topology cache -------------------------------------------------------------------------
