@@ -5,7 +5,7 @@
 #
 # Needs BuildKit (the default since Docker 23): it builds only the stages the target uses,
 # so the default build never pulls the ROCm image. The project's machines have no Docker
-# engine, so this file is checked by hadolint (tests/test_deploy.py) and by review only.
+# engine, so this file is checked by hadolint (tests/e2e/test_deploy.py) and by review only.
 
 # Debian release pinned so that the apt versions below stay installable.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

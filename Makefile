@@ -44,26 +44,26 @@ run: $(VENV)/.installed
 	$(VENV)/bin/gpu-exporter serve --backend auto --allow-simulated --address $(ADDRESS) --port $(PORT)
 
 test: $(VENV)/.installed-test .apt-test-deps
-	$(VENV)/bin/ruff check exporter tests
+	$(VENV)/bin/ruff check exporter tests bench demo
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -m "not reliability_long"
 
 lint: $(VENV)/.installed-test
-	$(VENV)/bin/ruff check exporter tests
+	$(VENV)/bin/ruff check exporter tests bench demo
 	$(VENV)/bin/mypy
 
 # Regenerate golden exposition files after an intended schema change (review the diff!).
 golden: $(VENV)/.installed-test .apt-test-deps
-	GOLDEN_UPDATE=1 $(PY) -m pytest tests/test_golden.py -q
+	GOLDEN_UPDATE=1 $(PY) -m pytest tests/unit/serve/test_golden.py -q
 
 bench: $(VENV)/.installed-test .apt-test-deps
 	$(PIP) install -e '.[test,k8s,bench]'
-	$(PY) -m tests.bench.run --write docs/benchmarks.md
-	$(PY) -m tests.bench.profiler_bench 100 1000 --write docs/benchmarks.md
+	$(PY) -m bench.run --write docs/benchmarks.md
+	$(PY) -m bench.profiler 100 1000 --write docs/benchmarks.md
 
 # Optional: exporter (simulated) + Prometheus + profiler --dry-run --once, printing the annotations.
 demo: $(VENV)/.installed-test .apt-test-deps
-	$(PY) -m tests.demo
+	$(PY) -m demo.run
 
 # The whole reliability suite, long scenarios included (docs/reliability.md).
 reliability: $(VENV)/.installed-test .apt-test-deps
@@ -72,7 +72,7 @@ reliability: $(VENV)/.installed-test .apt-test-deps
 
 # Field-by-field comparison against nvidia-smi on a machine with an NVIDIA GPU.
 gpu-check: $(VENV)/.installed
-	$(PY) -m exporter.gpucheck --markdown docs/validation.md
+	$(PY) -m exporter.tools.gpucheck --markdown docs/validation.md
 
 clean:
-	rm -rf $(VENV) tests/.build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) tests/fakes/.build .pytest_cache .mypy_cache .ruff_cache

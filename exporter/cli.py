@@ -22,7 +22,7 @@ Run 'gpu-exporter <command> --help' for a command's options.
 
 
 def _serve(argv: Sequence[str]) -> int:
-    from exporter.serve import main
+    from exporter.serve.main import main
 
     return main(argv)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from exporter.backends.base import Backend, BackendOptions, BackendUnavailable
+from exporter.backends.base import Backend, BackendUnavailable
+from exporter.core.options import BackendOptions
 
 _registry: dict[str, type[Backend]] | None = None
 

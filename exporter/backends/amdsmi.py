@@ -28,7 +28,7 @@ is appended.
 
 Units: amdsmi reports temperatures in C, power in W, power caps in uW, clocks in MHz, PCIe
 speed in MT/s, activities in percent and energy as a count times a resolution in uJ; the
-readings are SI (see ``exporter/readings.py``).
+readings are SI (see ``exporter/core/readings.py``).
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ import contextlib
 import ctypes
 import io
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar
 
-from exporter.backends.base import Backend, BackendError, BackendOptions, BackendUnavailable
-from exporter.readings import Collection, GpuReading, MigReading, PeerReading
-from exporter.schema import GPU_FAMILIES, TOPOLOGY_LEVELS
-from exporter.sysfs import AMD_VENDOR, count_pci_gpus
+from exporter.backends.base import Backend, BackendError, BackendUnavailable
+from exporter.core.options import BackendOptions
+from exporter.core.pci import AMD_VENDOR, canonical_bus_id, count_pci_gpus
+from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
+from exporter.core.schema import GPU_FAMILIES, TOPOLOGY_LEVELS
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,6 @@ _RESIDENCY_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 _NA_STRINGS = ("n/a", "(secondary die)", "n/a (secondary die)", "")
-_BUS_ID_RE = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
 
 # ---- helpers shared with the rocm-smi backend ---------------------------------------------------
@@ -112,17 +111,6 @@ _BUS_ID_RE = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-
 def is_na(value: object) -> bool:
     """True for the values AMD tools print for "no reading": "N/A", "(Secondary die)", ""."""
     return value is None or (isinstance(value, str) and value.strip().lower() in _NA_STRINGS)
-
-
-def canonical_bus_id(value: str | None) -> str | None:
-    """``0000:1E:00.0`` / ``1e:00.0`` -> ``0000:1e:00.0``; None when it is not a PCI address."""
-    if value is None or is_na(value):
-        return None
-    m = _BUS_ID_RE.match(value.strip())
-    if not m:
-        return None
-    domain, bus, dev, fn = m.groups()
-    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
 
 
 def amd_uuid(serial: int, device_id: int, fcn: int = 0xFF) -> str | None:

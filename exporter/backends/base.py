@@ -1,6 +1,6 @@
 """The backend interface: one small class per vendor (node_exporter style).
 
-A backend discovers devices and fills a :class:`~exporter.readings.Collection`
+A backend discovers devices and fills a :class:`~exporter.core.readings.Collection`
 with vendor-neutral readings. It never builds metrics itself; the collector does.
 
 Error contract:
@@ -14,14 +14,12 @@ Error contract:
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import ClassVar
 
-from exporter.readings import Collection
+from exporter.core.options import BackendOptions
+from exporter.core.readings import Collection
 
 log = logging.getLogger(__name__)
 
@@ -36,35 +34,6 @@ class BackendError(Exception):
     def __init__(self, message: str, kind: str = "backend_error") -> None:
         super().__init__(message)
         self.kind = kind
-
-
-@dataclass
-class FieldFilter:
-    """Include/exclude lists of metric family names (shell globs, e.g. ``gpu_clock_*``)."""
-
-    include: Sequence[str] = ()
-    exclude: Sequence[str] = ()
-    _cache: dict[str, bool] = field(default_factory=dict, repr=False)
-
-    def enabled(self, family: str) -> bool:
-        hit = self._cache.get(family)
-        if hit is None:
-            inc = not self.include or any(fnmatch.fnmatchcase(family, p) for p in self.include)
-            exc = any(fnmatch.fnmatchcase(family, p) for p in self.exclude)
-            hit = self._cache[family] = inc and not exc
-        return hit
-
-
-@dataclass
-class BackendOptions:
-    fields: FieldFilter = field(default_factory=FieldFilter)
-    sysfs_root: str = "/sys"
-    simulated_gpus: int = 4
-    simulated_leak: bool = True
-    per_process: bool = False  # per-PID series are unbounded cardinality: opt-in
-    pcie_throughput: bool = False  # about 20 ms per GPU per read on NVIDIA: opt-in
-    command_timeout: float = 5.0  # CLI backends (rocm-smi)
-    rocm_smi_path: str | None = None  # explicit rocm-smi binary; default: PATH, then /opt/rocm/bin
 
 
 class Backend(ABC):

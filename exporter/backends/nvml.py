@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from exporter.backends.base import Backend, BackendError, BackendUnavailable
-from exporter.readings import Collection, GpuReading, MigReading, PeerReading
-from exporter.sysfs import NVIDIA_VENDOR, count_pci_gpus
+from exporter.core.pci import NVIDIA_VENDOR, canonical_bus_id, count_pci_gpus
+from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +89,6 @@ class _GpuDown(Exception):
     def __init__(self, reason: str, kind: str) -> None:
         super().__init__(reason)
         self.kind = kind
-
-
-def canonical_bus_id(bus_id: str) -> str:
-    """NVML's ``00000000:18:00.0`` -> ``0000:18:00.0`` (lower case, 4-digit domain as in sysfs)."""
-    s = bus_id.strip().lower()
-    domain, _, rest = s.partition(":")
-    if rest and len(domain) > 4:
-        domain = domain[-4:]
-    return f"{domain}:{rest}" if rest else s
 
 
 class _Gpu:

@@ -55,10 +55,11 @@ import subprocess
 import time
 from typing import Any, ClassVar
 
-from exporter.backends.amdsmi import amd_uuid, canonical_bus_id, dedupe_uuids, is_na
-from exporter.backends.base import Backend, BackendError, BackendOptions, BackendUnavailable
-from exporter.readings import Collection, GpuReading
-from exporter.sysfs import AMD_VENDOR, count_pci_gpus
+from exporter.backends.amdsmi import amd_uuid, dedupe_uuids, is_na
+from exporter.backends.base import Backend, BackendError, BackendUnavailable
+from exporter.core.options import BackendOptions
+from exporter.core.pci import AMD_VENDOR, canonical_bus_id, count_pci_gpus
+from exporter.core.readings import Collection, GpuReading
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import time
 from typing import ClassVar
 
 from exporter.backends.base import Backend
-from exporter.readings import Collection, GpuReading, PeerReading
+from exporter.core.readings import Collection, GpuReading, PeerReading
 
 PATTERNS = ("idle", "steady", "periodic", "bursty", "leak")
 PERIOD_SECONDS = 60.0

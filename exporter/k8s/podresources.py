@@ -24,7 +24,6 @@ described by ``gpu_allocation_info`` only (see docs/attribution.md).
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import os
@@ -39,7 +38,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.readings import GpuReading
+from exporter.core.pci import canonical_bus_id
+from exporter.core.readings import GpuReading
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,6 @@ _RESOURCES: tuple[tuple[re.Pattern[str], str, bool], ...] = (
     (re.compile(r"amd\.com/gpu(?:\.[A-Za-z0-9][-A-Za-z0-9_]*)*"), "amd", False),
 )
 _REPLICA = re.compile(r"::\d+$")  # NVIDIA device plugin time-slicing / MPS replica: "GPU-...::3"
-_PCI = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])")
 _GKE = re.compile(r"nvidia(\d+)(?:/(.+))?")
 _INDEX = re.compile(r"(\d+)(?::(\d+))?")  # "0", or index-strategy MIG "<gpu>:<mig>"
 
@@ -98,16 +97,6 @@ def classify_resource(name: str) -> tuple[str, bool] | None:
         if pattern.fullmatch(name):
             return vendor, mig
     return None
-
-
-@functools.lru_cache(maxsize=1024)
-def canonical_pci(bus_id: str) -> str | None:
-    """``0000:3b:00.0`` for any spelling of a PCI bus ID (case, 0/4/8-digit domain); else None."""
-    m = _PCI.fullmatch(bus_id.strip().lower())
-    if m is None:
-        return None
-    domain, bus, dev, fn = m.groups()
-    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
 
 
 def parse_device_id(device_id: str, vendor: str) -> tuple[Key, bool] | None:
@@ -130,7 +119,7 @@ def parse_device_id(device_id: str, vendor: str) -> tuple[Key, bool] | None:
     m = _INDEX.fullmatch(low)
     if m is not None:
         return ("index", vendor, str(int(m.group(1)))), m.group(2) is not None
-    pci = canonical_pci(low)
+    pci = canonical_bus_id(low)
     if pci is not None:
         return ("pci", pci), False
     return ("uuid", low), False
@@ -140,7 +129,7 @@ def reading_keys(r: GpuReading) -> list[Key]:
     """Every key a device ID for this GPU (or one of its MIG instances) can parse to."""
     keys: list[Key] = [("uuid", r.uuid.lower())]
     if r.pci_bus_id:
-        pci = canonical_pci(r.pci_bus_id)
+        pci = canonical_bus_id(r.pci_bus_id)
         if pci is not None:
             keys.append(("pci", pci))
     # A simulated GPU stands in for either vendor (end-to-end tests without hardware).

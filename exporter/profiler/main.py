@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any, NoReturn
 
-from exporter import logs
+from exporter.core import logs
 from exporter.profiler.annotate import KubeError, NodeStore, build_api_client
 from exporter.profiler.classify import Thresholds
 from exporter.profiler.loop import Health, Profiler, make_server

@@ -1,7 +1,7 @@
 """Shared by the JSON API and the single-machine tools: one-shot readings, the ``/stats`` view,
 the average power from the energy counter, and the audit rule that ``diff`` applies.
 
-Every reading goes through the exporter's own :class:`~exporter.engine.Engine` and backends,
+Every reading goes through the exporter's own :class:`~exporter.serve.engine.Engine` and backends,
 so ``/metrics``, ``/stats``, ``snapshot``, ``record`` and ``pick`` always agree.
 """
 
@@ -10,27 +10,32 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import math
 import os
-import re
 import secrets
 import stat
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from exporter.engine import Engine
-from exporter.readings import GpuReading
-from exporter.render import Snapshot
+from exporter.core.snapshot import Snapshot
+from exporter.core.views import (  # noqa: F401 - re-exported for the tools
+    GIB,
+    MIB,
+    GpuKey,
+    PowerTracker,
+    format_bytes,
+    gpu_stats,
+    iso_time,
+    numbered,
+    parse_size,
+    stats_view,
+)
+from exporter.serve.engine import Engine
 
 log = logging.getLogger(__name__)
 
-MIB = 2**20
-GIB = 2**30
 
 
 class ToolError(Exception):
@@ -100,176 +105,6 @@ def _create_temp(directory: str, base: str) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no free temporary file name", directory)
 
 
-def iso_time(t: float) -> str:
-    """Unix time -> ISO 8601 in UTC with milliseconds, e.g. ``2025-03-01T12:00:00.123Z``."""
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-# --- sizes -----------------------------------------------------------------------------------
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(text: str) -> float:
-    """``8GiB``, ``512MiB``, ``8GB`` (10^9), ``8G`` (10^9) or plain bytes -> bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNITS:
-        raise ValueError(f"{text!r} is not a size; expected e.g. 8GiB, 512MiB, 10GB or a number of bytes")
-    return float(m.group(1)) * _UNITS[unit]
-
-
-def format_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("TiB", 2**40), ("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
-# --- average power from the energy counter ----------------------------------------------------
-
-GpuKey = tuple[str, str]  # (backend, uuid)
-
-
-class PowerTracker:
-    """Average power of each GPU between the last two collections it saw.
-
-    ``nvidia-smi power.draw`` is one sample (and on many boards itself a 1 s average); the
-    energy counter integrates every joule, so (E2 - E1) / (t2 - t1) is the true average over
-    the interval. ``None`` until two readings exist, when the counter is unsupported, or after
-    it went backwards (driver reload).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last: dict[GpuKey, tuple[float, float]] = {}
-        self._avg: dict[GpuKey, tuple[float, float]] = {}
-        self._seen: float | None = None
-
-    def observe(self, snap: Snapshot) -> dict[GpuKey, tuple[float, float]]:
-        """Feed a snapshot (repeats and older ones are ignored); return {key: (watts, seconds)}."""
-        with self._lock:
-            if self._seen is None or snap.created > self._seen:
-                self._seen = snap.created
-                for coll in snap.collections:
-                    for g in coll.gpus:
-                        self._update((coll.backend, g.uuid), g, snap.created)
-            return dict(self._avg)
-
-    def _update(self, key: GpuKey, g: GpuReading, now: float) -> None:
-        energy = g.energy_joules if g.up else None
-        if energy is None:
-            self._last.pop(key, None)
-            self._avg.pop(key, None)
-            return
-        prev = self._last.get(key)
-        self._last[key] = (now, energy)
-        if prev is None or now <= prev[0]:
-            return
-        if energy < prev[1]:
-            self._avg.pop(key, None)  # counter restarted: no honest average for this interval
-            return
-        self._avg[key] = ((energy - prev[1]) / (now - prev[0]), now - prev[0])
-
-
-# --- the /stats view ---------------------------------------------------------------------------
-
-
-def _r(v: float | None, digits: int = 3) -> float | None:
-    if v is None or not math.isfinite(v):
-        return None
-    return round(float(v), digits)
-
-
-def _ratio(part: float | None, whole: float | None) -> float | None:
-    if part is None or whole is None or whole <= 0:
-        return None
-    return round(min(1.0, max(0.0, part / whole)), 6)
-
-
-def _free_bytes(g: GpuReading) -> float | None:
-    if g.memory_free_bytes is not None:
-        return g.memory_free_bytes
-    if g.memory_total_bytes is not None and g.memory_used_bytes is not None:
-        return max(0.0, g.memory_total_bytes - g.memory_used_bytes)
-    return None
-
-
-def gpu_stats(backend: str, g: GpuReading, power: tuple[float, float] | None) -> dict[str, Any]:
-    """One GPU of the ``/stats`` view (SI units, like ``/metrics``)."""
-    return {
-        "backend": backend,
-        "index": g.index,
-        "uuid": g.uuid,
-        "name": g.name,
-        "vendor": g.vendor,
-        "up": g.up,
-        "pci_bus_id": g.pci_bus_id,
-        "serial": g.serial,
-        "driver_version": g.driver_version,
-        "cuda_version": g.cuda_driver_version,
-        "memory_total_bytes": _r(g.memory_total_bytes, 0),
-        "memory_used_bytes": _r(g.memory_used_bytes, 0),
-        "memory_free_bytes": _r(_free_bytes(g), 0),
-        "memory_used_ratio": _ratio(g.memory_used_bytes, g.memory_total_bytes),
-        "utilization_ratio": _r(g.utilization_ratio, 6),
-        "temperature_celsius": _r(g.temperature_celsius.get("gpu"), 2),
-        "power_watts": _r(g.power_watts),
-        "power_average_watts": _r(power[0]) if power else None,
-        "power_average_seconds": _r(power[1], 6) if power else None,
-        "power_limit_watts": _r(g.power_limit_watts),
-        "energy_joules": _r(g.energy_joules),
-        "pcie": {
-            "generation": _r(g.pcie_link_generation, 0),
-            "generation_max": _r(g.pcie_link_generation_max, 0),
-            "width": _r(g.pcie_link_width, 0),
-            "width_max": _r(g.pcie_link_width_max, 0),
-        },
-    }
-
-
-def stats_view(snap: Snapshot, power: Mapping[GpuKey, tuple[float, float]]) -> dict[str, Any]:
-    """The audit view served at ``/stats`` and written by ``snapshot --json`` (schema: STATS)."""
-    gpus: list[dict[str, Any]] = []
-    p2p: list[dict[str, Any]] = []
-    for coll in snap.collections:
-        for g in coll.gpus:
-            gpus.append(gpu_stats(coll.backend, g, power.get((coll.backend, g.uuid))))
-        for p in coll.peers:
-            p2p.append({"backend": coll.backend, "gpu": p.gpu, "peer": p.peer,
-                        "topology_level": p.topology_level,
-                        "p2p": {k: v >= 0.5 for k, v in sorted(p.p2p.items())}})
-    host = snap.host
-    return {
-        "timestamp": iso_time(snap.created),
-        "host": {
-            "node_name": host.node,
-            "processor": host.cpu_model,
-            "kernel": host.kernel,
-            "os": host.os,
-            # NVML/amdsmi report these per system; the first GPU that has them speaks for the host
-            "driver_version": next((g["driver_version"] for g in gpus if g["driver_version"]), None),
-            "cuda_version": next((g["cuda_version"] for g in gpus if g["cuda_version"]), None),
-        },
-        "gpus": gpus,
-        "p2p": p2p,
-    }
-
-
-def numbered(snap: Snapshot) -> list[tuple[int, str, GpuReading]]:
-    """(number, backend, reading) for every GPU: the backend's index, offset by the GPUs of the
-    backends before it (so ``gpu-N`` stays unique when two vendors share a machine)."""
-    out: list[tuple[int, str, GpuReading]] = []
-    offset = 0
-    for coll in snap.collections:
-        out.extend((offset + g.index, coll.backend, g) for g in coll.gpus)
-        offset += max((g.index + 1 for g in coll.gpus), default=0)
-    return out
-
-
 # --- the CLI side: pick backends, read once -----------------------------------------------------
 
 
@@ -285,7 +120,7 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
 
 def setup_logging() -> None:
     """Warnings from the backends go to stderr; stdout stays clean for JSON and indices."""
-    from exporter import logs
+    from exporter.core import logs
 
     logs.setup("warning", "text")
 
@@ -296,10 +131,11 @@ def open_engine(args: argparse.Namespace) -> Engine:
     Unlike ``serve`` (which keeps a failing explicit backend and retries it on every scrape),
     a one-shot tool must fail at once, and ``auto`` never falls back to simulated GPUs.
     """
-    from exporter import backends, config
+    from exporter import backends
     from exporter.backends.base import Backend
-    from exporter.host import host_info
-    from exporter.serve import options_from
+    from exporter.core.host import host_info
+    from exporter.serve import config
+    from exporter.serve.main import options_from
 
     argv: list[str] = []
     for flag, value in (("--backend", args.backend), ("--simulated-gpus", args.simulated_gpus),

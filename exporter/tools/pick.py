@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.engine import Engine
-from exporter.readings import GpuReading
+from exporter.core.readings import GpuReading
+from exporter.serve.engine import Engine
 from exporter.tools.audit import (
     ToolError,
     add_backend_arguments,

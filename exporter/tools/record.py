@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.engine import Engine
-from exporter.render import Snapshot
+from exporter.core.snapshot import Snapshot
+from exporter.serve.engine import Engine
 from exporter.tools.audit import (
     MIB,
     ToolError,

@@ -40,27 +40,27 @@ EXTERNAL = [
                 "one, the right password, a wrong one (401), no credentials (401), plain http to the TLS port",
         "happened": "only the right CA and password get 200; /healthz stays open by documented choice; the "
                     "password and its hash are not in the debug log",
-        "figures": {}, "test": "tests/test_webconfig.py::test_tls_and_basic_auth", "outcome": "make test"}),
+        "figures": {}, "test": "tests/unit/serve/test_webconfig.py::test_tls_and_basic_auth", "outcome": "make test"}),
     ("Access control and secrets", {
         "scenario": "profiler RBAC",
         "done": "every kustomization is rendered with kubectl and its ClusterRole read",
         "happened": "one rule: apiGroups [''], resources [nodes], verbs [get, list, patch]; one binding to the "
                     "profiler's service account",
-        "figures": {}, "test": "tests/test_deploy.py::test_profiler_rbac_is_nodes_get_list_patch_only",
+        "figures": {}, "test": "tests/e2e/test_deploy.py::test_profiler_rbac_is_nodes_get_list_patch_only",
         "outcome": "make test"}),
 ]
 
 FIXED = [
-    ("exporter/server.py", "a client sending its request one byte per read timeout (slowloris) held a "
+    ("exporter/serve/http.py", "a client sending its request one byte per read timeout (slowloris) held a "
      "connection, and one of --max-connections, forever: the read timeout now bounds the whole request",
      "test_load.py::test_trickling_client_is_cut_at_the_read_timeout"),
-    ("exporter/engine.py", "an outage whose cause changed (a failed collection, then the re-init failing "
+    ("exporter/serve/engine.py", "an outage whose cause changed (a failed collection, then the re-init failing "
      "differently: NVML 999, rocm-smi hanging) logged a warning per cause: now one per outage, later causes at "
      "debug", "test_faults_exporter.py::test_nvml_unknown_error_on_every_call, ::test_rocm_smi_hanging"),
     ("exporter/backends/nvml.py", "a lost GPU was logged once per distinct NVML message for the life of the "
      "process (two lines for one outage, none for a second outage): now one warning per outage and one line "
      "when it is readable again", "test_faults_exporter.py::test_gpu_lost_mid_scrape"),
-    ("exporter/config.py", "a setting holding a newline (flag, path) produced a two-line error: control "
+    ("exporter/serve/config.py", "a setting holding a newline (flag, path) produced a two-line error: control "
      "characters are now shown escaped", "test_fuzz.py::test_settings_from_flags_env_and_file"),
     ("exporter/backends/rocm_smi.py", "\"card1\" next to \"card01\" raised TypeError (dicts compared while "
      "sorting) and deeply nested JSON raised RecursionError: both are RocmSmiParseError now",
@@ -77,8 +77,9 @@ FIXED = [
      "test_faults_profiler.py::test_profiler_logs_one_line_per_outage"),
     ("exporter/tools/snapshot.py, record.py", "on a full disk `-o` left a truncated file: now written to a "
      "temporary file and renamed into place", "test_disk.py::test_output_to_a_full_or_read_only_filesystem"),
-    ("exporter/k8s/podresources.py, exporter/engine.py", "a scrape could show a fresh pod label with the previous "
-     "List's device counts (the view was published before its figures, and labels were read at render time): "
+    ("exporter/k8s/podresources.py, exporter/serve/engine.py", "a scrape could show a fresh pod label with "
+     "the previous List's device counts (the view was published before its figures, and labels were read at "
+     "render time): "
      "view and figures now change together and labels are frozen with the snapshot",
      "test_faults_exporter.py::test_pod_resources_answer_over_4mib"),
 ]

@@ -16,11 +16,11 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from tests.fakenvml import FakeNvml
+from tests.fakes.fakenvml import FakeNvml
+from tests.fakes.kubelet import FakeKubelet, pod, response
 from tests.harness.exporter import ExporterProcess, http_get
 from tests.harness.poll import wait_until
 from tests.harness.prom import check_metrics
-from tests.kubelet_fake import FakeKubelet, pod, response
 from tests.reliability.support import Result
 
 GPU_NAME = 'NVIDIA "H100" \\ 80GB {x="y"} # not a comment'

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakenvml import DRIVER_NOT_LOADED, GPU_IS_LOST, UNINITIALIZED, UNKNOWN, FakeNvml, symbols
+from tests.fakes.fakenvml import DRIVER_NOT_LOADED, GPU_IS_LOST, UNINITIALIZED, UNKNOWN, FakeNvml, symbols
+from tests.fakes.kubelet import FakeKubelet, pod, response
 from tests.harness.exporter import ExporterProcess, sample
 from tests.harness.poll import wait_until
-from tests.kubelet_fake import FakeKubelet, pod, response
 from tests.reliability.support import Result, count_lines
 
 Samples = dict[tuple[str, frozenset], float]
@@ -297,6 +297,6 @@ def test_pod_resources_answer_over_4mib(result: Result) -> None:
     result.happened = "accepted (the client allows 64 MiB); the GPU pod got its labels; no error"
     result.figures = {"answer_mib": round(size / 2**20, 1), "list_duration_s": duration, "errors": errs,
                       "ignored_devices": ignored}
-    result.see_also = ["tests/test_podresources.py::test_answer_larger_than_grpc_default_limit"]
+    result.see_also = ["tests/unit/k8s/test_podresources.py::test_answer_larger_than_grpc_default_limit"]
     assert errs == 0 and ignored == 30000 * 8
 

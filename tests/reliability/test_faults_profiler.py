@@ -23,10 +23,10 @@ from exporter.profiler.loop import Profiler
 from exporter.profiler.plan import PlanConfig
 from exporter.profiler.prom import PromClient
 from exporter.profiler.queries import QueryConfig, Reader
+from tests.fakes.profiler_history import idle_shape, make_history, mem_constant, sample_times, steady_shape
 from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.profiler import history_file
 from tests.harness.prom import Prometheus
-from tests.profiler_history import idle_shape, make_history, mem_constant, sample_times, steady_shape
-from tests.profiler_support import history_file
 from tests.reliability.support import PromProxy, Result
 
 pytestmark = pytest.mark.prometheus

@@ -22,9 +22,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter import config as exporter_config
 from exporter.backends.rocm_smi import RocmSmiParseError, parse_rocm_smi_json
-from exporter.readings import GpuReading
+from exporter.core.readings import GpuReading
+from exporter.serve import config as exporter_config
 from tests.reliability.support import Result
 
 FAST, LONG = 300, 3000
@@ -107,7 +107,7 @@ def test_settings_from_flags_env_and_file(tmp_path: Path, budget: int, result: R
     run(budget, check, argv, environ, st.one_of(st.none(), yaml_doc))
     result.scenario = "hostile settings: flags, environment, YAML file"
     result.done = (f"{budget} generated combinations of flags, `EXPORTER_*` variables and config files "
-                   "(random text, YAML of random types, broken YAML) into `exporter.config.load(argv, environ)`")
+                   "(random text, YAML of random types, broken YAML) into `exporter.serve.config.load(argv, environ)`")
     result.happened = "each one accepted with in-range values, or rejected with a one-line ConfigError naming it"
     result.figures = {"cases": budget, **seen, "exceptions_other_than_ConfigError": 0,
                       "sample_rejection": sorted(examples.values(), key=len)[len(examples) // 2][:160]}

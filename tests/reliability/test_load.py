@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakenvml import FakeNvml
+from tests.fakes.fakenvml import FakeNvml
 from tests.harness.exporter import ExporterProcess
 from tests.harness.poll import wait_until
 from tests.reliability.support import (

@@ -21,12 +21,12 @@ import bcrypt
 import pytest
 
 from exporter.profiler.main import run as profile
+from tests.fakes.profiler_history import make_history, mem_constant, sample_times, steady_shape
 from tests.harness.exporter import ExporterProcess, http_get
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
+from tests.harness.profiler import history_file
 from tests.harness.prom import Prometheus
-from tests.profiler_history import make_history, mem_constant, sample_times, steady_shape
-from tests.profiler_support import history_file
 from tests.reliability.support import PromProxy, Result
 
 
@@ -121,5 +121,5 @@ def test_exporter_password_never_logged(tmp_path: Path, result: Result) -> None:
     result.happened = "200 with the password, 401 otherwise; neither password, its base64 nor its bcrypt hash " \
                       "appears in the debug log or on any page"
     result.figures = {"log_lines": log.count("\n"), "leaks": len(found)}
-    result.see_also = ["tests/test_webconfig.py::test_tls_and_basic_auth"]
+    result.see_also = ["tests/unit/serve/test_webconfig.py::test_tls_and_basic_auth"]
     assert found == []

@@ -20,12 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakenvml import FakeNvml
+from tests.fakes.fakenvml import FakeNvml
+from tests.fakes.profiler_history import (
+    idle_shape,
+    make_history,
+    mem_constant,
+    periodic_shape,
+    sample_times,
+    steady_shape,
+)
 from tests.harness.exporter import ExporterProcess
 from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.profiler import history_file
 from tests.harness.prom import Prometheus
-from tests.profiler_history import idle_shape, make_history, mem_constant, periodic_shape, sample_times, steady_shape
-from tests.profiler_support import history_file
 from tests.reliability.support import Result, open_fds, rss_mib, scrape_once, slope_per, threads
 
 pytestmark = pytest.mark.timeout(1200)

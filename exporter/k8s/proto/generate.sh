@@ -9,7 +9,7 @@
 # and grpcio >= its own version). Code from 1.62.3 carries no such check and imports
 # with every runtime we declare: checked by hand with grpcio 1.60.0 + protobuf 4.25.0 and
 # grpcio 1.85.1 + protobuf 7.36.2 (`python -W error -c "import ...podresources_pb2_grpc"`);
-# tests/test_podresources.py checks the installed pair on every run.
+# tests/unit/k8s/test_podresources.py checks the installed pair on every run.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -1,0 +1,189 @@
+"""Profiler benchmark: one full cycle over N nodes x 8 GPUs of backfilled history.
+
+Real Prometheus (Debian package) on 127.0.0.1 holding 35 minutes of synthetic history at a
+30 s scrape interval (utilisation, memory used/total, gpu_up, gpu_host_info), the fake
+Kubernetes API server with N nodes, and the profiler with its defaults (30 min window,
+k=2). Two cycles are timed: the first one patches every node (nothing was annotated yet),
+the second one finds nothing changed and must send no patch.
+
+``run_bench(nodes)`` returns a dict of figures; ``python -m bench.profiler
+100 1000`` prints them as a markdown table.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from exporter.profiler.annotate import NodeStore
+from exporter.profiler.loop import Profiler
+from exporter.profiler.plan import PlanConfig, annotation_bytes
+from exporter.profiler.prom import PromClient
+from exporter.profiler.queries import QueryConfig, Reader
+from tests.fakes.profiler_history import (
+    GIB,
+    GpuHistory,
+    idle_shape,
+    markov_shape,
+    mem_constant,
+    mem_leak,
+    periodic_shape,
+    sample_times,
+    steady_shape,
+)
+from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.prom import OpenMetricsWriter, Prometheus
+
+GPUS_PER_NODE = 8
+INTERVAL = 30.0
+SPAN = 35 * 60.0
+WINDOW = 30 * 60.0
+
+
+def _fleet(nodes: int, end: float, seed: int = 7) -> list[GpuHistory]:
+    """A plausible cluster mix: 30% idle, 25% steady, 20% periodic, 15% bursty, 10% leaking."""
+    rng = random.Random(seed)
+    ts = sample_times(end, SPAN, INTERVAL)
+    out = []
+    for n in range(nodes):
+        node = f"node-{n:04d}"
+        for g in range(GPUS_PER_NODE):
+            r = rng.random()
+            srng = random.Random(rng.getrandbits(32))
+            if r < 0.30:
+                label, u, m = "idle", idle_shape, mem_constant(0.0)
+            elif r < 0.55:
+                label, u, m = "steady", steady_shape(rng.uniform(0.4, 0.95), 0.03), mem_constant(rng.uniform(0.2, 0.9))
+            elif r < 0.75:
+                label, u, m = ("periodic", periodic_shape("square", rng.uniform(120, 420), 0.04),
+                               mem_constant(rng.uniform(0.3, 0.9)))
+            elif r < 0.90:
+                label, u, m = ("bursty", markov_shape(0.9, 0.05, 3, 4, 0.03), mem_constant(rng.uniform(0.1, 0.6)))
+            else:
+                label, u, m = ("growing", steady_shape(0.6, 0.03),
+                               mem_leak(0.2, rng.uniform(0.05, 0.3) * 80 * GIB / WINDOW))
+            util, mem = u(srng, ts), m(srng, ts, 80 * GIB)
+            out.append(GpuHistory(node=node, gpu=str(g), uuid=f"GPU-{n:04d}-{g}", label=label, name=label,
+                                  times=ts, util=list(util), mem_used=list(mem), mem_total=80 * GIB))
+    return out
+
+
+def _write(path: Path, hist: list[GpuHistory]) -> int:
+    """Exporter-shaped series (node label on every series, as the shipped scrape configs do)."""
+    with OpenMetricsWriter(path) as w:
+        hosts: dict[str, list[float]] = {}
+        for h in hist:
+            labels = {"node": h.node, "gpu": h.gpu, "uuid": h.uuid, "instance": f"{h.node}:9400",
+                      "job": "gpu-exporter"}
+            w.add("gpu_utilization_ratio", labels, zip(h.times, h.util, strict=True))  # type: ignore[arg-type]
+            w.add("gpu_memory_used_bytes", labels, zip(h.times, h.mem_used, strict=True))  # type: ignore[arg-type]
+            w.add("gpu_memory_total_bytes", labels, [(t, h.mem_total) for t in h.times])
+            w.add("gpu_up", labels, [(t, 1.0) for t in h.times])
+            hosts.setdefault(h.node, h.times)
+        for node, ts in hosts.items():
+            w.add("gpu_host_info", {"node": node, "instance": f"{node}:9400", "job": "gpu-exporter",
+                                    "cpu_model": "bench", "kernel": "6.1"}, [(t, 1.0) for t in ts])
+        samples = w.sample_count
+    return samples
+
+
+def run_bench(nodes: int) -> dict[str, Any]:
+    """One profiler cycle (and a no-change second cycle) for ``nodes`` x 8 GPUs; returns figures."""
+    end = float(int(time.time()) - 30)
+    with tempfile.TemporaryDirectory(prefix="profiler-bench-") as tmp:
+        t0 = time.perf_counter()
+        hist = _fleet(nodes, end)
+        samples = _write(Path(tmp) / "history.om", hist)
+        gen_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with Prometheus(Path(tmp) / "prom", tsdb_blocks_from=Path(tmp) / "history.om") as prom, \
+                FakeKubeAPI() as api:
+            setup_s = time.perf_counter() - t0
+            # The fake server writes headers and body in two segments; with Nagle on, each
+            # keep-alive response then waits for a delayed ACK (40 ms). A real API server does
+            # not, so switch Nagle off here to time the profiler rather than that artefact.
+            api._server.RequestHandlerClass.disable_nagle_algorithm = True  # type: ignore[attr-defined]
+            for n in sorted({h.node for h in hist}):
+                api.add_node(n, annotations={"example.com/owner": "team-a"})
+            from kubernetes import config
+
+            client = config.new_client_from_config(config_file=str(api.kubeconfig(Path(tmp) / "kubeconfig")))
+            prof = Profiler(Reader(PromClient(prom.url, timeout=60), QueryConfig(window_s=WINDOW)),
+                            NodeStore(client, timeout=60), PlanConfig(), out=io.StringIO())
+            first = prof.run_cycle(at=end)
+            patches_first = len(api.patches())
+            api.clear_requests()
+            second = prof.run_cycle(at=end)
+            patches_second = len(api.patches())
+            correct = sum(1 for h in hist if first.patterns.get((h.node, h.gpu)) == h.label)
+            sizes = [annotation_bytes(api.node(n)["metadata"]["annotations"], "gpu-exporter.io")
+                     for n in api.nodes()]
+            client.close()
+    return {
+        "nodes": nodes,
+        "gpus": nodes * GPUS_PER_NODE,
+        "samples": samples,
+        "history_s": round(gen_s, 1),
+        "prometheus_start_s": round(setup_s, 1),
+        "cycle_first_s": round(first.duration_s, 2),
+        "cycle_steady_s": round(second.duration_s, 2),
+        "first_read_classify_write_s": [round(first.read_s, 2), round(first.classify_s, 2), round(first.write_s, 2)],
+        "steady_read_classify_write_s": [round(second.read_s, 2), round(second.classify_s, 2),
+                                         round(second.write_s, 2)],
+        "queries_per_cycle": first.queries,
+        "queries_second_cycle": second.queries,
+        "patches_first": patches_first,
+        "patches_second": patches_second,
+        "errors": first.errors + second.errors,
+        "classified_as_generated": round(correct / len(hist), 4),
+        "max_annotation_bytes": max(sizes) if sizes else 0,
+    }
+
+
+def to_markdown(rows: list[dict[str, Any]]) -> str:
+    cols = [
+        ("nodes", "nodes"), ("gpus", "GPUs"), ("samples", "samples backfilled"),
+        ("cycle_first_s", "first cycle (s)"), ("cycle_steady_s", "no-change cycle (s)"),
+        ("queries_per_cycle", "queries / cycle"), ("patches_first", "patches, first cycle"),
+        ("patches_second", "patches, no-change cycle"), ("classified_as_generated", "classified as generated"),
+        ("max_annotation_bytes", "largest node annotations (bytes)"),
+    ]
+    cols.insert(5, ("first_read_classify_write_s", "first cycle: read / classify / write (s)"))
+
+    def cell(v: Any) -> str:
+        return " / ".join(str(x) for x in v) if isinstance(v, list) else str(v)
+
+    lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(cell(r[k]) for k, _ in cols) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from bench.run import write_section
+
+    args = sys.argv[1:]
+    target = None
+    if "--write" in args:
+        i = args.index("--write")
+        target = Path(args[i + 1])
+        del args[i:i + 2]
+    counts = [int(a) for a in args] or [100, 1000]
+    rows = []
+    for c in counts:
+        row = run_bench(c)
+        print(row, file=sys.stderr)
+        rows.append(row)
+    md = to_markdown(rows)
+    print(md)
+    if target is not None:
+        begin, end = "<!-- bench:profiler:begin -->", "<!-- bench:profiler:end -->"
+        section = (f"{begin}\nRun {time.strftime('%Y-%m-%d')} on this machine ({os.cpu_count()} cores), "
+                   f"one full cycle against the real Prometheus and the fake API server:\n\n{md}\n{end}")
+        write_section(target, section, begin, end, "Profiler")

@@ -1,0 +1,64 @@
+"""PCI identity: the one bus-ID canonicaliser, and the GPU count on the PCI bus (sysfs).
+
+Every backend and the pod-attribution code spell a bus ID the same way, ``0000:3b:00.0``
+(lower case, 4-digit domain as in sysfs), through :func:`canonical_bus_id`.
+
+Counting GPUs on the bus catches a GPU that "fell off the bus".
+
+The vendor library only reports GPUs it can talk to; the PCI bus still lists a device
+the driver lost. ``gpu_pci_devices`` above ``gpu_visible_devices`` is the alert.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+NVIDIA_VENDOR = 0x10DE
+AMD_VENDOR = 0x1002
+# PCI class 0x03: display controllers (0x0300 VGA, 0x0302 3D). Excludes the same vendor's
+# audio functions (0x0403), USB-C controllers (0x0c03) and NVSwitch bridges (0x0680).
+DISPLAY_CLASS = 0x03
+
+
+_BUS_ID = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])")
+
+
+@functools.lru_cache(maxsize=1024)
+def canonical_bus_id(value: str | None) -> str | None:
+    """``0000:3b:00.0`` for any spelling of a PCI bus ID (NVML's 8-digit domain, no domain,
+    upper case); None when ``value`` is not a PCI address ("N/A", empty, garbage)."""
+    if not isinstance(value, str):
+        return None
+    m = _BUS_ID.fullmatch(value.strip().lower())
+    if m is None:
+        return None
+    domain, bus, dev, fn = m.groups()
+    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
+
+
+def _read_hex(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as fh:
+            return int(fh.read().strip(), 16)
+    except (OSError, ValueError):
+        return None
+
+
+def count_pci_gpus(sysfs_root: str, vendor: int) -> int | None:
+    """GPUs of ``vendor`` under ``<sysfs_root>/bus/pci/devices``; None when sysfs is not readable."""
+    base = os.path.join(sysfs_root, "bus", "pci", "devices")
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return None
+    n = 0
+    for dev in entries:
+        d = os.path.join(base, dev)
+        if _read_hex(os.path.join(d, "vendor")) != vendor:
+            continue
+        cls = _read_hex(os.path.join(d, "class"))
+        if cls is not None and cls >> 16 == DISPLAY_CLASS:
+            n += 1
+    return n

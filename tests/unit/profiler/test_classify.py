@@ -1,0 +1,228 @@
+"""Pure statistics of the profiler (no Prometheus): exporter/profiler/classify.py."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exporter.profiler.classify import (
+    BURSTY,
+    GROWING,
+    IDLE,
+    PERIODIC,
+    STEADY,
+    UNKNOWN,
+    GpuProfile,
+    GpuStats,
+    Thresholds,
+    autocorrelation,
+    availability_score,
+    classify_gpu,
+    detect_growth,
+    detect_period,
+    detrend,
+    dominant_pattern,
+    fill_gaps,
+    is_idle_for_node,
+    theil_sen_mann_kendall,
+)
+from tests.fakes.profiler_history import GIB, labelled_set, stats_from_history
+
+END = 1_700_000_000.0
+TH = Thresholds()
+
+
+def _score(seed: int) -> tuple[int, int, list[str]]:
+    hist = labelled_set(seed, END)
+    ok, wrong = 0, []
+    for h in hist:
+        p = classify_gpu(stats_from_history(h, END))
+        good = p.pattern == h.label
+        if good and h.period_s is not None:
+            assert p.period_seconds is not None
+            good = abs(p.period_seconds - h.period_s) <= 0.1 * h.period_s
+        ok += good
+        if not good:
+            wrong.append(f"{h.name} -> {p.pattern} {p.period_seconds} ({p.reason})")
+    return ok, len(hist), wrong
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_labelled_set_is_classified_at_least_95_percent(seed: int) -> None:
+    ok, total, wrong = _score(seed)
+    assert total >= 100
+    assert ok >= 0.95 * total, f"{ok}/{total} correct; wrong: {wrong}"
+
+
+def test_labelled_set_is_deterministic_and_varied() -> None:
+    a, b = labelled_set(5, END), labelled_set(5, END)
+    assert [(h.name, h.util[:20]) for h in a] == [(h.name, h.util[:20]) for h in b]
+    labels = Counter(h.label for h in a)
+    assert set(labels) == {IDLE, STEADY, PERIODIC, BURSTY, GROWING}
+    assert min(labels.values()) >= 10
+    assert len({h.name.split(" ")[1] for h in a if h.label == PERIODIC}) == 4  # four periodic shapes
+    assert labelled_set(6, END)[50].util != a[50].util
+
+
+def _sine(n: int, period: float, noise: float = 0.0, seed: int = 0, phase: float = 0.3) -> list[float]:
+    rng = random.Random(seed)
+    return [0.5 + 0.4 * math.sin(2 * math.pi * i / period + phase) + rng.gauss(0, noise) for i in range(n)]
+
+
+@pytest.mark.parametrize("period", [3.5, 4.57, 7.0, 12.3, 20.0, 29.0])
+def test_detect_period_finds_known_periods(period: float) -> None:
+    r = detect_period(_sine(121, period, noise=0.05, seed=int(period * 10)))
+    assert r is not None
+    assert abs(r.period_steps - period) <= 0.1 * period, r
+
+
+def test_detect_period_rejects_harmonics() -> None:
+    # a cycle of 20 steps with two bursts of different height: strong lag-10 correlation
+    # (the half period) and a stronger one at 20, the fundamental
+    xs = []
+    for i in range(121):
+        ph = i % 20
+        xs.append(1.0 if ph < 4 else 0.55 if 10 <= ph < 14 else 0.05)
+    r = detect_period(xs)
+    assert r is not None
+    assert abs(r.period_steps - 20) <= 1.0
+
+
+def test_detect_period_needs_four_cycles() -> None:
+    assert detect_period(_sine(121, 25.0)) is not None  # 4.8 cycles
+    assert detect_period(_sine(121, 45.0)) is None  # 2.7 cycles: not enough evidence
+
+
+def test_detect_period_none_for_constant_and_white_noise() -> None:
+    assert detect_period([0.7] * 121) is None
+    hits = sum(detect_period([random.Random(s).random() for _ in range(121)]) is not None for s in range(200))
+    # the bound is z=3 over ~60 lags and the repeat test: false positives must be rare
+    assert hits <= 4, hits
+
+
+def test_detect_period_uses_a_bound_from_n_not_from_the_data() -> None:
+    xs = _sine(121, 10.0, noise=0.05)
+    r1, r2 = detect_period(xs), detect_period([3 * x + 7 for x in xs])
+    assert r1 is not None and r2 is not None
+    assert r1.bound == pytest.approx(3.0 / math.sqrt(121))
+    assert r1.bound == r2.bound and r1.period_steps == pytest.approx(r2.period_steps)
+
+
+@settings(max_examples=40, deadline=None)
+@given(period=st.floats(4.0, 28.0), scale=st.floats(0.1, 10.0), offset=st.floats(-5.0, 5.0))
+def test_detect_period_is_invariant_to_scale_and_offset(period: float, scale: float, offset: float) -> None:
+    xs = _sine(121, period, noise=0.02, seed=1)
+    a = detect_period(xs)
+    b = detect_period([scale * x + offset for x in xs])
+    assert (a is None) == (b is None)
+    if a is not None and b is not None:
+        assert a.period_steps == pytest.approx(b.period_steps, rel=1e-6)
+
+
+def test_autocorrelation_and_detrend_basics() -> None:
+    r = autocorrelation(detrend(_sine(200, 10.0, phase=0.0)), 20)
+    assert r[0] == pytest.approx(1.0)
+    assert r[5] < -0.8 and r[10] > 0.8
+    assert autocorrelation([0.0] * 10, 3) == [0.0] * 4
+    d = detrend([2.0 * i + 5 for i in range(50)])
+    assert max(abs(v) for v in d) < 1e-9
+
+
+def test_fill_gaps() -> None:
+    assert fill_gaps([1.0, None, 3.0, None, None, 6.0], 0.5) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert fill_gaps([None, 1.0, 2.0, None], 0.5) == [1.0, 2.0]  # ends are cut, not invented
+    assert fill_gaps([1.0, None, None, None, 2.0], 0.2) is None  # too many gaps
+    assert fill_gaps([None, None], 1.0) is None
+    assert fill_gaps([1.0, math.nan, 3.0], 0.5) == [1.0, 2.0, 3.0]
+
+
+def test_theil_sen_is_robust_to_outliers_and_mann_kendall_signs() -> None:
+    rng = random.Random(3)
+    ys = [100.0 + 2.0 * i + rng.gauss(0, 1) for i in range(40)]
+    for i in range(0, 40, 5):
+        ys[i] += rng.choice([-500.0, 800.0])  # 20% wild outliers
+    slope, z = theil_sen_mann_kendall(ys, step=2.0)
+    assert slope == pytest.approx(1.0, rel=0.05)  # 2 per point / 2 s per point
+    assert z > 3
+    slope_down, z_down = theil_sen_mann_kendall(list(reversed(ys)), step=2.0)
+    assert slope_down == pytest.approx(-slope, rel=1e-9) and z_down < -3
+    assert theil_sen_mann_kendall([5.0] * 30) == (0.0, 0.0)  # all ties: no trend
+
+
+def _mem(values: list[float]) -> list[float | None]:
+    return list(values)
+
+
+def test_detect_growth_leak_versus_allocation_step() -> None:
+    total, window, step, n = 80 * GIB, 1800.0, 60.0, 31
+    leak = [10 * GIB + 0.002 * total * i + (i % 3) * 1e6 for i in range(n)]  # 6% of memory per window
+    tr = detect_growth(leak, step, total, window, TH)
+    assert tr is not None and tr.slope == pytest.approx(0.002 * total / step, rel=0.02)
+    jump = [2 * GIB if i < n // 2 else 40 * GIB for i in range(n)]  # a job allocating once
+    assert detect_growth(jump, step, total, window, TH) is None
+    tiny = [10 * GIB + 1e5 * i for i in range(n)]  # 3 MB per window: too small to matter
+    assert detect_growth(tiny, step, total, window, TH) is None
+    flat = [10 * GIB + random.Random(i).gauss(0, 1e7) for i in range(n)]
+    assert detect_growth(flat, step, total, window, TH) is None
+
+
+def _stats(**kw: object) -> GpuStats:
+    base: dict[str, object] = dict(node="n", gpu="0", util_mean=0.5, util_std=0.01, util_p95=0.52,
+                                   util_count=120.0, util_early=60.0, mem_used_mean=40 * GIB,
+                                   mem_total=80 * GIB, mem_count=120.0, mem_early=60.0)
+    base.update(kw)
+    return GpuStats(**base)  # type: ignore[arg-type]
+
+
+def test_classify_gpu_decisions_and_unknowns() -> None:
+    assert classify_gpu(_stats()).pattern == STEADY
+    assert classify_gpu(_stats(util_mean=0.01, util_std=0.01, util_p95=0.03)).pattern == IDLE
+    # mostly idle with recurring spikes is not idle
+    spiky = classify_gpu(_stats(util_mean=0.04, util_std=0.1, util_p95=0.6, util_range=None))
+    assert spiky.pattern == UNKNOWN and "range" in spiky.reason
+    assert classify_gpu(_stats(util_count=10.0)).pattern == UNKNOWN  # too few samples
+    assert classify_gpu(_stats(util_early=0.0)).pattern == UNKNOWN  # started within the window
+    assert classify_gpu(_stats(util_mean=math.nan)).pattern == UNKNOWN
+    assert classify_gpu(_stats(util_std=math.inf)).pattern == UNKNOWN
+    assert classify_gpu(_stats(util_mean=None, util_std=None, util_count=None)).pattern == UNKNOWN
+    assert classify_gpu(_stats(up=0.0)).pattern == UNKNOWN  # the exporter says the GPU is lost
+    assert classify_gpu(_stats(util_fresh=0.0)).pattern == UNKNOWN  # history, but nothing recent
+    assert classify_gpu(_stats(up=1.0, util_fresh=20.0)).pattern == STEADY
+    rng = random.Random(1)
+    bursty = [rng.choice([0.05, 0.95]) for _ in range(121)]
+    p = classify_gpu(_stats(util_mean=0.5, util_std=0.45, util_range=bursty))
+    assert p.pattern == BURSTY
+    per = classify_gpu(_stats(util_mean=0.5, util_std=0.28, util_range=_sine(121, 8.0), util_step=15.0))
+    assert per.pattern == PERIODIC and per.period_seconds == pytest.approx(120.0, rel=0.05)
+
+
+def test_classify_gpu_growth_wins_and_works_without_utilisation() -> None:
+    leak = [10 * GIB + 0.003 * 80 * GIB * i for i in range(31)]
+    p = classify_gpu(_stats(util_mean=None, util_std=None, util_count=None, mem_range=_mem(leak)))
+    assert p.pattern == GROWING and p.growth_bytes_per_second == pytest.approx(0.003 * 80 * GIB / 60.0, rel=0.02)
+    # memory present but too few memory samples: no guess about growth
+    assert classify_gpu(_stats(mem_range=_mem(leak), mem_count=5.0)).pattern == STEADY
+
+
+def test_scores_and_node_rules() -> None:
+    assert availability_score(1.0, 0.0) == 1.0
+    assert availability_score(0.5, 0.5) == pytest.approx(0.6 * 0.5 + 0.4 * 0.5)
+    assert availability_score(2.0, -1.0) == 1.0  # clamped
+    p = classify_gpu(_stats(util_mean=0.2, mem_used_mean=20 * GIB, mem_free_mean=50 * GIB))
+    assert p.mem_used_ratio == pytest.approx(0.25)
+    assert p.score == pytest.approx(0.6 * (50 / 80) + 0.4 * 0.8, abs=1e-4)  # free bytes preferred
+    assert is_idle_for_node(p, TH)
+    assert not is_idle_for_node(p, Thresholds(node_idle_util=0.1))
+    assert not is_idle_for_node(GpuProfile(UNKNOWN), TH)
+    assert dominant_pattern([IDLE, IDLE, STEADY, UNKNOWN, UNKNOWN, UNKNOWN]) == IDLE
+    assert dominant_pattern([IDLE, STEADY]) == STEADY  # tie: the more actionable
+    assert dominant_pattern([GROWING, PERIODIC, PERIODIC]) == PERIODIC
+    assert dominant_pattern([UNKNOWN]) == UNKNOWN and dominant_pattern([]) == UNKNOWN
+    # total: values that are not patterns (read back from a tampered annotation) are not counted
+    assert dominant_pattern(["", "x", "STEADY", "unknown "]) == UNKNOWN
+    assert dominant_pattern(["x", "x", IDLE]) == IDLE

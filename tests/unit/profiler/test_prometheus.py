@@ -1,0 +1,251 @@
+"""The profiler against a real Prometheus holding backfilled synthetic history.
+
+One server per module holds: a labelled set of 120 GPUs whose series carry the ``node``
+label (as the shipped scrape configs produce), another 120 without it (joined on
+``instance`` with ``gpu_host_info``), and a scenario node with every special case.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from exporter.profiler.annotate import NodeStore
+from exporter.profiler.classify import classify_gpu
+from exporter.profiler.loop import Profiler
+from exporter.profiler.plan import PlanConfig
+from exporter.profiler.prom import PromClient
+from exporter.profiler.queries import QueryConfig, Reader
+from tests.fakes.profiler_history import (
+    SCENARIO_GROWTH_BPS,
+    SCENARIO_LABELS,
+    SCENARIO_PERIOD_S,
+    GpuHistory,
+    labelled_set,
+    scenario_node,
+)
+from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.profiler import history_file
+from tests.harness.prom import Prometheus
+
+pytestmark = pytest.mark.prometheus
+
+END = float(int(time.time()) - 60)
+P = "gpu-exporter.io/"
+
+
+def _joined_set() -> list[GpuHistory]:
+    return [replace(h, node=h.node.replace("lab-", "join-"), uuid=h.uuid.replace("GPU-", "GPU-J"))
+            for h in labelled_set(22, END)]
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    tmp = tmp_path_factory.mktemp("profiler-prom")
+    with_label = labelled_set(21, END) + scenario_node(3, "scn-a", END)
+    from tests.fakes.profiler_history import write_openmetrics
+    from tests.harness.prom import OpenMetricsWriter
+
+    path = tmp / "history.om"
+    with OpenMetricsWriter(path) as w:
+        write_openmetrics(w, with_label, node_label=True)
+        write_openmetrics(w, _joined_set(), node_label=False, job="custom")
+    with Prometheus(tmp / "server", tsdb_blocks_from=path) as server:
+        yield server
+
+
+def _accuracy(snap_gpus: dict, hist: list[GpuHistory]) -> tuple[int, list[str]]:
+    ok, wrong = 0, []
+    for h in hist:
+        st = snap_gpus.get((h.node, h.gpu))
+        p = classify_gpu(st) if st is not None else None
+        good = p is not None and p.pattern == h.label
+        if good and h.period_s is not None:
+            assert p is not None and p.period_seconds is not None
+            good = abs(p.period_seconds - h.period_s) <= 0.1 * h.period_s
+        ok += good
+        if not good:
+            wrong.append(f"{h.node}/{h.gpu} {h.name} -> {p}")
+    return ok, wrong
+
+
+def test_labelled_sets_classified_through_prometheus(prom: Prometheus) -> None:
+    client = PromClient(prom.url)
+    reader = Reader(client, QueryConfig())
+    snap = reader.read(END)
+    assert snap.queries == 4 and client.requests_sent == 4
+    assert snap.util_step == 15.0  # the median scrape interval of the history
+    for hist in (labelled_set(21, END), _joined_set()):
+        ok, wrong = _accuracy(snap.gpus, hist)
+        assert len(hist) >= 100
+        assert ok >= 0.95 * len(hist), f"{ok}/{len(hist)}: {wrong}"
+
+
+def test_query_count_does_not_depend_on_node_count(prom: Prometheus, tmp_path: Path) -> None:
+    small = scenario_node(4, "tiny", END)
+    with Prometheus(tmp_path / "small", tsdb_blocks_from=history_file(tmp_path / "h.om", small)) as p2:
+        c_small, c_big = PromClient(p2.url), PromClient(prom.url)
+        s_small, s_big = Reader(c_small, QueryConfig()).read(END), Reader(c_big, QueryConfig()).read(END)
+    assert len({n for n, _ in s_big.gpus}) > 20 * len({n for n, _ in s_small.gpus})
+    assert s_small.queries == s_big.queries == 4
+    assert c_small.requests_sent == c_big.requests_sent == 4
+
+
+def test_scenario_node_every_case(prom: Prometheus) -> None:
+    snap = Reader(PromClient(prom.url), QueryConfig()).read(END)
+    gpus = {g: st for (n, g), st in snap.gpus.items() if n == "scn-a"}
+    assert set(gpus) == {str(i) for i in range(8)}  # the pod switch did not split GPU 6
+    assert not gpus["5"].fresh and all(gpus[g].fresh for g in gpus if g != "5")
+    prof = {g: classify_gpu(st) for g, st in gpus.items() if st.fresh}
+    assert {g: p.pattern for g, p in prof.items()} == SCENARIO_LABELS
+    assert prof["2"].period_seconds == pytest.approx(SCENARIO_PERIOD_S, rel=0.1)
+    assert prof["4"].growth_bytes_per_second == pytest.approx(SCENARIO_GROWTH_BPS, rel=0.1)
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[tuple[FakeKubeAPI, object]]:
+    from kubernetes import config
+
+    with FakeKubeAPI() as api:
+        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
+        yield api, client
+        client.close()
+
+
+def test_full_cycle_annotates_nodes_and_then_goes_quiet(prom: Prometheus, kube: tuple[FakeKubeAPI, object]) -> None:
+    api, client = kube
+    foreign = {"example.com/owner": "team-a", "gpu-exporter.io.bak/pattern": "old"}
+    # scn-a was annotated by an earlier run, when GPU 5 still existed
+    api.add_node("scn-a", annotations={
+        **foreign,
+        P + "gpu-5.pattern": "steady", P + "gpu-5.uuid": "GPU-old",
+        P + "owned-keys": "gpu-5.pattern,gpu-5.uuid",
+    })
+    # a node whose exporter is gone: it carries our annotations but has no data now
+    api.add_node("silent", annotations={P + "gpu-0.pattern": "bursty", P + "pattern": "bursty",
+                                        P + "owned-keys": "pattern,gpu-0.pattern"})
+    api.add_node("cpu-only", annotations={"example.com/owner": "team-b"})
+    api.add_node("lab-000")
+    out = io.StringIO()
+    prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(client), PlanConfig(), out=out)
+
+    r1 = prof.run_cycle(at=END)
+    assert r1.ok and r1.errors == [] and r1.queries == 4
+    patches = {r.node: r for r in api.patches()}
+    assert set(patches) == {"scn-a", "silent", "lab-000"}  # cpu-only has nothing of ours: untouched
+    req = patches["scn-a"]
+    assert req.content_type == "application/merge-patch+json"
+    sent = req.body["metadata"]["annotations"]
+    assert req.body["metadata"]["resourceVersion"] == "1"  # what it was computed from
+    period = int(sent.pop(P + "gpu-2.period-seconds"))
+    growth = int(sent.pop(P + "gpu-4.memory-growth-bytes-per-second"))
+    assert period == pytest.approx(SCENARIO_PERIOD_S, rel=0.1)
+    assert growth == pytest.approx(SCENARIO_GROWTH_BPS, rel=0.1)
+    uuids = {g: sent.pop(f"{P}gpu-{g}.uuid") for g in "0123467"}
+    assert all(u.startswith("GPU-") for u in uuids.values())
+    best = sent.pop(P + "best-gpu")
+    score = float(sent.pop(P + "best-gpu-score"))
+    assert best == "0" and score == pytest.approx(1.0, abs=0.01)  # the idle, empty GPU
+    assert sent == {
+        P + "gpu-0.pattern": "idle", P + "gpu-1.pattern": "steady", P + "gpu-2.pattern": "periodic",
+        P + "gpu-3.pattern": "bursty", P + "gpu-4.pattern": "growing", P + "gpu-6.pattern": "steady",
+        P + "gpu-7.pattern": "unknown",
+        P + "gpu-5.pattern": None, P + "gpu-5.uuid": None,  # the vanished GPU's keys go
+        P + "pattern": "steady",
+        P + "idle-gpus": "1",
+        P + "owned-keys": ("best-gpu,best-gpu-score,idle-gpus,pattern,gpu-0.pattern,gpu-0.uuid,gpu-1.pattern,"
+                           "gpu-1.uuid,gpu-2.pattern,gpu-2.period-seconds,gpu-2.uuid,gpu-3.pattern,gpu-3.uuid,"
+                           "gpu-4.memory-growth-bytes-per-second,gpu-4.pattern,gpu-4.uuid,gpu-6.pattern,"
+                           "gpu-6.uuid,gpu-7.pattern,gpu-7.uuid"),
+    }
+    node = api.node("scn-a")["metadata"]["annotations"]
+    assert {k: node[k] for k in foreign} == foreign
+    # the silent node keeps its published pattern for now (hysteresis), nothing else written
+    assert patches["silent"].body["metadata"]["annotations"] == {
+        P + "pending": "gpu-0.pattern=unknown:1",
+        P + "owned-keys": "pattern,pending,gpu-0.pattern"}
+    assert prof.metrics.pattern_collector.patterns[("scn-a", "2")] == "periodic"
+
+    api.clear_requests()
+    r2 = prof.run_cycle(at=END)
+    assert [r.node for r in api.patches()] == ["silent"] and r2.unchanged == 2
+    assert api.node("silent")["metadata"]["annotations"] == {
+        P + "gpu-0.pattern": "unknown", P + "pattern": "unknown", P + "owned-keys": "pattern,gpu-0.pattern"}
+
+    api.clear_requests()
+    r3 = prof.run_cycle(at=END)
+    assert api.patches() == [] and r3.patches == 0 and r3.unchanged == 3
+    assert [r.method for r in api.requests] == ["GET"]  # one list, nothing else
+    assert out.getvalue() == ""  # not a dry run: nothing printed
+
+
+def test_dry_run_without_cluster_prints_patches(prom: Prometheus) -> None:
+    out = io.StringIO()
+    prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), None, PlanConfig(), out=out)
+    r = prof.run_cycle(at=END)
+    docs = [json.loads(line) for line in out.getvalue().splitlines()]
+    nodes = [d["node"] for d in docs]
+    assert nodes == sorted(nodes) and "scn-a" in nodes and len(nodes) == r.patches
+    ann = next(d for d in docs if d["node"] == "scn-a")["patch"]["metadata"]["annotations"]
+    assert ann[P + "gpu-2.pattern"] == "periodic"
+    # the overlay keeps the would-be state: the same data again prints nothing
+    out.truncate(0)
+    out.seek(0)
+    assert prof.run_cycle(at=END).patches == 0 and out.getvalue() == ""
+
+
+def test_uuids_shared_across_nodes_do_not_mix_ranges(tmp_path: Path) -> None:
+    # simulated or cloned GPUs can repeat a UUID on every node; the node label keeps them apart
+    a = [h for h in scenario_node(5, "dup-a", END) if h.gpu in ("2", "3")]
+    b = [replace(h, node="dup-b", uuid=a[i % 2].uuid) for i, h in
+         enumerate(h for h in scenario_node(6, "dup-b", END) if h.gpu in ("3", "2"))]
+    assert {h.uuid for h in a} == {h.uuid for h in b}
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=history_file(tmp_path / "h.om", a + b)) as p:
+        snap = Reader(PromClient(p.url), QueryConfig()).read(END)
+    got = {(n, g): classify_gpu(st).pattern for (n, g), st in snap.gpus.items()}
+    assert got == {("dup-a", "2"): "periodic", ("dup-a", "3"): "bursty",
+                   ("dup-b", "3"): "bursty", ("dup-b", "2"): "periodic"}
+
+
+def test_lost_gpu_is_unknown_not_removed(tmp_path: Path) -> None:
+    # the exporter reports a GPU that fell off the bus as gpu_up 0 and nothing else
+    hist = [h for h in scenario_node(7, "lost", END) if h.gpu in ("0", "1")]
+    from tests.fakes.profiler_history import write_openmetrics
+    from tests.harness.prom import OpenMetricsWriter
+
+    lost = hist[1]
+    cut = END - 600
+    lost.util = [u if t <= cut else None for t, u in zip(lost.times, lost.util, strict=True)]
+    lost.mem_used = [m if t <= cut else None for t, m in zip(lost.times, lost.mem_used, strict=True)]
+    with OpenMetricsWriter(tmp_path / "h.om") as w:
+        write_openmetrics(w, hist)
+        labels = {"gpu": "1", "uuid": lost.uuid, "instance": "lost:9400", "job": "gpu-exporter", "node": "lost"}
+        w.add("gpu_up", labels | {"state": "lost"}, [(t, 0.0) for t in lost.times if t > cut])
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as p:
+        snap = Reader(PromClient(p.url), QueryConfig()).read(END)
+    st = snap.gpus[("lost", "1")]
+    assert st.fresh and st.up == 0.0
+    assert classify_gpu(st).pattern == "unknown"
+    assert classify_gpu(snap.gpus[("lost", "0")]).pattern == "idle"
+
+
+def test_step_is_the_scrape_interval_despite_missed_scrapes(tmp_path: Path) -> None:
+    # two missed scrapes make the window's count 119: 1800/119 = 15.1 s must still give a
+    # 15 s step, else the range skips a sample every 15 steps and that beat looks periodic
+    hist = [h for h in scenario_node(8, "gaps", END) if h.gpu in ("1", "2")]
+    for h in hist:
+        for i in (40, 80):
+            h.util[-i] = None
+            h.mem_used[-i] = None
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=history_file(tmp_path / "h.om", hist)) as p:
+        snap = Reader(PromClient(p.url), QueryConfig()).read(END)
+    assert snap.gpus[("gaps", "1")].util_count == 119
+    assert snap.util_step == 15.0
+    prof = classify_gpu(snap.gpus[("gaps", "2")])
+    assert prof.pattern == "periodic" and prof.period_seconds == pytest.approx(SCENARIO_PERIOD_S, rel=0.1)

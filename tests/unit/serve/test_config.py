@@ -1,0 +1,100 @@
+"""Settings: precedence, validation, and the one-line exit-2 errors of `gpu-exporter serve`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter.serve import config
+from tests.harness.exporter import REPO
+
+
+def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "exporter", "serve", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_defaults() -> None:
+    s = config.load([], environ={})
+    assert (s.port, s.address, s.metrics_path, s.backend, s.collection_interval) == (9400, "0.0.0.0", "/metrics",
+                                                                                      "auto", 0.0)
+
+
+def test_precedence_file_env_flag(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("port: 9500\ncollection_interval: 15\nfields:\n  exclude: [gpu_clock_*]\nlog_level: debug\n")
+    s = config.load(["--config", str(cfg)], environ={"EXPORTER_PORT": "9600"})
+    assert s.port == 9600 and s.collection_interval == 15.0 and s.fields_exclude == ["gpu_clock_*"]
+    assert s.log_level == "debug"
+    s = config.load(["--config", str(cfg), "--port", "9700"], environ={"EXPORTER_PORT": "9600"})
+    assert s.port == 9700
+    s = config.load([], environ={"EXPORTER_CONFIG": str(cfg), "COLLECTION_INTERVAL": "30s"})
+    assert s.port == 9500 and s.collection_interval == 30.0
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "must_contain"),
+    [
+        (["--port", "abc"], {}, ["port", "'abc'", "1..65535"]),
+        ([], {"EXPORTER_PORT": "70000"}, ["EXPORTER_PORT", "'70000'", "1..65535"]),
+        ([], {"COLLECTION_INTERVAL": "-1"}, ["COLLECTION_INTERVAL", "'-1'", "seconds"]),
+        ([], {"COLLECTION_INTERVAL": "nan"}, ["COLLECTION_INTERVAL", "'nan'"]),
+        (["--backend", "cuda"], {}, ["backend", "'cuda'", "nvml"]),
+        (["--metrics-path", "metrics"], {}, ["metrics_path", "absolute URL path"]),
+        (["--log-level", "loud"], {}, ["log_level", "debug, info, warning, error"]),
+        (["--no-such-flag"], {}, ["unrecognized arguments: --no-such-flag"]),
+        (["--fields-exclude", "gpu_clock;rm"], {}, ["fields_exclude", "metric family names"]),
+    ],
+)
+def test_bad_values_exit_2_with_one_line(args: list[str], env: dict[str, str], must_contain: list[str]) -> None:
+    import os
+
+    res = run_serve(*args, "--check-config", env={**os.environ, **env})
+    assert res.returncode == 2, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    for part in must_contain:
+        assert part in lines[0], (part, lines[0])
+    assert res.stdout == ""
+
+
+def test_bad_config_files(tmp_path: Path) -> None:
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("port: [1,\n")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("prot: 9400\n")
+    wrong_type = tmp_path / "wrong.yaml"
+    wrong_type.write_text("port: true\n")
+    for path, expect in ((bad_yaml, "not valid YAML"), (unknown, "unknown setting 'prot'"),
+                         (wrong_type, "invalid port"), (tmp_path / "missing.yaml", "cannot read config file")):
+        res = run_serve("--config", str(path), "--check-config")
+        assert res.returncode == 2
+        assert (expect in res.stderr and str(path) in res.stderr) or "invalid port" in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_check_config_prints_effective_settings() -> None:
+    import os
+
+    res = run_serve("--check-config", "--backend", "simulated", env={**os.environ, "EXPORTER_PORT": "9555"})
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["port"] == 9555 and doc["backend"] == "simulated"
+
+
+def test_serve_imports_no_kubernetes_or_profiler() -> None:
+    code = (
+        "import sys\n"
+        "from exporter import cli, backends\n"
+        "from exporter.serve import main, engine, http, render, config\n"
+        "backends.registry(); config.load(['--backend','simulated'], environ={})\n"
+        "heavy = [m for m in ('kubernetes', 'exporter.profiler', 'grpc', 'yaml') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "", f"serve imported {res.stdout.strip()}"
