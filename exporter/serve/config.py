@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
 from exporter.core.options import Settings
@@ -34,15 +34,18 @@ def _fail(setting: str, source: str, value: object, allowed: str) -> NoReturn:
 
 # --- value parsers: (raw value) -> typed value, raising ValueError(allowed) -------------------
 
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+
 
 def _int_range(lo: int, hi: int) -> Callable[[object], int]:
     def parse(v: object) -> int:
         if isinstance(v, bool):
             raise ValueError(f"expected an integer in {lo}..{hi}")
-        try:
-            n = int(str(v).strip(), 10) if not isinstance(v, int) else v
-        except ValueError:
-            raise ValueError(f"expected an integer in {lo}..{hi}") from None
+        s = str(v).strip()
+        # ASCII digits only, and few of them: int() would also take "1_000", "٣" and 5,000-digit strings
+        if not isinstance(v, int) and not re.fullmatch(r"[+-]?[0-9]{1,18}", s):
+            raise ValueError(f"expected an integer in {lo}..{hi}")
+        n = v if isinstance(v, int) else int(s)
         if not lo <= n <= hi:
             raise ValueError(f"expected an integer in {lo}..{hi}")
         return n
@@ -61,20 +64,20 @@ def _seconds(lo: float, hi: float) -> Callable[[object], float]:
             if s.endswith(suffix):
                 s, mult = s[: -len(suffix)], m
                 break
-        try:
-            x = float(s) * mult
-        except ValueError:
-            raise ValueError(allowed) from None
-        if not (lo <= x <= hi):  # also rejects NaN
+        if not _DECIMAL.fullmatch(s):  # float() would also take "nan", "inf", "1_0" and non-ASCII digits
+            raise ValueError(allowed)
+        x = float(s) * mult
+        if not (lo <= x <= hi):  # also rejects an overflow to inf
             raise ValueError(allowed)
         return x
 
     return parse
 
 
-def _choice(options: Sequence[str]) -> Callable[[object], str]:
+def _choice(options: Sequence[str], aliases: Mapping[str, str] | None = None) -> Callable[[object], str]:
     def parse(v: object) -> str:
         s = str(v).strip().lower()
+        s = (aliases or {}).get(s, s)
         if s not in options:
             raise ValueError(f"expected one of: {', '.join(options)}")
         return s
@@ -105,17 +108,37 @@ def _str_list(v: object) -> list[str]:
     return out
 
 
+# Paths the server answers itself: the metrics path may not shadow them (exporter/serve/http.py, api.py).
+RESERVED_PATHS = ("/", "/healthz", "/readyz", "/api/v1/monitoring/gpu-metrics", "/stats")
+_PATH_SEGMENT = re.compile(r"(?:[A-Za-z0-9._~-]|%[0-9A-Fa-f]{2})+")
+
+
 def _path_prefix(v: object) -> str:
     s = str(v).strip()
-    if not s.startswith("/") or any(c.isspace() for c in s) or "?" in s or "#" in s:
-        raise ValueError("expected an absolute URL path such as /metrics")
+    segments = s.split("/")[1:]
+    # "//host" would be a link to another site on the landing page; ".." and odd characters are never needed
+    if not s.startswith("/") or not all(_PATH_SEGMENT.fullmatch(x) and x not in (".", "..") for x in segments):
+        raise ValueError("expected an absolute URL path such as /metrics (letters, digits, - . _ ~ between slashes)")
+    if s in RESERVED_PATHS:
+        raise ValueError(f"{s} is served by the exporter itself; choose another path such as /metrics")
     return s
 
 
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
 def _address(v: object) -> str:
+    import ipaddress
+
     s = str(v).strip()
-    if not s or any(c.isspace() for c in s) or "/" in s:
-        raise ValueError("expected an IP address or host name, e.g. 0.0.0.0 or 127.0.0.1")
+    allowed = "expected an IP address or host name, e.g. 0.0.0.0, :: or 127.0.0.1"
+    if ":" in s or re.fullmatch(r"[0-9.]+", s):  # looks like an IP address: it must be one (not 999.1.1.1)
+        try:
+            return str(ipaddress.ip_address(s))
+        except ValueError:
+            raise ValueError(allowed) from None
+    if len(s) > 253 or not all(_HOST_LABEL.fullmatch(x) for x in s.removesuffix(".").split(".")):
+        raise ValueError(allowed)
     return s
 
 
@@ -126,6 +149,8 @@ def _backend(v: object) -> str:
     parts = [p.strip().lower() for p in str(v).split(",") if p.strip()]
     if not parts or any(p not in names for p in parts) or ("auto" in parts and len(parts) > 1):
         raise ValueError(f"expected auto, or one or more of {', '.join(names[1:])} separated by commas")
+    if len(set(parts)) != len(parts):  # two instances of one backend would publish the same series twice
+        raise ValueError("each backend at most once")
     return ",".join(parts)
 
 
@@ -164,7 +189,7 @@ SPECS: tuple[Spec, ...] = (
          "collect-on-scrape: reuse a collection that finished less than this ago (default 1; 0 = never)"),
     Spec("ready_max_age", "--ready-max-age", "READY_MAX_AGE", _seconds(1, 86400),
          "/readyz fails when the last successful collection is older than this (default 60)"),
-    Spec("log_level", "--log-level", "LOG_LEVEL", _choice(("debug", "info", "warning", "error")),
+    Spec("log_level", "--log-level", "LOG_LEVEL", _choice(("debug", "info", "warning", "error"), {"warn": "warning"}),
          "debug | info | warning | error (default info)"),
     Spec("log_format", "--log-format", "LOG_FORMAT", _choice(("text", "json")), "text | json (default text)"),
     Spec("fields_include", "--fields-include", "FIELDS_INCLUDE", _str_list,
@@ -219,18 +244,47 @@ def build_parser(prog: str = "gpu-exporter serve") -> argparse.ArgumentParser:
     return p
 
 
-def _load_yaml(path: str) -> dict[str, Any]:
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+
+
+def read_yaml(path: str, what: str) -> Any:
+    """The document in the YAML file ``path``, or :class:`ConfigError` naming ``what`` and ``path``.
+
+    Hostile or broken files end in one line, never a traceback: a leading BOM is dropped, bytes that
+    are not UTF-8, more than 1 MiB, nesting deeper than 32 levels, aliases (billion laughs) and
+    values PyYAML cannot build (a 5,000-digit integer, a bad ``!!timestamp``) are errors. Dates stay
+    strings: no setting is a date.
+    """
     import yaml
 
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"{what} {path}: larger than {MAX_YAML_BYTES >> 20} MiB")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path}: not UTF-8 (byte {exc.start})") from None
+    try:
+        depth = 0  # checked on the event stream, before PyYAML recurses into the nodes
+        for event in yaml.parse(text, Loader=Loader):
+            if isinstance(event, yaml.AliasEvent):
+                raise ConfigError(f"{what} {path}: YAML aliases (*name) are not supported")
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            if depth > MAX_YAML_DEPTH:
+                raise ConfigError(f"{what} {path}: nested deeper than {MAX_YAML_DEPTH} levels")
+        return yaml.load(text, Loader=Loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
+    class Loader(yaml.SafeLoader):
+        yaml_implicit_resolvers = {k: [r for r in v if r[0] != "tag:yaml.org,2002:timestamp"]
+                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
         raise ConfigError(f"config file {path}{where}: not valid YAML") from None
     if data is None:
         return {}
