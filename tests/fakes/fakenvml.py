@@ -29,6 +29,13 @@ ECC/remap/XID errors), passively cooled (``fans=0``: fan-speed calls return NOT_
 Memory: ``mem_used`` excludes ``mem_reserved`` (nvmlMemory_v2 meaning); v1 reports
 ``used + reserved`` and both report ``free = total - reserved - used``.
 
+GPM (``nvmlGpm*``, R520+): every default GPU supports it (``gpm_supported=1``) and carries
+``gpm`` values for the metrics of ``GPM_DEFAULT_METRICS`` (percent, or MiB/s for PCIe/NVLink),
+keyed by ``NVML_GPM_METRIC_*`` id.  ``nvmlGpmMetricsGet`` over two samples of a GPU returns the
+values configured when the later sample was taken; ``gpm_fail`` ({id: code}) sets a metric's own
+``nvmlReturn``.  A MIG instance carries only its slot's ``gpm`` dict (``add_mig`` fills the SM
+metrics by default; PCIe and NVLink are device-wide, so an instance reports them NOT_SUPPORTED).
+
 Extending with a new NVML symbol: see "ADDING A SYMBOL" at the top of fake_nvml.c; a new
 per-GPU value also needs its default in ``_default_gpu`` below.
 """
@@ -80,13 +87,38 @@ MAX_SEQ = 65535
 
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 
+# NVML_GPM_METRIC_* ids (nvml.h) of the metrics every default GPU carries.
+GPM_GRAPHICS_UTIL = 1
+GPM_SM_UTIL = 2
+GPM_SM_OCCUPANCY = 3
+GPM_INTEGER_UTIL = 4
+GPM_ANY_TENSOR_UTIL = 5
+GPM_DFMA_TENSOR_UTIL = 6
+GPM_HMMA_TENSOR_UTIL = 7
+GPM_DMMA_TENSOR_UTIL = 8
+GPM_IMMA_TENSOR_UTIL = 9
+GPM_DRAM_BW_UTIL = 10
+GPM_FP64_UTIL = 11
+GPM_FP32_UTIL = 12
+GPM_FP16_UTIL = 13
+GPM_PCIE_TX_PER_SEC = 20
+GPM_PCIE_RX_PER_SEC = 21
+GPM_NVLINK_TOTAL_RX_PER_SEC = 60
+GPM_NVLINK_TOTAL_TX_PER_SEC = 61
+GPM_SM_METRICS = (GPM_GRAPHICS_UTIL, GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_INTEGER_UTIL, GPM_ANY_TENSOR_UTIL,
+                  GPM_DFMA_TENSOR_UTIL, GPM_HMMA_TENSOR_UTIL, GPM_DMMA_TENSOR_UTIL, GPM_IMMA_TENSOR_UTIL,
+                  GPM_DRAM_BW_UTIL, GPM_FP64_UTIL, GPM_FP32_UTIL, GPM_FP16_UTIL)
+GPM_DEFAULT_METRICS = (*GPM_SM_METRICS, GPM_PCIE_TX_PER_SEC, GPM_PCIE_RX_PER_SEC, GPM_NVLINK_TOTAL_RX_PER_SEC,
+                       GPM_NVLINK_TOTAL_TX_PER_SEC)
+GPM_METRIC_MAX = 477  # the fake's NVML_GPM_METRIC_MAX (nvidia-ml-py 13.615's)
+
 # DGX H100 PCI bus numbers of GPUs 0-7; further GPUs repeat them in the next PCI domain.
 _DGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 _GIB = 1 << 30
 
 # Per-GPU keys whose values are not scalars.
 _COMPOUND = {"violation", "nvlink_active", "nvlink_err", "retired_sbe", "retired_dbe", "procs",
-             "graphics_procs", "mig", "unsupported"}
+             "graphics_procs", "mig", "unsupported", "gpm", "gpm_fail"}
 _GLOBAL_KEYS = {"driver_version", "nvml_version", "cuda_version"}
 
 
@@ -156,6 +188,25 @@ def load_in_process(lib: Path) -> ctypes.CDLL:
     if _loaded is None or Path(_loaded._name) != lib:
         _loaded = ctypes.CDLL(str(lib))
     return _loaded
+
+
+def _default_gpm(seed: int, util: float, mem_util: float) -> dict[int, float]:
+    """GPM values (percent; MiB/s for PCIe/NVLink), distinct per ``seed``, below ``util``."""
+    return {
+        GPM_GRAPHICS_UTIL: util,
+        GPM_SM_UTIL: round(util * 0.75, 2),
+        GPM_SM_OCCUPANCY: round(util * 0.5, 2),
+        GPM_INTEGER_UTIL: 3.0 + seed,
+        GPM_ANY_TENSOR_UTIL: round(util * 0.4, 2),
+        GPM_DFMA_TENSOR_UTIL: 1.0 + seed / 2,
+        GPM_HMMA_TENSOR_UTIL: round(util * 0.3, 2),
+        GPM_DMMA_TENSOR_UTIL: 0.5 + seed / 4,
+        GPM_IMMA_TENSOR_UTIL: 2.0 + seed / 4,
+        GPM_DRAM_BW_UTIL: round(mem_util * 0.9, 2),
+        GPM_FP64_UTIL: 4.0 + seed / 2,
+        GPM_FP32_UTIL: 20.0 + seed,
+        GPM_FP16_UTIL: 8.0 + seed,
+    }
 
 
 def _default_gpu(i: int, n: int) -> dict[str, Any]:
@@ -236,6 +287,13 @@ def _default_gpu(i: int, n: int) -> dict[str, Any]:
         "supported_events": 0xD1F,        # SBE|DBE|PState|XID|Clock|MIG|DRAM retirement (+failure)
         "lost": 0,
         "delay_ms": 0,                    # every device call sleeps this long (a hung driver)
+        "gpm_supported": 1,               # nvmlGpmQueryDeviceSupport (Hopper)
+        "gpm": {**_default_gpm(i, float((10 + 11 * i) % 101), float((5 + 7 * i) % 101)),
+                GPM_PCIE_TX_PER_SEC: 100.0 * (i + 1) + 0.5,   # MiB/s
+                GPM_PCIE_RX_PER_SEC: 200.0 * (i + 1) + 0.25,
+                GPM_NVLINK_TOTAL_RX_PER_SEC: 1000.0 * (i + 1),
+                GPM_NVLINK_TOTAL_TX_PER_SEC: 1500.0 * (i + 1)},
+        "gpm_fail": {},                   # {metric id: nvmlReturn of that metric alone}
     }
 
 
@@ -263,7 +321,15 @@ def _gpu_lines(i: int, g: dict[str, Any]) -> Iterable[str]:
             yield from (f"{pre}nvlink_err.{link}.{ctr}={n}" for (link, ctr), n in sorted(val.items()))
         elif key == "mig":
             for slot, d in sorted(val.items()):
-                yield from (f"{pre}mig.{slot}.{k}={_scalar(k, v)}" for k, v in d.items())
+                for k, v in d.items():
+                    if k == "gpm":
+                        yield from (f"{pre}mig.{slot}.gpm.{m}={x!r}" for m, x in sorted(v.items()))
+                    else:
+                        yield f"{pre}mig.{slot}.{k}={_scalar(k, v)}"
+        elif key == "gpm":
+            yield from (f"{pre}gpm.{m}={float(x)!r}" for m, x in sorted(val.items()))
+        elif key == "gpm_fail":
+            yield from (f"{pre}gpm_fail.{m}={code}" for m, code in sorted(val.items()))
         elif key in ("procs", "graphics_procs"):
             yield f"{pre}{key}=" + ",".join(_proc(p) for p in val)
         elif key in ("retired_sbe", "retired_dbe"):
@@ -383,7 +449,7 @@ class FakeNvml:
     def clear_fail(self, function: str | None = None, gpu: int | None = None) -> None:
         """Remove injected codes matching ``function`` and ``gpu`` (``None`` matches anything).
 
-        ``function=None`` also removes ``fail_field`` entries (of ``gpu``, or all).
+        ``function=None`` also removes ``fail_field`` and ``fail_gpm`` entries (of ``gpu``, or all).
         """
         self.fails = {
             (f, g): c for (f, g), c in self.fails.items()
@@ -392,6 +458,10 @@ class FakeNvml:
         self.field_fails = {
             (f, g): c for (f, g), c in self.field_fails.items() if not (function is None and (gpu is None or g == gpu))
         }
+        if function is None:
+            for i, g in enumerate(self.gpus):
+                if gpu is None or i == gpu:
+                    g["gpm_fail"] = {}
         self.write()
 
     def fail_field(self, field_id: int, code: int, gpu: int | None = None) -> None:
@@ -442,8 +512,11 @@ class FakeNvml:
 
     def add_mig(self, gpu: int, slot: int, profile: str = "1g.10gb", *, gi: int, ci: int = 0,
                 mem_total: int = 10_200_547_328, mem_used: int = 0, mem_reserved: int = 0,
-                uuid: str | None = None) -> str:
-        """Create MIG device ``slot`` on ``gpu`` (turns MIG mode on); returns its ``MIG-`` UUID."""
+                uuid: str | None = None, gpm: dict[int, float] | None = None) -> str:
+        """Create MIG device ``slot`` on ``gpu`` (turns MIG mode on); returns its ``MIG-`` UUID.
+
+        ``gpm``: the GPU instance's GPM values (default: the SM metrics, distinct per ``gi``).
+        """
         self._check_gpu(gpu)
         if not 0 <= slot < MAX_MIG:
             raise ValueError(f"MIG slot {slot} is outside 0..{MAX_MIG - 1}")
@@ -451,9 +524,32 @@ class FakeNvml:
         self.gpus[gpu]["mig"][slot] = {
             "profile": profile, "uuid": mig_uuid, "gi": gi, "ci": ci,
             "mem_total": mem_total, "mem_reserved": mem_reserved, "mem_used": mem_used,
+            "gpm": dict(_default_gpm(gi, 60.0 + gi, 30.0 + gi) if gpm is None else gpm),
         }
         self.set(gpu, mig_mode=1, mig_pending=1)
         return mig_uuid
+
+    def set_gpm(self, gpu: int, metric: int, value: float | None, *, mig_slot: int | None = None) -> None:
+        """Set GPM ``metric`` (an ``NVML_GPM_METRIC_*`` id) of ``gpu`` or of its MIG slot; ``None``
+        removes it (the metric then answers NOT_SUPPORTED)."""
+        self._check_gpu(gpu)
+        if not 0 < metric < GPM_METRIC_MAX:
+            raise ValueError(f"GPM metric id {metric} is outside 1..{GPM_METRIC_MAX - 1}")
+        if mig_slot is not None and mig_slot not in self.gpus[gpu]["mig"]:
+            raise ValueError(f"GPU {gpu} has no MIG slot {mig_slot}")
+        table = self.gpus[gpu]["gpm"] if mig_slot is None else self.gpus[gpu]["mig"][mig_slot]["gpm"]
+        if value is None:
+            table.pop(metric, None)
+        else:
+            table[metric] = float(value)
+        self.write()
+
+    def fail_gpm(self, metric: int, code: int, gpu: int | None = None) -> None:
+        """Make GPM ``metric`` report ``code`` in its own nvmlReturn (on ``gpu``, or every GPU)."""
+        for i in range(len(self.gpus)) if gpu is None else (gpu,):
+            self._check_gpu(i)
+            self.gpus[i]["gpm_fail"][metric] = code
+        self.write()
 
     def write(self) -> None:
         """Atomically replace the fleet file; its mtime strictly increases on every write."""

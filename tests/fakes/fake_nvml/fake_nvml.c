@@ -48,6 +48,13 @@
  *   gpu.<i>.graphics_procs=...                     gi/ci default 0xFFFFFFFF)
  *   gpu.<i>.mig.<slot>.<key>=<value>     key: profile uuid gi ci mem_total
  *                                        mem_reserved mem_used (slot 0..7)
+ *   gpu.<i>.gpm_supported=0|1            nvmlGpmQueryDeviceSupport's isSupportedDevice
+ *   gpu.<i>.gpm.<metricId>=<double>      GPM metric value (percent, MiB/s) over any two
+ *                                        samples of the GPU; not set: per-metric 3
+ *   gpu.<i>.gpm_fail.<metricId>=<code>   per-metric nvmlReturn in nvmlGpmMetricsGet
+ *   gpu.<i>.mig.<slot>.gpm.<metricId>=<double>  the same for the slot's GPU instance
+ *                                        (nvmlGpmMigSampleGet); an instance carries only
+ *                                        the metrics set on its slot
  *
  * Missing config variable or file: init returns 9 (driver not loaded).
  * Memory: mem_total/mem_reserved/mem_used use the v2 meaning (used excludes
@@ -63,6 +70,19 @@
  * accept MIG handles return 3, as real NVML does for utilisation.
  * An init failing with 9 drops the reference count to 0, so every function
  * returns 1 until an init succeeds.
+ *
+ * GPM (GPU performance monitoring, R520+)
+ * ---------------------------------------
+ * A sample (nvmlGpmSampleAlloc, from a pool of MAX_GPM_SAMPLES) is filled by
+ * nvmlGpmSampleGet (whole GPU) or nvmlGpmMigSampleGet (one GPU instance) with
+ * a snapshot of that GPU's or instance's gpm.* values and gpm_fail.* codes,
+ * and a sequence number.  nvmlGpmMetricsGet(version 1) needs two filled
+ * samples of the same GPU or instance, sample2 taken after sample1, else 2;
+ * each metric then gets the value (or code) of sample2's snapshot: "the rate
+ * over the interval".  Calls on a GPU with gpm_supported=0 return 3 (as do
+ * MIG handles); nvmlGpmMigSampleGet needs MIG mode (else 3) and an existing
+ * instance (else 6).  fakeNvmlGpmLiveSamples() counts allocated samples, so a
+ * test can catch a leak.
  *
  * ADDING A SYMBOL
  * ---------------
@@ -120,6 +140,10 @@ enum {
 #define NPOLICY 12
 #define P2P_INDICES 5
 #define NOT_AVAILABLE_U32 0xFFFFFFFFu
+#define GPM_METRIC_MAX 477      /* NVML_GPM_METRIC_MAX of nvidia-ml-py 13.615 (R525's nvml.h: 98) */
+#define MAX_GPM_VALS 48         /* gpm.<id> values per GPU */
+#define MAX_MIG_GPM_VALS 24     /* ... per MIG slot */
+#define MAX_GPM_SAMPLES 4096
 
 /* Every exported NVML function: the id indexes fail[] and unsupported[]. */
 #define FAKE_FUNCS(X) \
@@ -156,7 +180,10 @@ enum {
     X(nvmlDeviceIsMigDeviceHandle) X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle) \
     X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId) \
     X(nvmlEventSetCreate) X(nvmlDeviceGetSupportedEventTypes) X(nvmlDeviceRegisterEvents) \
-    X(nvmlEventSetWait) X(nvmlEventSetWait_v2) X(nvmlEventSetFree)
+    X(nvmlEventSetWait) X(nvmlEventSetWait_v2) X(nvmlEventSetFree) \
+    X(nvmlGpmQueryDeviceSupport) X(nvmlGpmSampleAlloc) X(nvmlGpmSampleFree) \
+    X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet) \
+    X(nvmlGpmSetStreamingEnabled) X(nvmlGpmQueryIfStreamingEnabled)
 
 #define AS_ENUM(n) F_##n,
 enum { FAKE_FUNCS(AS_ENUM) F_COUNT };
@@ -208,7 +235,27 @@ typedef struct {
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlEventData_t;
 
+/* GPM (nvml.h R520+; pynvml c_nvmlGpmMetric_t, c_nvmlGpmMetricsGet_t, c_nvmlGpmSupport_t) */
+typedef struct nvmlGpmSample_st *nvmlGpmSample_t;
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    struct { char *shortName, *longName, *unit; } metricInfo;
+} nvmlGpmMetric_t;
+typedef struct {
+    unsigned int version, numMetrics;
+    nvmlGpmSample_t sample1, sample2;
+    nvmlGpmMetric_t metrics[GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+#define NVML_GPM_METRICS_GET_VERSION 1u
+typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
+#define NVML_GPM_SUPPORT_VERSION 1u
+
 _Static_assert(sizeof(nvmlMemory_v2_t) == 0x28, "nvmlMemory_v2_t layout");
+_Static_assert(sizeof(nvmlGpmMetric_t) == 40, "nvmlGpmMetric_t layout");
+_Static_assert(offsetof(nvmlGpmMetricsGet_t, metrics) == 24, "nvmlGpmMetricsGet_t layout");
+_Static_assert(sizeof(nvmlGpmSupport_t) == 8, "nvmlGpmSupport_t layout");
 _Static_assert(sizeof(nvmlPciInfoExt_t) == 0x40, "nvmlPciInfoExt_t layout");
 _Static_assert(sizeof(nvmlTemperature_t) == 0x0C, "nvmlTemperature_t layout");
 _Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t layout");
@@ -221,10 +268,13 @@ enum { VT_DOUBLE = 0, VT_UINT = 1, VT_ULONG = 2, VT_ULL = 3 };
 struct page { uint64_t addr, ts; };
 struct proc { uint32_t pid, gi, ci; uint64_t used; };
 struct field_fail { uint32_t id; int code; };
+struct gpm_val { uint32_t id; double v; };
 struct mig {
     int present;
     char profile[32], uuid[96];
     uint64_t gi, ci, mem_total, mem_reserved, mem_used;
+    int n_gpm;
+    struct gpm_val gpm[MAX_MIG_GPM_VALS];
 };
 
 struct gpu {
@@ -244,6 +294,7 @@ struct gpu {
     uint64_t nvlinks, enc_util, enc_period_us, dec_util, dec_period_us;
     uint64_t mig_mode, mig_pending, mig_max, supported_events, lost;
     uint64_t delay_ms;  /* every device call on this GPU sleeps this long (a hung driver) */
+    uint64_t gpm_supported;
 
     unsigned int pci_domain, pci_bus, pci_dev, pci_fn; /* parsed from bus_id */
     uint64_t violation[NPOLICY];
@@ -254,6 +305,9 @@ struct gpu {
     struct proc procs[MAX_PROCS], gprocs[MAX_PROCS];
     struct mig mig[MAX_MIG];
     struct field_fail field_fail[MAX_FIELD_FAILS];
+    int n_gpm, n_gpm_fail;
+    struct gpm_val gpm[MAX_GPM_VALS];
+    struct field_fail gpm_fail[MAX_FIELD_FAILS];
     int fail[F_COUNT];
     uint8_t unsupported[F_COUNT];
 };
@@ -293,6 +347,7 @@ static const struct scalar gpu_scalars[] = {
     U(clocks_event_reasons), U(supported_clocks_event_reasons), U(violation_ref),
     U(nvlinks), U(enc_util), U(enc_period_us), U(dec_util), U(dec_period_us),
     U(mig_mode), U(mig_pending), U(mig_max), U(supported_events), U(lost), U(delay_ms),
+    U(gpm_supported),
 };
 
 /* ---- process state ---- */
@@ -363,6 +418,20 @@ static void add_field_fail(struct field_fail *arr, int *n, uint32_t id, int code
     if (*n < MAX_FIELD_FAILS) { arr[*n].id = id; arr[*n].code = code; (*n)++; }
 }
 
+/* "gpm.<id>=<double>" into a sparse table of at most `max` entries. */
+static void add_gpm_val(struct gpm_val *arr, int *n, int max, const char *id_text, const char *val,
+                        const char *key, int lineno)
+{
+    char *id_end, *end;
+    unsigned long id = strtoul(id_text, &id_end, 10);
+    double v = strtod(val, &end);
+    if (*id_end || id == 0 || id >= GPM_METRIC_MAX || !*val || *end) { warn("bad GPM value", key, lineno); return; }
+    for (int i = 0; i < *n; i++)
+        if (arr[i].id == id) { arr[i].v = v; return; }
+    if (*n < max) { arr[*n].id = (uint32_t)id; arr[*n].v = v; (*n)++; }
+    else warn("too many GPM values", key, lineno);
+}
+
 static int parse_pages(char *val, struct page *pages)
 {
     int n = 0;
@@ -412,6 +481,10 @@ static void parse_gpu_key(struct gpu *g, const char *key, char *val, int lineno)
         else g->fail[id] = atoi(val);
     } else if (!strncmp(key, "field_fail.", 11)) {
         add_field_fail(g->field_fail, &g->n_field_fail, (uint32_t)strtoul(key + 11, NULL, 10), atoi(val));
+    } else if (!strncmp(key, "gpm.", 4)) {
+        add_gpm_val(g->gpm, &g->n_gpm, MAX_GPM_VALS, key + 4, val, key, lineno);
+    } else if (!strncmp(key, "gpm_fail.", 9)) {
+        add_field_fail(g->gpm_fail, &g->n_gpm_fail, (uint32_t)strtoul(key + 9, NULL, 10), atoi(val));
     } else if (!strcmp(key, "unsupported")) {
         char *save, *tok;
         for (tok = strtok_r(val, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -448,6 +521,7 @@ static void parse_gpu_key(struct gpu *g, const char *key, char *val, int lineno)
         else if (!strcmp(rest, "mem_total")) parse_u64(val, &m->mem_total);
         else if (!strcmp(rest, "mem_reserved")) parse_u64(val, &m->mem_reserved);
         else if (!strcmp(rest, "mem_used")) parse_u64(val, &m->mem_used);
+        else if (!strncmp(rest, "gpm.", 4)) add_gpm_val(m->gpm, &m->n_gpm, MAX_MIG_GPM_VALS, rest + 4, val, key, lineno);
         else warn("unknown MIG key", key, lineno);
     } else {
         warn("unknown key", key, lineno);
@@ -1744,5 +1818,221 @@ API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, 
 API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms)
 {
     return event_wait(F_nvmlEventSetWait, set, data, timeout_ms, 0);
+}
+#endif
+
+/* ================= GPM ================= */
+
+struct nvmlGpmSample_st {
+    int in_use, filled, gpu;
+    uint32_t gi;             /* GPU instance, or NOT_AVAILABLE_U32 for the whole GPU */
+    uint64_t seq;            /* order of the sample-get calls */
+    int n, n_fail;
+    struct gpm_val val[MAX_GPM_VALS];
+    struct field_fail fail[MAX_FIELD_FAILS];
+};
+static struct nvmlGpmSample_st gpm_samples[MAX_GPM_SAMPLES];
+static pthread_mutex_t gpm_mu = PTHREAD_MUTEX_INITIALIZER;  /* gpm_samples, gpm_seq, gpm_live */
+static uint64_t gpm_seq;
+static unsigned long gpm_live;
+static uint8_t gpm_streaming[MAX_GPUS];
+
+/* Test hook (not NVML): samples allocated and not yet freed. */
+API unsigned long fakeNvmlGpmLiveSamples(void)
+{
+    pthread_mutex_lock(&gpm_mu);
+    unsigned long n = gpm_live;
+    pthread_mutex_unlock(&gpm_mu);
+    return n;
+}
+
+/* A sample handle from our pool that is allocated; gpm_mu held. */
+static struct nvmlGpmSample_st *valid_sample(nvmlGpmSample_t s)
+{
+    uintptr_t p = (uintptr_t)s, s0 = (uintptr_t)&gpm_samples[0];
+    if (p < s0 || p >= s0 + sizeof gpm_samples || (p - s0) % sizeof gpm_samples[0]) return NULL;
+    return s->in_use ? s : NULL;
+}
+
+struct gpm_info { uint32_t id; char *short_name, *long_name, *unit; };
+static const struct gpm_info gpm_infos[] = {
+    { 1, "GR_UTIL", "graphics/compute engine active", "%" },
+    { 2, "SM_UTIL", "SMs busy", "%" },
+    { 3, "SM_OCCUPANCY", "warps resident vs theoretical maximum", "%" },
+    { 4, "INTEGER_UTIL", "SM integer pipe active", "%" },
+    { 5, "ANY_TENSOR_UTIL", "SM any tensor pipe active", "%" },
+    { 6, "DFMA_TENSOR_UTIL", "SM DFMA tensor pipe active", "%" },
+    { 7, "HMMA_TENSOR_UTIL", "SM HMMA tensor pipe active", "%" },
+    { 8, "DMMA_TENSOR_UTIL", "SM DMMA tensor pipe active", "%" },
+    { 9, "IMMA_TENSOR_UTIL", "SM IMMA tensor pipe active", "%" },
+    { 10, "DRAM_BW_UTIL", "DRAM bandwidth vs theoretical maximum", "%" },
+    { 11, "FP64_UTIL", "SM non-tensor FP64 pipe active", "%" },
+    { 12, "FP32_UTIL", "SM non-tensor FP32 pipe active", "%" },
+    { 13, "FP16_UTIL", "SM non-tensor FP16 pipe active", "%" },
+    { 20, "PCIE_TX_PER_SEC", "PCIe traffic from the GPU", "MiB/sec" },
+    { 21, "PCIE_RX_PER_SEC", "PCIe traffic to the GPU", "MiB/sec" },
+    { 60, "NVLINK_TOTAL_RX_PER_SEC", "NVLink read bandwidth, all links", "MiB/sec" },
+    { 61, "NVLINK_TOTAL_TX_PER_SEC", "NVLink write bandwidth, all links", "MiB/sec" },
+};
+
+static const struct gpm_info *gpm_info_of(uint32_t id)
+{
+    for (size_t i = 0; i < sizeof gpm_infos / sizeof gpm_infos[0]; i++)
+        if (gpm_infos[i].id == id) return &gpm_infos[i];
+    return NULL;
+}
+
+/* Device functions that need a GPM-capable full GPU; read lock held. */
+static nvmlReturn_t gpm_capable(const struct gpu *g) { return g->gpm_supported ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED; }
+
+#ifndef OMIT_nvmlGpmQueryDeviceSupport
+API nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t *support)
+{
+    DEV(nvmlGpmQueryDeviceSupport, dev, 0);
+    NEED(support);
+    if (support->version != NVML_GPM_SUPPORT_VERSION) OUT(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    support->isSupportedDevice = g->gpm_supported ? 1 : 0;
+    OUT(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlGpmSampleAlloc
+API nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample)
+{
+    SYS(nvmlGpmSampleAlloc);
+    NEED(sample);
+    pthread_mutex_lock(&gpm_mu);
+    for (int i = 0; i < MAX_GPM_SAMPLES; i++) {
+        if (!gpm_samples[i].in_use) {
+            memset(&gpm_samples[i], 0, sizeof gpm_samples[i]);
+            gpm_samples[i].in_use = 1;
+            gpm_live++;
+            *sample = &gpm_samples[i];
+            pthread_mutex_unlock(&gpm_mu);
+            OUT(NVML_SUCCESS);
+        }
+    }
+    pthread_mutex_unlock(&gpm_mu);
+    OUT(NVML_ERROR_MEMORY);
+}
+#endif
+
+#ifndef OMIT_nvmlGpmSampleFree
+API nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample)
+{
+    SYS(nvmlGpmSampleFree);
+    pthread_mutex_lock(&gpm_mu);
+    struct nvmlGpmSample_st *s = valid_sample(sample);
+    if (s) {
+        s->in_use = 0;
+        gpm_live--;
+    }
+    pthread_mutex_unlock(&gpm_mu);
+    OUT(s ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT);
+}
+#endif
+
+/* Fill a sample from a value table (read lock held); INVALID_ARGUMENT for a bad handle. */
+static nvmlReturn_t fill_sample(nvmlGpmSample_t sample, int gpu, uint32_t gi, const struct gpm_val *vals, int n,
+                                const struct gpu *g)
+{
+    pthread_mutex_lock(&gpm_mu);
+    struct nvmlGpmSample_st *s = valid_sample(sample);
+    if (!s) { pthread_mutex_unlock(&gpm_mu); return NVML_ERROR_INVALID_ARGUMENT; }
+    s->filled = 1;
+    s->gpu = gpu;
+    s->gi = gi;
+    s->seq = ++gpm_seq;
+    s->n = n;
+    memcpy(s->val, vals, (size_t)n * sizeof *vals);
+    s->n_fail = g->n_gpm_fail;
+    memcpy(s->fail, g->gpm_fail, (size_t)g->n_gpm_fail * sizeof *g->gpm_fail);
+    pthread_mutex_unlock(&gpm_mu);
+    return NVML_SUCCESS;
+}
+
+#ifndef OMIT_nvmlGpmSampleGet
+API nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample)
+{
+    DEV(nvmlGpmSampleGet, dev, 0);
+    nvmlReturn_t rc = gpm_capable(g);
+    if (rc) OUT(rc);
+    OUT(fill_sample(sample, gidx, NOT_AVAILABLE_U32, g->gpm, g->n_gpm, g));
+}
+#endif
+
+#ifndef OMIT_nvmlGpmMigSampleGet
+API nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned int gpu_instance_id, nvmlGpmSample_t sample)
+{
+    DEV(nvmlGpmMigSampleGet, dev, 0);
+    nvmlReturn_t rc = gpm_capable(g);
+    if (rc) OUT(rc);
+    if (!g->mig_mode) OUT(NVML_ERROR_NOT_SUPPORTED);
+    for (int slot = 0; slot < MAX_MIG; slot++) {
+        const struct mig *mi = &g->mig[slot];
+        if (mi->present && mi->gi == gpu_instance_id)
+            OUT(fill_sample(sample, gidx, gpu_instance_id, mi->gpm, mi->n_gpm, g));
+    }
+    OUT(NVML_ERROR_NOT_FOUND);
+}
+#endif
+
+#ifndef OMIT_nvmlGpmMetricsGet
+API nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg)
+{
+    SYS(nvmlGpmMetricsGet);
+    NEED(mg);
+    if (mg->version != NVML_GPM_METRICS_GET_VERSION) OUT(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    NEED(mg->numMetrics <= GPM_METRIC_MAX);
+    /* Copy sample2 under the pool lock: another thread may refill it meanwhile. */
+    static __thread struct nvmlGpmSample_st b;
+    pthread_mutex_lock(&gpm_mu);
+    const struct nvmlGpmSample_st *s1 = valid_sample(mg->sample1), *s2 = valid_sample(mg->sample2);
+    int ok = s1 && s2 && s1->filled && s2->filled && s1->gpu == s2->gpu && s1->gi == s2->gi && s2->seq > s1->seq;
+    if (ok) b = *s2;
+    pthread_mutex_unlock(&gpm_mu);
+    if (!ok) OUT(NVML_ERROR_INVALID_ARGUMENT);
+    if ((uint64_t)b.gpu >= cfg.count) OUT(NVML_ERROR_INVALID_ARGUMENT);
+    nvmlReturn_t rc = check_gpu(F_nvmlGpmMetricsGet, &cfg.gpus[b.gpu]);
+    if (rc) OUT(rc);
+    for (unsigned int i = 0; i < mg->numMetrics; i++) {
+        nvmlGpmMetric_t *mt = &mg->metrics[i];
+        const struct gpm_info *info = gpm_info_of(mt->metricId);
+        mt->value = 0;
+        mt->metricInfo.shortName = info ? info->short_name : NULL;
+        mt->metricInfo.longName = info ? info->long_name : NULL;
+        mt->metricInfo.unit = info ? info->unit : NULL;
+        if (mt->metricId == 0 || mt->metricId >= GPM_METRIC_MAX) { mt->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT; continue; }
+        mt->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        for (int k = 0; k < b.n; k++)
+            if (b.val[k].id == mt->metricId) { mt->nvmlReturn = NVML_SUCCESS; mt->value = b.val[k].v; }
+        for (int k = 0; k < b.n_fail; k++)
+            if (b.fail[k].id == mt->metricId) { mt->nvmlReturn = b.fail[k].code; mt->value = 0; }
+    }
+    OUT(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlGpmSetStreamingEnabled
+API nvmlReturn_t nvmlGpmSetStreamingEnabled(nvmlDevice_t dev, unsigned int state)
+{
+    DEV(nvmlGpmSetStreamingEnabled, dev, 0);
+    nvmlReturn_t rc = gpm_capable(g);
+    if (rc) OUT(rc);
+    NEED(state <= 1);
+    __atomic_store_n(&gpm_streaming[gidx], (uint8_t)state, __ATOMIC_RELAXED);
+    OUT(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlGpmQueryIfStreamingEnabled
+API nvmlReturn_t nvmlGpmQueryIfStreamingEnabled(nvmlDevice_t dev, unsigned int *state)
+{
+    DEV(nvmlGpmQueryIfStreamingEnabled, dev, 0);
+    nvmlReturn_t rc = gpm_capable(g);
+    if (rc) OUT(rc);
+    NEED(state);
+    *state = __atomic_load_n(&gpm_streaming[gidx], __ATOMIC_RELAXED);
+    OUT(NVML_SUCCESS);
 }
 #endif
