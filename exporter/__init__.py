@@ -1,3 +1,5 @@
 """gpu-exporter: vendor-neutral GPU telemetry for Kubernetes."""
 
-__version__ = "0.1.0"
+from exporter.core.version import VERSION
+
+__version__ = VERSION

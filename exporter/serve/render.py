@@ -20,11 +20,11 @@ import platform
 import threading
 from typing import TYPE_CHECKING
 
-from exporter import __version__
 from exporter.core.options import FieldFilter
 from exporter.core.readings import Collection, GpuReading, PeerReading
 from exporter.core.schema import COUNTER, GAUGE, GPU_FAMILIES, TOPOLOGY_LEVELS
 from exporter.core.snapshot import Snapshot
+from exporter.core.version import VERSION as __version__
 
 if TYPE_CHECKING:  # plugins hand us prometheus_client Metrics; serving alone never imports it
     from prometheus_client.metrics_core import Metric
