@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import sys
 import threading
 import time
@@ -37,7 +38,7 @@ from exporter.profiler import annotate, prom, queries
 from exporter.profiler.annotate import Conflict, KubeError, NodeGone, NodeInfo, NodeStore
 from exporter.profiler.classify import GpuStats, classify_gpu
 from exporter.profiler.plan import GpuInput, PlanConfig, diff, has_our_keys, plan_node, valid_gpu_id
-from exporter.profiler.prom import PromError
+from exporter.profiler.prom import PromError, printable
 from exporter.profiler.queries import Reader
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,7 @@ class Profiler:
         """Count an error of ``kind``; log it at ERROR only when it starts an outage of that kind."""
         res.ok = False
         res.errors.append(kind)
+        message = printable(message, 1000)  # server texts end up in here: one line, bounded
         self.metrics.errors.labels(kind).inc()  # every error, whatever is logged
         outage = self._outages.get(kind)
         if outage is None:
@@ -385,10 +387,74 @@ _LANDING = b"""<html><head><title>gpu-exporter profiler</title></head><body>
 """
 
 
-def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Health) -> ThreadingHTTPServer:
-    """The profiler's HTTP server (not started): ``/metrics``, ``/healthz``, ``/``."""
+SERVER_READ_TIMEOUT_S = 5.0  # per read on a connection of the profiler's own endpoint
+SERVER_REQUEST_DEADLINE_S = 10.0  # whole connection, however slowly the client trickles
+SERVER_MAX_CONNECTIONS = 32  # more are closed at once: /healthz stays answerable
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A threading server with a bound on open connections and no tracebacks on stderr."""
+
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 max_connections: int = SERVER_MAX_CONNECTIONS,
+                 deadline_s: float = SERVER_REQUEST_DEADLINE_S) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.deadline_s = deadline_s
+        self.refused = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            log.debug("http: connection limit reached, refusing one from %s", client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # the deadline shuts the socket down: a client trickling one byte per read timeout
+        # cannot hold a slot longer than this
+        timer = threading.Timer(self.deadline_s, _shut, (request,))
+        timer.daemon = True
+        timer.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            timer.cancel()
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        log.debug("http: connection from %s ended: %s", client_address, printable(repr(exc)))
+
+
+def _shut(sock: Any) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Health,
+                read_timeout_s: float = SERVER_READ_TIMEOUT_S, deadline_s: float = SERVER_REQUEST_DEADLINE_S,
+                max_connections: int = SERVER_MAX_CONNECTIONS) -> ThreadingHTTPServer:
+    """The profiler's HTTP server (not started): ``/metrics``, ``/healthz``, ``/``.
+
+    Reads time out after SERVER_READ_TIMEOUT_S, each connection ends after
+    SERVER_REQUEST_DEADLINE_S, at most SERVER_MAX_CONNECTIONS are open at once, and a
+    failing connection is logged at debug in one line, never as a traceback.
+    """
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = read_timeout_s
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
@@ -406,11 +472,12 @@ def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Healt
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_HEAD = do_GET
 
         def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
+            log.debug("http: %s", printable(format % args))
 
-    server = ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
-    return server
+    return _BoundedServer((address, port), Handler, max_connections=max_connections, deadline_s=deadline_s)

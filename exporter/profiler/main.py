@@ -23,7 +23,7 @@ from exporter.profiler.annotate import KubeError, NodeStore, build_api_client
 from exporter.profiler.classify import Thresholds
 from exporter.profiler.loop import Health, Profiler, make_server
 from exporter.profiler.plan import PlanConfig, valid_prefix
-from exporter.profiler.prom import PromClient
+from exporter.profiler.prom import PromClient, printable, valid_header
 from exporter.profiler.queries import QueryConfig, Reader
 
 log = logging.getLogger("exporter.profiler")
@@ -76,6 +76,35 @@ def _int(flag: str, value: str, lo: int, hi: int) -> int:
     return x
 
 
+_SIZE = re.compile(r"([0-9]{1,12})\s*(B|KiB|MiB|GiB|K|M|G|KB|MB|GB)?\Z")
+_SIZE_UNITS = {None: 1, "B": 1, "K": 1024, "KiB": 1024, "KB": 1000, "M": 1024**2, "MiB": 1024**2, "MB": 1000**2,
+               "G": 1024**3, "GiB": 1024**3, "GB": 1000**3}
+
+
+def _size(flag: str, value: str, lo: int, hi: int) -> int:
+    """``16MiB``, ``500KB``, ``1048576`` -> bytes, within [lo, hi]."""
+    m = _SIZE.match(value.strip())
+    if not m:
+        raise UsageError(f"{flag} {value!r}: expected a size such as 16MiB, 512KiB or 1048576")
+    n = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    if not lo <= n <= hi:
+        raise UsageError(f"{flag} {value!r}: must be from {lo} bytes (64KiB) to {hi} bytes (1GiB)")
+    return n
+
+
+def _headers(items: list[str]) -> dict[str, str]:
+    """``['X-Scope-OrgID: a']`` -> {name: value}; a malformed or reserved header is a usage error."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, colon, value = item.partition(":")
+        name, value = name.strip(), value.strip()
+        if not colon or not valid_header(name, value):
+            raise UsageError(f"--prometheus-header {printable(item, 80)!r}: expected 'Name: value' with a header "
+                             "name we do not set ourselves (not Host, Content-Type, ...) and a printable value")
+        out[name] = value
+    return out
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
@@ -92,7 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090 (env PROMETHEUS_URL)")
     g.add_argument("--prometheus-token-file", help="file holding a bearer token, re-read on every request")
     g.add_argument("--prometheus-ca-file", help="CA bundle to verify an https Prometheus")
-    g.add_argument("--prometheus-timeout", default="10s", help="timeout of one HTTP request (default 10s)")
+    g.add_argument("--prometheus-timeout", default="10s",
+                   help="deadline of one HTTP attempt, from connect to the last byte (default 10s)")
+    g.add_argument("--prometheus-max-response-bytes", default="16MiB",
+                   help="largest answer read; a longer one is refused unread (default 16MiB; B, KiB, MiB, GiB)")
+    g.add_argument("--prometheus-header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="extra request header, repeatable (e.g. 'X-Scope-OrgID: team-a' for Mimir or Cortex)")
     g.add_argument("--prometheus-retries", default="2", help="extra attempts after a transient failure (default 2)")
     g.add_argument("--node-label", default="node",
                    help="label holding the Kubernetes node name on GPU series (default node; series "
@@ -133,6 +167,8 @@ class Settings:
     prometheus_url: str
     token_file: str | None
     ca_file: str | None
+    headers: dict[str, str]
+    max_response_bytes: int
     timeout_s: float
     retries: int
     query: QueryConfig
@@ -178,6 +214,9 @@ def parse_args(argv: list[str]) -> Settings:
         prometheus_url=a.prometheus_url,
         token_file=a.prometheus_token_file,
         ca_file=a.prometheus_ca_file,
+        headers=_headers(a.prometheus_header),
+        max_response_bytes=_size("--prometheus-max-response-bytes", a.prometheus_max_response_bytes,
+                                 64 * 1024, 1024**3),
         timeout_s=parse_duration("--prometheus-timeout", a.prometheus_timeout, 0.1, 600),
         retries=_int("--prometheus-retries", a.prometheus_retries, 0, 10),
         query=QueryConfig(window_s=window, step_s=step, node_label=a.node_label, thresholds=th,
@@ -199,7 +238,7 @@ def parse_args(argv: list[str]) -> Settings:
 def build_profiler(s: Settings, out: IO[str] | None = None) -> Profiler:
     """Objects for ``s``; the Kubernetes client is optional only in a dry run."""
     client = PromClient(s.prometheus_url, timeout=s.timeout_s, retries=s.retries, token_file=s.token_file,
-                        ca_file=s.ca_file)
+                        ca_file=s.ca_file, headers=s.headers, max_response_bytes=s.max_response_bytes)
     store: NodeStore | None = None
     try:
         store = NodeStore(build_api_client(s.kubeconfig), label_selector=s.node_selector)

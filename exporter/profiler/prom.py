@@ -4,6 +4,12 @@ Retries transient failures (connection refused, timeout, HTTP 5xx/429) with expo
 backoff and full jitter, up to ``retries`` extra attempts; a query error (HTTP 400/422,
 ``status: error``) is not retried, since the same query would fail again. Every failure is
 raised as :class:`PromError` whose ``kind`` labels the profiler's error counter.
+
+Hostile or broken servers: one deadline bounds each attempt from connect to the last byte
+(a trickling server cannot hold it), an answer over ``max_response_bytes`` is refused
+before it is parsed (``prometheus_response_too_large``), redirects never carry the token
+or extra headers to another origin, and whatever a server says is escaped and cut before
+it reaches a log line (:func:`printable`).
 """
 
 from __future__ import annotations
@@ -14,11 +20,10 @@ import logging
 import random
 import socket
 import ssl
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +35,10 @@ TIMEOUT = "prometheus_timeout"
 HTTP_5XX = "prometheus_http_5xx"
 BAD_QUERY = "prometheus_bad_query"
 BAD_RESPONSE = "prometheus_bad_response"
-KINDS = (UNREACHABLE, TIMEOUT, HTTP_5XX, BAD_QUERY, BAD_RESPONSE)
+TOO_LARGE = "prometheus_response_too_large"
+KINDS = (UNREACHABLE, TIMEOUT, HTTP_5XX, BAD_QUERY, BAD_RESPONSE, TOO_LARGE)
+
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
 
 class PromError(Exception):
@@ -55,6 +63,17 @@ class RangeSeries:
 
     labels: dict[str, str]
     points: list[tuple[float, float]]
+
+
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection"})
+
+
+def valid_header(name: str, value: str) -> bool:
+    """An extra request header we can send as given: an RFC 9110 token for a name we do not
+    set ourselves, and a value of visible ASCII and spaces (no CR/LF that would split it)."""
+    return (bool(name) and all(c in _TOKEN_CHARS for c in name) and name.lower() not in _RESERVED_HEADERS
+            and len(value) <= 4096 and all(c == " " or c == "\t" or 32 < ord(c) < 127 for c in value))
 
 
 def _labels(m: Any) -> dict[str, str]:
@@ -89,7 +108,9 @@ class PromClient:
 
     ``base_url`` may carry a path prefix (``http://host:9090/prometheus``). ``token_file``
     is re-read on every request so a rotated (projected service account) token is picked
-    up; ``ca_file`` verifies a private CA. ``timeout`` is seconds per HTTP attempt.
+    up; ``ca_file`` verifies a private CA. ``timeout`` is seconds per HTTP attempt, from
+    connect to the last byte. ``headers`` are sent with every request (``X-Scope-OrgID``
+    for Mimir, Cortex or a Thanos tenancy proxy).
     """
 
     def __init__(
@@ -101,6 +122,8 @@ class PromClient:
         token_file: str | None = None,
         ca_file: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -110,11 +133,17 @@ class PromClient:
         self.retries = max(0, retries)
         self.backoff = backoff
         self.token_file = token_file
+        self.max_response_bytes = max_response_bytes
+        self.extra_headers = dict(headers or {})
+        for name, value in self.extra_headers.items():
+            if not valid_header(name, value):
+                raise ValueError(f"header {printable(name, 80)!r}: not a valid HTTP header name and value")
         self._sleep = sleep
         self._ssl: ssl.SSLContext | None = None
         if parsed.scheme == "https":
             self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
         self.requests_sent = 0  # HTTP attempts, retries included
+        self.largest_response_bytes = 0  # the longest answer body read so far
         if token_file and parsed.scheme == "http" and parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
             log.warning("sending a bearer token to %s over plain http", self.base_url)
 
@@ -160,13 +189,16 @@ class PromClient:
     # ---- transport ----------------------------------------------------------------------
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "gpu-exporter-profiler"}
+        headers = {"Accept": "application/json", "User-Agent": "gpu-exporter-profiler", **self.extra_headers}
         if self.token_file:
             try:
                 with open(self.token_file) as f:
                     token = f.read().strip()
             except OSError as exc:
                 raise PromError(UNREACHABLE, f"cannot read --prometheus-token-file {self.token_file}: {exc}") from None
+            if not token or not all(32 < ord(c) < 127 for c in token):
+                raise PromError(UNREACHABLE, f"--prometheus-token-file {self.token_file}: the token is empty or "
+                                             "not printable ASCII")
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
@@ -191,61 +223,183 @@ class PromClient:
         body = urllib.parse.urlencode(params).encode()
         headers = self._headers()
         headers["Content-Type"] = "application/x-www-form-urlencoded"
-        req = urllib.request.Request(self.base_url + path, data=body, method="POST", headers=headers)
         self.requests_sent += 1
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = _error_detail(exc)
-            if exc.code >= 500 or exc.code == 429:
-                raise PromError(HTTP_5XX, f"{self.base_url}{path}: HTTP {exc.code}: {detail}") from None
-            if exc.code in (400, 422):
-                raise PromError(BAD_QUERY, f"{self.base_url}{path}: HTTP {exc.code}: {detail}") from None
-            raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: HTTP {exc.code}: {detail}") from None
-        except TimeoutError as exc:
-            raise PromError(TIMEOUT, f"{self.base_url}{path}: no answer within {self.timeout:g}s") from exc
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, TimeoutError | socket.timeout):
-                raise PromError(TIMEOUT, f"{self.base_url}{path}: no answer within {self.timeout:g}s") from None
-            raise PromError(UNREACHABLE, f"{self.base_url}{path}: {exc.reason}") from None
-        except (ConnectionError, OSError) as exc:
-            raise PromError(UNREACHABLE, f"{self.base_url}{path}: {exc}") from None
-        except http.client.HTTPException as exc:
-            # the connection was cut mid-answer (IncompleteRead) or the answer is not HTTP
-            # (BadStatusLine, LineTooLong): not retried, since a proxy doing this will do it again
-            raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: broken HTTP answer: "
-                            f"{type(exc).__name__} {_one_line(str(exc))}".rstrip()) from None
+        url = self.base_url + path
+        where = printable(url, 300)
+        status, raw = self._exchange(url, body, headers, where)
+        if status != 200:
+            detail = _error_detail(raw)
+            if status >= 500 or status == 429:
+                raise PromError(HTTP_5XX, f"{where}: HTTP {status}: {detail}")
+            if status in (400, 422):
+                raise PromError(BAD_QUERY, f"{where}: HTTP {status}: {detail}")
+            raise PromError(BAD_RESPONSE, f"{where}: HTTP {status}: {detail}")
         try:
             doc = json.loads(raw)
         except ValueError as exc:
-            raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: answer is not JSON ({exc})") from None
+            raise PromError(BAD_RESPONSE, f"{where}: answer is not JSON ({printable(str(exc))})") from None
         except RecursionError:
-            raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: answer is nested too deeply to parse") from None
+            raise PromError(BAD_RESPONSE, f"{where}: answer is nested too deeply to parse") from None
+        del raw
         if not isinstance(doc, dict):
-            raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: answer is not a JSON object")
+            raise PromError(BAD_RESPONSE, f"{where}: answer is not a JSON object")
         if doc.get("status") != "success":
-            raise PromError(BAD_QUERY, f"{self.base_url}{path}: {doc.get('errorType')}: {doc.get('error')}")
+            raise PromError(BAD_QUERY, f"{where}: {printable(str(doc.get('errorType')), 80)}: "
+                                       f"{printable(str(doc.get('error')))}")
         data = doc.get("data")
         if not isinstance(data, dict):
-            raise PromError(BAD_RESPONSE, f"{self.base_url}{path}: answer has no data object")
-        warnings = doc.get("warnings")
-        for w in warnings if isinstance(warnings, list) else ():
-            log.warning("Prometheus warning: %.300s", w)
+            raise PromError(BAD_RESPONSE, f"{where}: answer has no data object")
+        _log_warnings(doc.get("warnings"), where)
         return data
+
+    def _exchange(self, url: str, body: bytes, headers: dict[str, str], where: str) -> tuple[int, bytes]:
+        """POST ``body`` to ``url``: (status, body read), all under one deadline of ``timeout`` s.
+
+        Redirects are followed only within the origin of ``--prometheus-url`` (same scheme,
+        host and port) and only when they keep the method (307, 308), at most 3 times: the
+        token and extra headers never leave for another origin or plain http.
+        """
+        deadline = time.monotonic() + self.timeout
+        for _hop in range(MAX_REDIRECTS + 1):
+            status, location, raw = self._post(url, body, headers, where, deadline)
+            if status not in (301, 302, 303, 307, 308):
+                return status, raw
+            target = urllib.parse.urljoin(url, location or "")
+            if status not in (307, 308) or _origin(target) != _origin(self.base_url):
+                raise PromError(BAD_RESPONSE, (
+                    f"{where}: HTTP {status} redirect to {printable(target, 200)} not followed (only 307/308 "
+                    f"within {printable(self.base_url, 100)}'s origin; credentials never leave it): "
+                    "set --prometheus-url to the final address"))
+            url = target
+            where = printable(url, 300)
+        raise PromError(BAD_RESPONSE, f"{where}: more than {MAX_REDIRECTS} redirects")
+
+    def _post(self, url: str, body: bytes, headers: dict[str, str], where: str,
+              deadline: float) -> tuple[int, str | None, bytes]:
+        parts = urllib.parse.urlsplit(url)
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise PromError(TIMEOUT, f"{where}: no answer within {self.timeout:g}s")
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=remaining,
+                                               context=self._ssl)
+        else:
+            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=remaining)
+        expired = threading.Event()
+
+        def cut() -> None:
+            # one deadline for the whole exchange: a server trickling bytes resets every
+            # per-read timeout, so the socket is shut down when the deadline passes
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        watchdog = threading.Timer(remaining, cut)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.request("POST", target, body=body, headers=headers)
+            resp = conn.getresponse()
+            length = resp.getheader("Content-Length")
+            if length is not None and length.strip().isdigit() and int(length) > self.max_response_bytes:
+                raise PromError(TOO_LARGE, self._too_large(where, f"announces {int(length)} bytes"))
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                chunk = resp.read(min(1 << 20, self.max_response_bytes + 1 - size))
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > self.max_response_bytes:
+                    raise PromError(TOO_LARGE, self._too_large(where, "is longer"))
+                chunks.append(chunk)
+            if resp.length:  # reads of a given size stop at EOF without raising IncompleteRead
+                raise http.client.IncompleteRead(b"", resp.length)
+            self.largest_response_bytes = max(self.largest_response_bytes, size)
+            return resp.status, resp.getheader("Location"), b"".join(chunks)
+        except PromError:
+            raise
+        except TimeoutError:
+            raise PromError(TIMEOUT, f"{where}: no answer within {self.timeout:g}s") from None
+        except ssl.SSLError as exc:
+            raise PromError(UNREACHABLE, f"{where}: {printable(str(exc))}") from None
+        except (http.client.HTTPException, OSError) as exc:
+            if expired.is_set():
+                raise PromError(TIMEOUT, f"{where}: no complete answer within {self.timeout:g}s") from None
+            if isinstance(exc, http.client.HTTPException):
+                # the connection was cut mid-answer (IncompleteRead) or the answer is not HTTP
+                # (BadStatusLine, LineTooLong): not retried, since a proxy doing this will do it again
+                raise PromError(BAD_RESPONSE, f"{where}: broken HTTP answer: "
+                                f"{type(exc).__name__} {printable(str(exc))}".rstrip()) from None
+            raise PromError(UNREACHABLE, f"{where}: {printable(str(exc))}") from None
+        finally:
+            watchdog.cancel()
+            conn.close()
+
+    def _too_large(self, where: str, what: str) -> str:
+        return (f"{where}: the answer {what} than --prometheus-max-response-bytes "
+                f"({self.max_response_bytes} bytes); not read")
+
+
+MAX_REDIRECTS = 3
+_MAX_WARNINGS_LOGGED = 3
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    p = urllib.parse.urlsplit(url)
+    try:
+        port = p.port or (443 if p.scheme == "https" else 80)
+    except ValueError:
+        port = None
+    return p.scheme.lower(), (p.hostname or "").lower(), port
+
+
+def _log_warnings(warnings: Any, where: str) -> None:
+    """At most a few distinct warnings of one answer, one line each, then one line for the rest."""
+    if not isinstance(warnings, list) or not warnings:
+        return
+    distinct = list(dict.fromkeys(printable(str(w)) for w in warnings[:10000]))
+    for w in distinct[:_MAX_WARNINGS_LOGGED]:
+        log.warning("Prometheus warning (%s): %s", where, w)
+    if len(warnings) > _MAX_WARNINGS_LOGGED:
+        log.warning("Prometheus sent %d more warnings with that answer (%d distinct in all)",
+                    len(warnings) - min(len(distinct), _MAX_WARNINGS_LOGGED), len(distinct))
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` safe for one log line: control and line-breaking characters escaped (a server
+    cannot forge log lines), whitespace runs folded, cut to ``limit`` characters."""
+    out = []
+    n = 0
+    for c in " ".join(text[: 4 * limit].split()):
+        e = c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+        out.append(e)
+        n += len(e)
+        if n > limit:
+            break
+    flat = "".join(out)
+    return flat if n <= limit and len(text) <= 4 * limit else flat[:limit] + "..."
 
 
 def _one_line(text: str, limit: int = 200) -> str:
-    """``text`` on one line, cut to ``limit`` characters (exception texts may carry raw bytes)."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[:limit] + "..."
+    """Kept for callers of the old name: see :func:`printable`."""
+    return printable(text, limit)
 
 
-def _error_detail(exc: urllib.error.HTTPError) -> str:
+def _error_detail(raw: bytes) -> str:
+    """The Prometheus error of an error answer, or the start of the body, made printable."""
     try:
-        raw = exc.read()
-        doc = json.loads(raw)
-        return f"{doc.get('errorType')}: {doc.get('error')}"
-    except Exception:  # noqa: BLE001 - any body is only a detail of the message
-        return str(exc.reason)
-
+        doc = json.loads(raw[:65536])
+        if isinstance(doc, dict):
+            return f"{printable(str(doc.get('errorType')), 80)}: {printable(str(doc.get('error')))}"
+    except (ValueError, RecursionError):
+        pass
+    return printable(raw[:400].decode("utf-8", "replace")) or "(no body)"

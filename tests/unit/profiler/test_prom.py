@@ -215,14 +215,20 @@ def test_bad_urls_are_refused() -> None:
             PromClient(url)
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-def test_tls_with_a_private_ca(api_factory: Any, tmp_path: Path) -> None:
+def _self_signed(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
+    """A certificate for 127.0.0.1 (openssl) and a server context serving it."""
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
                     str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
                    check=True, capture_output=True)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
+    return cert, ctx
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_tls_with_a_private_ca(api_factory: Any, tmp_path: Path) -> None:
+    cert, ctx = _self_signed(tmp_path)
     api = api_factory([(200, VECTOR)] * 3, tls=ctx)
     ok = PromClient(f"https://127.0.0.1:{api.port}", ca_file=str(cert))
     assert len(ok.query("up", 1.0)) == 2
@@ -230,3 +236,197 @@ def test_tls_with_a_private_ca(api_factory: Any, tmp_path: Path) -> None:
     with pytest.raises(PromError) as exc:
         untrusted.query("up", 1.0)
     assert exc.value.kind == UNREACHABLE and "CERTIFICATE_VERIFY_FAILED" in str(exc.value)
+
+
+# ---- hostile servers (issue 16) ------------------------------------------------------------------
+
+
+class Redirector:
+    """Answers every POST with ``code`` and ``Location: location``; records the headers it got."""
+
+    def __init__(self, code: int, location: str) -> None:
+        self.seen: list[dict[str, str]] = []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.seen.append({k.lower(): v for k, v in self.headers.items()})
+                self.send_response(code)
+                self.send_header("Location", location.replace("{port}", str(outer.port)))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_credentials_never_follow_a_redirect_to_another_origin(api_factory: Any, tmp_path: Path, code: int) -> None:
+    elsewhere = api_factory([(200, VECTOR)])  # another port of the same host: another origin
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    red = Redirector(code, f"http://127.0.0.1:{elsewhere.port}/api/v1/query")
+    try:
+        client = PromClient(f"http://127.0.0.1:{red.port}", token_file=str(token), retries=0,
+                            headers={"X-Scope-OrgID": "tenant-a"})
+        with pytest.raises(PromError) as exc:
+            client.query("up", 1.0)
+    finally:
+        red.server.shutdown()
+        red.server.server_close()
+    assert red.seen[0]["authorization"] == "Bearer s3cret"  # the configured origin gets it
+    assert elsewhere.seen == []  # the other origin got nothing at all
+    assert exc.value.kind == BAD_RESPONSE and "not followed" in str(exc.value)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_https_to_http_downgrade_is_not_followed(tmp_path: Path) -> None:
+    cert, ctx = _self_signed(tmp_path)
+    red = Redirector(308, "http://127.0.0.1:{port}/api/v1/query")  # same host and port, plain http
+    red.server.socket = ctx.wrap_socket(red.server.socket, server_side=True)
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    try:
+        with pytest.raises(PromError) as exc:
+            PromClient(f"https://127.0.0.1:{red.port}", ca_file=str(cert), token_file=str(token),
+                       retries=0).query("up", 1.0)
+    finally:
+        red.server.shutdown()
+        red.server.server_close()
+    assert len(red.seen) == 1 and "not followed" in str(exc.value)
+
+
+def test_same_origin_308_is_followed_with_the_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    # a proxy on the same origin that moves the API under /prom
+    hits: list[tuple[str, str | None]] = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            hits.append((self.path, self.headers.get("Authorization")))
+            if not self.path.startswith("/prom/"):
+                self.send_response(308)
+                self.send_header("Location", "/prom" + self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = json.dumps(VECTOR).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        got = PromClient(f"http://127.0.0.1:{srv.server_address[1]}", token_file=str(token)).query("up", 1.0)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert len(got) == 2
+    assert hits == [("/api/v1/query", "Bearer s3cret"), ("/prom/api/v1/query", "Bearer s3cret")]
+
+
+class Trickler:
+    """Sends a valid header, then one body byte every ``every`` s, forever."""
+
+    def __init__(self, every: float = 0.2) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.every = every
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                while not self.stop.wait(self.every):
+                    conn.sendall(b" ")
+            except OSError:
+                return
+
+
+def test_one_deadline_bounds_a_trickling_server() -> None:
+    import time
+
+    server = Trickler(every=0.2)  # each read succeeds well within the timeout
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PromError) as exc:
+            PromClient(f"http://127.0.0.1:{server.port}", timeout=1.0, retries=0).query("up", 1.0)
+        took = time.monotonic() - t0
+    finally:
+        server.stop.set()
+        server.sock.close()
+    assert exc.value.kind == "prometheus_timeout"
+    assert took < 3.0, f"held for {took:.1f}s with a 1 s timeout"
+
+
+def test_answers_over_the_cap_are_refused_unread(api_factory: Any) -> None:
+    big = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"node": f"n{i}", "gpu": "0"}, "value": [1.0, "0.5"]} for i in range(2000)]}}
+    size = len(json.dumps(big))
+    api = api_factory([(200, big)] * 4)
+    url = f"http://127.0.0.1:{api.port}"
+    with pytest.raises(PromError) as exc:
+        PromClient(url, max_response_bytes=size - 1, retries=2).query("up", 1.0)
+    assert exc.value.kind == "prometheus_response_too_large"
+    assert "--prometheus-max-response-bytes" in str(exc.value) and "\n" not in str(exc.value)
+    assert len(api.seen) == 1  # not retried: the same query would be as large again
+    ok = PromClient(url, max_response_bytes=size)
+    assert len(ok.query("up", 1.0)) == 2000 and ok.largest_response_bytes == size
+
+
+def test_answer_without_length_is_capped_while_read() -> None:
+    body = b'{"status":"success","data":{"resultType":"vector","result":[' + b" " * 5000 + b"]}}"
+    server = RawServer(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + body)
+    try:
+        with pytest.raises(PromError) as exc:
+            PromClient(f"http://127.0.0.1:{server.port}", max_response_bytes=1000, retries=0).query("up", 1.0)
+    finally:
+        server.sock.close()
+    assert exc.value.kind == "prometheus_response_too_large"
+
+
+def test_server_text_is_escaped_and_cut_in_logs(api_factory: Any, caplog: pytest.LogCaptureFixture) -> None:
+    forged = "bad query\n2030-01-01 00:00:00 ERROR exporter: forged line\x1b[31m" + "x" * 1_000_000
+    api = api_factory([(400, {"status": "error", "errorType": "bad_data", "error": forged}),
+                       (200, {**VECTOR, "warnings": [f"warning {i}\nforged" for i in range(500)]})])
+    client = PromClient(f"http://127.0.0.1:{api.port}")
+    with pytest.raises(PromError) as exc:
+        client.query("up", 1.0)
+    msg = str(exc.value)
+    assert "\n" not in msg and "\x1b" not in msg and len(msg) < 600 and "forged line" in msg
+    with caplog.at_level("WARNING", logger="exporter.profiler.prom"):
+        client.query("up", 1.0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert 1 <= len(lines) <= 5, lines
+    assert all("\n" not in m and len(m) < 500 for m in lines)
+    assert any("500" in m or "497" in m for m in lines)  # the rest is counted, not dropped silently
+
+
+@pytest.mark.parametrize(("name", "value"), [("X-Scope-OrgID", "a\r\nInjected: 1"), ("Bad Name", "v"),
+                                             ("Host", "evil"), ("", "v")])
+def test_bad_extra_headers_are_refused(name: str, value: str) -> None:
+    with pytest.raises(ValueError):
+        PromClient("http://127.0.0.1:9", headers={name: value})
