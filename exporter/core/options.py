@@ -29,6 +29,7 @@ class Settings:
     fields_exclude: list[str] = field(default_factory=list)
     sysfs_root: str = "/sys"
     simulated_gpus: int = 4
+    simulated_scenario: str = "healthy"
     per_process: bool = False
     pcie_throughput: bool = False
     rocm_smi_path: str | None = None
@@ -74,6 +75,7 @@ class BackendOptions:
     fields: FieldFilter = field(default_factory=FieldFilter)
     sysfs_root: str = _D.sysfs_root
     simulated_gpus: int = _D.simulated_gpus
+    simulated_scenario: str = _D.simulated_scenario  # exporter.backends.simulated.SCENARIOS
     simulated_leak: bool = True
     per_process: bool = _D.per_process  # per-PID series are unbounded cardinality: opt-in
     pcie_throughput: bool = _D.pcie_throughput  # about 40 ms per GPU per read on NVIDIA: opt-in
@@ -83,7 +85,8 @@ class BackendOptions:
     @classmethod
     def from_settings(cls, s: Settings) -> BackendOptions:
         return cls(fields=FieldFilter(include=s.fields_include, exclude=s.fields_exclude),
-                   sysfs_root=s.sysfs_root, simulated_gpus=s.simulated_gpus, per_process=s.per_process,
+                   sysfs_root=s.sysfs_root, simulated_gpus=s.simulated_gpus,
+                   simulated_scenario=s.simulated_scenario, per_process=s.per_process,
                    pcie_throughput=s.pcie_throughput, rocm_smi_path=s.rocm_smi_path,
                    command_timeout=s.command_timeout)
 

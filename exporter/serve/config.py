@@ -108,11 +108,6 @@ def _str_list(v: object) -> list[str]:
     return out
 
 
-# Paths the server answers itself: the metrics path may not shadow them (exporter/serve/http.py, api.py).
-RESERVED_PATHS = ("/", "/healthz", "/readyz", "/api/v1/monitoring/gpu-metrics", "/stats")
-_PATH_SEGMENT = re.compile(r"(?:[A-Za-z0-9._~-]|%[0-9A-Fa-f]{2})+")
-
-
 def _path_prefix(v: object) -> str:
     s = str(v).strip()
     segments = s.split("/")[1:]
@@ -258,6 +253,10 @@ def read_yaml(path: str, what: str) -> Any:
     """
     import yaml
 
+    class Loader(yaml.SafeLoader):
+        yaml_implicit_resolvers = {k: [r for r in v if r[0] != "tag:yaml.org,2002:timestamp"]
+                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_YAML_BYTES + 1)
@@ -281,11 +280,14 @@ def read_yaml(path: str, what: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-    class Loader(yaml.SafeLoader):
-        yaml_implicit_resolvers = {k: [r for r in v if r[0] != "tag:yaml.org,2002:timestamp"]
-                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+        raise ConfigError(f"{what} {path}{where}: not valid YAML") from None
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+        # PyYAML's constructors raise these for values such as a 5,000-digit integer or "!!timestamp x"
+        raise ConfigError(f"{what} {path}: a value cannot be read ({type(exc).__name__}: {str(exc)[:80]})") from None
 
-        raise ConfigError(f"config file {path}{where}: not valid YAML") from None
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    data = read_yaml(path, "config file")
     if data is None:
         return {}
     if not isinstance(data, dict):
