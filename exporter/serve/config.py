@@ -108,6 +108,11 @@ def _str_list(v: object) -> list[str]:
     return out
 
 
+# Paths the server answers itself: the metrics path may not shadow them (exporter/serve/http.py, api.py).
+RESERVED_PATHS = ("/", "/healthz", "/readyz", "/api/v1/monitoring/gpu-metrics", "/stats")
+_PATH_SEGMENT = re.compile(r"(?:[A-Za-z0-9._~-]|%[0-9A-Fa-f]{2})+")
+
+
 def _path_prefix(v: object) -> str:
     s = str(v).strip()
     segments = s.split("/")[1:]
