@@ -154,6 +154,12 @@ def _backend(v: object) -> str:
     return ",".join(parts)
 
 
+def _scenario(v: object) -> str:
+    from exporter.backends.simulated import SCENARIOS  # a light module
+
+    return _choice(tuple(SCENARIOS))(v)
+
+
 def _file(v: object) -> str:
     s = str(v).strip()
     if not s:
@@ -199,6 +205,9 @@ SPECS: tuple[Spec, ...] = (
     Spec("sysfs_root", "--sysfs-root", "SYSFS_ROOT", _file, "sysfs mount for the PCI bus count (default /sys)"),
     Spec("simulated_gpus", "--simulated-gpus", "SIMULATED_GPUS", _int_range(1, 64),
          "GPU count of the simulated backend (default 4)"),
+    Spec("simulated_scenario", "--simulated-scenario", "SIMULATED_SCENARIO", _scenario,
+         "state the simulated GPUs show: healthy | lost | mig | ecc | xid | throttle | leak | mixed "
+         "(default healthy; docs/cli.md)"),
     Spec("per_process", "--per-process", "EXPORTER_PER_PROCESS", _bool,
          "emit per-PID memory series (unbounded cardinality; default false)"),
     Spec("pcie_throughput", "--pcie-throughput", "EXPORTER_PCIE_THROUGHPUT", _bool,
@@ -335,4 +344,8 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
             except ValueError as exc:
                 _fail(name, str(where), raw, str(exc))
             setattr(settings, name, value)
+    if settings.simulated_scenario != "healthy" and "simulated" not in settings.backend.split(",") and not (
+            settings.backend == "auto" and settings.allow_simulated):
+        raise ConfigError(f"invalid simulated_scenario = {settings.simulated_scenario!r}: only the simulated "
+                          "backend has scenarios; add --backend simulated")
     return settings
