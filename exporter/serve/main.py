@@ -28,6 +28,9 @@ SIMULATED_BANNER = (
     "NO GPU FOUND: serving SIMULATED GPU data (backend=simulated). These numbers are not real. "
     "Use --backend nvml|amdsmi|rocm-smi in production."
 )
+# --backend simulated chosen on purpose: no GPU was looked for, so none was "not found"
+SIMULATED_CHOSEN = ("serving SIMULATED GPU data (backend=simulated, scenario %s): these numbers are not real. "
+                    "Use --backend nvml|amdsmi|rocm-smi in production.")
 
 
 def options_from(settings: config.Settings) -> BackendOptions:
@@ -58,7 +61,7 @@ def choose_backends(settings: config.Settings, options: BackendOptions) -> tuple
     for name in settings.backend.split(","):
         b = backends.create(name, options)
         if name == "simulated":
-            log.warning(SIMULATED_BANNER)
+            log.warning(SIMULATED_CHOSEN, settings.simulated_scenario)
         chosen.append(b)
     return chosen, ready
 
