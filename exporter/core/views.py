@@ -33,9 +33,11 @@ def parse_size(text: str) -> float:
     """``8GiB``, ``512MiB``, ``8GB`` (10^9), ``8G`` (10^9) or plain bytes -> bytes."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNITS:
-        raise ValueError(f"{text!r} is not a size; expected e.g. 8GiB, 512MiB, 10GB or a number of bytes")
-    return float(m.group(1)) * _UNITS[unit]
+    size = float(m.group(1)) * _UNITS[unit] if m is not None and unit in _UNITS else math.nan
+    if not math.isfinite(size):  # also a 400-digit number, which float() makes infinite
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise ValueError(f"{shown!r} is not a size; expected e.g. 8GiB, 512MiB, 10GB or a number of bytes")
+    return size
 
 
 def format_bytes(n: float | None) -> str:

@@ -130,7 +130,9 @@ RECORD: dict[str, Any] = {
     "title": "gpu-exporter record -o run.json",
     **_obj({
         "command": {"type": "array", "items": {"type": "string"}},
-        "exit_code": {"type": "integer"},
+        "exit_code": {"type": ["integer", "null"],
+                      "description": "the command's exit status (128 + N after signal N); null: recorded "
+                                     "in-process by exporter.Monitor, no command"},
         "started": _TIMESTAMP,
         "interval_seconds": {"type": "number", "exclusiveMinimum": 0},
         "monitoring_duration_seconds": {"type": "number", "minimum": 0},
@@ -150,6 +152,10 @@ RECORD: dict[str, Any] = {
             "temperature_c": _AGG,
             "power_draw_w": _AGG,
             "energy_joules": _num("energy used during the run, J (energy counter difference)"),
+            "lost": {"type": "boolean", "description": "the GPU was lost (gpu_up 0, or gone from the device "
+                     "list) in at least one sample; those samples are null, never 0"},
+            "lost_at_seconds": _num("seconds since start of the first sample that found it lost; null: never"),
+            "lost_reason": {**_STR_OR_NULL, "description": "why, as the backend reported it"},
         })},
         "timestamps": {"type": "array", "items": {"type": "number"},
                        "description": "seconds since start, one per sample"},

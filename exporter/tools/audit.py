@@ -8,17 +8,20 @@ so ``/metrics``, ``/stats``, ``snapshot``, ``record`` and ``pick`` always agree.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
+import math
 import os
 import secrets
 import stat
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
+from exporter.core.options import Settings
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import (  # noqa: F401 - re-exported for the tools
     GIB,
@@ -33,9 +36,10 @@ from exporter.core.views import (  # noqa: F401 - re-exported for the tools
     stats_view,
 )
 from exporter.serve.engine import Engine
+from exporter.tools import gpus
 
 log = logging.getLogger(__name__)
-
+T = TypeVar("T")
 
 
 class ToolError(Exception):
@@ -46,9 +50,39 @@ class ToolError(Exception):
         self.code = code
 
 
+def one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a file name) shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def fail(prog: str, exc: ToolError) -> int:
-    sys.stderr.write(f"{prog}: error: {exc}\n")
+    sys.stderr.write(f"{prog}: error: {one_line(str(exc))}\n")
     return exc.code
+
+
+def check_writable(path: str) -> None:
+    """Fail now, not after the benchmark, when ``path`` cannot be written (ToolError naming it, exit 2).
+
+    A regular or new file is written by :func:`write_file` as a temporary file in its directory,
+    so one is created and removed here; anything else (``/dev/stdout``, a FIFO) must be writable.
+    """
+    target = os.path.realpath(path)
+    try:
+        try:
+            st: os.stat_result | None = os.stat(target)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            if not os.access(target, os.W_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+            return
+        fd, tmp = _create_temp(os.path.dirname(target), os.path.basename(target))
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise ToolError(f"cannot write {path}: {exc.strerror or exc}", code=2) from None
 
 
 def write_file(path: str, text: str) -> None:
@@ -105,7 +139,14 @@ def _create_temp(directory: str, base: str) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no free temporary file name", directory)
 
 
-# --- the CLI side: pick backends, read once -----------------------------------------------------
+# --- the CLI side: flags, backends, one reading ------------------------------------------------------
+
+
+class ToolParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ToolError(f"{message} (see {self.prog} --help)", code=2)
 
 
 def add_backend_arguments(p: argparse.ArgumentParser) -> None:
@@ -125,62 +166,51 @@ def setup_logging() -> None:
     logs.setup("warning", "text")
 
 
-def open_engine(args: argparse.Namespace) -> Engine:
-    """Initialise the chosen backends now and wrap them in an :class:`Engine`.
-
-    Unlike ``serve`` (which keeps a failing explicit backend and retries it on every scrape),
-    a one-shot tool must fail at once, and ``auto`` never falls back to simulated GPUs.
-    """
-    from exporter import backends
-    from exporter.backends.base import Backend
-    from exporter.core.host import host_info
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The tool's settings: its backend flags over the environment and ``--config``, as for ``serve``."""
     from exporter.serve import config
-    from exporter.serve.main import options_from
 
     argv: list[str] = []
     for flag, value in (("--backend", args.backend), ("--simulated-gpus", args.simulated_gpus),
                         ("--config", args.config_file)):
         if value is not None:
-            argv += [flag, str(value)]
+            argv.append(f"{flag}={value}")  # "=": a value starting with "-" is a value, not a flag
     try:
-        settings = config.load(argv)
+        return config.load(argv)
     except config.ConfigError as exc:
         raise ToolError(str(exc), code=2) from None
-    options = options_from(settings)
-    chosen: list[Backend] = []
-    if settings.backend == "auto":
-        found, reasons = backends.detect(options)
-        if found is not None:
-            chosen = [found]
-        if not chosen:
-            raise ToolError("no GPU found (" + "; ".join(reasons) + "); pass --backend simulated to try "
-                            "the tool on simulated GPUs")
-    else:
-        for name in settings.backend.split(","):
-            b = backends.create(name, options)
-            try:
-                b.init()
-            except Exception as exc:  # noqa: BLE001 - reported as one line
-                for c in chosen:
-                    c.shutdown()
-                raise ToolError(f"backend {name}: {exc}") from None
-            chosen.append(b)
-            if name == "simulated":
-                sys.stderr.write("warning: --backend simulated: these readings are SIMULATED, "
-                                 "not real GPUs\n")
-    engine = Engine(chosen, host_info(), options.fields, 0.0, settings.collection_timeout, cache_ttl=0.0)
-    for b in chosen:
-        engine.mark_initialised(b.name)
-    return engine
+
+
+@contextlib.contextmanager
+def open_session(args: argparse.Namespace) -> Iterator[Engine]:
+    """The backends of ``args``, initialised now and shared as the Python API shares them
+    (:func:`exporter.tools.gpus.session`); a failure is a :class:`ToolError`."""
+    settings = settings_from(args)
+    with contextlib.ExitStack() as stack:
+        try:
+            engine = stack.enter_context(gpus.session(settings))
+        except gpus.GpuUnavailable as exc:
+            raise ToolError(str(exc).replace("use backend 'simulated'", "pass --backend simulated")) from None
+        try:
+            yield engine
+        except gpus.GpuUnavailable as exc:  # a collection failed while the tool was using the engine
+            raise ToolError(str(exc).replace("see the warning logged", "see the warning above")) from None
 
 
 def read(engine: Engine) -> Snapshot:
     """One fresh collection from every backend; a failed backend is an error, not missing GPUs."""
-    snap = engine.scrape().snap
-    failed = [name for name, st in snap.stats.items() if not st.success]
-    if failed:
-        raise ToolError(f"collection failed for backend {', '.join(failed)} (see the warning above)")
-    return snap
+    try:
+        return gpus.read(engine)
+    except gpus.GpuUnavailable as exc:
+        raise ToolError(str(exc).replace("see the warning logged", "see the warning above")) from None
+
+
+def checked(check: Callable[[], T], flag: str) -> T:
+    """Run an argument check of the Python API; its ValueError/TypeError becomes a usage error naming ``flag``."""
+    try:
+        return check()
+    except (ValueError, TypeError) as exc:
+        raise ToolError(f"{flag}: {str(exc).split(': ', 1)[-1]}", code=2) from None
 
 
 def take_audit(engine: Engine, window: float, tracker: PowerTracker | None = None) -> dict[str, Any]:
@@ -234,13 +264,51 @@ def _power(g: Mapping[str, Any], other: Mapping[str, Any]) -> tuple[float | None
     return g.get("power_watts"), "power"
 
 
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _index(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31
+
+
 def check_audit(doc: Any, name: str) -> dict[str, Any]:
-    """A loaded snapshot file, or ToolError naming the file."""
-    if (not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list)
-            or not isinstance(doc.get("host"), dict) or not isinstance(doc.get("p2p", []), list)
-            or not all(isinstance(g, dict) and "index" in g for g in doc["gpus"])):
-        raise ToolError(f"{name}: not a gpu-exporter snapshot "
-                        "(write one with: gpu-exporter snapshot --json -o FILE)", code=2)
+    """A loaded snapshot file whose every field ``diff`` reads has the right type, else a
+    ToolError (exit 2) naming the file and the first bad field."""
+
+    def bad(where: str, expected: str) -> NoReturn:
+        raise ToolError(f"{name}: not a gpu-exporter snapshot ({where}: expected {expected}; write one with: "
+                        "gpu-exporter snapshot --json -o FILE)", code=2)
+
+    if not isinstance(doc, dict):
+        bad("top level", "a JSON object")
+    if not isinstance(doc.get("host"), dict):
+        bad("host", "an object")
+    if not isinstance(doc.get("gpus"), list):
+        bad("gpus", "a list")
+    for i, g in enumerate(doc["gpus"]):
+        if not isinstance(g, dict):
+            bad(f"gpus[{i}]", "an object")
+        if not _index(g.get("index")):
+            bad(f"gpus[{i}].index", "an integer >= 0")
+        if not isinstance(g.get("backend", ""), str):
+            bad(f"gpus[{i}].backend", "a string")
+        for f in ("memory_used_bytes", "power_watts", "power_average_watts"):
+            if g.get(f) is not None and not _number(g[f]):
+                bad(f"gpus[{i}].{f}", "a finite number or null")
+    p2p = doc.get("p2p", [])
+    if not isinstance(p2p, list):
+        bad("p2p", "a list")
+    for i, p in enumerate(p2p):
+        if not isinstance(p, dict):
+            bad(f"p2p[{i}]", "an object")
+        for f in ("gpu", "peer"):
+            if not _index(p.get(f)):
+                bad(f"p2p[{i}].{f}", "an integer >= 0")
+        if not isinstance(p.get("backend", ""), str):
+            bad(f"p2p[{i}].backend", "a string")
+        if p.get("p2p") is not None and not isinstance(p["p2p"], dict):
+            bad(f"p2p[{i}].p2p", "an object or null")
     return doc
 
 

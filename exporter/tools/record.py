@@ -1,10 +1,15 @@
 """``gpu-exporter record -- CMD ...``: run a command and record GPU use while it runs.
 
+A thin layer over :mod:`exporter.tools.gpus`: the samples and their aggregates are the Python
+API's :class:`~exporter.tools.gpus.Recording` (the JSON is its ``to_dict()``); this module adds
+the command, its signals and the outputs.
+
 CMD runs in the recorder's process group, as it would from the shell, so it keeps the
 terminal. A Ctrl-C typed in the terminal reaches CMD directly (the terminal signals the whole
 group); a SIGINT, SIGTERM, SIGHUP or SIGQUIT sent to the recorder alone (``kill``, a CI
 runner) is forwarded to CMD exactly once. The recorder keeps sampling until CMD exits and then
-exits with CMD's status (128 + N when CMD died of signal N, as the shell reports it).
+exits with CMD's status (128 + N when CMD died of signal N, as the shell reports it), whatever
+happens to the outputs. ``-o`` and ``--plot`` are checked for writability before CMD starts.
 
 Signals are taken synchronously with ``sigtimedwait``: its ``si_code`` tells a signal from the
 terminal (SI_KERNEL, CMD got it too) from one sent with kill() (SI_USER, forward it).
@@ -19,19 +24,19 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.core.snapshot import Snapshot
 from exporter.serve.engine import Engine
+from exporter.tools import gpus
 from exporter.tools.audit import (
     MIB,
     ToolError,
+    ToolParser,
     add_backend_arguments,
+    check_writable,
+    checked,
     fail,
-    iso_time,
-    numbered,
-    open_engine,
+    open_session,
     setup_logging,
     write_file,
 )
@@ -45,98 +50,13 @@ WATCHED = {*FORWARDED, signal.SIGCHLD}
 PLOT_HINT = "--plot needs matplotlib: pip install 'gpu-exporter[plot]' (or pip install matplotlib)"
 
 
-@dataclass
-class Series:
-    """Samples of one GPU; ``None`` where the GPU did not report the reading."""
-
-    name: str | None
-    uuid: str
-    utilization: list[float | None] = field(default_factory=list)  # percent
-    memory_used_mb: list[float | None] = field(default_factory=list)  # MiB (nvidia-smi memory.used)
-    memory_usage_percent: list[float | None] = field(default_factory=list)
-    temperature_c: list[float | None] = field(default_factory=list)
-    power_draw_w: list[float | None] = field(default_factory=list)
-    energy_first: float | None = None  # J, energy counter at the first sample that had it
-    energy_last: float | None = None
-
-    def pad(self, n: int) -> None:
-        """A GPU that appeared late (or missed samples) gets None for them."""
-        for s in (self.utilization, self.memory_used_mb, self.memory_usage_percent, self.temperature_c,
-                  self.power_draw_w):
-            s.extend([None] * (n - len(s)))
-
-
-def _agg(values: list[float | None], digits: int = 3) -> dict[str, float | None]:
-    vs = [v for v in values if v is not None]
-    if not vs:
-        return {"min": None, "max": None, "mean": None}
-    return {"min": round(min(vs), digits), "max": round(max(vs), digits),
-            "mean": round(sum(vs) / len(vs), digits)}
-
-
-class Recording:
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.gpus: dict[int, Series] = {}
-
-    def add(self, snap: Snapshot, t: float) -> None:
-        n = len(self.times)
-        for number, _backend, g in numbered(snap):
-            s = self.gpus.setdefault(number, Series(g.name, g.uuid))
-            s.pad(n)
-            up = g.up
-            total, used = g.memory_total_bytes, g.memory_used_bytes
-            util = g.utilization_ratio
-            s.utilization.append(util * 100 if up and util is not None else None)
-            s.memory_used_mb.append(used / MIB if up and used is not None else None)
-            s.memory_usage_percent.append(100 * used / total if up and used is not None and total else None)
-            s.temperature_c.append(g.temperature_celsius.get("gpu") if up else None)
-            s.power_draw_w.append(g.power_watts if up else None)
-            if up and g.energy_joules is not None:
-                if s.energy_first is None:
-                    s.energy_first = g.energy_joules
-                s.energy_last = g.energy_joules
-        self.times.append(t)
-        for s in self.gpus.values():
-            s.pad(len(self.times))
-
-    def result(self, command: list[str], exit_code: int, started: float, duration: float,
-               interval: float) -> dict[str, Any]:
-        """The autotuner's aggregate shape (schema: RECORD)."""
-        stats: dict[str, Any] = {}
-        for number, s in sorted(self.gpus.items()):
-            energy = None
-            if s.energy_first is not None and s.energy_last is not None and s.energy_last >= s.energy_first:
-                energy = round(s.energy_last - s.energy_first, 3)
-            stats[str(number)] = {
-                "name": s.name,
-                "uuid": s.uuid,
-                "utilization": {**_agg(s.utilization),
-                                "samples": [None if v is None else round(v, 3) for v in s.utilization]},
-                "memory_used_mb": _agg(s.memory_used_mb),
-                "memory_usage_percent": _agg(s.memory_usage_percent),
-                "temperature_c": _agg(s.temperature_c),
-                "power_draw_w": _agg(s.power_draw_w),
-                "energy_joules": energy,
-            }
-        return {
-            "command": command,
-            "exit_code": exit_code,
-            "started": iso_time(started),
-            "interval_seconds": interval,
-            "monitoring_duration_seconds": round(duration, 3),
-            "sample_count": len(self.times),
-            "gpu_stats": stats,
-            "timestamps": [round(t, 3) for t in self.times],
-        }
-
-    def status(self, elapsed: float, width: int) -> str:
-        """One line: elapsed time, utilisation per GPU, total power."""
-        utils = [s.utilization[-1] for _, s in sorted(self.gpus.items()) if s.utilization]
-        power = [p for s in self.gpus.values() if s.power_draw_w and (p := s.power_draw_w[-1]) is not None]
-        util = " ".join("-" if u is None else f"{u:.0f}%" for u in utils)
-        line = f"record {elapsed:6.1f}s | power {sum(power):.0f} W | util {util}"
-        return line[: max(10, width - 1)]
+def status_line(rec: gpus.Recorder, elapsed: float, width: int) -> str:
+    """One line: elapsed time, utilisation per GPU, total power."""
+    latest = rec.latest()
+    util = " ".join("-" if u is None else f"{u * 100:.0f}%" for _, u, _ in latest)
+    power = sum(p for _, _, p in latest if p is not None)
+    line = f"record {elapsed:6.1f}s | power {power:.0f} W | util {util}"
+    return line[: max(10, width - 1)]
 
 
 def plot(result: dict[str, Any], path: str) -> None:
@@ -165,14 +85,14 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ToolParser(
         prog=PROG, usage=f"{PROG} [--interval 1] [-o run.json] [--plot run.png] [backend flags] -- CMD ...",
         description="Run CMD, sample the GPUs every interval while it runs, write the aggregate; "
         "exit with CMD's status.")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between samples "
-                   "(default 1)")
+                   f"(default 1; {gpus.MIN_INTERVAL:g} to {gpus.MAX_INTERVAL:g})")
     p.add_argument("-o", "--output", metavar="FILE",
-                   help="write the aggregate JSON here (default: a summary on stderr)")
+                   help="write the aggregate JSON here (default: a summary on stderr only)")
     p.add_argument("--plot", metavar="PNG",
                    help="draw one panel per reading into this PNG (needs matplotlib)")
     p.add_argument("--no-status", action="store_true", help="no live status line, even on a terminal")
@@ -201,9 +121,10 @@ def _summary(result: dict[str, Any]) -> str:
     f = _f
     for number, g in result["gpu_stats"].items():
         u, m, p = g["utilization"], g["memory_used_mb"], g["power_draw_w"]
+        lost = f"; LOST at {g['lost_at_seconds']:.1f} s ({g['lost_reason']})" if g["lost"] else ""
         lines.append(f"  gpu {number}: util mean {f(u['mean'], '{:.0f}')}% max {f(u['max'], '{:.0f}')}%, "
                      f"memory max {f(m['max'], '{:.0f}')} MiB, power mean {f(p['mean'], '{:.0f}')} W, "
-                     f"energy {f(g['energy_joules'], '{:.0f}')} J")
+                     f"energy {f(g['energy_joules'], '{:.0f}')} J{lost}")
     return "\n".join(lines) + "\n"
 
 
@@ -213,30 +134,23 @@ class _Run:
         self.command = command
         self.interval = interval
         self.status = status
-        self.rec = Recording()
+        self.rec = gpus.Recorder()
         self.t0 = 0.0
 
     def sample(self) -> None:
         """Take one sample; a failure is logged, never fatal (CMD must not be orphaned by it)."""
         try:
-            self._sample()
-        except Exception:  # the recorder keeps supervising CMD whatever happens
-            log.warning("sample failed", exc_info=True)
-
-    def _sample(self) -> None:
-        snap = self.engine.scrape().snap
-        failed = [n for n, st in snap.stats.items() if not st.success]
-        if failed:
-            log.warning("sample skipped: collection failed for backend %s", ", ".join(failed))
+            gpus.sample(self.engine, self.rec, self.t0)
+        except Exception as exc:  # the recorder keeps supervising CMD whatever happens
+            log.warning("sample failed: %s: %s", type(exc).__name__, exc)
+            log.debug("sample failed", exc_info=True)
             return
-        elapsed = time.monotonic() - self.t0
-        self.rec.add(snap, elapsed)
         if self.status:
             try:
                 width = os.get_terminal_size(sys.stderr.fileno()).columns or 100  # 0 on a fresh pty
             except OSError:
                 width = 100
-            sys.stderr.write("\r\x1b[K" + self.rec.status(elapsed, width))
+            sys.stderr.write("\r\x1b[K" + status_line(self.rec, time.monotonic() - self.t0, width))
             sys.stderr.flush()
 
     def run(self, child_mask: set[signal.Signals]) -> tuple[int, float]:
@@ -277,63 +191,63 @@ def main(argv: list[str]) -> int:
         own, command = argv[:split], argv[split + 1:]
     else:
         own, command = argv, []
-    args = parser().parse_args(own)
-    if not command:
-        return fail(PROG, ToolError("no command to run: put it after --, e.g. gpu-exporter record -- python "
-                                    "train.py", code=2))
-    if not 0.05 <= args.interval <= 3600:
-        return fail(PROG, ToolError(f"--interval {args.interval:g}: expected seconds in 0.05..3600", code=2))
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401 - checked before CMD runs, not after an hour of benchmark
-        except ImportError:
-            return fail(PROG, ToolError(PLOT_HINT, code=2))
+    try:
+        args = parser().parse_args(own)
+        if not command:
+            raise ToolError("no command to run: put it after --, e.g. gpu-exporter record -- python train.py",
+                            code=2)
+        interval = checked(lambda: gpus.check_interval(args.interval), "--interval")
+        if args.plot:
+            try:
+                import matplotlib  # noqa: F401 - checked before CMD runs, not after an hour of benchmark
+            except ImportError:
+                raise ToolError(PLOT_HINT, code=2) from None
+        for path in (args.output, args.plot):
+            if path:
+                check_writable(path)  # before CMD runs: its samples must have somewhere to go
+    except ToolError as exc:
+        return fail(PROG, exc)
     setup_logging()
     # Block the watched signals before any thread exists (engine, backends): threads inherit the
     # mask, so every signal stays pending for sigtimedwait in this thread.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
-    engine: Engine | None = None
     started = time.time()
     try:
-        engine = open_engine(args)
-        pending = signal.sigpending() & set(FORWARDED)
-        if pending:
-            raise ToolError(f"interrupted ({min(pending).name}) before {command[0]} started", code=130)
-        run = _Run(engine, command, args.interval, sys.stderr.isatty() and not args.no_status)
-        code, duration = run.run({signal.Signals(s) for s in old_mask})
+        with open_session(args) as engine:
+            pending = signal.sigpending() & set(FORWARDED)
+            if pending:
+                raise ToolError(f"interrupted ({min(pending).name}) before {command[0]} started", code=130)
+            run = _Run(engine, command, interval, sys.stderr.isatty() and not args.no_status)
+            code, duration = run.run({signal.Signals(s) for s in old_mask})
     except ToolError as exc:
         return fail(PROG, exc)
     finally:
-        if engine is not None:
-            engine.stop()
         _drain()
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    result = run.rec.result(command, code, started, duration, args.interval)
-    problems = _write(result, run.rec, args)
-    if problems:
-        return code or 1
-    return code
+    recording = run.rec.result(started, duration, interval, command, code)
+    _write(recording, args)
+    return code  # CMD's status, always: a failed output is reported on stderr
 
 
-def _write(result: dict[str, Any], rec: Recording, args: argparse.Namespace) -> bool:
-    """Write the outputs; True when one of them failed (reported on stderr)."""
-    failed = False
+def _write(recording: gpus.Recording, args: argparse.Namespace) -> None:
+    """Write the outputs and say where; a failure is reported on stderr."""
+    result = recording.to_dict()
+    sys.stderr.write(_summary(result))
     if args.output:
         try:
             write_file(args.output, json.dumps(result, indent=2) + "\n")
+            sys.stderr.write(f"{PROG}: wrote {args.output}\n")
         except ToolError as exc:
             fail(PROG, exc)
-            failed = True
-    else:
-        sys.stderr.write(_summary(result))
     if args.plot:
-        series = {str(n): {"memory_used_mb": s.memory_used_mb, "power_draw_w": s.power_draw_w,
-                           "temperature_c": s.temperature_c} for n, s in rec.gpus.items()}
+        series = {str(n): {"memory_used_mb": [None if v is None else v / MIB for v in g.memory_used_bytes.samples],
+                           "power_draw_w": list(g.power_watts.samples),
+                           "temperature_c": list(g.temperature_celsius.samples)}
+                  for n, g in recording.gpus.items()}
         stats = {n: {**g, "_series": series[n]} for n, g in result["gpu_stats"].items()}
         to_plot = {**result, "gpu_stats": stats}
         try:
             plot(to_plot, args.plot)
+            sys.stderr.write(f"{PROG}: drew {args.plot}\n")
         except (OSError, ValueError) as exc:
             fail(PROG, ToolError(f"cannot draw {args.plot}: {exc}"))
-            failed = True
-    return failed

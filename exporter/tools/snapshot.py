@@ -12,14 +12,18 @@ from typing import Any
 
 from exporter.tools.audit import (
     ToolError,
+    ToolParser,
     add_backend_arguments,
+    check_writable,
+    checked,
     fail,
     format_bytes,
-    open_engine,
+    open_session,
     setup_logging,
     take_audit,
     write_file,
 )
+from exporter.tools.gpus import check_number
 
 PROG = "gpu-exporter snapshot"
 
@@ -29,7 +33,7 @@ TOPO_CODES = {"internal": "INT", "single": "PIX", "multiple": "PXB", "hostbridge
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Write a one-shot audit of the GPUs and the host "
+    p = ToolParser(prog=PROG, description="Write a one-shot audit of the GPUs and the host "
                                 "(the content of /stats) as a table or as JSON.")
     p.add_argument("--json", action="store_true", help="write JSON (the /stats schema) instead of a table")
     p.add_argument("-o", "--output", metavar="FILE",
@@ -99,25 +103,20 @@ def table(audit: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    if args.window < 0 or args.window > 60:
-        return fail(PROG, ToolError(f"--window {args.window:g}: expected seconds in 0..60", code=2))
-    as_json = args.json or (args.output or "").endswith(".json")
-    setup_logging()
     try:
-        engine = open_engine(args)
-        try:
-            audit = take_audit(engine, args.window)
-        finally:
-            engine.stop()
+        args = parser().parse_args(argv)
+        window = checked(lambda: check_number(args.window, "window", 0, 60, what="seconds"), "--window")
+        if args.output:
+            check_writable(args.output)
+        as_json = args.json or (args.output or "").endswith(".json")
+        setup_logging()
+        with open_session(args) as engine:
+            audit = take_audit(engine, window)
+        text = json.dumps(audit, indent=2) + "\n" if as_json else table(audit)
+        if args.output:
+            write_file(args.output, text)
+        else:
+            sys.stdout.write(text)
     except ToolError as exc:
         return fail(PROG, exc)
-    text = json.dumps(audit, indent=2) + "\n" if as_json else table(audit)
-    if args.output:
-        try:
-            write_file(args.output, text)
-        except ToolError as exc:
-            return fail(PROG, exc)
-    else:
-        sys.stdout.write(text)
     return 0

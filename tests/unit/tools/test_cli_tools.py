@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 
 from exporter.serve.api_schema import RECORD, STATS
-from exporter.tools.pick import gpus_for
+from exporter.tools.gpus import estimate_requirements
 from tests.fakes.fakenvml import FakeNvml
 from tests.harness.exporter import REPO
 from tests.harness.poll import wait_until
@@ -416,17 +416,15 @@ def test_pick_for_a_parallelism_config(fleet: FakeNvml, tmp_path: Path) -> None:
     ({"engine": {"tensor_parallel_size": 8}}, 8),
 ])
 def test_parallelism_spellings(config: dict[str, Any], gpus: int) -> None:
-    assert gpus_for(config)[0] == gpus
+    assert estimate_requirements(config).gpus == gpus
 
 
 @pytest.mark.parametrize("config", [{"tp": 0}, {"tp": 1.5}, {"tp": True}, {"tp": 2, "x": {"tp_size": 4}},
-                                    {"foo": 1}])
+                                    {"tp": [2, "x"]}, {"pp": []}])
 def test_parallelism_config_errors_name_the_culprit(config: dict[str, Any]) -> None:
-    from exporter.tools.audit import ToolError
-
-    with pytest.raises(ToolError) as err:
-        gpus_for(config, "cfg.json")
-    assert "cfg.json" in str(err.value) and err.value.code == 2
+    with pytest.raises(ValueError) as err:
+        estimate_requirements(config)
+    assert str(err.value).startswith("task_config: ") and "\n" not in str(err.value)
 
 
 def test_cli_usage_lists_the_tools() -> None:
