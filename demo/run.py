@@ -1,14 +1,18 @@
 """``make demo``: exporter (simulated GPUs) + Prometheus + profiler ``--dry-run --once``.
 
-1. Starts ``gpu-exporter serve --backend simulated --simulated-gpus 5`` on 127.0.0.1
-   (GPUs: idle, steady, periodic 60 s, bursty, leaking memory).
+1. Starts ``gpu-exporter serve --backend simulated --simulated-scenario mixed
+   --simulated-gpus 8`` on 127.0.0.1: one GPU in each state the exporter can show (MIG,
+   ECC errors, thermal throttling, lost, XIDs, a memory leak, power-capped, healthy), so
+   the live page, the dashboards and the alerts have every state to show.
 2. A classification needs 30 minutes of history, so the demo backfills the last 35
-   minutes from the simulated backend's own model (``utilization_at``/``memory_used_at``,
+   minutes from the simulated backend's own model (:class:`~exporter.backends.simulated.Model`,
    pure functions of time) with the exact labels the live exporter serves, then starts a
    private Prometheus (Debian's binary, temporary directory) that also scrapes the live
    exporter from then on.
 3. Runs ``gpu-exporter profile --once --dry-run`` against it, with no Kubernetes cluster:
    the profiler plans from Prometheus alone and prints the merge patch it would send.
+   (``KUBECONFIG=/dev/null`` is the demo's own choice, so the profiler's "dry run without a
+   cluster" warning is replaced by one line saying so.)
    The scrape config has no ``node`` relabelling, so the profiler joins GPU series to
    ``gpu_host_info`` on ``instance`` (the fallback path).
 
@@ -33,7 +37,8 @@ from tests.harness.poll import wait_until
 from tests.harness.prom import OpenMetricsWriter, Prometheus
 
 NODE = "demo-node"
-GPUS = 5
+GPUS = 8
+SCENARIO = "mixed"
 INTERVAL = 15.0
 SPAN = 35 * 60.0
 
@@ -43,21 +48,33 @@ def _scrape(url: str) -> str:
         return str(r.read().decode())
 
 
-def backfill(path: Path, instance: str, job: str, end: float) -> None:
-    """History of the simulated GPUs up to ``end`` from the backend's model."""
+def backfill(path: Path, instance: str, job: str, end: float, model: simulated.Model) -> None:
+    """History of the simulated GPUs up to ``end`` from the backend's model (a reading the
+    model does not report at a time, e.g. a MIG GPU's utilisation, is absent there too)."""
     times = [end - SPAN + i * INTERVAL for i in range(int(SPAN // INTERVAL))]
     with OpenMetricsWriter(path) as w:
         for i in range(GPUS):
             labels = {"gpu": str(i), "uuid": f"GPU-5140a7ed-0000-4000-8000-{i:012d}", "instance": instance,
                       "job": job}
-            util = [(t, simulated.utilization_at(i, t)) for t in times]
-            used = [(t, simulated.memory_used_at(i, t)) for t in times]
-            w.add("gpu_utilization_ratio", labels, util)
-            w.add("gpu_memory_used_bytes", labels, used)
+            for name, read in (("gpu_utilization_ratio", model.utilization), ("gpu_memory_used_bytes",
+                                                                             model.memory_used)):
+                samples = [(t, v) for t in times if (v := read(i, t)) is not None]
+                if samples:
+                    w.add(name, labels, samples)
             w.add("gpu_memory_total_bytes", labels, [(t, float(simulated.MEMORY_TOTAL)) for t in times])
-            w.add("gpu_up", labels, [(t, 1.0) for t in times])
+            w.add("gpu_up", labels, [(t, 1.0 if model.up(i, t) else 0.0) for t in times])
         w.add("gpu_host_info", {"node": NODE, "cpu_model": "demo", "kernel": "demo", "instance": instance,
                                 "job": job}, [(t, 1.0) for t in times])
+
+
+def without_own_kubeconfig_warning(log: str) -> str:
+    """The profiler's log minus its warning about the cluster the demo itself hid (KUBECONFIG=/dev/null)."""
+    lines = log.splitlines(keepends=True)
+    kept = [line for line in lines if "dry run without a cluster" not in line]
+    if len(kept) < len(lines):
+        kept.insert(0, "profiler: no cluster on purpose (the demo sets KUBECONFIG=/dev/null): planning from "
+                       "Prometheus alone\n")
+    return "".join(kept)
 
 
 def main() -> int:
@@ -68,16 +85,19 @@ def main() -> int:
     env["KUBECONFIG"] = os.devnull  # never a real cluster: the demo plans from Prometheus alone
     exporter = subprocess.Popen(
         [sys.executable, "-m", "exporter", "serve", "--backend", "simulated", "--simulated-gpus", str(GPUS),
-         "--address", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+         "--simulated-scenario", SCENARIO, "--address", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
         cwd=REPO, env=env)
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         wait_until(lambda: "gpu_utilization_ratio" in _scrape(url), timeout=30, what="the exporter")
-        print(f"exporter: simulated GPUs on {url}", file=sys.stderr)
+        # the first scrape started the backend: its faults develop from about now
+        model = simulated.Model(SCENARIO, GPUS, time.time())
+        print(f"exporter: {GPUS} simulated GPUs ({SCENARIO}: {', '.join(model.state(i) for i in range(GPUS))}) "
+              f"on {url}, live page http://127.0.0.1:{port}/", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="gpu-exporter-demo-") as tmp:
             history = Path(tmp) / "history.om"
             # history ends a scrape interval ago; the live scrapes continue the same series
-            backfill(history, f"127.0.0.1:{port}", "targets", time.time() - INTERVAL)
+            backfill(history, f"127.0.0.1:{port}", "targets", time.time() - INTERVAL, model)
             with Prometheus(Path(tmp) / "prometheus", scrape_targets=[f"127.0.0.1:{port}"],
                             scrape_interval="15s", tsdb_blocks_from=history) as prom:
                 prom.wait_for_up(f"127.0.0.1:{port}")
@@ -86,7 +106,7 @@ def main() -> int:
                     [sys.executable, "-m", "exporter", "profile", "--once", "--dry-run",
                      "--prometheus-url", prom.url, "--log-level", "warning"],
                     cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        sys.stderr.write(proc.stderr)
+        sys.stderr.write(without_own_kubeconfig_warning(proc.stderr))
         if proc.returncode != 0:
             print(f"profiler exited {proc.returncode}", file=sys.stderr)
             return proc.returncode
