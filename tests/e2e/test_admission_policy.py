@@ -1,0 +1,171 @@
+"""The profiler's ValidatingAdmissionPolicy (issue 19, "Least privilege for the profiler").
+
+RBAC lets the profiler patch Nodes; the policy in deploy/base/profiler-admission-policy.yaml (and
+the Helm chart's copy) narrows that to annotations under ``gpu-exporter.io/``. Its CEL is evaluated
+here with cel-python, as the API server would evaluate it, on sample admission requests: the
+profiler writing its own annotations is allowed; a foreign annotation key, a label change, a spec
+change (a taint) or a finalizer is denied; other users are not matched at all. The policy is taken
+from the rendered kustomize install, so the namespace variable is resolved as in a cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+
+from tests.harness.tools import tool
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILER = "system:serviceaccount:gpu-exporter:gpu-exporter-profiler"
+
+NODE: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Node",
+    "metadata": {
+        "name": "gpu-node-1",
+        "labels": {"kubernetes.io/hostname": "gpu-node-1", "nvidia.com/gpu.present": "true"},
+        "annotations": {"node.alpha.kubernetes.io/ttl": "0", "gpu-exporter.io/pattern": "idle"},
+    },
+    "spec": {"podCIDR": "10.0.1.0/24", "providerID": "kind://gpu-node-1"},
+}
+
+
+@cache
+def policy() -> dict[str, Any]:
+    proc = subprocess.run([tool("kubectl"), "kustomize", str(ROOT / "deploy" / "overlays" / "nvidia")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    (found,) = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "ValidatingAdmissionPolicy"]
+    return found
+
+
+@cache
+def _program(expression: str) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(expression))
+
+
+def _activation(new: dict[str, Any], old: dict[str, Any], user: str) -> dict[str, Any]:
+    request = {"operation": "UPDATE", "resource": {"group": "", "version": "v1", "resource": "nodes"},
+               "userInfo": {"username": user, "groups": ["system:serviceaccounts", "system:authenticated"]}}
+    return {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old),
+            "request": celpy.json_to_cel(request)}
+
+
+def matched(new: dict[str, Any], old: dict[str, Any], user: str) -> bool:
+    """Whether the policy applies: every matchCondition is true."""
+    act = _activation(new, old, user)
+    return all(bool(_program(c["expression"]).evaluate(act)) for c in policy()["spec"]["matchConditions"])
+
+
+def denials(new: dict[str, Any], old: dict[str, Any], user: str = PROFILER) -> list[str]:
+    """Messages of the validations that fail for this update (empty: admitted)."""
+    if not matched(new, old, user):
+        return []
+    act = _activation(new, old, user)
+    return [v["message"] for v in policy()["spec"]["validations"] if not bool(_program(v["expression"]).evaluate(act))]
+
+
+def changed(edit: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    new = copy.deepcopy(NODE)
+    edit(new)
+    return new, NODE
+
+
+def test_policy_shape() -> None:
+    spec = policy()["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["nodes"] and rule["operations"] == ["UPDATE"] and rule["apiGroups"] == [""]
+    # The profiler's RBAC is get, list, patch on nodes: UPDATE is the only write that reaches admission.
+    rbac = (ROOT / "deploy" / "base" / "profiler-rbac.yaml").read_text()
+    assert '["get", "list", "patch"]' in rbac
+
+
+ALLOWED = {
+    "changes its own annotation": lambda n: n["metadata"]["annotations"].update({"gpu-exporter.io/pattern": "busy"}),
+    "adds its own annotation": lambda n: n["metadata"]["annotations"].update({"gpu-exporter.io/idle-since": "1"}),
+    "removes its own annotation": lambda n: n["metadata"]["annotations"].pop("gpu-exporter.io/pattern"),
+    "changes nothing": lambda n: None,
+}
+
+
+@pytest.mark.parametrize("case", ALLOWED)
+def test_the_profilers_own_annotations_are_allowed(case: str) -> None:
+    new, old = changed(ALLOWED[case])
+    assert matched(new, old, PROFILER)
+    assert denials(new, old) == []
+
+
+def test_first_annotation_on_a_node_without_any() -> None:
+    old = copy.deepcopy(NODE)
+    del old["metadata"]["annotations"]
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"] = {"gpu-exporter.io/pattern": "idle"}
+    assert denials(new, old) == []
+    assert denials(old, new) == []  # and removing the last one
+
+
+DENIED = {
+    "adds a foreign annotation": (lambda n: n["metadata"]["annotations"].update({"example.com/owner": "me"}),
+                                  "add or change only"),
+    "changes a foreign annotation": (lambda n: n["metadata"]["annotations"].update(
+        {"node.alpha.kubernetes.io/ttl": "30"}), "add or change only"),
+    "removes a foreign annotation": (lambda n: n["metadata"]["annotations"].pop("node.alpha.kubernetes.io/ttl"),
+                                     "remove only"),
+    "a key that only starts like ours": (lambda n: n["metadata"]["annotations"].update(
+        {"gpu-exporter.io.evil.com/x": "1"}), "add or change only"),
+    "a key with our name as a suffix": (lambda n: n["metadata"]["annotations"].update(
+        {"evil.com/gpu-exporter.io/x": "1"}), "add or change only"),
+    "changes a label": (lambda n: n["metadata"]["labels"].update({"nvidia.com/gpu.present": "false"}), "labels"),
+    "adds a label": (lambda n: n["metadata"]["labels"].update({"gpu-exporter.io/gpu": "nvidia"}), "labels"),
+    "removes every label": (lambda n: n["metadata"].pop("labels"), "labels"),
+    "adds a taint": (lambda n: n["spec"].update(
+        {"taints": [{"key": "gpu-exporter.io/idle", "effect": "NoSchedule"}]}), "spec"),
+    "cordons the node": (lambda n: n["spec"].update({"unschedulable": True}), "spec"),
+    "adds a finalizer": (lambda n: n["metadata"].update({"finalizers": ["example.com/block"]}), "finalizers"),
+}
+
+
+@pytest.mark.parametrize("case", DENIED)
+def test_anything_else_is_denied(case: str) -> None:
+    edit, message = DENIED[case]
+    new, old = changed(edit)
+    found = denials(new, old)
+    assert found, f"the profiler {case}: admitted"
+    assert any(message in m for m in found), found
+
+
+def test_own_and_foreign_change_together_is_denied() -> None:
+    def edit(n: dict[str, Any]) -> None:
+        n["metadata"]["annotations"]["gpu-exporter.io/pattern"] = "busy"
+        n["metadata"]["labels"]["team"] = "x"
+
+    assert denials(*changed(edit))
+
+
+@pytest.mark.parametrize("user", [
+    "system:serviceaccount:kube-system:node-controller",
+    "system:node:gpu-node-1",
+    "system:serviceaccount:other:gpu-exporter-profiler",  # same name, another namespace
+    "admin",
+])  # fmt: skip
+def test_other_users_are_not_matched(user: str) -> None:
+    new, old = changed(lambda n: n["metadata"]["labels"].update({"team": "x"}))
+    assert not matched(new, old, user)
+    assert denials(new, old, user) == []
+
+
+def test_binding_denies() -> None:
+    path = ROOT / "deploy" / "base" / "profiler-admission-policy.yaml"
+    binding = [d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (b,) = binding
+    assert b["spec"]["policyName"] == policy()["metadata"]["name"]
+    assert b["spec"]["validationActions"] == ["Deny"]
