@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from exporter.core import schema
+
 
 @dataclass
 class Settings:
@@ -48,24 +50,55 @@ class Settings:
 
 
 
+class FieldSelectionError(ValueError):
+    """A ``--fields-include``/``--fields-exclude`` entry that names no family (one line, names the nearest)."""
+
+
 @dataclass
 class FieldFilter:
-    """Include/exclude lists of metric family names (shell globs, e.g. ``gpu_clock_*``)."""
+    """Which metric families are collected and which are published, from include/exclude lists.
+
+    Entries are family names or shell globs over family names (``gpu_clock_*``); every entry
+    must match at least one family, else :class:`FieldSelectionError`. Rules, the same on
+    every backend:
+
+    - ``enabled(family)``: the family is collected. Without ``include`` every family is, except
+      the excluded; with ``include`` only the included ones (minus the excluded). A backend asks
+      with exact family names only and makes no vendor call for a family that is not enabled.
+    - ``exposed(family)``: the family is on ``/metrics``: enabled, and on by default or selected
+      by ``include`` (the GPU-pair topology is collected for the JSON API but not published by
+      default). Families that are not filterable (self-metrics) are always published.
+    """
 
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
-    _cache: dict[str, bool] = field(default_factory=dict, repr=False)
+    _enabled: dict[str, bool] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for entry in (*self.include, *self.exclude):
+            if not schema.match(entry):
+                raise FieldSelectionError(schema.unknown_family_message(entry))
 
     def enabled(self, family: str) -> bool:
-        hit = self._cache.get(family)
+        hit = self._enabled.get(family)
         if hit is None:
-            inc = not self.include or any(fnmatch.fnmatchcase(family, p) for p in self.include)
-            exc = any(fnmatch.fnmatchcase(family, p) for p in self.exclude)
-            hit = self._cache[family] = inc and not exc
+            row = schema.family(family)  # KeyError for a glob or a typo: backends ask by exact name
+            if not row.filterable:
+                hit = True
+            else:
+                inc = not self.include or any(fnmatch.fnmatchcase(family, p) for p in self.include)
+                hit = inc and not any(fnmatch.fnmatchcase(family, p) for p in self.exclude)
+            self._enabled[family] = hit
         return hit
 
+    def any_enabled(self, *families: str) -> bool:
+        return any(self.enabled(f) for f in families)
 
-_D = Settings()  # the one set of defaults
+    def exposed(self, family: str) -> bool:
+        return self.enabled(family) and (bool(self.include) or schema.family(family).default)
+
+
+DEFAULTS = _D = Settings()  # the one set of defaults
 
 
 @dataclass

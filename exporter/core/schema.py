@@ -1,169 +1,397 @@
-"""The metric schema: one row per per-GPU family, shared by every backend.
+"""The metric schema: every family the exporter can publish, declared once, one row each.
 
-To add a reading: add a field to :class:`~exporter.core.readings.GpuReading`, a row here,
-a line in ``docs/metrics.md``, and fill it in the backends that can read it.
+The renderer (names, types, help), the field filter (``--fields-include/--fields-exclude``),
+``--check-config``, the contract test and ``docs/metrics.md`` all read this table; nothing else
+declares a family. To add one: a row here, the :class:`~exporter.core.readings.GpuReading`
+field that carries its value (per-GPU families), and the backends that fill it.
 
-Each row names the reading attribute; scalar attributes give one sample per GPU, dict
-attributes one sample per key, with the key in ``label`` (tuple keys: one label each).
+A row's ``scope`` says which labels come first and where the value comes from:
+
+- ``gpu``: one sample per GPU (``gpu``, ``uuid``, then ``labels``) from the reading's ``attr``;
+  a scalar attribute gives one sample, a dict one sample per key (tuple keys: one label each);
+- ``mig``: per MIG instance / compute partition of a GPU;
+- ``peer``: per ordered GPU pair (topology);
+- ``event``, ``node``, ``host``, ``pod``: per XID code, per vendor on the bus, the host, per
+  pod allocation;
+- ``self``: the exporter's own health, always published (not filterable).
+
+``default=False`` families are collected (the JSON API and ``snapshot`` show them) but are
+left off ``/metrics`` unless ``--fields-include`` selects them: the GPU-pair topology is
+N x (N-1) series and would make the default scrape quadratic in the GPU count.
 """
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 from dataclasses import dataclass
 
 GAUGE, COUNTER = "gauge", "counter"
 
+ALL = ("simulated", "nvml", "amdsmi", "rocm-smi")
+REAL = ("nvml", "amdsmi", "rocm-smi")
+SCOPE_LABELS = {"gpu": ("gpu", "uuid"), "mig": ("gpu", "uuid"), "peer": ("gpu", "uuid", "peer"),
+                "event": ("gpu", "uuid"), "node": (), "host": (), "pod": (), "self": ()}
+
 
 @dataclass(frozen=True)
 class Family:
+    """One metric family. ``unit`` is the SI unit of the value ("1": a count, level or flag)."""
+
     name: str  # full name; counters end in _total
     kind: str
+    unit: str
     help: str
-    attr: str  # GpuReading attribute
-    labels: tuple[str, ...] = ()  # extra labels for dict attributes
-    nvml: str = ""  # NVML source (docs)
-    smi: str = ""  # nvidia-smi / amd-smi equivalent (docs)
+    group: str  # field group (docs/metrics.md sections)
+    scope: str = "gpu"
+    labels: tuple[str, ...] = ()  # labels after the scope's (per-GPU: after gpu, uuid)
+    attr: str = ""  # GpuReading attribute (scope "gpu") or MigReading attribute (scope "mig")
+    backends: tuple[str, ...] = ()  # backends that fill it (docs support table; the contract test)
+    when: str = ""  # a condition for the series to exist (MIG on, an opt-in flag, an event seen ...)
+    default: bool = True  # on /metrics without field selection
+    filterable: bool = True
+    nvml: str = ""  # NVML source
+    smi: str = ""  # nvidia-smi equivalent
+    amd: str = ""  # amd-smi equivalent
 
     @property
     def base(self) -> str:
-        """Name without the ``_total`` suffix (prometheus_client's family name for counters)."""
+        """Name without the ``_total`` suffix (OpenMetrics and prometheus_client family name)."""
         return self.name[: -len("_total")] if self.kind == COUNTER else self.name
 
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        return SCOPE_LABELS[self.scope] + self.labels
 
-F = Family
-GPU_FAMILIES: tuple[Family, ...] = (
-    F("gpu_utilization_ratio", GAUGE, "Fraction of time a kernel ran on the GPU over the last sample period (0-1).",
-      "utilization_ratio", nvml="nvmlDeviceGetUtilizationRates.gpu", smi="utilization.gpu"),
-    F("gpu_memory_utilization_ratio", GAUGE,
-      "Fraction of time device memory was read or written over the last sample period (0-1).",
-      "memory_utilization_ratio", nvml="nvmlDeviceGetUtilizationRates.memory", smi="utilization.memory"),
-    F("gpu_encoder_utilization_ratio", GAUGE, "Video encoder utilisation (0-1).", "encoder_utilization_ratio",
-      nvml="nvmlDeviceGetEncoderUtilization", smi="utilization.encoder"),
-    F("gpu_decoder_utilization_ratio", GAUGE, "Video decoder utilisation (0-1).", "decoder_utilization_ratio",
-      nvml="nvmlDeviceGetDecoderUtilization", smi="utilization.decoder"),
-    F("gpu_memory_total_bytes", GAUGE, "Total device memory in bytes.", "memory_total_bytes",
-      nvml="nvmlDeviceGetMemoryInfo_v2.total", smi="memory.total"),
-    F("gpu_memory_used_bytes", GAUGE, "Device memory allocated by processes, in bytes.", "memory_used_bytes",
-      nvml="nvmlDeviceGetMemoryInfo_v2.used", smi="memory.used"),
-    F("gpu_memory_free_bytes", GAUGE, "Device memory free for allocation, in bytes.", "memory_free_bytes",
-      nvml="nvmlDeviceGetMemoryInfo_v2.free", smi="memory.free"),
-    F("gpu_memory_reserved_bytes", GAUGE, "Device memory reserved by the driver and firmware, in bytes.",
-      "memory_reserved_bytes", nvml="nvmlDeviceGetMemoryInfo_v2.reserved", smi="memory.reserved"),
-    F("gpu_temperature_celsius", GAUGE,
-      "Temperature in degrees Celsius by sensor: gpu (die/edge), memory (HBM), junction (hotspot, AMD).",
-      "temperature_celsius", ("sensor",), nvml="nvmlDeviceGetTemperature / NVML_FI_DEV_MEMORY_TEMP",
-      smi="temperature.gpu, temperature.memory"),
-    F("gpu_power_watts", GAUGE, "Power draw in watts.", "power_watts",
-      nvml="nvmlDeviceGetPowerUsage (mW)", smi="power.draw"),
-    F("gpu_power_limit_watts", GAUGE, "Enforced power limit in watts.", "power_limit_watts",
-      nvml="nvmlDeviceGetEnforcedPowerLimit (mW)", smi="enforced.power.limit"),
-    F("gpu_energy_joules_total", COUNTER, "Energy consumed since the driver was loaded, in joules.",
-      "energy_joules", nvml="nvmlDeviceGetTotalEnergyConsumption (mJ)", smi="(nvidia-smi -q: n/a)"),
-    F("gpu_clock_hertz", GAUGE, "Current clock frequency in hertz by clock: graphics, sm, memory, video, soc.",
-      "clock_hertz", ("clock",), nvml="nvmlDeviceGetClockInfo (MHz)",
-      smi="clocks.gr, clocks.sm, clocks.mem, clocks.video"),
-    F("gpu_clock_max_hertz", GAUGE, "Maximum clock frequency in hertz by clock.", "clock_max_hertz", ("clock",),
-      nvml="nvmlDeviceGetMaxClockInfo (MHz)", smi="clocks.max.gr, clocks.max.sm, clocks.max.mem"),
-    F("gpu_pcie_link_generation", GAUGE, "Current PCIe link generation.", "pcie_link_generation",
-      nvml="nvmlDeviceGetCurrPcieLinkGeneration", smi="pcie.link.gen.current"),
-    F("gpu_pcie_link_generation_max", GAUGE, "Maximum PCIe link generation of the GPU and system.",
-      "pcie_link_generation_max", nvml="nvmlDeviceGetMaxPcieLinkGeneration", smi="pcie.link.gen.max"),
-    F("gpu_pcie_link_width", GAUGE, "Current PCIe link width in lanes.", "pcie_link_width",
-      nvml="nvmlDeviceGetCurrPcieLinkWidth", smi="pcie.link.width.current"),
-    F("gpu_pcie_link_width_max", GAUGE, "Maximum PCIe link width in lanes.", "pcie_link_width_max",
-      nvml="nvmlDeviceGetMaxPcieLinkWidth", smi="pcie.link.width.max"),
-    F("gpu_pcie_replays_total", COUNTER, "PCIe replay events since the driver was loaded.", "pcie_replay_total",
-      nvml="nvmlDeviceGetPcieReplayCounter", smi="nvidia-smi -q: Replays Since Reset"),
-    F("gpu_fan_speed_ratio", GAUGE, "Fan speed as a fraction of its maximum (0-1). Absent on passive GPUs.",
-      "fan_speed_ratio", nvml="nvmlDeviceGetFanSpeed (%)", smi="fan.speed"),
-    F("gpu_performance_state", GAUGE, "Performance state: 0 (P0, maximum) to 15 (P15, minimum).",
-      "performance_state", nvml="nvmlDeviceGetPerformanceState", smi="pstate"),
-    F("gpu_ecc_mode_enabled", GAUGE, "1 when ECC is enabled.", "ecc_mode_enabled",
-      nvml="nvmlDeviceGetEccMode", smi="ecc.mode.current"),
-    F("gpu_ecc_errors_total", COUNTER,
-      "ECC errors by error_type (corrected, uncorrected) and counter (volatile: since boot; aggregate: lifetime).",
-      "ecc_errors", ("error_type", "counter"), nvml="nvmlDeviceGetTotalEccErrors",
-      smi="ecc.errors.corrected.volatile.total ..."),
-    F("gpu_retired_pages", GAUGE, "Retired framebuffer pages by cause (single_bit, double_bit).",
-      "retired_pages", ("cause",), nvml="nvmlDeviceGetRetiredPages",
-      smi="retired_pages.single_bit_ecc.count, retired_pages.double_bit.count"),
-    F("gpu_retired_pages_pending", GAUGE, "1 when a page retirement waits for a reboot.", "retired_pages_pending",
-      nvml="nvmlDeviceGetRetiredPagesPendingStatus", smi="retired_pages.pending"),
-    F("gpu_remapped_rows", GAUGE, "Remapped memory rows by error_type (corrected, uncorrected).",
-      "remapped_rows", ("error_type",), nvml="nvmlDeviceGetRemappedRows",
-      smi="remapped_rows.correctable, remapped_rows.uncorrectable"),
-    F("gpu_remapped_rows_pending", GAUGE, "1 when a row remap waits for a GPU reset.", "remapped_rows_pending",
-      nvml="nvmlDeviceGetRemappedRows.isPending", smi="remapped_rows.pending"),
-    F("gpu_remapped_rows_failed", GAUGE, "1 when a row remap failed (the GPU needs service).",
-      "remapped_rows_failed", nvml="nvmlDeviceGetRemappedRows.failureOccurred", smi="remapped_rows.failure"),
-    F("gpu_throttle_reason_active", GAUGE, "1 while a clock event (throttle) reason is active, by reason.",
-      "throttle_reasons", ("reason",), nvml="nvmlDeviceGetCurrentClocksEventReasons",
-      smi="clocks_event_reasons.*"),
-    F("gpu_violation_seconds_total", COUNTER, "Time clocks were held below target, by reason, in seconds.",
-      "violation_seconds", ("reason",), nvml="nvmlDeviceGetViolationStatus (ns)",
-      smi="nvidia-smi -q -d PERFORMANCE"),
-    F("gpu_link_up", GAUGE, "1 when a GPU interconnect link (NVLink, XGMI) is active, by link.", "link_up",
-      ("link",), nvml="nvmlDeviceGetNvLinkState", smi="nvidia-smi nvlink -s"),
-    F("gpu_link_errors_total", COUNTER, "GPU interconnect link errors summed over all links, by counter.",
-      "link_errors", ("counter",), nvml="NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL", smi="nvidia-smi nvlink -e"),
-    F("gpu_pcie_throughput_bytes_per_second", GAUGE,
-      "PCIe throughput by direction (tx, rx), bytes per second (opt-in: --pcie-throughput, ~20 ms per GPU).",
-      "pcie_throughput", ("direction",), nvml="nvmlDeviceGetPcieThroughput (KB/s)", smi="nvidia-smi dmon -s t"),
-    F("gpu_processes", GAUGE, "Compute processes running on the GPU.", "process_count",
-      nvml="nvmlDeviceGetComputeRunningProcesses", smi="--query-compute-apps=pid (count)"),
-    F("gpu_processes_memory_used_bytes", GAUGE, "Device memory used by all compute processes, in bytes.",
-      "process_memory_used_bytes", nvml="nvmlDeviceGetComputeRunningProcesses.usedGpuMemory",
-      smi="--query-compute-apps=used_memory (sum)"),
-    F("gpu_process_memory_used_bytes", GAUGE, "Device memory used per process, by pid (opt-in: --per-process).",
-      "process_memory_by_pid", ("pid",), nvml="nvmlDeviceGetComputeRunningProcesses",
-      smi="--query-compute-apps=pid,used_memory"),
-    F("gpu_mig_mode_enabled", GAUGE, "1 when MIG (NVIDIA) or a compute partition mode (AMD) is enabled.",
-      "mig_mode_enabled", nvml="nvmlDeviceGetMigMode", smi="mig.mode.current"),
+
+def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, backends: tuple[str, ...],
+       nvml: str, smi: str, amd: str, labels: tuple[str, ...] = (), when: str = "") -> Family:
+    return Family(name, kind, unit, help_, group, "gpu", labels, attr, backends, when, nvml=nvml, smi=smi, amd=amd)
+
+
+FAMILIES: tuple[Family, ...] = (
+    # --- identity and state --------------------------------------------------------------------
+    Family("gpu_info", GAUGE, "1", "GPU identity; value is always 1. Join on (gpu, uuid) for names.", "identity",
+           labels=("name", "vendor", "pci_bus_id", "serial", "driver_version", "cuda_version", "backend"),
+           backends=ALL, nvml="nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial",
+           smi="name, uuid, pci.bus_id, serial, driver_version", amd="amd-smi static --asic --board --driver"),
+    Family("gpu_up", GAUGE, "1", "1 when the GPU answered this collection, 0 when it is lost or unreadable.",
+           "identity", backends=ALL, nvml="NVML_ERROR_GPU_IS_LOST and device faults -> 0",
+           smi="(nvidia-smi: 'GPU is lost')", amd="(amd-smi: device errors)"),
+    Family("gpu_field_unsupported", GAUGE, "1",
+           "1 for each metric family this GPU or driver does not support (so absence is explained).", "identity",
+           labels=("field",), backends=REAL, when="a reading is unsupported",
+           nvml="NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION", smi="[N/A], [Not Supported]",
+           amd="N/A, AMDSMI_STATUS_NOT_SUPPORTED"),
+    Family("gpu_host_info", GAUGE, "1", "Host identity; value is always 1.", "identity", scope="host",
+           labels=("node", "cpu_model", "kernel", "os"), backends=ALL, filterable=False,
+           smi="(hostname, lscpu, uname -r)", amd="(hostname, lscpu, uname -r)"),
+    # --- utilisation ------------------------------------------------------------------------------
+    _g("gpu_utilization_ratio", GAUGE, "ratio",
+       "Fraction of time a kernel ran on the GPU over the last sample period (0-1).", "utilization",
+       "utilization_ratio", ALL, "nvmlDeviceGetUtilizationRates.gpu (%)", "utilization.gpu",
+       "amd-smi metric --usage: gfx_activity"),
+    _g("gpu_memory_utilization_ratio", GAUGE, "ratio",
+       "Fraction of time device memory was read or written over the last sample period (0-1).", "utilization",
+       "memory_utilization_ratio", ALL, "nvmlDeviceGetUtilizationRates.memory (%)", "utilization.memory",
+       "amd-smi metric --usage: umc_activity"),
+    _g("gpu_encoder_utilization_ratio", GAUGE, "ratio", "Video encoder utilisation (0-1).", "utilization",
+       "encoder_utilization_ratio", ("nvml",), "nvmlDeviceGetEncoderUtilization (%)", "utilization.encoder",
+       "amd-smi metric --usage: mm_activity"),
+    _g("gpu_decoder_utilization_ratio", GAUGE, "ratio", "Video decoder utilisation (0-1).", "utilization",
+       "decoder_utilization_ratio", ("nvml",), "nvmlDeviceGetDecoderUtilization (%)", "utilization.decoder",
+       "amd-smi metric --usage: mm_activity"),
+    # --- memory --------------------------------------------------------------------------------
+    _g("gpu_memory_total_bytes", GAUGE, "bytes", "Total device memory in bytes.", "memory", "memory_total_bytes",
+       ALL, "nvmlDeviceGetMemoryInfo_v2.total", "memory.total", "amd-smi metric --mem-usage: total_vram"),
+    _g("gpu_memory_used_bytes", GAUGE, "bytes", "Device memory allocated by processes, in bytes.", "memory",
+       "memory_used_bytes", ALL, "nvmlDeviceGetMemoryInfo_v2.used", "memory.used",
+       "amd-smi metric --mem-usage: used_vram"),
+    _g("gpu_memory_free_bytes", GAUGE, "bytes", "Device memory free for allocation, in bytes.", "memory",
+       "memory_free_bytes", ALL, "nvmlDeviceGetMemoryInfo_v2.free", "memory.free",
+       "amd-smi metric --mem-usage: free_vram"),
+    _g("gpu_memory_reserved_bytes", GAUGE, "bytes", "Device memory reserved by the driver and firmware, in bytes.",
+       "memory", "memory_reserved_bytes", ("simulated", "nvml"), "nvmlDeviceGetMemoryInfo_v2.reserved",
+       "memory.reserved", "(none)"),
+    # --- thermal and power -----------------------------------------------------------------------
+    _g("gpu_temperature_celsius", GAUGE, "celsius",
+       "Temperature in degrees Celsius by sensor: gpu (die/edge), memory (HBM), junction (hotspot, AMD).",
+       "thermal", "temperature_celsius", ALL, "nvmlDeviceGetTemperature; NVML_FI_DEV_MEMORY_TEMP",
+       "temperature.gpu, temperature.memory", "amd-smi metric --temperature: edge, hotspot, mem",
+       labels=("sensor",)),
+    _g("gpu_fan_speed_ratio", GAUGE, "ratio",
+       "Fan speed as a fraction of its maximum, as the driver reports it (can exceed 1 on some boards). "
+       "Absent on passive GPUs.", "thermal", "fan_speed_ratio", REAL, "nvmlDeviceGetFanSpeed (%)", "fan.speed",
+       "amd-smi metric --fan: usage"),
+    _g("gpu_power_watts", GAUGE, "watts", "Power draw in watts.", "power", "power_watts", ALL,
+       "nvmlDeviceGetPowerUsage (mW)", "power.draw", "amd-smi metric --power: socket_power"),
+    _g("gpu_power_limit_watts", GAUGE, "watts", "Enforced power limit in watts.", "power", "power_limit_watts", ALL,
+       "nvmlDeviceGetEnforcedPowerLimit (mW)", "enforced.power.limit", "amd-smi static --limit: power_cap"),
+    _g("gpu_energy_joules_total", COUNTER, "joules", "Energy consumed since the driver was loaded, in joules.",
+       "power", "energy_joules", ALL, "nvmlDeviceGetTotalEnergyConsumption (mJ)", "(nvidia-smi -q: n/a)",
+       "amd-smi metric --energy: total_energy_consumption"),
+    _g("gpu_performance_state", GAUGE, "1", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).", "power",
+       "performance_state", ("simulated", "nvml"), "nvmlDeviceGetPerformanceState", "pstate", "(none)"),
+    # --- clocks ----------------------------------------------------------------------------------
+    _g("gpu_clock_hertz", GAUGE, "hertz",
+       "Current clock frequency in hertz by clock: graphics, sm, memory, video, soc.", "clocks", "clock_hertz",
+       ALL, "nvmlDeviceGetClockInfo (MHz)", "clocks.gr, clocks.sm, clocks.mem, clocks.video",
+       "amd-smi metric --clock: gfx, mem, soc", labels=("clock",)),
+    _g("gpu_clock_max_hertz", GAUGE, "hertz", "Maximum clock frequency in hertz by clock.", "clocks",
+       "clock_max_hertz", ("simulated", "nvml", "amdsmi"), "nvmlDeviceGetMaxClockInfo (MHz)",
+       "clocks.max.gr, clocks.max.sm, clocks.max.mem", "amd-smi metric --clock: max_clk", labels=("clock",)),
+    # --- PCIe ------------------------------------------------------------------------------------
+    _g("gpu_pcie_link_generation", GAUGE, "1", "Current PCIe link generation (1-6).", "pcie",
+       "pcie_link_generation", ALL, "nvmlDeviceGetCurrPcieLinkGeneration", "pcie.link.gen.current",
+       "amd-smi metric --pcie: speed (MT/s, mapped to a generation)"),
+    _g("gpu_pcie_link_generation_max", GAUGE, "1",
+       "Maximum PCIe link generation. NVIDIA: the lower of what the GPU and the system support; AMD: what the "
+       "GPU supports.", "pcie", "pcie_link_generation_max", ("simulated", "nvml", "amdsmi"),
+       "nvmlDeviceGetMaxPcieLinkGeneration", "pcie.link.gen.max", "amd-smi static --bus: max_pcie_speed"),
+    _g("gpu_pcie_link_width", GAUGE, "1", "Current PCIe link width in lanes.", "pcie", "pcie_link_width", ALL,
+       "nvmlDeviceGetCurrPcieLinkWidth", "pcie.link.width.current", "amd-smi metric --pcie: width"),
+    _g("gpu_pcie_link_width_max", GAUGE, "1", "Maximum PCIe link width in lanes.", "pcie", "pcie_link_width_max",
+       ("simulated", "nvml", "amdsmi"), "nvmlDeviceGetMaxPcieLinkWidth", "pcie.link.width.max",
+       "amd-smi static --bus: max_pcie_width"),
+    _g("gpu_pcie_replays_total", COUNTER, "1", "PCIe replay events since the driver was loaded.", "pcie",
+       "pcie_replay_total", REAL, "nvmlDeviceGetPcieReplayCounter", "nvidia-smi -q: Replays Since Reset",
+       "amd-smi metric --pcie: replay_count"),
+    _g("gpu_pcie_throughput_bytes_per_second", GAUGE, "bytes per second",
+       "PCIe throughput by direction (tx, rx), bytes per second (opt-in: --pcie-throughput, about 40 ms per GPU).",
+       "pcie", "pcie_throughput", ("nvml",), "nvmlDeviceGetPcieThroughput (KB/s)", "nvidia-smi dmon -s t",
+       "(none)", labels=("direction",), when="--pcie-throughput"),
+    # --- health ----------------------------------------------------------------------------------
+    _g("gpu_ecc_mode_enabled", GAUGE, "1", "1 when ECC is enabled.", "health", "ecc_mode_enabled", ("nvml",),
+       "nvmlDeviceGetEccMode", "ecc.mode.current", "amd-smi static --ras"),
+    _g("gpu_ecc_errors_total", COUNTER, "1",
+       "ECC errors by error_type (corrected, uncorrected) and counter (volatile: since boot; aggregate: lifetime).",
+       "health", "ecc_errors", ("nvml", "amdsmi"), "nvmlDeviceGetTotalEccErrors",
+       "ecc.errors.corrected.volatile.total ...", "amd-smi metric --ecc: total_correctable_count ...",
+       labels=("error_type", "counter")),
+    _g("gpu_retired_pages", GAUGE, "1", "Retired framebuffer pages by cause (single_bit, double_bit).", "health",
+       "retired_pages", ("nvml",), "nvmlDeviceGetRetiredPages",
+       "retired_pages.single_bit_ecc.count, retired_pages.double_bit.count", "amd-smi bad-pages",
+       labels=("cause",)),
+    _g("gpu_retired_pages_pending", GAUGE, "1", "1 when a page retirement waits for a reboot.", "health",
+       "retired_pages_pending", ("nvml",), "nvmlDeviceGetRetiredPagesPendingStatus", "retired_pages.pending",
+       "(none)"),
+    _g("gpu_remapped_rows", GAUGE, "1", "Remapped memory rows by error_type (corrected, uncorrected).", "health",
+       "remapped_rows", ("nvml",), "nvmlDeviceGetRemappedRows", "remapped_rows.correctable, "
+       "remapped_rows.uncorrectable", "(none)", labels=("error_type",)),
+    _g("gpu_remapped_rows_pending", GAUGE, "1", "1 when a row remap waits for a GPU reset.", "health",
+       "remapped_rows_pending", ("nvml",), "nvmlDeviceGetRemappedRows.isPending", "remapped_rows.pending",
+       "(none)"),
+    _g("gpu_remapped_rows_failed", GAUGE, "1", "1 when a row remap failed (the GPU needs service).", "health",
+       "remapped_rows_failed", ("nvml",), "nvmlDeviceGetRemappedRows.failureOccurred", "remapped_rows.failure",
+       "(none)"),
+    _g("gpu_throttle_reason_active", GAUGE, "1", "1 while a clock event (throttle) reason is active, by reason.",
+       "health", "throttle_reasons", ("simulated", "nvml", "amdsmi"), "nvmlDeviceGetCurrentClocksEventReasons",
+       "clocks_event_reasons.*", "amd-smi metric --throttle", labels=("reason",)),
+    _g("gpu_violation_seconds_total", COUNTER, "seconds",
+       "Time clocks were held below target, by reason, in seconds.", "health", "violation_seconds", ("nvml",),
+       "nvmlDeviceGetViolationStatus (ns)", "nvidia-smi -q -d PERFORMANCE", "amd-smi metric --throttle",
+       labels=("reason",)),
+    # --- interconnect ----------------------------------------------------------------------------
+    _g("gpu_link_up", GAUGE, "1", "1 when a GPU interconnect link (NVLink, XGMI) is active, by link.",
+       "interconnect", "link_up", ("nvml", "amdsmi"), "nvmlDeviceGetNvLinkState", "nvidia-smi nvlink -s",
+       "amd-smi xgmi --link-status", labels=("link",)),
+    _g("gpu_link_errors_total", COUNTER, "1", "GPU interconnect link errors summed over all links, by counter.",
+       "interconnect", "link_errors", ("nvml",), "NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL", "nvidia-smi nvlink -e",
+       "amd-smi xgmi --metric", labels=("counter",)),
+    # --- processes -------------------------------------------------------------------------------
+    _g("gpu_processes", GAUGE, "1", "Compute processes running on the GPU.", "processes", "process_count",
+       ("nvml", "amdsmi"), "nvmlDeviceGetComputeRunningProcesses_v3/_v2/v1", "--query-compute-apps=pid (count)",
+       "amd-smi process (count)"),
+    _g("gpu_processes_memory_used_bytes", GAUGE, "bytes", "Device memory used by all compute processes, in bytes.",
+       "processes", "process_memory_used_bytes", ("nvml", "amdsmi"),
+       "nvmlDeviceGetComputeRunningProcesses.usedGpuMemory", "--query-compute-apps=used_memory (sum)",
+       "amd-smi process: mem_usage (sum)"),
+    _g("gpu_process_memory_used_bytes", GAUGE, "bytes", "Device memory used per process, by pid "
+       "(opt-in: --per-process).", "processes", "process_memory_by_pid", ("nvml", "amdsmi"),
+       "nvmlDeviceGetComputeRunningProcesses", "--query-compute-apps=pid,used_memory", "amd-smi process",
+       labels=("pid",), when="--per-process"),
+    # --- MIG / partitions ------------------------------------------------------------------------
+    _g("gpu_mig_mode_enabled", GAUGE, "1", "1 when MIG (NVIDIA) or a compute partition mode (AMD) is enabled.",
+       "mig", "mig_mode_enabled", REAL, "nvmlDeviceGetMigMode", "mig.mode.current",
+       "amd-smi static --partition"),
+    Family("gpu_mig_memory_total_bytes", GAUGE, "bytes", "MIG instance memory total in bytes.", "mig", "mig",
+           ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "memory_total_bytes", ("nvml",),
+           when="MIG on", nvml="nvmlDeviceGetMemoryInfo (MIG device)", smi="nvidia-smi -q -d MEMORY (MIG)",
+           amd="(partitions are GPUs)"),
+    Family("gpu_mig_memory_used_bytes", GAUGE, "bytes", "MIG instance memory used in bytes.", "mig", "mig",
+           ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "memory_used_bytes", ("nvml",),
+           when="MIG on", nvml="nvmlDeviceGetMemoryInfo (MIG device)", smi="nvidia-smi -q -d MEMORY (MIG)",
+           amd="(partitions are GPUs)"),
+    Family("gpu_mig_utilization_ratio", GAUGE, "ratio", "MIG instance utilisation (0-1), where the driver reports it.",
+           "mig", "mig", ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "utilization_ratio",
+           ("nvml",), when="MIG on, where the driver reports it", nvml="nvmlDeviceGetUtilizationRates (MIG device)",
+           smi="(none)", amd="(partitions are GPUs)"),
+    # --- topology (off /metrics by default: N x (N-1) series) -----------------------------------------
+    Family("gpu_p2p_supported", GAUGE, "1", "1 when peer-to-peer access from gpu to peer is supported, by capability.",
+           "topology", "peer", ("capability",), backends=("simulated", "nvml", "amdsmi"), default=False,
+           nvml="nvmlDeviceGetP2PStatus", smi="nvidia-smi topo -p2p rwna", amd="amd-smi topology -a"),
+    Family("gpu_topology_level", GAUGE, "1",
+           "PCIe/NVLink topology level between gpu and peer (NVML levels: 0 internal, 10 single switch, "
+           "20 multiple switches, 30 host bridge, 40 NUMA node, 50 system); label level names it.",
+           "topology", "peer", ("level",), backends=("simulated", "nvml", "amdsmi"), default=False,
+           nvml="nvmlDeviceGetTopologyCommonAncestor", smi="nvidia-smi topo -m", amd="amd-smi topology -t"),
+    # --- events and the bus ----------------------------------------------------------------------
+    Family("gpu_xid_errors_total", COUNTER, "1",
+           "XID errors reported by the driver since the exporter started, by xid code.", "events", "event",
+           ("xid",), backends=("nvml",), when="after an XID event", nvml="nvmlEventSetWait_v2 (XID events)",
+           smi="(dmesg: NVRM: Xid)", amd="(none)"),
+    Family("gpu_xid_last_timestamp_seconds", GAUGE, "seconds", "Unix time of the last XID error on this GPU.",
+           "events", "event", backends=("nvml",), when="after an XID event", nvml="nvmlEventSetWait_v2",
+           smi="(dmesg)", amd="(none)"),
+    Family("gpu_pci_devices", GAUGE, "1", "GPUs of this vendor present on the PCI bus (sysfs).", "bus", "node",
+           ("vendor",), backends=REAL, when="sysfs readable",
+           smi="lspci -d 10de::0300, 10de::0302", amd="lspci -d 1002::0300, 1002::0380"),
+    Family("gpu_visible_devices", GAUGE, "1", "GPUs of this vendor visible to the vendor library.", "bus", "node",
+           ("vendor",), backends=REAL, when="sysfs readable", nvml="nvmlDeviceGetCount",
+           smi="nvidia-smi -L (count)", amd="amd-smi list (count)"),
+    # --- pod attribution (exporter/k8s) -------------------------------------------------------------
+    Family("gpu_allocation_info", GAUGE, "1",
+           "One series per device the kubelet allocated to a container on this GPU; value is always 1. "
+           "shared = number of allocations on the GPU (1: exclusive).", "attribution", "pod",
+           ("gpu", "uuid", "pod", "namespace", "container", "resource", "device", "shared"),
+           backends=REAL, when="pod attribution on", smi="(kubelet pod-resources API)",
+           amd="(kubelet pod-resources API)"),
+    Family("gpu_exporter_pod_attribution_up", GAUGE, "1",
+           "1 when pod labels come from a kubelet pod-resources List younger than the staleness limit.",
+           "self", "self", backends=REAL, when="pod attribution on", filterable=False),
+    Family("gpu_exporter_pod_resources_errors_total", COUNTER, "1",
+           "Failed pod-resources List attempts by kind (socket_missing, timeout, unavailable, ...).", "self", "self",
+           ("kind",), backends=REAL, when="pod attribution on", filterable=False),
+    Family("gpu_exporter_pod_resources_devices", GAUGE, "1",
+           "Devices in the last pod-resources List: allocated (matched to a GPU), unmapped (a GPU resource "
+           "matching no GPU read here), ignored (not a GPU resource).", "self", "self", ("status",),
+           backends=REAL, when="pod attribution on", filterable=False),
+    Family("gpu_exporter_pod_resources_last_success_timestamp_seconds", GAUGE, "seconds",
+           "Unix time of the last successful pod-resources List.", "self", "self", backends=REAL,
+           when="pod attribution on", filterable=False),
+    Family("gpu_exporter_pod_resources_list_duration_seconds", GAUGE, "seconds",
+           "Duration of the last successful pod-resources List call in seconds.", "self", "self", backends=REAL,
+           when="pod attribution on", filterable=False),
+    # --- the exporter itself (node_exporter's scrape_collector_*) --------------------------------------
+    Family("gpu_exporter_build_info", GAUGE, "1", "gpu-exporter build; value is always 1.", "self", "self",
+           ("version", "python_version"), backends=ALL, filterable=False),
+    Family("gpu_exporter_collector_success", GAUGE, "1", "1 when the backend's last collection succeeded.", "self",
+           "self", ("backend",), backends=ALL, filterable=False),
+    Family("gpu_exporter_collector_duration_seconds", GAUGE, "seconds", "Duration of the backend's last collection.",
+           "self", "self", ("backend",), backends=ALL, filterable=False),
+    Family("gpu_exporter_collection_errors_total", COUNTER, "1",
+           "Collection errors by backend and kind (docs/metrics.md lists the kinds).", "self", "self",
+           ("backend", "kind"), backends=ALL, when="after an error", filterable=False),
+    Family("gpu_exporter_gpus", GAUGE, "1", "GPUs the backend returned in its last collection.", "self", "self",
+           ("backend",), backends=ALL, filterable=False),
+    Family("gpu_exporter_last_success_timestamp_seconds", GAUGE, "seconds",
+           "Unix time of the backend's last successful collection.", "self", "self", ("backend",), backends=ALL,
+           filterable=False),
+    Family("gpu_exporter_collections_total", COUNTER, "1", "Collections run by the backend.", "self", "self",
+           ("backend",), backends=ALL, filterable=False),
+    Family("gpu_exporter_collection_interval_seconds", GAUGE, "seconds",
+           "Minimum seconds between real reads of the backend: 0 reads on every scrape; CLI backends "
+           "(rocm-smi, a subprocess) are read at most every COLLECTION_INTERVAL, default 10 s.", "self", "self",
+           ("backend",), backends=ALL, filterable=False),
 )
 
-FAMILY_BY_NAME = {f.name: f for f in GPU_FAMILIES}
-
-# Families emitted outside the per-GPU table (documented in docs/metrics.md too).
-SPECIAL_FAMILIES = (
-    "gpu_info",
-    "gpu_up",
-    "gpu_host_info",
-    "gpu_mig_memory_total_bytes",
-    "gpu_mig_memory_used_bytes",
-    "gpu_mig_utilization_ratio",
-    "gpu_p2p_supported",
-    "gpu_topology_level",
-    "gpu_xid_errors_total",
-    "gpu_xid_last_timestamp_seconds",
-    "gpu_pci_devices",
-    "gpu_visible_devices",
-    "gpu_field_unsupported",
-    "gpu_allocation_info",
-)
+FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+# Per-GPU families read from one GpuReading attribute each (the generic part of the renderer).
+GPU_FAMILIES: tuple[Family, ...] = tuple(f for f in FAMILIES if f.scope == "gpu" and f.attr)
+MIG_FAMILIES: tuple[Family, ...] = tuple(f for f in FAMILIES if f.scope == "mig")
+FILTERABLE: tuple[str, ...] = tuple(f.name for f in FAMILIES if f.filterable)
 
 # NVML topology levels (nvmlGpuTopologyLevel_t); AMD maps onto the same names.
 TOPOLOGY_LEVELS = {"internal": 0, "single": 10, "multiple": 20, "hostbridge": 30, "node": 40, "system": 50}
 
 
-def all_family_names() -> list[str]:
-    return [f.name for f in GPU_FAMILIES] + list(SPECIAL_FAMILIES)
+def family(name: str) -> Family:
+    """The row of ``name``; KeyError names the nearest known family (a typo in code fails loudly)."""
+    try:
+        return FAMILY_BY_NAME[name]
+    except KeyError:
+        raise KeyError(unknown_family_message(name)) from None
 
 
-def _unit(name: str) -> str:
-    for unit in ("bytes_per_second", "bytes", "celsius", "watts", "joules", "hertz", "ratio", "seconds"):
-        if unit in name:
-            return unit.replace("_", " ")
-    return "1"
+def unknown_family_message(name: str) -> str:
+    near = difflib.get_close_matches(name, FILTERABLE, n=1, cutoff=0.5)
+    hint = f"; did you mean {near[0]}?" if near else "; see docs/metrics.md for the families"
+    return f"unknown metric family {name!r}{hint}"
+
+
+def match(pattern: str) -> list[str]:
+    """Filterable families matching a family name or a shell glob over family names."""
+    return [n for n in FILTERABLE if fnmatch.fnmatchcase(n, pattern)]
+
+
+# --- docs/metrics.md ---------------------------------------------------------------------------
+
+GROUP_TITLES = (
+    ("identity", "Identity and state"), ("utilization", "Utilisation"), ("memory", "Memory"),
+    ("thermal", "Thermal"), ("power", "Power and energy"), ("clocks", "Clocks"), ("pcie", "PCIe"),
+    ("health", "Health: ECC, pages, rows, throttling"), ("interconnect", "Interconnect (NVLink, XGMI)"),
+    ("processes", "Processes"), ("mig", "MIG and partitions"), ("topology", "Topology (off /metrics by default)"),
+    ("events", "Events"), ("bus", "PCI bus"), ("attribution", "Pod attribution"), ("self", "Exporter self-metrics"),
+)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|") if text else "-"
 
 
 def markdown_table() -> str:
-    """The per-GPU family table of docs/metrics.md (``python -m exporter.core.schema`` prints it)."""
-    rows = ["| name | type | unit | extra labels | NVML source | nvidia-smi | help |", "|---|---|---|---|---|---|---|"]
-    for f in GPU_FAMILIES:
-        labels = ", ".join(f"`{label}`" for label in f.labels) or "-"
-        rows.append(f"| `{f.name}` | {f.kind} | {_unit(f.name)} | {labels} | `{f.nvml}` | `{f.smi}` | {f.help} |")
+    """Every family, grouped (``python -m exporter.core.schema`` prints it; docs/metrics.md embeds it)."""
+    out: list[str] = []
+    for group, title in GROUP_TITLES:
+        rows = [f for f in FAMILIES if f.group == group]
+        if not rows:
+            continue
+        out.append(f"### {title}\n\n| name | type | unit | labels | NVML source | nvidia-smi | amd-smi | help |\n"
+                   "|---|---|---|---|---|---|---|---|\n")
+        for f in rows:
+            labels = ", ".join(f"`{label}`" for label in f.all_labels) or "-"
+            extra = ""
+            if not f.default:
+                extra = " Off /metrics by default: select it with `--fields-include`."
+            if f.when:
+                extra += f" Present: {f.when}."
+            if not f.filterable:
+                extra += " Always published."
+            out.append(f"| `{f.name}` | {f.kind} | {f.unit} | {labels} | {_cell(f.nvml)} | {_cell(f.smi)} | "
+                       f"{_cell(f.amd)} | {_cell(f.help)}{extra} |\n")
+        out.append("\n")
+    return "".join(out).rstrip("\n") + "\n"
+
+
+def support_table() -> str:
+    """Which backend fills which family (docs/metrics.md; the contract test checks it on real fleets)."""
+    rows = ["| family | " + " | ".join(ALL) + " | when |", "|---|" + "---|" * len(ALL) + "---|"]
+    for f in FAMILIES:
+        if f.scope == "self":
+            continue
+        cells = " | ".join("yes" if b in f.backends else "no" for b in ALL)
+        rows.append(f"| `{f.name}` | {cells} | {f.when or 'always'} |")
     return "\n".join(rows) + "\n"
 
 
+def render_docs(text: str) -> str:
+    """``text`` (docs/metrics.md) with its generated blocks replaced by the current schema."""
+    for marker, body in (("families", markdown_table()), ("support-table", support_table())):
+        begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
+        if not rest:
+            raise ValueError(f"docs/metrics.md lacks the {begin} marker")
+        text = f"{head}{begin}\n{body}{end}{tail}"
+    return text
+
+
 if __name__ == "__main__":
-    print(markdown_table(), end="")
+    import sys
+    from pathlib import Path
+
+    if sys.argv[1:] == ["--write"]:
+        path = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+        path.write_text(render_docs(path.read_text()))
+    else:
+        print(markdown_table(), end="")

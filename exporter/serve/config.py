@@ -97,6 +97,9 @@ def _bool(v: object) -> bool:
 
 
 def _str_list(v: object) -> list[str]:
+    """Metric family names or globs over them; each must match a family of the schema."""
+    from exporter.core import schema
+
     if isinstance(v, list | tuple):
         items = [str(x).strip() for x in v]
     else:
@@ -105,6 +108,8 @@ def _str_list(v: object) -> list[str]:
     for x in out:
         if not all(c.isalnum() or c in "_*?[]" for c in x):
             raise ValueError("expected metric family names or globs, e.g. gpu_clock_*,gpu_fan_speed_ratio")
+        if not schema.match(x):
+            raise ValueError(schema.unknown_family_message(x))
     return out
 
 

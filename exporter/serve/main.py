@@ -105,7 +105,14 @@ def main(argv: Sequence[str]) -> int:
             sys.stderr.write(f"gpu-exporter: error: {exc}\n")
             return 2
     if settings.check_config:
-        sys.stdout.write(json.dumps(settings.as_dict(), indent=2, sort_keys=True) + "\n")
+        from exporter.core.schema import FAMILIES
+
+        fields = options_from(settings).fields
+        doc = settings.as_dict()
+        # what the field selection means, read from the schema: published, collected only, off
+        doc["families"] = {f.name: "published" if fields.exposed(f.name) else
+                           "collected" if fields.enabled(f.name) else "off" for f in FAMILIES}
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         return 0
 
     from exporter.core.host import host_info

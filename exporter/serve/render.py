@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from exporter.core.options import FieldFilter
 from exporter.core.readings import Collection, GpuReading, PeerReading
-from exporter.core.schema import COUNTER, GAUGE, GPU_FAMILIES, TOPOLOGY_LEVELS
+from exporter.core.schema import COUNTER, FAMILY_BY_NAME, GAUGE, GPU_FAMILIES, MIG_FAMILIES, TOPOLOGY_LEVELS
 from exporter.core.snapshot import Snapshot
 from exporter.core.version import VERSION as __version__
 
@@ -124,19 +124,12 @@ def _topology_bodies(peers: list[PeerReading], up: frozenset[int], uuids: dict[i
 
 
 # --- families -------------------------------------------------------------------------------
+# Every family's name, type and help come from its schema row (exporter/core/schema.py).
 
-HELP_INFO = "GPU identity; value is always 1. Join on (gpu, uuid) for names."
-HELP_UP = "1 when the GPU answered this collection, 0 when it is lost or unreadable."
-HELP_UNSUPPORTED = "1 for each metric family this GPU or driver does not support (so absence is explained)."
-HELP_P2P = "1 when peer-to-peer access from gpu to peer is supported, by capability."
-HELP_TOPO = ("PCIe/NVLink topology level between gpu and peer (NVML levels: 0 internal, 10 single switch, "
-             "20 multiple switches, 30 host bridge, 40 NUMA node, 50 system); label level names it.")
-MIG_FAMILIES = (
-    ("gpu_mig_memory_total_bytes", "MIG instance memory total in bytes.", "memory_total_bytes"),
-    ("gpu_mig_memory_used_bytes", "MIG instance memory used in bytes.", "memory_used_bytes"),
-    ("gpu_mig_utilization_ratio", "MIG instance utilisation (0-1), where the driver reports it.",
-     "utilization_ratio"),
-)
+
+def _emit(out: _Out, name: str, body: str) -> None:
+    f = FAMILY_BY_NAME[name]
+    out.family(f.name, f.kind, f.help, body)
 
 
 def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
@@ -151,19 +144,18 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
                     base += "," + labelstr(extra_labels)
             rows.append((coll, r, base))
 
-    if fields.enabled("gpu_info"):
-        out.family("gpu_info", GAUGE, HELP_INFO, "".join(
+    if fields.exposed("gpu_info"):
+        _emit(out, "gpu_info", "".join(
             f'gpu_info{{gpu="{r.index}",uuid="{esc(r.uuid)}",name="{esc(r.name or "")}",vendor="{esc(r.vendor)}",'
             f'pci_bus_id="{esc(r.pci_bus_id or "")}",serial="{esc(r.serial or "")}",'
             f'driver_version="{esc(r.driver_version or "")}",cuda_version="{esc(r.cuda_driver_version or "")}",'
             f'backend="{esc(c.backend)}"}} 1\n' for c, r, _ in rows))
-    if fields.enabled("gpu_up"):
-        out.family("gpu_up", GAUGE, HELP_UP,
-                   "".join(f"gpu_up{{{b}}} {1 if r.up else 0}\n" for _, r, b in rows))
+    if fields.exposed("gpu_up"):
+        _emit(out, "gpu_up", "".join(f"gpu_up{{{b}}} {1 if r.up else 0}\n" for _, r, b in rows))
 
     live = [(r, b) for _, r, b in rows if r.up]
     for fam in GPU_FAMILIES:
-        if not fields.enabled(fam.name):
+        if not fields.exposed(fam.name):
             continue
         name, attr = fam.name, fam.attr
         lines: list[str] = []
@@ -184,21 +176,21 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
                     lines.append(f"{name}{{{b},{pairs}}} {num(v)}\n")
         out.family(name, fam.kind, fam.help, "".join(lines))
 
-    for name, help_, attr in MIG_FAMILIES:
-        if not fields.enabled(name):
+    for fam in MIG_FAMILIES:
+        if not fields.exposed(fam.name):
             continue
         lines = []
         for r, b in live:
             for mig in r.mig:
-                v = getattr(mig, attr)
+                v = getattr(mig, fam.attr)
                 if v is None:
                     continue
                 ci = "" if mig.compute_instance_id is None else str(mig.compute_instance_id)
-                lines.append(f'{name}{{{b},gpu_instance="{mig.gpu_instance_id}",compute_instance="{ci}",'
+                lines.append(f'{fam.name}{{{b},gpu_instance="{mig.gpu_instance_id}",compute_instance="{ci}",'
                              f'mig_profile="{esc(mig.profile or "")}",mig_uuid="{esc(mig.uuid or "")}"}} {num(v)}\n')
-        out.family(name, GAUGE, help_, "".join(lines))
+        out.family(fam.name, fam.kind, fam.help, "".join(lines))
 
-    want_p2p, want_topo = fields.enabled("gpu_p2p_supported"), fields.enabled("gpu_topology_level")
+    want_p2p, want_topo = fields.exposed("gpu_p2p_supported"), fields.exposed("gpu_topology_level")
     p2p_body, topo_body = [], []
     for coll in snap.collections:
         if coll.peers and (want_p2p or want_topo):
@@ -207,14 +199,14 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
             p2p_body.append(a)
             topo_body.append(b2)
     if want_p2p:
-        out.family("gpu_p2p_supported", GAUGE, HELP_P2P, "".join(p2p_body))
+        _emit(out, "gpu_p2p_supported", "".join(p2p_body))
     if want_topo:
-        out.family("gpu_topology_level", GAUGE, HELP_TOPO, "".join(topo_body))
+        _emit(out, "gpu_topology_level", "".join(topo_body))
 
     _event_families(out, snap, fields)
 
-    if fields.enabled("gpu_field_unsupported"):
-        out.family("gpu_field_unsupported", GAUGE, HELP_UNSUPPORTED, "".join(
+    if fields.exposed("gpu_field_unsupported"):
+        _emit(out, "gpu_field_unsupported", "".join(
             f'gpu_field_unsupported{{{b},field="{esc(f)}"}} 1\n' for r, b in live for f in sorted(r.unsupported)))
 
 
@@ -232,17 +224,10 @@ def _event_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
             vendor = esc(_vendor_of(coll))
             pci.append(f'gpu_pci_devices{{vendor="{vendor}"}} {coll.pci_devices}\n')
             vis.append(f'gpu_visible_devices{{vendor="{vendor}"}} {len(coll.gpus)}\n')
-    if fields.enabled("gpu_xid_errors_total"):
-        out.family("gpu_xid_errors_total", COUNTER,
-                   "XID errors reported by the driver since the exporter started, by xid code.", "".join(xid))
-    if fields.enabled("gpu_xid_last_timestamp_seconds"):
-        out.family("gpu_xid_last_timestamp_seconds", GAUGE, "Unix time of the last XID error on this GPU.",
-                   "".join(last))
-    if fields.enabled("gpu_pci_devices"):
-        out.family("gpu_pci_devices", GAUGE, "GPUs of this vendor present on the PCI bus (sysfs).", "".join(pci))
-    if fields.enabled("gpu_visible_devices"):
-        out.family("gpu_visible_devices", GAUGE, "GPUs of this vendor visible to the vendor library.",
-                   "".join(vis))
+    for name, body in (("gpu_xid_errors_total", xid), ("gpu_xid_last_timestamp_seconds", last),
+                       ("gpu_pci_devices", pci), ("gpu_visible_devices", vis)):
+        if fields.exposed(name):
+            _emit(out, name, "".join(body))
 
 
 def _vendor_of(coll: Collection) -> str:
@@ -254,53 +239,49 @@ def _vendor_of(coll: Collection) -> str:
     return cls.vendor if cls is not None else "unknown"
 
 
-def _self_families(out: _Out, snap: Snapshot) -> None:
+def _self_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
     h = snap.host
-    out.family("gpu_host_info", GAUGE, "Host identity; value is always 1.",
-               f'gpu_host_info{{node="{esc(h.node)}",cpu_model="{esc(h.cpu_model)}",kernel="{esc(h.kernel)}",'
-               f'os="{esc(h.os)}"}} 1\n')
-    out.family("gpu_exporter_build_info", GAUGE, "gpu-exporter build; value is always 1.",
-               f'gpu_exporter_build_info{{version="{__version__}",python_version="{platform.python_version()}"}} 1\n')
-    ok: list[str] = []
-    dur: list[str] = []
-    err: list[str] = []
-    gpus: list[str] = []
-    last: list[str] = []
-    total: list[str] = []
+    _emit(out, "gpu_host_info",
+          f'gpu_host_info{{node="{esc(h.node)}",cpu_model="{esc(h.cpu_model)}",kernel="{esc(h.kernel)}",'
+          f'os="{esc(h.os)}"}} 1\n')
+    _emit(out, "gpu_exporter_build_info",
+          f'gpu_exporter_build_info{{version="{__version__}",python_version="{platform.python_version()}"}} 1\n')
+    lines: dict[str, list[str]] = {n: [] for n in (
+        "gpu_exporter_collector_success", "gpu_exporter_collector_duration_seconds",
+        "gpu_exporter_collection_errors_total", "gpu_exporter_gpus", "gpu_exporter_last_success_timestamp_seconds",
+        "gpu_exporter_collections_total", "gpu_exporter_collection_interval_seconds")}
     for name, st in sorted(snap.stats.items()):
         lab = f'backend="{esc(name)}"'
-        ok.append(f"gpu_exporter_collector_success{{{lab}}} {1 if st.success else 0}\n")
-        dur.append(f"gpu_exporter_collector_duration_seconds{{{lab}}} {num(st.duration_seconds)}\n")
-        gpus.append(f"gpu_exporter_gpus{{{lab}}} {st.gpus}\n")
-        total.append(f"gpu_exporter_collections_total{{{lab}}} {st.collections_total}\n")
+        lines["gpu_exporter_collector_success"].append(
+            f"gpu_exporter_collector_success{{{lab}}} {1 if st.success else 0}\n")
+        lines["gpu_exporter_collector_duration_seconds"].append(
+            f"gpu_exporter_collector_duration_seconds{{{lab}}} {num(st.duration_seconds)}\n")
+        lines["gpu_exporter_gpus"].append(f"gpu_exporter_gpus{{{lab}}} {st.gpus}\n")
+        lines["gpu_exporter_collections_total"].append(
+            f"gpu_exporter_collections_total{{{lab}}} {st.collections_total}\n")
         if st.last_success_seconds is not None:
-            last.append(f"gpu_exporter_last_success_timestamp_seconds{{{lab}}} {num(st.last_success_seconds)}\n")
+            lines["gpu_exporter_last_success_timestamp_seconds"].append(
+                f"gpu_exporter_last_success_timestamp_seconds{{{lab}}} {num(st.last_success_seconds)}\n")
         for kind, n in sorted(st.errors_total.items()):
-            err.append(f'gpu_exporter_collection_errors_total{{{lab},kind="{esc(kind)}"}} {n}\n')
-    out.family("gpu_exporter_collector_success", GAUGE, "1 when the backend's last collection succeeded.",
-               "".join(ok))
-    out.family("gpu_exporter_collector_duration_seconds", GAUGE, "Duration of the backend's last collection.",
-               "".join(dur))
-    out.family("gpu_exporter_collection_errors_total", COUNTER,
-               "Collection errors by backend and kind (gpu_lost, driver, timeout, ...).", "".join(err))
-    out.family("gpu_exporter_gpus", GAUGE, "GPUs the backend returned in its last collection.", "".join(gpus))
-    out.family("gpu_exporter_last_success_timestamp_seconds", GAUGE,
-               "Unix time of the backend's last successful collection.", "".join(last))
-    out.family("gpu_exporter_collections_total", COUNTER, "Collections run by the backend.", "".join(total))
-    out.family("gpu_exporter_collection_interval_seconds", GAUGE,
-               "Minimum seconds between real reads of the backend: 0 reads on every scrape; CLI backends "
-               "(rocm-smi, a subprocess) are read at most every COLLECTION_INTERVAL, default 10 s.",
-               "".join(f'gpu_exporter_collection_interval_seconds{{backend="{esc(n)}"}} {num(v)}\n'
-                       for n, v in sorted(snap.intervals.items())))
+            lines["gpu_exporter_collection_errors_total"].append(
+                f'gpu_exporter_collection_errors_total{{{lab},kind="{esc(kind)}"}} {n}\n')
+    for backend, every in sorted(snap.intervals.items()):
+        lines["gpu_exporter_collection_interval_seconds"].append(
+            f'gpu_exporter_collection_interval_seconds{{backend="{esc(backend)}"}} {num(every)}\n')
+    for family_name, body in lines.items():
+        _emit(out, family_name, "".join(body))
     for m in snap.extra_families:
-        _render_metric(out, m)
+        fam = FAMILY_BY_NAME.get(m.name + "_total" if m.type == COUNTER and not m.name.endswith("_total")
+                                 else m.name)
+        if fam is None or fields.exposed(fam.name):  # plugin families are schema rows too (a test checks)
+            _render_metric(out, m)
 
 
 def render(snap: Snapshot, fields: FieldFilter, openmetrics: bool = False) -> bytes:
     """The Prometheus text 0.0.4 (or OpenMetrics 1.0) exposition of one snapshot."""
     out = _Out(openmetrics)
     _gpu_families(out, snap, fields)
-    _self_families(out, snap)
+    _self_families(out, snap, fields)
     if openmetrics:
         out.parts.append("# EOF\n")
     return "".join(out.parts).encode()

@@ -78,6 +78,10 @@ LEGITIMATELY_EMPTY: dict[tuple[str, str], tuple[str, str]] = {
         "gpu_mig_memory_total_bytes", "needs a MIG-partitioned NVIDIA GPU or a partitioned AMD GPU"),
     ("gpu-exporter-node", "MIG / partition utilisation"): (
         "gpu_mig_utilization_ratio", "needs a MIG-partitioned NVIDIA GPU or a partitioned AMD GPU"),
+    # off /metrics by default (N x (N-1) series per node): shown with --fields-include 'gpu_*'
+    ("gpu-exporter-node", "Topology"): ("gpu_topology_level", "off /metrics unless --fields-include selects it"),
+    ("gpu-exporter-node", "Peer-to-peer support"): (
+        "gpu_p2p_supported", "off /metrics unless --fields-include selects it"),
     **{("gpu-exporter-workloads", title): ATTRIBUTION for title in (
         "GPUs allocated", "Allocated GPUs idle", "Idle allocated GPU-hours", "Power of allocated GPUs",
         "Energy of allocated GPUs", "GPUs allocated by namespace", "Power by namespace",
