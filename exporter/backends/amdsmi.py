@@ -42,7 +42,20 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar
 
-from exporter.backends.base import Backend, BackendError, BackendUnavailable
+from exporter.backends.base import (
+    BAD_VALUE,
+    DRIVER,
+    MISSING,
+    READING_ERROR,
+    UNSUPPORTED,
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    Device,
+    GpuDown,
+    Outcome,
+    Verdict,
+)
 from exporter.core.options import BackendOptions
 from exporter.core.pci import AMD_VENDOR, canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
@@ -51,6 +64,7 @@ from exporter.core.schema import GPU_FAMILIES, TOPOLOGY_LEVELS
 log = logging.getLogger(__name__)
 
 _FAMILY_OF_ATTR = {f.attr: f.name for f in GPU_FAMILIES}
+_ATTR_OF_FAMILY = {f.name: f.attr for f in GPU_FAMILIES}
 
 # amdsmi_status_t codes (amdsmi_wrapper.py), grouped by what they mean for one reading.
 _ABSENT_CODES = frozenset({
@@ -205,21 +219,7 @@ class _Device:
     memory_partition: str | None = None
     partition_id: int | None = None
     numa_node: int | None = None
-
-
-@dataclass
-class _GpuCall:
-    """Outcome of the calls for one GPU in one collection."""
-
-    index: int
-    answered: int = 0
-    device_errors: int = 0
-    first_error: str | None = None
-    absent_attrs: set[str] = field(default_factory=set)
-
-
-class _DeviceDown(Exception):
-    """The GPU answered only device-level errors: stop reading it."""
+    dev: Device = field(default_factory=lambda: Device(-1))  # call state until re-init
 
 
 class AmdSmiBackend(Backend):
@@ -228,9 +228,6 @@ class AmdSmiBackend(Backend):
     name: ClassVar[str] = "amdsmi"
     auto_priority: ClassVar[int | None] = 20
     vendor: ClassVar[str] = "amd"
-
-    #: a GPU whose first this-many calls all fail at device level is reported down at once
-    DOWN_AFTER = 3
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         super().__init__(options)
@@ -279,57 +276,51 @@ class AmdSmiBackend(Backend):
         for d, uuid in zip(devices, unique, strict=True):
             d.uuid = uuid
         self._devices = devices
-        ok, version = smi.amdsmi_get_rocm_version()
-        self._rocm_version = version if ok else None
+        rocm = self._call(None, "rocm_version", "amdsmi_get_rocm_version")  # a Python-only call since 6.4
+        ok, version = rocm if isinstance(rocm, tuple) and len(rocm) == 2 else (False, "not reported")
+        self._rocm_version = _text(version) if ok else None
         if not ok:
             self.log_once("rocm_version", "amdsmi: ROCm version unknown: %s", version)
         self._peers = self._topology() if self._want_peers() else []
 
-    # --- the one wrapper around every amdsmi call --------------------------------------------
+    # --- what amdsmi's statuses mean (the funnel itself is Backend.call) -------------------------
 
-    def _call(self, gpu: _GpuCall | None, attr: str, fn: Callable[..., Any], *args: Any,
+    def classify(self, exc: BaseException) -> Verdict:
+        smi = self._smi
+        if smi is not None and isinstance(exc, smi.AmdSmiLibraryException):
+            code = int(exc.get_error_code())
+            status = self._status_name(code)
+            if code in _LIBRARY_CODES:
+                return Verdict(Outcome.DRIVER, DRIVER, status)
+            if code in _ABSENT_CODES:
+                return Verdict(Outcome.UNSUPPORTED, UNSUPPORTED, status)
+            return Verdict(Outcome.ERROR, READING_ERROR, status)  # device-level: DRM, I/O, busy, timeout
+        if smi is not None and isinstance(exc, smi.AmdSmiException):  # a parameter error: a bug, never fatal
+            return Verdict(Outcome.ERROR, BAD_VALUE, f"{type(exc).__name__}: {exc}"[:200])
+        return super().classify(exc)
+
+    def _call(self, gpu: Device | None, attr: str, fn: Callable[..., Any] | str, *args: Any,
               library: bool = False) -> Any:
-        """Call ``fn``; None when the reading is absent. ``attr`` names the reading for logs.
+        """One amdsmi call through the funnel; None when the reading is absent.
 
-        ``library=True``: any failure is a library-level :class:`BackendError` (init, discovery).
+        ``attr`` names the reading: a GpuReading attribute, optionally ``:detail`` (one sensor,
+        one clock). ``fn`` may be the name of a package function, looked up inside the funnel so
+        that an older package without it makes the reading absent. ``library=True``: any failure
+        is a library-level :class:`BackendError` (init, discovery).
         """
         smi = self._smi
         assert smi is not None
-        try:
-            result = fn(*args)
-        except smi.AmdSmiLibraryException as exc:
-            code = int(exc.get_error_code())
-            status = self._status_name(code)
-            where = getattr(fn, "__name__", str(fn))
-            if library or code in _LIBRARY_CODES:
-                kind = _LIBRARY_CODES.get(code, "library_error")
-                raise BackendError(f"amdsmi: {where} failed: {status}", kind=kind) from None
-            if code in _ABSENT_CODES:
-                if gpu is not None:
-                    gpu.answered += 1
-                    gpu.absent_attrs.add(attr)
-                self.log_once(f"absent:{attr}:{code}",
-                              "amdsmi: %s not available (%s from %s); that series is omitted", attr, status, where)
-                return None
-            if gpu is None:  # topology/identity outside a collection: just absent
-                self.log_once(f"device:{attr}:{code}", "amdsmi: %s failed: %s", where, status,
-                              level=logging.WARNING)
-                return None
-            gpu.device_errors += 1
-            gpu.first_error = gpu.first_error or f"{status} from {where}"
-            if gpu.answered == 0 and gpu.device_errors >= self.DOWN_AFTER:
-                raise _DeviceDown from None
-            return None
-        except smi.AmdSmiException as exc:  # parameter errors: a bug on our side, never fatal
-            self.log_once(f"param:{attr}", "amdsmi: %s: %s", attr, exc, level=logging.WARNING)
-            return None
-        except (ValueError, KeyError, TypeError, IndexError) as exc:  # the wrapper choked on a value
-            self.log_once(f"wrapper:{attr}", "amdsmi: %s: the wrapper failed: %r", attr, exc,
-                          level=logging.WARNING)
-            return None
-        if gpu is not None:
-            gpu.answered += 1
-        return result
+        call: Callable[..., Any] = (lambda *a: getattr(smi, fn)(*a)) if isinstance(fn, str) else fn
+        if library:
+            try:
+                return call(*args)
+            except Exception as exc:  # noqa: BLE001 - init and discovery failures are one-line errors
+                v = self.classify(exc)
+                raise BackendError(f"amdsmi: {getattr(fn, '__name__', fn)} failed: {v.detail}", kind=DRIVER) from None
+        base, _, detail = attr.partition(":")
+        reading = _FAMILY_OF_ATTR.get(base, base) + (f":{detail}" if detail else "")
+        value = self.call(gpu, reading, call, *args)
+        return None if value is MISSING else value
 
     def _status_name(self, code: int) -> str:
         names = getattr(getattr(self._smi, "amdsmi_wrapper", None), "amdsmi_status_t__enumvalues", {})
@@ -339,14 +330,14 @@ class AmdSmiBackend(Backend):
         return self.enabled(_FAMILY_OF_ATTR.get(attr, attr))
 
     def _want_peers(self) -> bool:
-        return self.enabled("gpu_p2p_supported") or self.enabled("gpu_topology_level")
+        return self.any_enabled("gpu_p2p_supported", "gpu_topology_level")
 
     # --- identity and topology (once per init) -------------------------------------------------
 
     def _identify(self, index: int, handle: Any) -> _Device:
         smi = self._smi
         assert smi is not None
-        d = _Device(index=index, handle=handle)
+        d = _Device(index=index, handle=handle, dev=Device(index))
         asic = self._call(None, "name", smi.amdsmi_get_gpu_asic_info, handle) or {}
         board = self._call(None, "serial", smi.amdsmi_get_gpu_board_info, handle) or {}
         d.name = _text(asic.get("market_name")) or _text(board.get("product_name"))
@@ -362,7 +353,7 @@ class AmdSmiBackend(Backend):
                                                handle))
         d.memory_partition = _text(self._call(None, "memory_partition", smi.amdsmi_get_gpu_memory_partition,
                                               handle))
-        kfd = self._call(None, "partition_id", smi.amdsmi_get_gpu_kfd_info, handle) or {}
+        kfd = self._call(None, "partition_id", "amdsmi_get_gpu_kfd_info", handle) or {}
         part = kfd.get("current_partition_id")
         d.partition_id = part if isinstance(part, int) and not isinstance(part, bool) else None
         numa = self._call(None, "numa_node", smi.amdsmi_topo_get_numa_node_number, handle)
@@ -416,7 +407,7 @@ class AmdSmiBackend(Backend):
         for d in self._devices:
             out.gpus.append(self._read(d, out))
         out.peers = self._peers  # static until re-init: the renderer caches its text
-        if self.enabled("gpu_pci_devices"):
+        if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
             out.pci_devices = count_pci_gpus(self.options.sysfs_root, AMD_VENDOR)
 
     def _read(self, d: _Device, out: Collection) -> GpuReading:
@@ -425,26 +416,27 @@ class AmdSmiBackend(Backend):
             serial=d.serial, driver_version=d.driver_version, cuda_driver_version=self._rocm_version,
             firmware_version=d.firmware_version,
         )
-        gpu = _GpuCall(d.index)
+        gpu = d.dev
+        gpu.begin()
         try:
             self._read_values(d, r, gpu)
-        except _DeviceDown:
-            pass
-        if gpu.device_errors:
-            out.count_error("device_error", gpu.device_errors)
-        if gpu.answered == 0 and gpu.device_errors:
+        except GpuDown as down:
+            self.count_error(down.kind)
+            self.log_once(f"down:{d.index}:{down}", "amdsmi: GPU %d unreadable: %s", d.index, down,
+                          level=logging.WARNING)
             return GpuReading(index=d.index, uuid=d.uuid, vendor=self.vendor, up=False,
-                              up_reason=gpu.first_error, name=d.name, pci_bus_id=d.pci_bus_id)
-        absent = set(gpu.absent_attrs)
-        for attr in gpu.absent_attrs:
-            absent.update(_ALSO_ABSENT.get(attr, ()))
-        for attr in sorted(absent):
+                              up_reason=str(down), name=d.name, pci_bus_id=d.pci_bus_id, serial=d.serial,
+                              driver_version=d.driver_version, cuda_driver_version=self._rocm_version)
+        attrs = {_ATTR_OF_FAMILY.get(x.partition(":")[0], "") for x in gpu.unsupported}
+        for attr in list(attrs):
+            attrs.update(_ALSO_ABSENT.get(attr, ()))
+        for attr in sorted(attrs - {""}):
             value = getattr(r, attr, None)
             if value is None or value == {} or value == []:
                 r.unsupported.add(_FAMILY_OF_ATTR.get(attr, attr))
         return r
 
-    def _read_values(self, d: _Device, r: GpuReading, gpu: _GpuCall) -> None:
+    def _read_values(self, d: _Device, r: GpuReading, gpu: Device) -> None:
         smi = self._smi
         assert smi is not None
         h = d.handle
@@ -467,7 +459,7 @@ class AmdSmiBackend(Backend):
         if self._want("temperature_celsius"):
             t, cur = smi.AmdSmiTemperatureType, smi.AmdSmiTemperatureMetric.CURRENT
             for sensor, kind in (("gpu", t.EDGE), ("junction", t.HOTSPOT), ("memory", t.VRAM)):
-                v = _num(call(gpu, "temperature_celsius", smi.amdsmi_get_temp_metric, h, kind, cur))
+                v = _num(call(gpu, f"temperature_celsius:{sensor}", smi.amdsmi_get_temp_metric, h, kind, cur))
                 if v is not None:
                     r.temperature_celsius[sensor] = v
 
@@ -492,7 +484,7 @@ class AmdSmiBackend(Backend):
         if self._want("clock_hertz") or self._want("clock_max_hertz"):
             c = smi.AmdSmiClkType
             for key, kind in (("graphics", c.GFX), ("memory", c.MEM), ("soc", c.SOC), ("video", c.VCLK0)):
-                clk = call(gpu, "clock_hertz", smi.amdsmi_get_clock_info, h, kind) or {}
+                clk = call(gpu, f"clock_hertz:{key}", smi.amdsmi_get_clock_info, h, kind) or {}
                 if (v := _num(clk.get("clk"))) is not None:
                     r.clock_hertz[key] = v * 1e6
                 if (v := _num(clk.get("max_clk"))) is not None and v > 0:
@@ -503,7 +495,7 @@ class AmdSmiBackend(Backend):
 
         if self._want("fan_speed_ratio"):
             speed = _num(call(gpu, "fan_speed_ratio", smi.amdsmi_get_gpu_fan_speed, h, 0))
-            top = _num(call(gpu, "fan_speed_ratio", smi.amdsmi_get_gpu_fan_speed_max, h, 0)) if speed is not None \
+            top = _num(call(gpu, "fan_speed_ratio:max", smi.amdsmi_get_gpu_fan_speed_max, h, 0)) if speed is not None \
                 else None
             if speed is not None and top:
                 r.fan_speed_ratio = min(1.0, speed / top)
@@ -516,7 +508,7 @@ class AmdSmiBackend(Backend):
                     r.ecc_errors[(error_type, "aggregate")] = v
 
         if self._want("link_up"):
-            links = call(gpu, "link_up", smi.amdsmi_get_gpu_xgmi_link_status, h) or {}
+            links = call(gpu, "link_up", "amdsmi_get_gpu_xgmi_link_status", h) or {}
             for i, state in enumerate(links.get("status") or []):
                 if state in ("U", "D"):  # "X": link disabled, not a link of this GPU
                     r.link_up[i] = 1.0 if state == "U" else 0.0
@@ -549,7 +541,7 @@ class AmdSmiBackend(Backend):
                                         memory_used_bytes=r.memory_used_bytes,
                                         utilization_ratio=r.utilization_ratio))
 
-    def _read_pcie(self, h: Any, r: GpuReading, gpu: _GpuCall) -> None:
+    def _read_pcie(self, h: Any, r: GpuReading, gpu: Device) -> None:
         smi = self._smi
         assert smi is not None
         pcie = self._call(gpu, "pcie_link_width", smi.amdsmi_get_pcie_info, h) or {}
@@ -570,7 +562,7 @@ class AmdSmiBackend(Backend):
             replay = _num(self._call(gpu, "pcie_replay_total", smi.amdsmi_get_gpu_pci_replay_counter, h))
         r.pcie_replay_total = replay
 
-    def _read_throttle(self, d: _Device, r: GpuReading, gpu: _GpuCall) -> None:
+    def _read_throttle(self, d: _Device, r: GpuReading, gpu: Device) -> None:
         """Throttle reasons from gpu_metrics: the status bits, or residency counters (MI300)."""
         smi = self._smi
         assert smi is not None
@@ -584,7 +576,7 @@ class AmdSmiBackend(Backend):
             return
         acc = int(metrics.accumulation_counter)
         if acc == _U64_MAX:
-            gpu.absent_attrs.add("throttle_reasons")
+            gpu.unsupported.add("gpu_throttle_reason_active")
             return
         now: dict[str, int] = {}
         for reason, names in _RESIDENCY_FIELDS.items():

@@ -1,27 +1,65 @@
-"""The backend interface: one small class per vendor (node_exporter style).
+"""The backend interface and the one vendor-call policy (node_exporter style: one file per vendor).
 
-A backend discovers devices and fills a :class:`~exporter.core.readings.Collection`
-with vendor-neutral readings. It never builds metrics itself; the collector does.
+A backend discovers devices and fills a :class:`~exporter.core.readings.Collection` with
+vendor-neutral readings. It never builds metrics itself; the serving side does.
 
-Error contract:
-- :class:`BackendUnavailable` from :meth:`Backend.init`: this vendor is not on this
-  machine (library missing, no devices). ``--backend auto`` moves on to the next.
-- :class:`BackendError` from :meth:`Backend.collect`: the whole collection failed
-  (driver not loaded, library error). The collector reports it, calls
-  :meth:`Backend.reset` and the next collection initialises again.
-- A single unreadable GPU is not an error: the backend marks it ``up=False``.
+Every vendor call of a backend goes through :meth:`Backend.call` (or :meth:`Backend.probe` for
+versioned functions). The backend only says what an exception means (:meth:`Backend.classify`);
+what happens then is decided here, the same for every vendor:
+
+``unsupported`` (:attr:`Outcome.UNSUPPORTED`: NVML ``NOT_SUPPORTED``/``FUNCTION_NOT_FOUND``/``NO_PERMISSION``,
+    a function the library or the Python binding lacks, amdsmi "not supported"/"no data")
+    The reading is absent and listed in ``gpu_field_unsupported``; it is logged once per GPU and
+    reading, counted once as ``unsupported``, and not asked again until the library is
+    initialised again.
+``error`` (:attr:`Outcome.ERROR`: any other vendor error on one reading, or any other exception at
+    all: a Python binding mismatch, a ctypes error, a malformed value, a "no value" sentinel)
+    The reading is absent this time and asked again next time; logged once per GPU, reading and
+    kind; counted as ``reading_error`` (a vendor status), ``bad_value`` (a value we cannot
+    trust: malformed, out of range, a wrapper exception) or ``no_value`` (a sentinel such as
+    ``0xFFFFFFFF`` or "N/A"). One failed reading never removes another reading or another GPU.
+``down`` (:attr:`Outcome.DOWN`: NVML ``GPU_IS_LOST`` and device faults; amdsmi device faults)
+    The GPU is published with ``gpu_up 0`` and no other reading; counted as ``gpu_lost`` or
+    ``gpu_error``; logged once per outage. A GPU whose first :attr:`Backend.DOWN_AFTER` vendor
+    calls of a collection all fail with vendor errors, and none succeeds, is down too.
+``driver`` (:attr:`Outcome.DRIVER`: the library or the driver itself is gone)
+    The whole collection fails (:class:`BackendError`, kind ``driver``); the engine publishes
+    the GPUs it last knew with ``gpu_up 0``, calls :meth:`Backend.reset`, and initialises again
+    on the next collection.
+
+Only a failure to initialise, or the driver gone, fails a collection.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
+import math
+import threading
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from exporter.core.options import BackendOptions
 from exporter.core.readings import Collection
 
 log = logging.getLogger(__name__)
+
+# Error kinds (gpu_exporter_collection_errors_total{kind}), the same on every backend.
+UNSUPPORTED = "unsupported"
+READING_ERROR = "reading_error"
+BAD_VALUE = "bad_value"
+NO_VALUE = "no_value"
+GPU_LOST = "gpu_lost"
+GPU_ERROR = "gpu_error"
+DRIVER = "driver"
+
+# "No value" sentinels of NVML and amdsmi for 32- and 64-bit fields (NVML_VALUE_NOT_AVAILABLE
+# as unsigned, UINT_MAX, ULLONG_MAX). A backend can add narrower ones (amdsmi's 0xFFFF).
+SENTINELS = frozenset({0xFFFF_FFFF, 0xFFFF_FFFF_FFFF_FFFF, 0x7FFF_FFFF_FFFF_FFFF, -1})
+NA_STRINGS = frozenset({"n/a", "na", "(secondary die)", "n/a (secondary die)", "", "not supported",
+                        "[not supported]", "[n/a]", "unknown"})
 
 
 class BackendUnavailable(Exception):
@@ -31,9 +69,82 @@ class BackendUnavailable(Exception):
 class BackendError(Exception):
     """A collection failed as a whole. ``kind`` labels the error counter."""
 
-    def __init__(self, message: str, kind: str = "backend_error") -> None:
+    def __init__(self, message: str, kind: str = DRIVER) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class GpuDown(Exception):
+    """The GPU is unusable this collection: publish ``gpu_up 0`` and nothing else for it."""
+
+    def __init__(self, reason: str, kind: str = GPU_ERROR) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+class NoValue(ValueError):
+    """A reading came back as a "no value" sentinel (``0xFFFFFFFF``, "N/A", NaN)."""
+
+
+class Outcome(enum.Enum):
+    UNSUPPORTED = "unsupported"
+    ERROR = "error"
+    DOWN = "down"
+    DRIVER = "driver"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one exception means (the backend's :meth:`Backend.classify`)."""
+
+    outcome: Outcome
+    kind: str
+    detail: str
+
+
+MISSING: Any = object()  # a call's result when the reading is absent
+
+
+@dataclass
+class Device:
+    """Per-GPU call state kept across collections (until the library is initialised again)."""
+
+    index: int
+    uuid: str = ""
+    unsupported: set[str] = field(default_factory=set)  # readings this GPU cannot give
+    versions: dict[str, int] = field(default_factory=dict)  # versioned probe -> candidate that worked
+    answered: int = 0  # this collection: calls that succeeded
+    failed: int = 0  # this collection: vendor errors
+    first_error: str = ""
+
+    def begin(self) -> None:
+        """A new collection of this GPU starts."""
+        self.answered = self.failed = 0
+        self.first_error = ""
+
+
+def si(value: Any, factor: float = 1.0, sentinels: frozenset[int] = SENTINELS) -> float:
+    """``value`` times ``factor`` as a float, or :class:`NoValue` for a sentinel, N/A, NaN or infinity.
+
+    Raises ``ValueError``/``TypeError`` for anything that is not a number: inside a
+    :meth:`Backend.call` conversion that makes the reading absent, counted as ``bad_value``.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"expected a number, got {value!r}")
+    if isinstance(value, str):
+        if value.strip().lower() in NA_STRINGS:
+            raise NoValue(f"no value ({value!r})")
+        value = float(value)
+    if isinstance(value, int):
+        if value in sentinels:
+            raise NoValue(f"no value (sentinel {value:#x})")
+        x = float(value)
+    else:
+        x = float(value)
+        if not math.isfinite(x):
+            raise NoValue(f"no value ({x})")
+    # divide by 1000 rather than multiply by 1e-3: 1012345678 mJ is 1012345.678 J, not ...6780000001
+    return x / round(1.0 / factor) if 0.0 < factor < 1.0 else x * factor
 
 
 class Backend(ABC):
@@ -47,19 +158,136 @@ class Backend(ABC):
     vendor: ClassVar[str] = "unknown"
     #: minimum seconds between real reads (CLI backends); 0 means read on every scrape
     min_interval: ClassVar[float] = 0.0
+    #: a GPU whose first DOWN_AFTER calls of a collection all fail (none answered) is down
+    DOWN_AFTER: ClassVar[int] = 3
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options or BackendOptions()
         self._logged_once: set[str] = set()
+        self._errors: dict[str, int] = {}
+        self._errors_lock = threading.Lock()
+
+    # --- field selection -------------------------------------------------------------------------
 
     def enabled(self, family: str) -> bool:
+        """Whether ``family`` (an exact family name) is collected at all."""
         return self.options.fields.enabled(family)
+
+    def any_enabled(self, *families: str) -> bool:
+        return self.options.fields.any_enabled(*families)
+
+    # --- logging and counting --------------------------------------------------------------------
 
     def log_once(self, key: str, msg: str, *args: object, level: int = logging.INFO) -> None:
         """Log ``msg`` the first time ``key`` is seen: no per-scrape noise."""
         if key not in self._logged_once:
             self._logged_once.add(key)
             log.log(level, msg, *args)
+
+    def count_error(self, kind: str, n: int = 1) -> None:
+        with self._errors_lock:
+            self._errors[kind] = self._errors.get(kind, 0) + n
+
+    def drain_errors(self) -> dict[str, int]:
+        """Errors counted since the last drain (the engine adds them to the self-metrics)."""
+        with self._errors_lock:
+            out, self._errors = self._errors, {}
+        return out
+
+    # --- the funnel ------------------------------------------------------------------------------
+
+    def classify(self, exc: BaseException) -> Verdict:
+        """What ``exc`` from a vendor call means. Backends map their vendor's statuses and call
+        ``super().classify`` for anything else: a non-vendor exception is a value we cannot use."""
+        if isinstance(exc, NoValue):
+            return Verdict(Outcome.ERROR, NO_VALUE, str(exc))
+        if isinstance(exc, AttributeError | NotImplementedError):  # the Python binding lacks the function
+            return Verdict(Outcome.UNSUPPORTED, UNSUPPORTED, f"{type(exc).__name__}: {exc}")
+        return Verdict(Outcome.ERROR, BAD_VALUE, f"{type(exc).__name__}: {exc}"[:300])
+
+    def call(self, dev: Device | None, reading: str, fn: Callable[..., Any], *args: Any,
+             convert: Callable[[Any], Any] | None = None) -> Any:
+        """``convert(fn(*args))``, or :data:`MISSING` when the reading is absent.
+
+        ``reading`` names what is read (a family, or ``family:detail``) for the logs,
+        ``gpu_field_unsupported`` and the once-only bookkeeping. ``dev`` None: a call outside
+        any GPU (system-level); its unsupported/error outcomes are logged once and absent.
+        Raises :class:`GpuDown` or :class:`BackendError` per the module's policy.
+        """
+        if dev is not None and reading in dev.unsupported:
+            return MISSING
+        try:
+            value = fn(*args)
+            if convert is not None:
+                value = convert(value)
+        except Exception as exc:  # noqa: BLE001 - the policy below decides for every exception type
+            return self._fail(dev, reading, getattr(fn, "__name__", reading), exc)
+        if dev is not None:
+            dev.answered += 1
+        return value
+
+    def probe(self, dev: Device, reading: str, candidates: Sequence[tuple[str, Callable[..., Any]]], *args: Any,
+              convert: Callable[[Any], Any] | None = None) -> Any:
+        """A versioned call: ``candidates`` newest first. The first that is not unsupported is
+        remembered for this GPU and called directly from then on; an unsupported one is never
+        asked again until re-initialisation. All unsupported: the reading is unsupported."""
+        if reading in dev.unsupported:
+            return MISSING
+        known = dev.versions.get(reading)
+        if known is not None:
+            name, fn = candidates[known]
+            return self.call(dev, reading, fn, *args, convert=convert)
+        for i, (name, fn) in enumerate(candidates):
+            try:
+                value = fn(*args)
+                if convert is not None:
+                    value = convert(value)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                verdict = self.classify(exc)
+                if verdict.outcome is Outcome.UNSUPPORTED and i + 1 < len(candidates):
+                    self.log_once(f"probe:{dev.index}:{reading}:{name}", "%s: GPU %d: %s unavailable (%s); trying %s",
+                                  self.name, dev.index, name, verdict.detail, candidates[i + 1][0])
+                    continue
+                return self._apply(dev, reading, name, verdict)
+            dev.versions[reading] = i
+            dev.answered += 1
+            return value
+        return MISSING  # pragma: no cover - the loop returns on the last candidate
+
+    def _fail(self, dev: Device | None, reading: str, where: str, exc: Exception) -> Any:
+        try:
+            verdict = self.classify(exc)
+        except Exception as inner:  # noqa: BLE001 - a classifier bug must not escape the funnel
+            verdict = Verdict(Outcome.ERROR, BAD_VALUE, f"{type(exc).__name__} ({type(inner).__name__})")
+        return self._apply(dev, reading, where, verdict)
+
+    def _apply(self, dev: Device | None, reading: str, where: str, v: Verdict) -> Any:
+        gpu = "-" if dev is None else str(dev.index)
+        if v.outcome is Outcome.DRIVER:
+            raise BackendError(f"{self.name}: {where} failed: {v.detail}", kind=v.kind)
+        if v.outcome is Outcome.DOWN:
+            if dev is None:
+                raise BackendError(f"{self.name}: {where} failed: {v.detail}", kind=v.kind)
+            raise GpuDown(f"{where}: {v.detail}", v.kind)
+        if v.outcome is Outcome.UNSUPPORTED:
+            if dev is not None:
+                dev.unsupported.add(reading)
+            self.count_error(UNSUPPORTED)
+            self.log_once(f"unsupported:{gpu}:{reading}", "%s: GPU %s: %s not available (%s: %s); the series is "
+                          "omitted", self.name, gpu, reading, where, v.detail)
+            return MISSING
+        self.count_error(v.kind)
+        self.log_once(f"error:{gpu}:{reading}:{v.kind}", "%s: GPU %s: %s failed (%s: %s); the series is omitted "
+                      "while it fails", self.name, gpu, reading, where, v.detail,
+                      level=logging.WARNING if v.kind == BAD_VALUE else logging.INFO)
+        if dev is not None and v.kind == READING_ERROR:
+            dev.failed += 1
+            dev.first_error = dev.first_error or f"{where}: {v.detail}"
+            if dev.answered == 0 and dev.failed >= self.DOWN_AFTER:
+                raise GpuDown(f"no answer, {dev.failed} errors, first: {dev.first_error}", GPU_ERROR)
+        return MISSING
+
+    # --- lifecycle -------------------------------------------------------------------------------
 
     @abstractmethod
     def init(self) -> None:

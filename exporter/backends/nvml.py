@@ -1,40 +1,62 @@
 """NVIDIA backend over NVML (``nvidia-ml-py``, imported as ``pynvml``).
 
-Every NVML call goes through :meth:`NvmlBackend._call` (nvitop's libnvml style):
+Every NVML call goes through the backend base's funnel (:meth:`Backend.call`), with this
+backend's meaning of NVML's statuses (:meth:`NvmlBackend.classify`):
 
-- ``NOT_SUPPORTED`` / ``FUNCTION_NOT_FOUND`` / ``NO_PERMISSION``: the field is absent,
-  logged once per field, and not asked again for that GPU until NVML is re-initialised
-  (a missing symbol is not asked again for any GPU);
-- ``GPU_IS_LOST`` / ``UNKNOWN`` and other device faults: that GPU is ``gpu_up 0`` with
-  no other reading this cycle; it is retried on the next collection;
-- ``UNINITIALIZED`` / ``DRIVER_NOT_LOADED`` / ``LIBRARY_NOT_FOUND`` / version mismatch:
-  the whole collection fails (:class:`BackendError`), NVML is shut down and initialised
-  again on the next collection. The process never crashes.
+- ``NOT_SUPPORTED`` / ``FUNCTION_NOT_FOUND`` / ``NO_PERMISSION`` / ``ARGUMENT_VERSION_MISMATCH``,
+  and a function the ``pynvml`` binding lacks or cannot version (``NVMLLibraryMismatchError``):
+  unsupported, absent, logged once, not asked again until NVML is initialised again;
+- ``GPU_IS_LOST`` (``gpu_lost``) and the device faults ``UNKNOWN``, ``IRQ_ISSUE``,
+  ``CORRUPTED_INFOROM``, ``RESET_REQUIRED``, ``GPU_NOT_FOUND`` (``gpu_error``): that GPU is
+  ``gpu_up 0`` with no other reading this cycle, and is retried on the next;
+- ``UNINITIALIZED`` / ``DRIVER_NOT_LOADED`` / ``LIBRARY_NOT_FOUND`` / ``LIB_RM_VERSION_MISMATCH``:
+  the whole collection fails (kind ``driver``) and NVML is initialised again next time;
+- anything else (``TIMEOUT``, ``INVALID_ARGUMENT``, a ctypes error, a malformed value, a
+  sentinel): that one reading is absent this time, counted, and asked again next time.
 
-Versioned calls (memory info ``_v2`` then v1) are probed once per initialisation.
-Static values (identity, max clocks, max PCIe link) are read once per initialisation.
+Versioned functions are called by their versioned names and probed once per GPU, newest
+first (processes ``_v3``, ``_v2``, v1; memory ``_v2``, v1; clock event reasons, then the
+older throttle reasons); the version that worked is remembered per GPU. Static values
+(identity, max clocks, max PCIe link, NVLink count) are read once per initialisation.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from exporter.backends.base import Backend, BackendError, BackendUnavailable
+from exporter.backends.base import (
+    DRIVER,
+    GPU_ERROR,
+    GPU_LOST,
+    MISSING,
+    READING_ERROR,
+    UNSUPPORTED,
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    Device,
+    GpuDown,
+    Outcome,
+    Verdict,
+    si,
+)
 from exporter.core.pci import NVIDIA_VENDOR, canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
 log = logging.getLogger(__name__)
 
 # NVML return codes (nvml.h)
-NOT_SUPPORTED = 3
-NO_PERMISSION = 4
 UNINITIALIZED = 1
 INVALID_ARGUMENT = 2
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
 NOT_FOUND = 6
+INSUFFICIENT_SIZE = 7
 DRIVER_NOT_LOADED = 9
 TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12
@@ -44,27 +66,25 @@ LIB_RM_VERSION_MISMATCH = 18
 ARGUMENT_VERSION_MISMATCH = 25
 UNKNOWN = 999
 
-# "this GPU/driver cannot": absent, remembered until re-init (NOT_SUPPORTED, NO_PERMISSION,
-# FUNCTION_NOT_FOUND, VGPU_ECC_NOT_SUPPORTED, FREQ_NOT_SUPPORTED, DEPRECATED)
-_ABSENT_CODES = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION, 22, 24, 26}
+# "this GPU/driver cannot" (NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND, VGPU_ECC_NOT_SUPPORTED,
+# FREQ_NOT_SUPPORTED, ARGUMENT_VERSION_MISMATCH, DEPRECATED)
+_ABSENT_CODES = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION, 22, 24, ARGUMENT_VERSION_MISMATCH, 26}
 # the driver itself is gone: the whole collection fails and NVML is initialised again
 _DRIVER_CODES = {UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH}
-# the device is unusable: gpu_up 0 with no other reading (IRQ_ISSUE, CORRUPTED_INFOROM, RESET_REQUIRED,
-# GPU_NOT_FOUND, UNKNOWN)
-_DOWN_CODES = {GPU_IS_LOST, 11, 14, 16, 28, UNKNOWN}
-# Anything else (INVALID_ARGUMENT, TIMEOUT, NOT_READY, NO_DATA...) loses that one reading this cycle,
-# is counted as an nvml_error and logged once per field and code; it is asked again next time.
+# the device is unusable (IRQ_ISSUE, CORRUPTED_INFOROM, RESET_REQUIRED, GPU_NOT_FOUND, UNKNOWN)
+_DOWN_CODES = {11, 14, 16, 28, UNKNOWN}
 
 CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))
-# Plain scalar readings: (family, GpuReading attribute, pynvml function, divisor to SI)
+# Plain scalar readings: (family, GpuReading attribute, pynvml function, factor to SI)
 SCALARS = (
-    ("gpu_power_watts", "power_watts", "nvmlDeviceGetPowerUsage", 1000.0),  # mW -> W
-    ("gpu_power_limit_watts", "power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", 1000.0),  # mW -> W
-    ("gpu_energy_joules_total", "energy_joules", "nvmlDeviceGetTotalEnergyConsumption", 1000.0),  # mJ -> J
+    ("gpu_power_watts", "power_watts", "nvmlDeviceGetPowerUsage", 1e-3),  # mW -> W
+    ("gpu_power_limit_watts", "power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", 1e-3),  # mW -> W
+    ("gpu_energy_joules_total", "energy_joules", "nvmlDeviceGetTotalEnergyConsumption", 1e-3),  # mJ -> J
     ("gpu_pcie_link_generation", "pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", 1.0),
     ("gpu_pcie_link_width", "pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", 1.0),
     ("gpu_pcie_replays_total", "pcie_replay_total", "nvmlDeviceGetPcieReplayCounter", 1.0),
-    ("gpu_fan_speed_ratio", "fan_speed_ratio", "nvmlDeviceGetFanSpeed", 100.0),  # percent -> ratio
+    # percent -> ratio; published as the driver says, above 1 included (some boards report > 100 %)
+    ("gpu_fan_speed_ratio", "fan_speed_ratio", "nvmlDeviceGetFanSpeed", 0.01),
 )
 # nvmlClocksEventReason* bits (nvidia-smi -q -d PERFORMANCE), named as nvidia-smi's clocks_event_reasons.*
 THROTTLE_REASONS = (
@@ -81,25 +101,29 @@ P2P_CAPS = ((0, "read"), (1, "write"), (2, "nvlink"), (3, "atomics"))  # NVML_P2
 TOPOLOGY_NAMES = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
 NVML_FI_DEV_MEMORY_TEMP = 82
 PSTATE_UNKNOWN = 32
-
-_MISSING = object()  # sentinel: the call failed with an "absent" code
-
-
-class _GpuDown(Exception):
-    def __init__(self, reason: str, kind: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
+MEMORY_FAMILIES = ("gpu_memory_total_bytes", "gpu_memory_used_bytes", "gpu_memory_free_bytes",
+                   "gpu_memory_reserved_bytes")
+PROCESS_FAMILIES = ("gpu_processes", "gpu_processes_memory_used_bytes", "gpu_process_memory_used_bytes")
 
 
-class _Gpu:
+class _ProcessInfoV1(ctypes.Structure):
+    """``nvmlProcessInfo_v1_t`` (drivers before R470 have only the unversioned processes call)."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _Gpu(Device):
     """Per-GPU state kept across collections (handle and static readings)."""
 
     def __init__(self, index: int) -> None:
-        self.index = index
+        super().__init__(index)
         self.handle: Any = None
-        self.uuid = ""
         self.static: dict[str, Any] = {}
-        self.skip: set[str] = set()  # fields this GPU does not support
+        self.mig_devs: dict[int, Device] = {}  # MIG slot -> its own probe state
+
+
+def _number(factor: float = 1.0) -> Callable[[Any], float]:
+    return lambda v: si(v, factor)
 
 
 class NvmlBackend(Backend):
@@ -113,15 +137,12 @@ class NvmlBackend(Backend):
         super().__init__(*args, **kwargs)
         self._nv: Any = None
         self._gpus: list[_Gpu] = []
-        self._missing_symbols: set[str] = set()
-        self._mem_v2: bool | None = None
         self._driver_version: str | None = None
         self._cuda_version: str | None = None
         self._lock = threading.Lock()  # NVML handles are shared with the event watcher
         self._initialised = False
         self._peers: list[PeerReading] | None = None
         self._xid = _XidWatcher(self)
-        self._field_errors = 0  # transient per-field NVML errors in the current collection
         self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -142,19 +163,21 @@ class NvmlBackend(Backend):
                     "without the NVIDIA runtime (runtimeClassName: nvidia)"
                 ) from None
             if code == DRIVER_NOT_LOADED:
-                raise BackendError("nvmlInit: NVIDIA driver not loaded", kind="driver") from None
-            raise BackendError(f"nvmlInit failed: {self._err(exc)}", kind="driver") from None
+                raise BackendError("nvmlInit: NVIDIA driver not loaded", kind=DRIVER) from None
+            raise BackendError(f"nvmlInit failed: {self._err(exc)}", kind=DRIVER) from None
+        except Exception as exc:  # noqa: BLE001 - a broken library must not crash the exporter
+            raise BackendError(f"nvmlInit failed: {type(exc).__name__}: {exc}", kind=DRIVER) from None
         self._initialised = True
-        self._missing_symbols.clear()
-        self._mem_v2 = None
         self._gpus = []
-        self._driver_version = self._sys(pynvml.nvmlSystemGetDriverVersion, "driver_version")
-        cuda = self._sys(pynvml.nvmlSystemGetCudaDriverVersion_v2, "cuda_driver_version")
-        if cuda is None:
-            cuda = self._sys(pynvml.nvmlSystemGetCudaDriverVersion, "cuda_driver_version")
+        self._driver_version = self._system("driver_version", pynvml.nvmlSystemGetDriverVersion, convert=str)
+        cuda = MISSING
+        for fn_name in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
+            cuda = self._system("cuda_driver_version", lambda n=fn_name: getattr(pynvml, n)(), convert=int)
+            if cuda is not None:
+                break
         self._cuda_version = f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) and cuda > 0 else None
         self._enumerate()
-        if self.enabled("gpu_xid_*") and self._gpus:
+        if self._gpus and self.any_enabled("gpu_xid_errors_total", "gpu_xid_last_timestamp_seconds"):
             self._xid.start(self._gpus)
 
     @staticmethod
@@ -181,24 +204,23 @@ class NvmlBackend(Backend):
         if self._initialised and self._nv is not None:
             try:
                 self._nv.nvmlShutdown()
-            except self._nv.NVMLError:
-                pass  # shutting down a broken driver is allowed to fail
+            except Exception:  # noqa: BLE001 - shutting down a broken driver is allowed to fail
+                pass
         self._initialised = False
         self._gpus = []
         self._peers = None
 
     def _enumerate(self) -> None:
         nv = self._nv
-        try:
-            count = int(nv.nvmlDeviceGetCount())
-        except nv.NVMLError as exc:
-            raise self._driver_error("nvmlDeviceGetCount", exc) from None
+        count = self.call(None, "device_count", nv.nvmlDeviceGetCount, convert=int)
+        if count is MISSING or count < 0:
+            raise BackendError("nvmlDeviceGetCount failed", kind=DRIVER)
         if len(self._gpus) != count:
             self._gpus = [_Gpu(i) for i in range(count)]
 
-    # --- the one wrapper -----------------------------------------------------------------------
+    # --- what NVML's statuses mean ---------------------------------------------------------------
 
-    def _err(self, exc: Exception) -> str:
+    def _err(self, exc: BaseException) -> str:
         code = getattr(exc, "value", None)
         try:
             text = str(exc)
@@ -206,60 +228,28 @@ class NvmlBackend(Backend):
             text = "NVML error"
         return f"{text} (code {code})"
 
-    def _driver_error(self, what: str, exc: Exception) -> BackendError:
-        code = getattr(exc, "value", None)
-        if code in _DRIVER_CODES:
-            return BackendError(f"{what}: {self._err(exc)}", kind="driver")
-        return BackendError(f"{what}: {self._err(exc)}", kind="nvml_error")
-
-    def _sys(self, fn: Callable[..., Any], field: str) -> Any:
-        """A system-level call: absent on unsupported, collection failure on driver errors."""
+    def classify(self, exc: BaseException) -> Verdict:
         nv = self._nv
-        try:
-            return fn()
-        except nv.NVMLError as exc:
+        if nv is not None and isinstance(exc, nv.NVMLError):
             code = getattr(exc, "value", None)
             if code in _ABSENT_CODES:
-                self.log_once(f"sys:{field}", "nvml: %s not available: %s", field, self._err(exc))
-                return None
-            raise self._driver_error(fn.__name__, exc) from None
+                return Verdict(Outcome.UNSUPPORTED, UNSUPPORTED, self._err(exc))
+            if code in _DRIVER_CODES:
+                return Verdict(Outcome.DRIVER, DRIVER, self._err(exc))
+            if code == GPU_IS_LOST:
+                return Verdict(Outcome.DOWN, GPU_LOST, "GPU is lost")
+            if code in _DOWN_CODES:
+                return Verdict(Outcome.DOWN, GPU_ERROR, self._err(exc))
+            return Verdict(Outcome.ERROR, READING_ERROR, self._err(exc))
+        mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
+        if mismatch is not None and isinstance(exc, mismatch):  # an unversioned call the library cannot serve
+            return Verdict(Outcome.UNSUPPORTED, UNSUPPORTED, f"{type(exc).__name__}: {exc}"[:200])
+        return super().classify(exc)
 
-    def _call(self, gpu: _Gpu, reading: GpuReading, field: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call one NVML device function for ``field``; return its value or ``_MISSING``."""
-        if field in gpu.skip:
-            return _MISSING
-        name = getattr(fn, "__name__", field)
-        if name in self._missing_symbols:
-            gpu.skip.add(field)
-            return _MISSING
-        try:
-            return fn(*args)
-        except self._nv.NVMLError as exc:
-            return self._on_error(gpu, field, name, exc)
-
-    def _on_error(self, gpu: _Gpu, field: str, name: str, exc: Exception) -> Any:
-        """Apply the error policy (module docstring) to an NVML error from ``name`` reading ``field``.
-
-        Returns ``_MISSING`` (the reading is absent) or raises ``_GpuDown`` / ``BackendError``.
-        """
-        code = getattr(exc, "value", None)
-        if code in _ABSENT_CODES:
-            if code == FUNCTION_NOT_FOUND:
-                self._missing_symbols.add(name)
-            gpu.skip.add(field)
-            self.log_once(f"{field}:{code}", "nvml: %s not available (%s): %s; the series is omitted",
-                          field, name, self._err(exc))
-            return _MISSING
-        if code in _DRIVER_CODES:
-            raise self._driver_error(name, exc) from None
-        if code == GPU_IS_LOST:
-            raise _GpuDown(f"{name}: GPU is lost", "gpu_lost") from None
-        if code in _DOWN_CODES or field == "handle":
-            raise _GpuDown(f"{name}: {self._err(exc)}", "gpu_error") from None
-        self._field_errors += 1
-        self.log_once(f"{field}:{code}", "nvml: GPU %d: %s failed (%s): %s; the series is omitted this time",
-                      gpu.index, field, name, self._err(exc))
-        return _MISSING
+    def _system(self, reading: str, fn: Callable[..., Any], convert: Callable[[Any], Any]) -> Any:
+        """A system-level call: None when unsupported or failing (a driver error fails the init)."""
+        v = self.call(None, reading, fn, convert=convert)
+        return None if v is MISSING else v
 
     # --- collection ----------------------------------------------------------------------------
 
@@ -269,12 +259,13 @@ class NvmlBackend(Backend):
         with self._lock:
             self._enumerate()
             for gpu in self._gpus:
+                gpu.begin()
                 reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia",
                                      driver_version=self._driver_version,
                                      cuda_driver_version=self._cuda_version)
                 try:
                     self._read_gpu(gpu, reading)
-                except _GpuDown as down:
+                except GpuDown as down:
                     gpu.handle = None  # fetch the handle again next time: the GPU may come back
                     # identity as last seen, so gpu_info keeps one series for the GPU while it is down
                     reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia", up=False,
@@ -282,7 +273,7 @@ class NvmlBackend(Backend):
                                          pci_bus_id=gpu.static.get("pci_bus_id"), serial=gpu.static.get("serial"),
                                          driver_version=self._driver_version,
                                          cuda_driver_version=self._cuda_version)
-                    out.count_error(down.kind)
+                    self.count_error(down.kind)
                     if gpu.index not in self._down:
                         log.warning("nvml: GPU %d unreadable: %s", gpu.index, down)
                     self._down[gpu.index] = str(down)
@@ -290,304 +281,329 @@ class NvmlBackend(Backend):
                     if self._down.pop(gpu.index, None) is not None:
                         log.info("nvml: GPU %d readable again", gpu.index)
                 out.gpus.append(reading)
-            if len(self._gpus) > 1 and (self.enabled("gpu_p2p_supported") or self.enabled("gpu_topology_level")):
+            if len(self._gpus) > 1 and self.any_enabled("gpu_p2p_supported", "gpu_topology_level"):
                 self._read_topology(out)
         out.xid_counts, out.xid_last_seconds = self._xid.snapshot()
-        if self._field_errors:
-            out.count_error("nvml_error", self._field_errors)
-            self._field_errors = 0
-        if self.enabled("gpu_pci_devices"):
+        if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
             out.pci_devices = count_pci_gpus(self.options.sysfs_root, NVIDIA_VENDOR)
 
     def _read_gpu(self, gpu: _Gpu, r: GpuReading) -> None:
         nv = self._nv
         if gpu.handle is None:
-            h = self._call(gpu, r, "handle", nv.nvmlDeviceGetHandleByIndex, gpu.index)
-            if h is _MISSING:
-                raise _GpuDown("no handle", "gpu_error")
+            h = self.call(gpu, "handle", nv.nvmlDeviceGetHandleByIndex, gpu.index)
+            if h is MISSING:
+                raise GpuDown("nvmlDeviceGetHandleByIndex failed", GPU_ERROR)
             gpu.handle = h
             gpu.static = {}
         h = gpu.handle
         if not gpu.static:
-            self._read_static(gpu, r, h)
+            self._read_static(gpu, h)
         st = gpu.static
         r.uuid = gpu.uuid
         r.name, r.pci_bus_id, r.serial = st.get("name"), st.get("pci_bus_id"), st.get("serial")
-        call = self._call
+        call = self.call
         en = self.enabled
 
-        if en("gpu_utilization_ratio") or en("gpu_memory_utilization_ratio"):
-            u = call(gpu, r, "gpu_utilization_ratio", nv.nvmlDeviceGetUtilizationRates, h)
-            if u is not _MISSING:
-                r.utilization_ratio = u.gpu / 100.0
-                r.memory_utilization_ratio = u.memory / 100.0
+        if self.any_enabled("gpu_utilization_ratio", "gpu_memory_utilization_ratio"):
+            u = call(gpu, "gpu_utilization_ratio", nv.nvmlDeviceGetUtilizationRates, h,
+                     convert=lambda u: (si(u.gpu, 0.01), si(u.memory, 0.01)))
+            if u is not MISSING:
+                r.utilization_ratio, r.memory_utilization_ratio = u
 
-        if en("gpu_memory_*"):
+        if self.any_enabled(*MEMORY_FAMILIES):
             self._read_memory(gpu, r, h)
 
         if en("gpu_temperature_celsius"):
-            t = call(gpu, r, "gpu_temperature_celsius", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
-            if t is not _MISSING:
-                r.temperature_celsius["gpu"] = float(t)
-            mt = self._field_value(gpu, r, h, "memory_temperature", NVML_FI_DEV_MEMORY_TEMP)
+            t = call(gpu, "gpu_temperature_celsius:gpu", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU,
+                     convert=si)
+            if t is not MISSING:
+                r.temperature_celsius["gpu"] = t
+            mt = self._field_value(gpu, h, "gpu_temperature_celsius:memory", NVML_FI_DEV_MEMORY_TEMP)
             if mt is not None and mt > 0:  # 0 means "no HBM sensor" on boards without one
                 r.temperature_celsius["memory"] = mt
 
-        for family, attr, fn_name, divisor in SCALARS:
+        for family, attr, fn_name, factor in SCALARS:
             if en(family):
-                v = call(gpu, r, family, getattr(nv, fn_name), h)
-                if v is not _MISSING:
-                    setattr(r, attr, v / divisor)
+                v = call(gpu, family, getattr(nv, fn_name), h, convert=_number(factor))
+                if v is not MISSING:
+                    setattr(r, attr, v)
 
         if en("gpu_clock_hertz"):
             for cname, ctype in CLOCKS:
-                c = call(gpu, r, f"gpu_clock_hertz:{cname}", nv.nvmlDeviceGetClockInfo, h, ctype)
-                if c is not _MISSING:
-                    r.clock_hertz[cname] = c * 1e6
+                c = call(gpu, f"gpu_clock_hertz:{cname}", nv.nvmlDeviceGetClockInfo, h, ctype, convert=_number(1e6))
+                if c is not MISSING:
+                    r.clock_hertz[cname] = c
         r.clock_max_hertz = dict(st.get("clock_max_hertz", {}))
 
         r.pcie_link_generation_max = st.get("pcie_link_generation_max")
         r.pcie_link_width_max = st.get("pcie_link_width_max")
 
         if en("gpu_performance_state"):
-            ps = call(gpu, r, "gpu_performance_state", nv.nvmlDeviceGetPerformanceState, h)
-            if ps is not _MISSING and 0 <= int(ps) < PSTATE_UNKNOWN:
+            ps = call(gpu, "gpu_performance_state", nv.nvmlDeviceGetPerformanceState, h, convert=int)
+            if ps is not MISSING and 0 <= ps < PSTATE_UNKNOWN:
                 r.performance_state = float(ps)
 
         self._read_depth(gpu, r, h)
-        r.unsupported = {f for f in gpu.skip if f not in ("handle",)}
+        r.unsupported = {f.partition(":")[0] for f in gpu.unsupported if f != "handle" and f.startswith("gpu_")}
 
-    def _read_static(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
+    def _read_static(self, gpu: _Gpu, h: Any) -> None:
         """Identity and limits that do not change while the driver is loaded."""
         nv = self._nv
-        call = self._call
+        call = self.call
         st: dict[str, Any] = {}
-        uuid = call(gpu, r, "uuid", nv.nvmlDeviceGetUUID, h)
-        gpu.uuid = uuid if uuid is not _MISSING else gpu.uuid
-        name = call(gpu, r, "name", nv.nvmlDeviceGetName, h)
-        st["name"] = name if name is not _MISSING else None
-        pci = call(gpu, r, "pci_bus_id", nv.nvmlDeviceGetPciInfo, h)
-        if pci is not _MISSING:
-            bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
-            st["pci_bus_id"] = canonical_bus_id(bus)
-        serial = call(gpu, r, "serial", nv.nvmlDeviceGetSerial, h)
-        st["serial"] = serial if serial is not _MISSING else None
+        uuid = call(gpu, "uuid", nv.nvmlDeviceGetUUID, h, convert=str)
+        gpu.uuid = uuid if uuid is not MISSING else gpu.uuid
+        name = call(gpu, "name", nv.nvmlDeviceGetName, h, convert=str)
+        st["name"] = name if name is not MISSING else None
+        pci = call(gpu, "pci_bus_id", nv.nvmlDeviceGetPciInfo, h,
+                   convert=lambda p: canonical_bus_id(p.busId.decode() if isinstance(p.busId, bytes) else str(p.busId)))
+        st["pci_bus_id"] = pci if pci is not MISSING else None
+        serial = call(gpu, "serial", nv.nvmlDeviceGetSerial, h, convert=str)
+        st["serial"] = serial if serial is not MISSING else None
         maxc: dict[str, float] = {}
         if self.enabled("gpu_clock_max_hertz"):
             for cname, ctype in CLOCKS:
-                c = call(gpu, r, f"gpu_clock_max_hertz:{cname}", nv.nvmlDeviceGetMaxClockInfo, h, ctype)
-                if c is not _MISSING and c > 0:
-                    maxc[cname] = c * 1e6
+                c = call(gpu, f"gpu_clock_max_hertz:{cname}", nv.nvmlDeviceGetMaxClockInfo, h, ctype,
+                         convert=_number(1e6))
+                if c is not MISSING and c > 0:
+                    maxc[cname] = c
         st["clock_max_hertz"] = maxc
         if self.enabled("gpu_pcie_link_generation_max"):
-            g = call(gpu, r, "gpu_pcie_link_generation_max", nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
-            st["pcie_link_generation_max"] = float(g) if g is not _MISSING else None
+            g = call(gpu, "gpu_pcie_link_generation_max", nv.nvmlDeviceGetMaxPcieLinkGeneration, h, convert=si)
+            st["pcie_link_generation_max"] = g if g is not MISSING else None
         if self.enabled("gpu_pcie_link_width_max"):
-            w = call(gpu, r, "gpu_pcie_link_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth, h)
-            st["pcie_link_width_max"] = float(w) if w is not _MISSING else None
-        if self.enabled("gpu_link_*"):
-            n = self._field_value(gpu, r, h, "nvlink_count", NVML_FI_DEV_NVLINK_LINK_COUNT)
-            st["nvlinks"] = tuple(range(int(n))) if n else ()
+            w = call(gpu, "gpu_pcie_link_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth, h, convert=si)
+            st["pcie_link_width_max"] = w if w is not MISSING else None
+        if self.any_enabled("gpu_link_up", "gpu_link_errors_total"):
+            n = self._field_value(gpu, h, "gpu_link_up:count", NVML_FI_DEV_NVLINK_LINK_COUNT)
+            st["nvlinks"] = tuple(range(int(n))) if n and 0 < n <= 64 else ()
         gpu.static = st
 
     def _read_memory(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
-        """Memory info v2 (has ``reserved``), falling back to v1 once if the driver lacks it."""
+        """Memory info ``_v2`` (has ``reserved``; ``used`` excludes it), else v1: probed once per GPU."""
         nv = self._nv
-        if self._mem_v2 is not False:
-            try:
-                m = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
-                self._mem_v2 = True
-                r.memory_total_bytes = float(m.total)
-                r.memory_used_bytes = float(m.used)
-                r.memory_free_bytes = float(m.free)
-                r.memory_reserved_bytes = float(m.reserved)
-                return
-            except nv.NVMLError as exc:
-                code = getattr(exc, "value", None)
-                if code not in (FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH, NOT_SUPPORTED) or self._mem_v2:
-                    self._on_error(gpu, "gpu_memory_total_bytes", "nvmlDeviceGetMemoryInfo_v2", exc)
-                    return
-                self._mem_v2 = False
-                self.log_once("mem_v2", "nvml: memory info v2 unavailable (%s); using v1 (no reserved bytes)",
-                              self._err(exc))
-        m = self._call(gpu, r, "gpu_memory_total_bytes", nv.nvmlDeviceGetMemoryInfo, h)
-        if m is not _MISSING:
-            r.memory_total_bytes = float(m.total)
-            r.memory_used_bytes = float(m.used)
-            r.memory_free_bytes = float(m.free)
 
-    def _field_value(self, gpu: _Gpu, r: GpuReading, h: Any, field: str, field_id: int) -> float | None:
+        def v2(handle: Any) -> Any:
+            return nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+
+        def convert(m: Any) -> tuple[float, float, float, float | None]:
+            reserved = si(m.reserved) if hasattr(m, "reserved") else None
+            return si(m.total), si(m.used), si(m.free), reserved
+
+        m = self.probe(gpu, "gpu_memory_used_bytes", (("nvmlDeviceGetMemoryInfo_v2", v2),
+                                                      ("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo)),
+                       h, convert=convert)
+        if m is not MISSING:
+            r.memory_total_bytes, r.memory_used_bytes, r.memory_free_bytes, r.memory_reserved_bytes = m
+
+    def _processes_v1(self, h: Any) -> list[Any]:
+        """``nvmlDeviceGetComputeRunningProcesses`` (v1 structs), which ``pynvml`` no longer wraps."""
+        nv = self._nv
+        fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses")
+        count = ctypes.c_uint(0)
+        ret = fn(h, ctypes.byref(count), None)
+        if ret == 0:
+            return []
+        if ret != INSUFFICIENT_SIZE:
+            raise nv.NVMLError(ret)
+        count.value = count.value * 2 + 5  # room for processes started in between
+        infos = (_ProcessInfoV1 * count.value)()
+        nv._nvmlCheckReturn(fn(h, ctypes.byref(count), infos))
+        return [infos[i] for i in range(count.value)]
+
+    def _field_value(self, gpu: _Gpu, h: Any, reading: str, field_id: int) -> float | None:
         """One ``nvmlDeviceGetFieldValues`` entry; each entry carries its own return code."""
         nv = self._nv
-        vals = self._call(gpu, r, field, nv.nvmlDeviceGetFieldValues, h, [field_id])
-        if vals is _MISSING:
-            return None
-        v = vals[0]
-        if v.nvmlReturn != 0:
-            if v.nvmlReturn in _ABSENT_CODES:
-                gpu.skip.add(field)
-                self.log_once(f"{field}:fv", "nvml: %s not available (field %d, code %d)", field, field_id,
-                              v.nvmlReturn)
-                return None
-            self._on_error(gpu, field, "nvmlDeviceGetFieldValues", nv.NVMLError(v.nvmlReturn))
-            return None
-        return _field_number(v)
+
+        def convert(vals: Any) -> float:
+            v = vals[0]
+            if v.nvmlReturn != 0:
+                raise nv.NVMLError(v.nvmlReturn)
+            return _field_number(v)
+
+        v = self.call(gpu, reading, nv.nvmlDeviceGetFieldValues, h, [field_id], convert=convert)
+        return None if v is MISSING else v
 
     def _read_depth(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """Health readings: ECC, row remapping, throttling, NVLink, codecs, processes, MIG."""
         nv = self._nv
-        call = self._call
+        call = self.call
         en = self.enabled
-        if en("gpu_ecc_mode_enabled") or en("gpu_ecc_errors_total"):
-            mode = call(gpu, r, "gpu_ecc_mode_enabled", nv.nvmlDeviceGetEccMode, h)
-            if mode is not _MISSING:
-                r.ecc_mode_enabled = 1.0 if mode[0] else 0.0
-            if en("gpu_ecc_errors_total") and (mode is _MISSING or mode[0]):
+        if self.any_enabled("gpu_ecc_mode_enabled", "gpu_ecc_errors_total"):
+            mode = call(gpu, "gpu_ecc_mode_enabled", nv.nvmlDeviceGetEccMode, h, convert=lambda m: int(m[0]))
+            if mode is not MISSING:
+                r.ecc_mode_enabled = 1.0 if mode else 0.0
+            if en("gpu_ecc_errors_total") and (mode is MISSING or mode):
                 for etype, ename in ((1, "uncorrected"), (0, "corrected")):
                     for ctype, cname in ((0, "volatile"), (1, "aggregate")):
-                        v = call(gpu, r, f"gpu_ecc_errors_total:{ename}_{cname}", nv.nvmlDeviceGetTotalEccErrors,
-                                 h, etype, ctype)
-                        if v is not _MISSING:
-                            r.ecc_errors[(ename, cname)] = float(v)
+                        v = call(gpu, f"gpu_ecc_errors_total:{ename}_{cname}", nv.nvmlDeviceGetTotalEccErrors,
+                                 h, etype, ctype, convert=si)
+                        if v is not MISSING:
+                            r.ecc_errors[(ename, cname)] = v
         if en("gpu_retired_pages"):
             for cause, cname in ((0, "single_bit"), (1, "double_bit")):
-                pages = call(gpu, r, f"gpu_retired_pages:{cname}", nv.nvmlDeviceGetRetiredPages, h, cause)
-                if pages is not _MISSING:
-                    r.retired_pages[cname] = float(len(pages))
+                pages = call(gpu, f"gpu_retired_pages:{cname}", nv.nvmlDeviceGetRetiredPages, h, cause,
+                             convert=lambda p: float(len(p)))
+                if pages is not MISSING:
+                    r.retired_pages[cname] = pages
         if en("gpu_retired_pages_pending"):
-            pend = call(gpu, r, "gpu_retired_pages_pending", nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
-            if pend is not _MISSING:
+            pend = call(gpu, "gpu_retired_pages_pending", nv.nvmlDeviceGetRetiredPagesPendingStatus, h, convert=int)
+            if pend is not MISSING:
                 r.retired_pages_pending = 1.0 if pend else 0.0
-        if en("gpu_remapped_rows*"):
-            rows = call(gpu, r, "gpu_remapped_rows", nv.nvmlDeviceGetRemappedRows, h)
-            if rows is not _MISSING:
+        if self.any_enabled("gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed"):
+            rows = call(gpu, "gpu_remapped_rows", nv.nvmlDeviceGetRemappedRows, h,
+                        convert=lambda t: (si(t[0]), si(t[1]), bool(t[2]), bool(t[3])))
+            if rows is not MISSING:
                 corr, unc, pending, failed = rows
-                r.remapped_rows = {"corrected": float(corr), "uncorrected": float(unc)}
+                r.remapped_rows = {"corrected": corr, "uncorrected": unc}
                 r.remapped_rows_pending = 1.0 if pending else 0.0
                 r.remapped_rows_failed = 1.0 if failed else 0.0
         if en("gpu_throttle_reason_active"):
             self._read_throttle(gpu, r, h)
         if en("gpu_violation_seconds_total"):
             for policy, pname in VIOLATION_POLICIES:
-                v = call(gpu, r, f"gpu_violation_seconds_total:{pname}", nv.nvmlDeviceGetViolationStatus, h, policy)
-                if v is not _MISSING:
-                    r.violation_seconds[pname] = v.violationTime / 1e9
+                v = call(gpu, f"gpu_violation_seconds_total:{pname}", nv.nvmlDeviceGetViolationStatus, h, policy,
+                         convert=lambda s: si(s.violationTime, 1e-9))
+                if v is not MISSING:
+                    r.violation_seconds[pname] = v
         if self.options.pcie_throughput and en("gpu_pcie_throughput_bytes_per_second"):
             for counter, dname in ((0, "tx"), (1, "rx")):
-                v = call(gpu, r, f"gpu_pcie_throughput_bytes_per_second:{dname}", nv.nvmlDeviceGetPcieThroughput,
-                         h, counter)
-                if v is not _MISSING:
-                    r.pcie_throughput[dname] = float(v) * 1024.0  # NVML reports KB/s
+                v = call(gpu, f"gpu_pcie_throughput_bytes_per_second:{dname}", nv.nvmlDeviceGetPcieThroughput,
+                         h, counter, convert=_number(1024.0))  # NVML reports KB/s
+                if v is not MISSING:
+                    r.pcie_throughput[dname] = v
         if en("gpu_link_up"):
             for link in gpu.static.get("nvlinks", ()):
-                v = call(gpu, r, f"gpu_link_up:{link}", nv.nvmlDeviceGetNvLinkState, h, link)
-                if v is not _MISSING:
+                v = call(gpu, f"gpu_link_up:{link}", nv.nvmlDeviceGetNvLinkState, h, link, convert=int)
+                if v is not MISSING:
                     r.link_up[link] = 1.0 if v else 0.0
         if en("gpu_link_errors_total") and gpu.static.get("nvlinks"):
             for name, fid in NVLINK_ERROR_FIELDS:
-                v = self._field_value(gpu, r, h, f"gpu_link_errors_total:{name}", fid)
-                if v is not None:
-                    r.link_errors[name] = v
+                fv = self._field_value(gpu, h, f"gpu_link_errors_total:{name}", fid)
+                if fv is not None:
+                    r.link_errors[name] = fv
         if en("gpu_encoder_utilization_ratio"):
-            v = call(gpu, r, "gpu_encoder_utilization_ratio", nv.nvmlDeviceGetEncoderUtilization, h)
-            if v is not _MISSING:
-                r.encoder_utilization_ratio = v[0] / 100.0
+            v = call(gpu, "gpu_encoder_utilization_ratio", nv.nvmlDeviceGetEncoderUtilization, h,
+                     convert=lambda u: si(u[0], 0.01))
+            if v is not MISSING:
+                r.encoder_utilization_ratio = v
         if en("gpu_decoder_utilization_ratio"):
-            v = call(gpu, r, "gpu_decoder_utilization_ratio", nv.nvmlDeviceGetDecoderUtilization, h)
-            if v is not _MISSING:
-                r.decoder_utilization_ratio = v[0] / 100.0
-        if en("gpu_processes*") or (self.options.per_process and en("gpu_process_memory_used_bytes")):
-            procs = call(gpu, r, "gpu_processes", nv.nvmlDeviceGetComputeRunningProcesses, h)
-            if procs is not _MISSING:
-                r.process_count = float(len(procs))
-                used = [p.usedGpuMemory for p in procs if isinstance(p.usedGpuMemory, int)]
-                # usedGpuMemory is None where the driver cannot attribute memory (e.g. MIG without privileges)
-                r.process_memory_used_bytes = float(sum(used)) if len(used) == len(procs) else None
-                if self.options.per_process:
-                    r.process_memory_by_pid = {int(p.pid): float(p.usedGpuMemory) for p in procs
-                                               if isinstance(p.usedGpuMemory, int)}
-        if en("gpu_mig_*"):
+            v = call(gpu, "gpu_decoder_utilization_ratio", nv.nvmlDeviceGetDecoderUtilization, h,
+                     convert=lambda u: si(u[0], 0.01))
+            if v is not MISSING:
+                r.decoder_utilization_ratio = v
+        per_pid = self.options.per_process and en("gpu_process_memory_used_bytes")
+        if per_pid or self.any_enabled("gpu_processes", "gpu_processes_memory_used_bytes"):
+            self._read_processes(gpu, r, h, per_pid)
+        if self.any_enabled("gpu_mig_mode_enabled", "gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes",
+                            "gpu_mig_utilization_ratio"):
             self._read_mig(gpu, r, h)
+
+    def _read_processes(self, gpu: _Gpu, r: GpuReading, h: Any, per_pid: bool) -> None:
+        """Compute processes: ``_v3``, ``_v2``, then v1, probed once per GPU."""
+        nv = self._nv
+
+        def convert(procs: Any) -> tuple[float, float | None, dict[int, float]]:
+            used: dict[int, float] = {}
+            for p in procs:
+                mem = p.usedGpuMemory
+                # None (or the "not available" sentinel) where the driver cannot attribute memory
+                if isinstance(mem, int) and mem not in (0xFFFF_FFFF_FFFF_FFFF,):
+                    used[int(p.pid)] = float(mem)
+            total = float(sum(used.values())) if len(used) == len(procs) else None
+            return float(len(procs)), total, used
+
+        res = self.probe(gpu, "gpu_processes", (
+            ("nvmlDeviceGetComputeRunningProcesses_v3", lambda x: nv.nvmlDeviceGetComputeRunningProcesses_v3(x)),
+            ("nvmlDeviceGetComputeRunningProcesses_v2", lambda x: nv.nvmlDeviceGetComputeRunningProcesses_v2(x)),
+            ("nvmlDeviceGetComputeRunningProcesses", self._processes_v1),
+        ), h, convert=convert)
+        if res is MISSING:
+            return
+        r.process_count, r.process_memory_used_bytes, by_pid = res
+        if per_pid:
+            r.process_memory_by_pid = by_pid
 
     def _read_throttle(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """Clock event (throttle) reasons, decoded into one 0/1 value per supported reason.
 
-        ``ClocksEventReasons`` replaced ``ClocksThrottleReasons`` in newer drivers: probed once.
+        ``ClocksEventReasons`` (R535+) replaced ``ClocksThrottleReasons``: probed once per GPU.
         """
         nv = self._nv
-        current = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        if current is None or "nvmlDeviceGetCurrentClocksEventReasons" in self._missing_symbols:
-            current = nv.nvmlDeviceGetCurrentClocksThrottleReasons
-        mask = self._call(gpu, r, "gpu_throttle_reason_active", current, h)
-        if mask is _MISSING and current.__name__.endswith("EventReasons") and \
-                current.__name__ in self._missing_symbols:
-            gpu.skip.discard("gpu_throttle_reason_active")
-            mask = self._call(gpu, r, "gpu_throttle_reason_active", nv.nvmlDeviceGetCurrentClocksThrottleReasons, h)
-        if mask is _MISSING:
+        mask = self.probe(gpu, "gpu_throttle_reason_active", (
+            ("nvmlDeviceGetCurrentClocksEventReasons", lambda x: nv.nvmlDeviceGetCurrentClocksEventReasons(x)),
+            ("nvmlDeviceGetCurrentClocksThrottleReasons", lambda x: nv.nvmlDeviceGetCurrentClocksThrottleReasons(x)),
+        ), h, convert=int)
+        if mask is MISSING:
             return
         supported = gpu.static.get("throttle_supported")
         if supported is None:
-            sup_fn = getattr(nv, "nvmlDeviceGetSupportedClocksEventReasons", None)
-            try:
-                supported = int(sup_fn(h)) if sup_fn is not None else int(
-                    nv.nvmlDeviceGetSupportedClocksThrottleReasons(h))
-            except nv.NVMLError:
-                try:
-                    supported = int(nv.nvmlDeviceGetSupportedClocksThrottleReasons(h))
-                except nv.NVMLError:
-                    supported = ~0  # unknown: report every named reason
+            supported = self.probe(gpu, "gpu_throttle_reason_active:supported", (
+                ("nvmlDeviceGetSupportedClocksEventReasons",
+                 lambda x: nv.nvmlDeviceGetSupportedClocksEventReasons(x)),
+                ("nvmlDeviceGetSupportedClocksThrottleReasons",
+                 lambda x: nv.nvmlDeviceGetSupportedClocksThrottleReasons(x)),
+            ), h, convert=int)
+            if supported is MISSING:
+                supported = ~0  # unknown: report every named reason
             gpu.static["throttle_supported"] = supported
         for bit, name in THROTTLE_REASONS:
             if supported & bit:
-                r.throttle_reasons[name] = 1.0 if int(mask) & bit else 0.0
+                r.throttle_reasons[name] = 1.0 if mask & bit else 0.0
 
     def _read_mig(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """MIG mode and, per MIG instance, its memory (utilisation is not reported by NVML)."""
         nv = self._nv
-        mode = self._call(gpu, r, "gpu_mig_mode_enabled", nv.nvmlDeviceGetMigMode, h)
-        if mode is _MISSING:
+        mode = self.call(gpu, "gpu_mig_mode_enabled", nv.nvmlDeviceGetMigMode, h, convert=lambda m: int(m[0]))
+        if mode is MISSING:
             return
-        r.mig_mode_enabled = 1.0 if mode[0] == 1 else 0.0
-        if mode[0] != 1:
+        r.mig_mode_enabled = 1.0 if mode == 1 else 0.0
+        if mode != 1 or not self.any_enabled("gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes",
+                                             "gpu_mig_utilization_ratio"):
             return
-        try:
-            slots = int(nv.nvmlDeviceGetMaxMigDeviceCount(h))
-        except nv.NVMLError as exc:
-            self.log_once(f"mig:{gpu.index}", "nvml: GPU %d: cannot list MIG devices: %s", gpu.index, self._err(exc))
+        slots = self.call(gpu, "gpu_mig_memory_total_bytes:slots", nv.nvmlDeviceGetMaxMigDeviceCount, h, convert=int)
+        if slots is MISSING:
             return
-        for slot in range(slots):
+
+        def slot_handle(parent: Any, slot: int) -> Any:
             try:
-                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+                return nv.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
             except nv.NVMLError as exc:
                 if getattr(exc, "value", None) in (NOT_FOUND, INVALID_ARGUMENT):
-                    continue  # an empty slot
-                self.log_once(f"mig:{gpu.index}:{slot}", "nvml: GPU %d MIG slot %d: %s", gpu.index, slot,
-                              self._err(exc))
-                continue
-            r.mig.append(self._read_mig_device(mh))
+                    return None  # an empty slot
+                raise
 
-    def _read_mig_device(self, mh: Any) -> MigReading:
+        for slot in range(min(slots, 64)):
+            mh = self.call(gpu, f"gpu_mig_memory_total_bytes:slot{slot}", slot_handle, h, slot)
+            if mh is MISSING or mh is None:
+                continue
+            dev = gpu.mig_devs.setdefault(slot, Device(gpu.index))
+            r.mig.append(self._read_mig_device(dev, mh))
+
+    def _read_mig_device(self, dev: Device, mh: Any) -> MigReading:
+        """One MIG instance. Memory ``_v2`` where the driver has it (``used`` without the reserved
+        part, as for whole GPUs), probed per instance; v1 otherwise."""
         nv = self._nv
 
-        def get(fn: Callable[..., Any], *args: Any) -> Any:
-            try:
-                return fn(mh, *args)
-            except nv.NVMLError:
-                return None
+        def get(reading: str, fn: Callable[..., Any], convert: Callable[[Any], Any] | None = None) -> Any:
+            v = self.call(dev, f"mig:{reading}", fn, mh, convert=convert)
+            return None if v is MISSING else v
 
-        gi = get(nv.nvmlDeviceGetGpuInstanceId)
-        name = get(nv.nvmlDeviceGetName) or ""
-        m = MigReading(gpu_instance_id=int(gi) if gi is not None else -1,
-                       compute_instance_id=get(nv.nvmlDeviceGetComputeInstanceId),
-                       uuid=get(nv.nvmlDeviceGetUUID),
+        gi = get("gpu_instance", nv.nvmlDeviceGetGpuInstanceId, int)
+        ci = get("compute_instance", nv.nvmlDeviceGetComputeInstanceId, int)
+        name = get("name", nv.nvmlDeviceGetName, str) or ""
+        m = MigReading(gpu_instance_id=gi if gi is not None else -1, compute_instance_id=ci,
+                       uuid=get("uuid", nv.nvmlDeviceGetUUID, str),
                        profile=name.rsplit("MIG ", 1)[1].strip() if "MIG " in name else None)
-        mem = get(nv.nvmlDeviceGetMemoryInfo)
-        if mem is not None:
-            m.memory_total_bytes = float(mem.total)
-            m.memory_used_bytes = float(mem.used)
-        util = get(nv.nvmlDeviceGetUtilizationRates)
+        mem = self.probe(dev, "mig:memory", (
+            ("nvmlDeviceGetMemoryInfo_v2", lambda x: nv.nvmlDeviceGetMemoryInfo(x, version=nv.nvmlMemory_v2)),
+            ("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo),
+        ), mh, convert=lambda v: (si(v.total), si(v.used)))
+        if mem is not MISSING:
+            m.memory_total_bytes, m.memory_used_bytes = mem
+        util = get("utilization", nv.nvmlDeviceGetUtilizationRates, lambda u: si(u.gpu, 0.01))
         if util is not None:
-            m.utilization_ratio = util.gpu / 100.0
+            m.utilization_ratio = util
         return m
 
     def _read_topology(self, out: Collection) -> None:
@@ -595,32 +611,32 @@ class NvmlBackend(Backend):
         nv = self._nv
         if self._peers is None:
             peers: list[PeerReading] = []
-            handles = [(g.index, g.handle) for g in self._gpus if g.handle is not None]
+            gpus = [g for g in self._gpus if g.handle is not None]
             want_p2p = self.enabled("gpu_p2p_supported")
             want_topo = self.enabled("gpu_topology_level")
-            for a, ha in handles:
-                for b, hb in handles:
-                    if a == b:
-                        continue
-                    p = PeerReading(gpu=a, peer=b)
-                    for idx, cap in P2P_CAPS if want_p2p else ():
-                        try:
-                            status = nv.nvmlDeviceGetP2PStatus(ha, hb, idx)
-                        except nv.NVMLError as exc:
-                            self.log_once(f"p2p:{cap}", "nvml: P2P status %s unavailable: %s", cap, self._err(exc))
+            try:
+                for ga in gpus:
+                    for gb in gpus:
+                        if ga is gb:
                             continue
-                        p.p2p[cap] = 1.0 if status == 0 else 0.0
-                    if want_topo:
-                        try:
-                            level = int(nv.nvmlDeviceGetTopologyCommonAncestor(ha, hb))
-                            p.topology_level = TOPOLOGY_NAMES.get(level, str(level))
-                            p.topology_level_value = float(level)
-                        except nv.NVMLError as exc:
-                            self.log_once("topology", "nvml: topology unavailable: %s", self._err(exc))
-                    if p.p2p or p.topology_level is not None:
-                        peers.append(p)
-            complete = len(handles) == len(self._gpus)
-            if not complete:
+                        p = PeerReading(gpu=ga.index, peer=gb.index)
+                        for idx, cap in P2P_CAPS if want_p2p else ():
+                            status = self.call(ga, f"gpu_p2p_supported:{cap}", nv.nvmlDeviceGetP2PStatus,
+                                               ga.handle, gb.handle, idx, convert=int)
+                            if status is not MISSING:
+                                p.p2p[cap] = 1.0 if status == 0 else 0.0
+                        if want_topo:
+                            level = self.call(ga, "gpu_topology_level", nv.nvmlDeviceGetTopologyCommonAncestor,
+                                              ga.handle, gb.handle, convert=int)
+                            if level is not MISSING:
+                                p.topology_level = TOPOLOGY_NAMES.get(level, str(level))
+                                p.topology_level_value = float(level)
+                        if p.p2p or p.topology_level is not None:
+                            peers.append(p)
+            except GpuDown as down:
+                log.info("nvml: topology not read this time: %s", down)
+                return
+            if len(gpus) != len(self._gpus):
                 return  # a GPU is down: try again next time rather than cache a partial matrix
             self._peers = peers
         out.peers = self._peers  # the same static list object: the renderer caches its text
@@ -673,7 +689,12 @@ class _XidWatcher:
         it rejoins when it comes back.
         """
         while not stop.is_set():
-            missing = self._watch(gpus, stop)
+            try:
+                missing = self._watch(gpus, stop)
+            except Exception as exc:  # noqa: BLE001 - a bug or a broken library: back off, keep going
+                self.b.log_once(f"xid:crash:{type(exc).__name__}", "nvml: XID watcher failed: %r", exc,
+                                level=logging.WARNING)
+                missing = None
             if stop.wait(1.0 if missing is None else 0.0):
                 return
 
@@ -682,7 +703,7 @@ class _XidWatcher:
         nv = self.b._nv
         try:
             evset = nv.nvmlEventSetCreate()
-        except nv.NVMLError as exc:
+        except Exception as exc:  # noqa: BLE001 - the watcher thread must survive any failure
             self.b.log_once("xid:create", "nvml: XID events unavailable: %s", self.b._err(exc))
             return None
         uuids: dict[int, str] = {}
@@ -692,7 +713,7 @@ class _XidWatcher:
                     h = nv.nvmlDeviceGetHandleByIndex(g.index)
                     nv.nvmlDeviceRegisterEvents(h, XID_EVENT, evset)
                     uuids[g.index] = g.uuid or nv.nvmlDeviceGetUUID(h)
-                except nv.NVMLError as exc:
+                except Exception as exc:  # noqa: BLE001 - the watcher thread must survive any failure
                     self.b.log_once(f"xid:register:{g.index}", "nvml: GPU %d: XID events unavailable: %s",
                                     g.index, self.b._err(exc))
             if not uuids:
@@ -701,7 +722,7 @@ class _XidWatcher:
             while not stop.is_set() and time.monotonic() < rebuild_at:
                 try:
                     data = nv.nvmlEventSetWait_v2(evset, self.WAIT_MS)
-                except nv.NVMLError as exc:
+                except Exception as exc:  # noqa: BLE001 - the watcher thread must survive any failure
                     if getattr(exc, "value", None) == TIMEOUT:
                         continue
                     self.b.log_once(f"xid:wait:{getattr(exc, 'value', None)}",
@@ -712,7 +733,7 @@ class _XidWatcher:
                     continue
                 try:
                     idx = int(nv.nvmlDeviceGetIndex(data.device))
-                except nv.NVMLError:
+                except Exception:  # noqa: BLE001 - the watcher thread must survive any failure
                     continue
                 key = (idx, uuids.get(idx, ""), str(int(data.eventData)))
                 with self.lock:
@@ -722,28 +743,16 @@ class _XidWatcher:
         finally:
             try:
                 nv.nvmlEventSetFree(evset)
-            except nv.NVMLError:
+            except Exception:  # noqa: BLE001 - the watcher thread must survive any failure
                 pass
 
-def _field_number(v: Any) -> float | None:
-    """Decode an ``nvmlFieldValue_t`` union by its ``valueType``."""
-    t = v.valueType
+def _field_number(v: Any) -> float:
+    """Decode an ``nvmlFieldValue_t`` union by its ``valueType`` (sentinels are "no value")."""
     u = v.value
-    if t == 0:
-        return float(u.dVal)
-    if t == 1:
-        return float(u.uiVal)
-    if t == 2:
-        return float(u.ulVal)
-    if t == 3:
-        return float(u.ullVal)
-    if t == 4:
-        return float(u.sllVal)
-    if t == 5:
-        return float(u.siVal)
-    if t == 6 and hasattr(u, "usVal"):
-        return float(u.usVal)
-    return None
+    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(v.valueType)
+    if member is None or not hasattr(u, member):
+        raise ValueError(f"unknown NVML field value type {v.valueType}")
+    return si(getattr(u, member))
 
 
 BACKEND = NvmlBackend

@@ -56,7 +56,7 @@ import time
 from typing import Any, ClassVar
 
 from exporter.backends.amdsmi import amd_uuid, dedupe_uuids, is_na
-from exporter.backends.base import Backend, BackendError, BackendUnavailable
+from exporter.backends.base import BAD_VALUE, DRIVER, Backend, BackendError, BackendUnavailable
 from exporter.core.options import BackendOptions
 from exporter.core.pci import AMD_VENDOR, canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading
@@ -227,7 +227,7 @@ def run_rocm_smi(binary: str, timeout: float) -> tuple[str, int]:
                                 start_new_session=True)
     except OSError as exc:
         raise BackendError(f"rocm-smi could not be started ({binary}): {exc.strerror or exc}",
-                           kind="command_failed") from None
+                           kind=DRIVER) from None
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -243,7 +243,7 @@ def run_rocm_smi(binary: str, timeout: float) -> tuple[str, int]:
             # a Python traceback says what went wrong on its last line
             first = lines[-1] if lines[0].startswith("Traceback") else lines[0]
             status = f"signal {-proc.returncode}" if proc.returncode < 0 else f"code {proc.returncode}"
-            raise BackendError(f"rocm-smi exited with {status}: {first[:200]}", kind="command_failed") from None
+            raise BackendError(f"rocm-smi exited with {status}: {first[:200]}", kind=DRIVER) from None
     return stdout, proc.returncode
 
 
@@ -310,14 +310,14 @@ class RocmSmiBackend(Backend):
         else:
             readings = self._read()
         out.gpus.extend(readings)
-        if self.enabled("gpu_pci_devices"):
+        if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
             out.pci_devices = count_pci_gpus(self.options.sysfs_root, AMD_VENDOR)
 
     def _read(self) -> list[GpuReading]:
         if self._binary is None:
             self._binary = find_rocm_smi(self._explicit)
             if self._binary is None:
-                raise BackendError("rocm-smi not found", kind="command_failed")
+                raise BackendError("rocm-smi not found", kind=DRIVER)
         text, code = run_rocm_smi(self._binary, self.options.command_timeout)
         if code != 0:
             self.log_once(f"exit:{code}", "rocm-smi exits with code %d (a field it was asked for is unsupported "
@@ -325,7 +325,7 @@ class RocmSmiBackend(Backend):
         try:
             return parse_rocm_smi_json(text)
         except RocmSmiParseError as exc:
-            raise BackendError(f"rocm-smi output unusable: {exc}", kind="parse_error") from None
+            raise BackendError(f"rocm-smi output unusable: {exc}", kind=BAD_VALUE) from None
 
 
 BACKEND = RocmSmiBackend

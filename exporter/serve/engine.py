@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporter.backends.base import Backend, BackendError, BackendUnavailable
-from exporter.core.options import FieldFilter
+from exporter.core.options import DEFAULTS, FieldFilter
 from exporter.core.readings import Collection, GpuReading, HostInfo
 from exporter.core.snapshot import BackendStats, LabelHook, Snapshot
 from exporter.serve.render import Rendered
@@ -54,9 +54,9 @@ class Engine:
         backends: list[Backend],
         host: HostInfo,
         fields: FieldFilter,
-        collection_interval: float = 0.0,
-        collection_timeout: float = 5.0,
-        cache_ttl: float = 0.0,
+        collection_interval: float = DEFAULTS.collection_interval,
+        collection_timeout: float = DEFAULTS.collection_timeout,
+        cache_ttl: float = DEFAULTS.cache_ttl,
     ) -> None:
         self.backends = backends
         self.host = host
@@ -73,6 +73,7 @@ class Engine:
         self._initialised: dict[str, bool] = {b.name: False for b in backends}
         self._failing: dict[str, str] = {}
         self._cached: dict[str, tuple[float, Collection]] = {}
+        self._known: dict[str, list[GpuReading]] = {}  # backend -> GPUs of its last good collection
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._flight: _Flight | None = None
@@ -270,18 +271,21 @@ class Engine:
         with self._lock:
             st.duration_seconds = duration
             st.collections_total += 1
-            for k, n in coll.errors.items():
+            for k, n in (*coll.errors.items(), *b.drain_errors().items()):
                 st.errors_total[k] = st.errors_total.get(k, 0) + n
             if kind is not None:
                 st.success = False
                 st.errors_total[kind] = st.errors_total.get(kind, 0) + 1
-                coll.gpus.clear()  # a failed collection publishes no readings, never stale ones
+                # A failed collection publishes no readings, never stale ones; the GPUs it last
+                # knew stay visible as gpu_up 0 (with their identity), so alerts see them go down.
+                coll.gpus[:] = [_down_copy(r, f"{kind}: {message}") for r in self._known.get(b.name, ())]
                 coll.peers = []
                 st.gpus = 0
             elif not flight.timed_out:
                 st.success = True
                 st.last_success_seconds = time.time()
                 st.gpus = len(coll.gpus)
+                self._known[b.name] = list(coll.gpus)
         if kind is not None:
             self._note_failure(b.name, kind, message)
             self._initialised[b.name] = False
@@ -310,3 +314,10 @@ class Engine:
     def _note_recovery(self, name: str) -> None:
         if self._failing.pop(name, None) is not None:
             log.info("backend %s: collection recovered", name)
+
+
+def _down_copy(r: GpuReading, reason: str) -> GpuReading:
+    """``r``'s identity with ``up=False`` and no readings."""
+    return GpuReading(index=r.index, uuid=r.uuid, vendor=r.vendor, up=False, up_reason=reason, name=r.name,
+                      pci_bus_id=r.pci_bus_id, serial=r.serial, driver_version=r.driver_version,
+                      cuda_driver_version=r.cuda_driver_version)

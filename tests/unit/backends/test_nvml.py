@@ -258,7 +258,7 @@ def test_transient_field_error_loses_one_reading_not_the_gpu(fleet: FakeNvml, tm
         assert sample(s, "gpu_up", gpu="1") == 1.0
         assert not any(n == "gpu_clock_hertz" and ("gpu", "1") in ls for n, ls in s)
         assert sample(s, "gpu_power_watts", gpu="1") is not None
-        assert (sample(s, "gpu_exporter_collection_errors_total", backend="nvml", kind="nvml_error") or 0) >= 4
+        assert (sample(s, "gpu_exporter_collection_errors_total", backend="nvml", kind="reading_error") or 0) >= 4
         fleet.clear_fail("nvmlDeviceGetClockInfo")
         s = ex.scrape()  # asked again next time: a transient error is not "unsupported"
         assert sample(s, "gpu_clock_hertz", gpu="1", clock="sm") == fleet.gpus[1]["clock_sm"] * 1e6

@@ -3,6 +3,7 @@ topology, NVLink, processes, MIG and the "fell off the bus" comparison."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,7 +121,13 @@ def test_event_watcher_survives_lost_gpu_and_driver_reload(fleet: FakeNvml, expo
 def test_topology_and_p2p(fleet: FakeNvml, sysfs: Path) -> None:
     fleet.set_topology(0, 1, 10)  # same PCIe switch
     fleet.set_p2p(0, 3, 2, index=2)  # no NVLink P2P between 0 and 3
-    with start(fleet, sysfs) as ex:
+    with start(fleet, sysfs) as ex:  # off /metrics by default (N x (N-1) series) ...
+        assert not [n for n, _ in ex.scrape() if n in ("gpu_topology_level", "gpu_p2p_supported")]
+        status, body, _ = ex.get("/stats")  # ... but collected for the JSON API
+        assert status == 200
+        pair = next(p for p in json.loads(body)["p2p"] if p["gpu"] == 0 and p["peer"] == 1)
+        assert pair["topology_level"] == "single" and pair["p2p"]["read"] is True
+    with start(fleet, sysfs, "--fields-include", "gpu_*") as ex:  # selected: back on /metrics
         s = ex.scrape()
         assert sample(s, "gpu_topology_level", gpu="0", peer="1") == 10.0
         assert sample(s, "gpu_topology_level", gpu="0", peer="1", level="single") == 10.0

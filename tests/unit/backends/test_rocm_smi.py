@@ -303,7 +303,7 @@ def test_failing_rocm_smi_fails_the_collection(fake: FakeRocmSmi) -> None:
     fake.script('echo "ERROR:root:Driver not initialized (amdgpu not found in modules)" >&2\necho "more" >&2\nexit 3')
     with pytest.raises(BackendError) as err:
         backend.collect(Collection("rocm-smi"))
-    assert err.value.kind == "command_failed"
+    assert err.value.kind == "driver"
     assert str(err.value) == ("rocm-smi exited with code 3: "
                               "ERROR:root:Driver not initialized (amdgpu not found in modules)")
 
@@ -320,7 +320,7 @@ def test_garbage_output_fails_the_collection(fake: FakeRocmSmi) -> None:
     fake.script('echo "GPU[0] : Temperature: 31.0c"')
     with pytest.raises(BackendError) as err:
         backend.collect(Collection("rocm-smi"))
-    assert err.value.kind == "parse_error"
+    assert err.value.kind == "bad_value"
     assert str(err.value).startswith("rocm-smi output unusable: no JSON object in the output")
 
 
@@ -329,7 +329,7 @@ def test_partial_json_fails_the_collection(fake: FakeRocmSmi) -> None:
     fake.script(f'head -c 700 "{FIXTURES / "mi100_rocm602.json"}"')
     with pytest.raises(BackendError) as err:
         backend.collect(Collection("rocm-smi"))
-    assert err.value.kind == "parse_error"
+    assert err.value.kind == "bad_value"
     assert "invalid JSON at line" in str(err.value)
     # the next good run recovers without a new init
     fake.prints("rx6700xt_rocm612.json")
