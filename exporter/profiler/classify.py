@@ -19,6 +19,9 @@ Patterns, checked in this order (the reasons for each threshold are in docs/prof
 ``unknown``
     too few samples, no samples in the older half of the window, no recent sample, or
     the exporter reports the GPU down (``gpu_up`` 0): we do not guess.
+``allocated-idle``
+    idle (as below) while a pod held the GPU (``gpu_allocation_info``, pod attribution)
+    for the whole window: paid for, doing nothing.
 ``idle``
     mean utilisation and its 95th percentile both below small thresholds.
 ``steady``
@@ -37,6 +40,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import mul
+from typing import Any
 
 IDLE = "idle"
 STEADY = "steady"
@@ -44,10 +48,11 @@ PERIODIC = "periodic"
 BURSTY = "bursty"
 GROWING = "growing"
 UNKNOWN = "unknown"
-PATTERNS = (IDLE, STEADY, PERIODIC, BURSTY, GROWING, UNKNOWN)
+ALLOCATED_IDLE = "allocated-idle"
+PATTERNS = (IDLE, STEADY, PERIODIC, BURSTY, GROWING, UNKNOWN, ALLOCATED_IDLE)
 
 # Tie-break for the node's dominant pattern: the more actionable pattern wins a tie.
-_DOMINANCE_ORDER = (GROWING, BURSTY, PERIODIC, STEADY, IDLE)
+_DOMINANCE_ORDER = (GROWING, ALLOCATED_IDLE, BURSTY, PERIODIC, STEADY, IDLE)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Thresholds:
     growth_half_ratio: float = 0.3  # each half's slope >= this x the whole-window slope
     node_idle_util: float = 0.30  # node idle-GPU count: utilisation below ...
     node_idle_mem: float = 0.50  # ... and memory used ratio below
+    held_fraction: float = 0.9  # allocated-idle: share of the window's scrapes a pod held the GPU
 
 
 @dataclass
@@ -102,9 +108,10 @@ class GpuStats:
     util_step: float = 15.0
     mem_range: list[float | None] | None = None
     mem_step: float = 60.0
+    holders: dict[str, float] | None = None  # "namespace/pod" -> samples of the window it held the GPU
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuProfile:
     """The classification of one GPU. ``score`` = 0.6 x free memory ratio + 0.4 x (1 - util)."""
 
@@ -115,6 +122,7 @@ class GpuProfile:
     mem_used_ratio: float | None = None  # ratio 0-1, window mean of used / total
     score: float | None = None  # availability 0-1; None without both inputs
     reason: str = ""
+    holder: str | None = None  # allocated-idle: "namespace/pod" (comma separated if shared)
 
 
 @dataclass(frozen=True)
@@ -417,7 +425,7 @@ def classify_gpu(st: GpuStats, th: Thresholds | None = None) -> GpuProfile:
     util = None if mean is None else min(1.0, max(0.0, mean))
     used_ratio, free_ratio = _memory_ratios(st)
     score = None if util is None or free_ratio is None else round(availability_score(free_ratio, util), 4)
-    common = {"util_mean": util, "mem_used_ratio": used_ratio, "score": score}
+    common: dict[str, Any] = {"util_mean": util, "mem_used_ratio": used_ratio, "score": score}
 
     if st.up is not None and st.up == 0:
         return GpuProfile(UNKNOWN, reason="the exporter reports the GPU down (gpu_up 0)", **common)
@@ -437,6 +445,10 @@ def classify_gpu(st: GpuStats, th: Thresholds | None = None) -> GpuProfile:
         # the history is there but the GPU stopped reporting utilisation: old data is not its state now
         return GpuProfile(UNKNOWN, reason="no recent utilisation sample", **common)
     if mean < th.idle_util_mean and (p95 is None or p95 < th.idle_util_p95):
+        holder = holder_all_window(st, th)
+        if holder:
+            return GpuProfile(ALLOCATED_IDLE, reason=f"mean utilisation {mean:.3f}, held by {holder}",
+                              holder=holder, **common)
         return GpuProfile(IDLE, reason=f"mean utilisation {mean:.3f}", **common)
     cv = std / mean if mean > 0 else math.inf
     if cv < th.steady_cv:
@@ -452,6 +464,16 @@ def classify_gpu(st: GpuStats, th: Thresholds | None = None) -> GpuProfile:
         return GpuProfile(PERIODIC, period_seconds=pr.period_steps * st.util_step,
                           reason=f"autocorrelation {pr.peak:.2f} > bound {pr.bound:.2f}", **common)
     return GpuProfile(BURSTY, reason=f"coefficient of variation {cv:.2f}, no period", **common)
+
+
+def holder_all_window(st: GpuStats, th: Thresholds) -> str | None:
+    """The pods (``namespace/pod``, sorted, comma separated) that held the GPU for at least
+    ``held_fraction`` of the window's scrapes, or None."""
+    if not st.holders or st.util_step <= 0:
+        return None
+    expected = st.window_s / st.util_step
+    held = sorted(h for h, n in st.holders.items() if math.isfinite(n) and n >= th.held_fraction * expected)
+    return ",".join(held) or None
 
 
 def dominant_pattern(patterns: Iterable[str]) -> str:

@@ -36,7 +36,9 @@ from prometheus_client.registry import Collector
 
 from exporter.profiler import annotate, prom, queries
 from exporter.profiler.annotate import Conflict, KubeError, NodeGone, NodeInfo, NodeStore
-from exporter.profiler.classify import GpuStats, classify_gpu
+from exporter.profiler.classify import ALLOCATED_IDLE, GROWING, GpuStats, classify_gpu
+from exporter.profiler.events import EventRecorder
+from exporter.profiler.leader import LeaderElector
 from exporter.profiler.plan import GpuInput, PlanConfig, diff, has_our_keys, plan_node, valid_gpu_id
 from exporter.profiler.prom import PromError, printable
 from exporter.profiler.queries import Reader
@@ -70,6 +72,9 @@ class CycleResult:
     nodes_seen: int = 0  # nodes with GPU data or with our annotations
     patches: int = 0  # merge patches sent (dry run: that would be sent)
     unchanged: int = 0
+    shards: int = 0  # node shards read from Prometheus
+    events: int = 0  # Kubernetes Events recorded
+    not_leader: bool = False  # writes stopped: this replica lost the lease during the cycle
     errors: list[str] = field(default_factory=list)  # kinds
     patterns: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, gpu) -> published
 
@@ -86,6 +91,32 @@ class _PatternCollector(Collector):
         for (node, gpu), pattern in sorted(self.patterns.items()):
             fam.add_metric([node, gpu, pattern], 1.0)
         yield fam
+
+
+class _StateCollector(Collector):
+    """Leadership, Events and the largest Prometheus answer, read when scraped."""
+
+    def __init__(self) -> None:
+        self.profiler: Profiler | None = None
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        p = self.profiler
+        if p is None:
+            return
+        if p.elector is not None:
+            yield GaugeMetricFamily("gpu_profiler_leader", "1 while this replica holds the lease and writes.",
+                                    value=1.0 if p.elector.leading.is_set() else 0.0)
+        if p.events is not None:
+            fam = CounterMetricFamily("gpu_profiler_events", "Kubernetes Events on Nodes, by result "
+                                      "(created, updated, dropped by the rate limit, failed).", labels=["result"])
+            for result, n in sorted(p.events.counts.items()):
+                fam.add_metric([result], float(n))
+            yield fam
+        yield GaugeMetricFamily("gpu_profiler_prometheus_largest_response_bytes",
+                                "Largest Prometheus answer read since start.",
+                                value=float(p.reader.client.largest_response_bytes))
 
 
 class ProfilerMetrics:
@@ -115,6 +146,12 @@ class ProfilerMetrics:
             self.cycles.labels(res)
         self.pattern_collector = _PatternCollector()
         r.register(self.pattern_collector)
+        self._state = _StateCollector()
+        r.register(self._state)
+
+    def attach(self, profiler: Profiler) -> None:
+        """Metrics read from the profiler's parts at scrape time (leadership, Events, answer sizes)."""
+        self._state.profiler = profiler
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -125,13 +162,17 @@ class Profiler:
 
     def __init__(self, reader: Reader, store: NodeStore | None, plan: PlanConfig, dry_run: bool = False,
                  out: IO[str] | None = None, metrics: ProfilerMetrics | None = None,
-                 clock: Callable[[], float] = time.time, write_concurrency: int = 4) -> None:
+                 clock: Callable[[], float] = time.time, write_concurrency: int = 4,
+                 elector: LeaderElector | None = None, events: EventRecorder | None = None) -> None:
         self.reader = reader
+        self.elector = elector
+        self.events = events
         self.store = store
         self.plan = plan
         self.dry_run = dry_run or store is None
         self.out = out if out is not None else sys.stdout
         self.metrics = metrics or ProfilerMetrics()
+        self.metrics.attach(self)
         self.clock = clock
         # dry run: what the nodes would carry had the patches been sent (keeps hysteresis going)
         self._overlay: dict[str, dict[str, str]] = {}
@@ -204,35 +245,45 @@ class Profiler:
 
     def _cycle(self, at: float, res: CycleResult) -> None:
         t0 = time.monotonic()
+        inputs: dict[str, dict[str, GpuInput]] = {}
+        counts: dict[str, int] = {}
+        seen: set[str] = set()
+        classify_s = 0.0
+
+        def consume(gpus: Mapping[tuple[str, str], GpuStats]) -> None:
+            # one shard at a time: only the compact profiles outlive it
+            nonlocal classify_s
+            c0 = time.monotonic()
+            for (node, gpu), st in gpus.items():
+                seen.add(node)
+                if not st.fresh:
+                    continue  # gone: its keys are removed (or the node has no data)
+                if not valid_gpu_id(gpu):
+                    log.warning("node %s: gpu label %s cannot be part of an annotation key; skipped",
+                                printable(node, 80), printable(repr(gpu), 40))
+                    continue
+                prof = classify_gpu(st, self.plan.thresholds)
+                inputs.setdefault(node, {})[gpu] = GpuInput(st.uuid, prof)
+                counts[prof.pattern] = counts.get(prof.pattern, 0) + 1
+            classify_s += time.monotonic() - c0
+
         try:
-            snap = self.reader.read(at)
+            snap = self.reader.read_shards(at, consume)
         except PromError as exc:
             self._fail(res, exc.kind, f"reading Prometheus failed, nothing written this cycle: {exc}")
             return
         finally:
-            res.read_s = time.monotonic() - t0
+            res.classify_s = classify_s
+            res.read_s = time.monotonic() - t0 - classify_s
+        res.shards = snap.shards
         self._cleared.update(prom.KINDS, (queries.EMPTY,))
-
-        t0 = time.monotonic()
-        inputs: dict[str, dict[str, GpuInput]] = {}
-        counts: dict[str, int] = {}
-        for (node, gpu), st in snap.gpus.items():
-            if not st.fresh:
-                continue  # gone: its keys are removed (or the node has no data)
-            if not valid_gpu_id(gpu):
-                log.warning("node %s: gpu label %r cannot be part of an annotation key; skipped", node, gpu)
-                continue
-            prof = classify_gpu(st, self.plan.thresholds)
-            inputs.setdefault(node, {})[gpu] = GpuInput(st.uuid, prof)
-            counts[prof.pattern] = counts.get(prof.pattern, 0) + 1
         self.metrics.gpus.clear()
         for pattern, n in counts.items():
             self.metrics.gpus.labels(pattern).set(n)
-        res.classify_s = time.monotonic() - t0
 
         t0 = time.monotonic()
         try:
-            self._apply(self._nodes(snap.gpus, res), inputs, res)
+            self._apply(self._nodes(seen, res), inputs, res)
         finally:
             res.write_s = time.monotonic() - t0
 
@@ -282,6 +333,8 @@ class Profiler:
                 res.unchanged += 1
             elif outcome in annotate.KINDS:
                 self._fail(res, outcome, message)
+            elif outcome == "not_leader":
+                res.not_leader = True
             if final is None:
                 if outcome != "gone":
                     self._keep_patterns(name, patterns)  # not written: the node still carries the old ones
@@ -297,10 +350,10 @@ class Profiler:
             if n == node:
                 patterns[(n, g)] = p
 
-    def _nodes(self, gpus: Mapping[tuple[str, str], GpuStats], res: CycleResult) -> dict[str, NodeInfo] | None:
+    def _nodes(self, seen: set[str], res: CycleResult) -> dict[str, NodeInfo] | None:
         if self.store is None:
             # dry run without a cluster: every node seen in Prometheus, as we last left it
-            names = {node for node, _ in gpus} | set(self._overlay)
+            names = seen | set(self._overlay)
             return {n: NodeInfo(n, dict(self._overlay.get(n, {})), "") for n in names}
         try:
             nodes = self.store.list_nodes()
@@ -333,9 +386,13 @@ class Profiler:
                 self._overlay[info.name] = merged
                 return desired, "patched"
             assert self.store is not None
+            if self.elector is not None and not self.elector.is_leader():
+                # fenced: another replica may lead by now, and its patches are the ones to keep
+                return None, "not_leader"
             try:
                 self.store.patch_annotations(info.name, patch, info.resource_version)
                 self.metrics.patched.inc()
+                self._record_events(info, patch)
                 return desired, "patched"
             except NodeGone:
                 log.info("node %s was deleted; skipped", info.name)
@@ -348,14 +405,45 @@ class Profiler:
                 info = fresh
         raise KubeError(annotate.KUBE_CONFLICT, f"node {info.name} still conflicting after {CONFLICT_RETRIES} retries")
 
+    def _record_events(self, info: NodeInfo, patch: Mapping[str, str | None]) -> None:
+        """An Event for each GPU whose published pattern this patch turned growing or allocated-idle."""
+        if self.events is None:
+            return
+        p = self.plan.prefix + "/gpu-"
+        for key, value in patch.items():
+            if not (key.startswith(p) and key.endswith(".pattern")) or value not in (GROWING, ALLOCATED_IDLE):
+                continue
+            if info.annotations.get(key) == value:
+                continue
+            gpu = key[len(p):-len(".pattern")]
+            detail = patch.get(f"{p}{gpu}.holder") or patch.get(f"{p}{gpu}.memory-growth-bytes-per-second")
+            what = ("held by " + str(detail) if value == ALLOCATED_IDLE else f"memory used rising {detail} B/s") \
+                if detail else value
+            self.events.record(info.name, gpu, value, f"GPU {gpu} is {value}: {what} "
+                                                       f"(window {self.reader.cfg.window_s / 60:g} min)")
+
     # ---- loop ----
 
+    @property
+    def standby(self) -> bool:
+        """A replica waiting for the lease: it reads and writes nothing."""
+        return self.elector is not None and not self.elector.leading.is_set()
+
     def loop(self, interval_s: float, stop: threading.Event) -> None:
-        """Run cycles every ``interval_s`` (start to start) until ``stop`` is set."""
+        """Run cycles every ``interval_s`` (start to start) until ``stop`` is set; with leader
+        election, only while this replica leads (a cycle starts as soon as it takes over)."""
         while not stop.is_set():
+            if self.elector is not None and not self.elector.leading.is_set():
+                self.last_cycle_end = time.monotonic()  # standing by is not being stuck
+                self.elector.leading.wait(0.2)
+                continue
             started = time.monotonic()
             self.run_cycle()
-            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+            deadline = started + interval_s
+            while not stop.is_set() and time.monotonic() < deadline:
+                if self.elector is not None and not self.elector.leading.is_set():
+                    break
+                stop.wait(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
 class Health:
@@ -378,6 +466,8 @@ class Health:
         idle = now - self.profiler.last_cycle_end
         if started is None and idle > self.interval_s + self.stall_after_s:
             return False, f"no cycle for {idle:.0f}s"
+        if self.profiler.standby and self.profiler.elector is not None:
+            return True, f"ok: standing by, {printable(self.profiler.elector.holder or 'nobody', 100)} leads"
         return True, f"ok: {self.profiler.cycles_done} cycles"
 
 

@@ -11,8 +11,10 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
@@ -21,6 +23,8 @@ from typing import IO, Any, NoReturn
 from exporter.core import logs
 from exporter.profiler.annotate import KubeError, NodeStore, build_api_client
 from exporter.profiler.classify import Thresholds
+from exporter.profiler.events import EventRecorder
+from exporter.profiler.leader import ElectionConfig, LeaderElector, LeaseClient
 from exporter.profiler.loop import Health, Profiler, make_server
 from exporter.profiler.plan import PlanConfig, valid_prefix
 from exporter.profiler.prom import PromClient, printable, valid_header
@@ -148,6 +152,23 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--node-selector", help="label selector limiting the nodes listed and annotated")
     k.add_argument("--dry-run", action="store_true",
                    help="print the merge patches (one JSON document per line) instead of sending them")
+    e = p.add_argument_group("replicas and Events")
+    e.add_argument("--leader-elect", action="store_true",
+                   help="run as one of several replicas: only the holder of a coordination.k8s.io/v1 Lease "
+                        "reads and writes (not with --once or --dry-run)")
+    e.add_argument("--leader-elect-namespace", default=env("POD_NAMESPACE"),
+                   help="namespace of the Lease and of the Events (env POD_NAMESPACE; default: the service "
+                        "account's namespace)")
+    e.add_argument("--leader-elect-lease-name", default="gpu-exporter-profiler", help="name of the Lease")
+    e.add_argument("--leader-elect-lease-duration", default="15s",
+                   help="how long a silent leader's Lease is honoured before another replica takes over (default 15s)")
+    e.add_argument("--leader-elect-renew-deadline", default="10s",
+                   help="a leader that could not renew for this long stops writing (default 10s)")
+    e.add_argument("--leader-elect-retry-period", default="2s",
+                   help="time between attempts to acquire or renew the Lease (default 2s)")
+    e.add_argument("--events", default="on", help="on or off: Events on a Node when a GPU turns growing or "
+                                                  "allocated-idle (default on; not in a dry run)")
+    e.add_argument("--events-per-minute", default="30", help="rate limit of the Events (default 30)")
     r = p.add_argument_group("running")
     r.add_argument("--once", action="store_true", help="run one cycle and exit (cron style)")
     r.add_argument("--interval", default=env("PROFILER_INTERVAL", "60s"),
@@ -182,6 +203,50 @@ class Settings:
     listen_port: int
     log_level: str
     log_format: str
+    election: ElectionConfig | None = None
+    events: bool = True
+    events_per_minute: int = 30
+
+
+def _namespace(flag_value: str | None) -> str:
+    if flag_value:
+        return flag_value
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            ns = f.read().strip()
+            if ns:
+                return ns
+    except OSError:
+        pass
+    return "default"
+
+
+def _election(a: argparse.Namespace) -> ElectionConfig | None:
+    if not a.leader_elect:
+        return None
+    if a.once or a.dry_run:
+        raise UsageError("--leader-elect: only for the loop (not with --once or --dry-run)")
+    ns = _namespace(a.leader_elect_namespace)
+    if not _DNS_LABEL.match(ns):
+        raise UsageError(f"--leader-elect-namespace {ns!r}: must be a Kubernetes namespace name")
+    if not _DNS_SUBDOMAIN_NAME.match(a.leader_elect_lease_name):
+        raise UsageError(f"--leader-elect-lease-name {a.leader_elect_lease_name!r}: must be a lowercase DNS "
+                         "subdomain such as gpu-exporter-profiler")
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    cfg = ElectionConfig(
+        namespace=ns, name=a.leader_elect_lease_name, identity=identity[:128],
+        lease_duration_s=parse_duration("--leader-elect-lease-duration", a.leader_elect_lease_duration, 1, 3600),
+        renew_deadline_s=parse_duration("--leader-elect-renew-deadline", a.leader_elect_renew_deadline, 0.5, 3600),
+        retry_period_s=parse_duration("--leader-elect-retry-period", a.leader_elect_retry_period, 0.1, 600),
+    )
+    problem = cfg.problem()
+    if problem:
+        raise UsageError(f"--leader-elect-*: {problem}")
+    return cfg
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_DNS_SUBDOMAIN_NAME = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
 def parse_args(argv: list[str]) -> Settings:
@@ -232,7 +297,17 @@ def parse_args(argv: list[str]) -> Settings:
         listen_port=_int("--listen-port", a.listen_port, 0, 65535),
         log_level=level,
         log_format=a.log_format,
+        election=_election(a),
+        events=_on_off("--events", a.events),
+        events_per_minute=_int("--events-per-minute", a.events_per_minute, 1, 6000),
     )
+
+
+def _on_off(flag: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v not in ("on", "off", "true", "false", "1", "0"):
+        raise UsageError(f"{flag} {value!r}: must be on or off")
+    return v in ("on", "true", "1")
 
 
 def build_profiler(s: Settings, out: IO[str] | None = None) -> Profiler:
@@ -240,14 +315,27 @@ def build_profiler(s: Settings, out: IO[str] | None = None) -> Profiler:
     client = PromClient(s.prometheus_url, timeout=s.timeout_s, retries=s.retries, token_file=s.token_file,
                         ca_file=s.ca_file, headers=s.headers, max_response_bytes=s.max_response_bytes)
     store: NodeStore | None = None
+    api: Any = None
     try:
-        store = NodeStore(build_api_client(s.kubeconfig), label_selector=s.node_selector)
+        api = build_api_client(s.kubeconfig)
+        store = NodeStore(api, label_selector=s.node_selector, keep_prefix=s.plan.prefix)
     except KubeError as exc:
         if not s.dry_run:
             raise
         log.warning("dry run without a cluster (%s): planning from Prometheus alone, as if no node carried "
                     "annotations yet", exc)
-    return Profiler(Reader(client, s.query), store, s.plan, dry_run=s.dry_run, out=out)
+    elector = None
+    events = None
+    if api is not None:
+        ns = s.election.namespace if s.election else _namespace(None)
+        if s.election is not None:
+            # the replica's identity in the API server's audit log and in tests' request records
+            api.user_agent = f"gpu-exporter-profiler/{s.election.identity}"
+            elector = LeaderElector(LeaseClient(api, ns, s.election.name), s.election)
+        if s.events and not s.dry_run:
+            events = EventRecorder(api, ns, per_minute=s.events_per_minute)
+    return Profiler(Reader(client, s.query), store, s.plan, dry_run=s.dry_run, out=out, elector=elector,
+                    events=events)
 
 
 def run(argv: list[str], out: IO[str] | None = None,
@@ -271,6 +359,11 @@ def run(argv: list[str], out: IO[str] | None = None,
 
     stop = stop or threading.Event()
     thread = threading.Thread(target=prof.loop, args=(s.interval_s, stop), name="profiler-loop", daemon=True)
+    election_stop = threading.Event()
+    election = None
+    if prof.elector is not None:
+        election = threading.Thread(target=prof.elector.run, args=(election_stop,), name="leader-election",
+                                    daemon=True)
     health = Health(prof, s.interval_s, stall_after_s=max(120.0, 2 * s.interval_s), thread=thread)
     try:
         server = make_server(s.listen_address, s.listen_port, prof.metrics, health)
@@ -287,6 +380,8 @@ def run(argv: list[str], out: IO[str] | None = None,
     server_thread = threading.Thread(target=server.serve_forever, name="profiler-http", daemon=True)
     server_thread.start()
     thread.start()
+    if election is not None:
+        election.start()
     log.info("profiler: %s every %s, window %s, /metrics on %s:%d%s", s.prometheus_url, _fmt_dur(s.interval_s),
              _fmt_dur(s.query.window_s), s.listen_address, server.server_address[1],
              " (dry run)" if prof.dry_run else "")
@@ -298,4 +393,7 @@ def run(argv: list[str], out: IO[str] | None = None,
         server.shutdown()
         server.server_close()
         thread.join(timeout=30)
+        if election is not None:
+            election_stop.set()  # after the loop: the lease is released once writes are over
+            election.join(timeout=10)
     return 0

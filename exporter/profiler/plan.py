@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from exporter.profiler.classify import (
+    ALLOCATED_IDLE,
     GROWING,
     PATTERNS,
     PERIODIC,
@@ -45,9 +46,11 @@ NODE_PATTERN = "pattern"
 IDLE_GPUS = "idle-gpus"
 BEST_GPU = "best-gpu"
 BEST_SCORE = "best-gpu-score"
-GPU_FIELDS = ("pattern", "uuid", "period-seconds", "memory-growth-bytes-per-second")
+ALLOCATED_IDLE_GPUS = "allocated-idle-gpus"
+GPU_FIELDS = ("pattern", "uuid", "period-seconds", "memory-growth-bytes-per-second", "holder")
+MAX_HOLDER_CHARS = 320  # one "namespace/pod" (63 + 1 + 253); a shared GPU lists what fits
 
-_GPU_KEY = re.compile(r"gpu-([0-9A-Za-z_.-]+)\.(pattern|uuid|period-seconds|memory-growth-bytes-per-second)\Z")
+_GPU_KEY = re.compile(r"gpu-([0-9A-Za-z_.-]+)\.(pattern|uuid|period-seconds|memory-growth-bytes-per-second|holder)\Z")
 _GPU_ID = re.compile(r"[0-9A-Za-z]([0-9A-Za-z_.-]{0,18}[0-9A-Za-z])?\Z")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?\Z")  # as we write numbers: no exponent, no NaN, ASCII digits
@@ -140,8 +143,10 @@ def _well_formed(name: str, value: str) -> bool:
         return value in PATTERNS
     if kind in ("period-seconds", "memory-growth-bytes-per-second"):
         return _num(value) is not None
-    if kind == IDLE_GPUS:
+    if kind in (IDLE_GPUS, ALLOCATED_IDLE_GPUS):
         return bool(_COUNT.match(value))
+    if kind == "holder":
+        return 0 < len(value) <= MAX_HOLDER_CHARS
     if kind == BEST_SCORE:
         score = _num(value)
         return score is not None and 0.0 <= score <= 1.0
@@ -223,10 +228,17 @@ def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: Pla
         elif pattern == GROWING:
             _number(out, published, base + "memory-growth-bytes-per-second",
                     None if held else prof.growth_bytes_per_second, changed, rel=cfg.growth_deadband)
+        elif pattern == ALLOCATED_IDLE:
+            holder = published.get(base + "holder") if held else bounded_holder(prof.holder)
+            if holder:
+                out[base + "holder"] = holder
 
     patterns = [v for n, v in out.items() if n.endswith(".pattern")]
     if patterns:
         out[NODE_PATTERN] = dominant_pattern(patterns)
+    allocated_idle = sum(1 for v in patterns if v == ALLOCATED_IDLE)
+    if allocated_idle:  # absent means none: most nodes never carry it
+        out[ALLOCATED_IDLE_GPUS] = str(allocated_idle)
 
     profiles = {g: gi.profile for g, gi in gpus.items() if valid_gpu_id(g)}
     measured = [pr for pr in profiles.values() if pr.util_mean is not None and pr.mem_used_ratio is not None]
@@ -254,6 +266,23 @@ def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: Pla
     desired = {p + n: v for n, v in out.items()}
     desired[p + OWNED] = ",".join(sorted(out, key=_name_sort_key))
     return desired
+
+
+def bounded_holder(holder: str | None) -> str | None:
+    """``namespace/pod[,namespace/pod...]`` cut to whole entries within MAX_HOLDER_CHARS
+    (``+N`` counts the entries left out)."""
+    if not holder:
+        return None
+    entries = [h for h in holder.split(",") if h]
+    kept: list[str] = []
+    for i, h in enumerate(entries):
+        rest = len(entries) - i - 1
+        tail = f",+{rest}" if rest else ""
+        if len(",".join([*kept, h])) + len(tail) > MAX_HOLDER_CHARS:
+            left = len(entries) - len(kept)
+            return (",".join(kept) + f",+{left}") if kept else entries[0][: MAX_HOLDER_CHARS]
+        kept.append(h)
+    return ",".join(kept)
 
 
 def _number(out: dict[str, str], published: Mapping[str, str], name: str, value: float | None,

@@ -107,8 +107,8 @@ def test_unreachable_prometheus(api: FakeKubeAPI, tmp_path: Path) -> None:
     prof = make(closed_port_url(), api, tmp_path)
     r = prof.run_cycle()
     assert r.errors == ["prometheus_unreachable"]
-    assert r.queries == 2  # the two instant queries go out together; the range queries never
-    assert prof.reader.client.requests_sent == 4  # each retried once
+    assert r.queries == 1  # the node query fails; no shard is asked for
+    assert prof.reader.client.requests_sent == 2  # retried once
     assert errors(prof, "prometheus_unreachable") == 1
     assert api.requests == [] and api.node("f-0")["metadata"]["annotations"] == {"example.com/owner": "team-a"}
 

@@ -79,7 +79,7 @@ def test_labelled_sets_classified_through_prometheus(prom: Prometheus) -> None:
     client = PromClient(prom.url)
     reader = Reader(client, QueryConfig())
     snap = reader.read(END)
-    assert snap.queries == 4 and client.requests_sent == 4
+    assert snap.queries == 6 and client.requests_sent == 6  # nodes; 3 aggregates; 2 ranges (one shard)
     assert snap.util_step == 15.0  # the median scrape interval of the history
     for hist in (labelled_set(21, END), _joined_set()):
         ok, wrong = _accuracy(snap.gpus, hist)
@@ -87,14 +87,56 @@ def test_labelled_sets_classified_through_prometheus(prom: Prometheus) -> None:
         assert ok >= 0.95 * len(hist), f"{ok}/{len(hist)}: {wrong}"
 
 
-def test_query_count_does_not_depend_on_node_count(prom: Prometheus, tmp_path: Path) -> None:
-    small = scenario_node(4, "tiny", END)
-    with Prometheus(tmp_path / "small", tsdb_blocks_from=history_file(tmp_path / "h.om", small)) as p2:
-        c_small, c_big = PromClient(p2.url), PromClient(prom.url)
-        s_small, s_big = Reader(c_small, QueryConfig()).read(END), Reader(c_big, QueryConfig()).read(END)
-    assert len({n for n, _ in s_big.gpus}) > 20 * len({n for n, _ in s_small.gpus})
-    assert s_small.queries == s_big.queries == 4
-    assert c_small.requests_sent == c_big.requests_sent == 4
+GOLDEN = Path(__file__).parents[2] / "fixtures" / "profiler" / "classification-507cf89.json"
+
+
+def _classes(snap_gpus: dict) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for (n, g), st in sorted(snap_gpus.items()):
+        if not st.fresh:
+            out[f"{n}/{g}"] = ["gone", None, None]
+            continue
+        pr = classify_gpu(st)
+        out[f"{n}/{g}"] = [pr.pattern, pr.period_seconds, pr.growth_bytes_per_second]
+    return out
+
+
+def _same(got: dict[str, list], want: dict[str, list]) -> list[str]:
+    diffs = []
+    for key in sorted(set(got) | set(want)):
+        g, w = got.get(key), want.get(key)
+        if g is None or w is None or g[0] != w[0] or any(
+                (a is None) != (b is None) or (a is not None and abs(a - b) > 1e-9 * max(1.0, abs(b)))
+                for a, b in zip(g[1:], w[1:], strict=True)):
+            diffs.append(f"{key}: {g} != {w}")
+    return diffs
+
+
+@pytest.mark.parametrize(("shard_gpus", "range_gpus", "cap"), [
+    (2000, 1000, 16 * 1024 * 1024),  # the defaults: one shard for these 31 nodes
+    (16, 3, 16 * 1024 * 1024),  # two nodes per shard, three GPUs per range query
+    (2000, 1000, 64 * 1024),  # answers over a 64 KiB cap split their shard or batch until they fit
+])
+def test_classification_is_todays_whatever_the_sharding(prom: Prometheus, shard_gpus: int, range_gpus: int,
+                                                        cap: int) -> None:
+    # the labelled histories classified by the single-query profiler of commit 507cf89
+    want = json.loads(GOLDEN.read_text())["classes"]
+    client = PromClient(prom.url, max_response_bytes=cap)
+    reader = Reader(client, QueryConfig(shard_gpus=shard_gpus, range_gpus=range_gpus))
+    snap = reader.read(END)
+    assert _same(_classes(snap.gpus), want) == []
+    assert client.largest_response_bytes <= cap
+    nodes = len({k.split("/")[0] for k in want})
+    if shard_gpus == 16:
+        # queries = 1 + 3 x shards + range batches (at most 2 per shard when a shard's ranges fit a batch,
+        # more here: three GPUs per batch)
+        assert snap.shards == -(-nodes // 2)
+        ranges = snap.queries - 1 - 3 * snap.shards
+        assert 0 < ranges <= 2 * snap.shards * -(-16 // range_gpus)
+    elif cap == 64 * 1024:
+        assert snap.shards > 1  # the default shard did not fit 64 KiB
+    else:
+        assert snap.shards == 1 and snap.queries == 6
 
 
 def test_scenario_node_every_case(prom: Prometheus) -> None:
@@ -136,7 +178,7 @@ def test_full_cycle_annotates_nodes_and_then_goes_quiet(prom: Prometheus, kube: 
     prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(client), PlanConfig(), out=out)
 
     r1 = prof.run_cycle(at=END)
-    assert r1.ok and r1.errors == [] and r1.queries == 4
+    assert r1.ok and r1.errors == [] and r1.queries == 6
     patches = {r.node: r for r in api.patches()}
     assert set(patches) == {"scn-a", "silent", "lab-000"}  # cpu-only has nothing of ours: untouched
     req = patches["scn-a"]
