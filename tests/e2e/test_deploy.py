@@ -755,7 +755,9 @@ def _stages() -> dict[str, dict[str, Any]]:
         elif instr == "FROM":
             m = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", rest, flags=re.IGNORECASE)
             assert m, f"name every stage: FROM {rest}"
-            base = re.sub(r"\$\{(\w+)\}", lambda g: args[g.group(1)], m.group(1))
+            base = m.group(1)
+            while "${" in base:  # an ARG may name another (ROCM_IMAGE uses ROCM_RELEASE)
+                base = re.sub(r"\$\{(\w+)\}", lambda g: args[g.group(1)], base)
             current = stages[m.group(2)] = {"base": base, "instructions": [], "order": len(stages)}
         else:
             assert current is not None, f"{instr} before FROM"
@@ -828,3 +830,207 @@ def test_deploy_yaml_files_parse() -> None:
     for path in files:
         docs = list(yaml.safe_load_all(path.read_text()))
         assert docs and all(d is not None for d in docs), f"{path}: empty document"
+
+
+# ---- one ROCm release, base image digests, make image ---------------------------------------------
+
+ROCM_RELEASE = re.compile(r"^ARG ROCM_RELEASE=(\d+)\.(\d+)\.(\d+)$", re.MULTILINE)
+# Base images not yet pinned, with the reason. Written without registry access: the ROCm
+# image's digest could not be read; scripts/refresh-base-digests pins it (then empty this).
+UNPINNED = {"ROCM_IMAGE": "no registry access where this was written: run scripts/refresh-base-digests"}
+
+
+def _global_args() -> dict[str, str]:
+    head = (ROOT / "Dockerfile").read_text().split("\nFROM ", 1)[0]
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", head, flags=re.MULTILINE))
+
+
+def test_base_images_are_pinned_by_digest() -> None:
+    images = {k: v for k, v in _global_args().items() if k.endswith("_IMAGE")}
+    assert {"PYTHON_IMAGE", "ROCM_IMAGE"} <= set(images)
+    for name, ref in images.items():
+        pinned = re.fullmatch(r"[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}", ref)
+        if name in UNPINNED:
+            assert not pinned, f"{name} is pinned now: remove it from UNPINNED"
+        else:
+            assert pinned, f"{name}={ref}: pin it by digest (scripts/refresh-base-digests)"
+    # Every stage starts from one of these ARGs or from another stage, never from a bare tag.
+    stages = _stages()
+    for stage in stages.values():
+        assert stage["base"] in stages or stage["base"] in {_expand(v) for v in images.values()}, stage["base"]
+
+
+def _expand(ref: str) -> str:
+    args = _global_args()
+    return re.sub(r"\$\{(\w+)\}", lambda g: args[g.group(1)], ref)
+
+
+def rocm_release_problems(dockerfile: str, requirement: str) -> list[str]:
+    """Why the AMD image would mix ROCm releases (empty: one release for library and wheel)."""
+    from packaging.requirements import Requirement
+
+    m = ROCM_RELEASE.search(dockerfile)
+    if not m:
+        return ["the Dockerfile declares no ARG ROCM_RELEASE=X.Y.Z"]
+    major, minor, _ = map(int, m.groups())
+    release = ".".join(m.groups())
+    head = dockerfile.split("\nFROM ", 1)[0]
+    problems = []
+    image = re.search(r"^ARG ROCM_IMAGE=(\S+)$", head, flags=re.MULTILINE)
+    tag = image.group(1).split("@")[0].rpartition(":")[2] if image else ""
+    if tag.replace("${ROCM_RELEASE}", release) != release:
+        problems.append(f"the ROCm image's tag {tag!r} is not ROCM_RELEASE {release}")
+    if 'amdsmi==${ROCM_RELEASE}"' not in re.sub(r"\\\n", " ", dockerfile):
+        problems.append("the builder does not install amdsmi==${ROCM_RELEASE}")
+    spec = Requirement(requirement).specifier
+    if not spec.contains(release):
+        problems.append(f"pyproject.toml's {requirement!r} does not admit ROCm {release}")
+    others = [f"{major}.{minor + 1}.0", f"{major + 1}.0.0", f"{major}.{minor - 1}.0" if minor else f"{major - 1}.9.0"]
+    admitted = [v for v in others if spec.contains(v)]
+    if admitted:
+        problems.append(f"pyproject.toml's {requirement!r} also admits other ROCm releases ({', '.join(admitted)})")
+    return problems
+
+
+def _amdsmi_requirement() -> str:
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (req,) = [d for d in deps if re.match(r"amdsmi\b", d)]
+    return str(req)
+
+
+def test_amd_image_pins_one_rocm_release() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert rocm_release_problems(dockerfile, _amdsmi_requirement()) == []
+    rocm_copies = " ".join(arg for i, arg in _stages()["runtime-rocm"]["instructions"] if i == "COPY")
+    for lib in ("libamd_smi.so", "librocm-core.so", "/opt/rocm/.info/version"):
+        assert lib in rocm_copies, f"the AMD image needs {lib} from the ROCm image"
+
+
+def test_rocm_release_check_catches_mixed_releases() -> None:
+    """Guards the test above with the mixes issue 15 found."""
+    good = (ROOT / "Dockerfile").read_text()
+    old_image = re.sub(r"^ARG ROCM_IMAGE=\S+$", "ARG ROCM_IMAGE=rocm/dev-ubuntu-22.04:6.2", good, flags=re.MULTILINE)
+    assert any("tag" in p for p in rocm_release_problems(old_image, "amdsmi>=7.0,<7.1"))
+    assert any("admits other" in p for p in rocm_release_problems(good, "amdsmi>=6.2"))
+    assert any("does not admit" in p for p in rocm_release_problems(good, "amdsmi>=6.4,<6.5"))
+    unpinned_wheel = good.replace('"amdsmi==${ROCM_RELEASE}"', "")
+    assert any("amdsmi==" in p for p in rocm_release_problems(unpinned_wheel, "amdsmi>=7.0,<7.1"))
+
+
+class _Registry:
+    """A registry on 127.0.0.1 with Docker Hub's anonymous token flow and two manifests."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.manifests = {"library/python/manifests/3.11-slim-bookworm": b'{"schemaVersion": 2, "python": 1}',
+                          "rocm/dev-ubuntu-22.04/manifests/7.0.2": b'{"schemaVersion": 2, "rocm": 1}'}
+        registry = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                base = f"http://127.0.0.1:{self.server.server_address[1]}"
+                if self.path.startswith("/token?"):
+                    self._send(200, b'{"token": "t0k"}')
+                elif self.headers.get("Authorization") != "Bearer t0k":
+                    self._send(401, b"{}", {"WWW-Authenticate": f'Bearer realm="{base}/token",service="reg",'
+                                                                  f'scope="repository:x:pull"'})
+                elif (body := registry.manifests.get(self.path.removeprefix("/v2/"))) is not None:
+                    self._send(200, body, {"Docker-Content-Digest": _sha(body)})
+                else:
+                    self._send(404, b"{}")
+
+            def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def _sha(body: bytes) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def _refresh(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "refresh-base-digests"), *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_refresh_base_digests_rewrites_every_base_image(tmp_path: Path) -> None:
+    reg = _Registry()
+    try:
+        dockerfile = tmp_path / "Dockerfile"
+        dockerfile.write_text((ROOT / "Dockerfile").read_text())
+        proc = _refresh("--dockerfile", str(dockerfile), "--registry-url", reg.url, "--check")
+        assert proc.returncode == 1, proc.stdout + proc.stderr  # the fake registry's digests differ
+        proc = _refresh("--dockerfile", str(dockerfile), "--registry-url", reg.url)
+        assert proc.returncode == 0, proc.stderr
+        args = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile.read_text(), flags=re.MULTILINE))
+        python = reg.manifests["library/python/manifests/3.11-slim-bookworm"]
+        rocm = reg.manifests["rocm/dev-ubuntu-22.04/manifests/7.0.2"]
+        assert args["PYTHON_IMAGE"] == f"python:3.11-slim-bookworm@{_sha(python)}"
+        assert args["ROCM_IMAGE"] == f"rocm/dev-ubuntu-22.04:${{ROCM_RELEASE}}@{_sha(rocm)}"
+        # Only the ARG lines changed.
+        before = (ROOT / "Dockerfile").read_text().splitlines()
+        after = dockerfile.read_text().splitlines()
+        assert [a for a, b in zip(before, after, strict=True) if a != b] == [
+            ln for ln in before if ln.startswith(("ARG PYTHON_IMAGE=", "ARG ROCM_IMAGE="))]
+        proc = _refresh("--dockerfile", str(dockerfile), "--registry-url", reg.url, "--check")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+        del reg.manifests["rocm/dev-ubuntu-22.04/manifests/7.0.2"]
+        proc = _refresh("--dockerfile", str(dockerfile), "--registry-url", reg.url)
+        assert proc.returncode == 2
+        assert proc.stderr.count("\n") == 1 and "rocm/dev-ubuntu-22.04:7.0.2" in proc.stderr and "404" in proc.stderr
+    finally:
+        reg.server.shutdown()
+
+
+def _build_image(tmp_path: Path, tools: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """scripts/build-image with PATH holding only the given fake tools and the basics."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("bash", "env", "dirname", "cat"):
+        (bin_dir / name).symlink_to(shutil.which(name) or f"/bin/{name}")
+    for name, script in tools.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{script}\n")
+        (bin_dir / name).chmod(0o755)
+    return subprocess.run(["bash", str(ROOT / "scripts" / "build-image"), "reg.example/gpu-exporter:1.0",
+                           "reg.example/gpu-exporter-rocm:1.0"], capture_output=True, text=True, timeout=60,
+                          check=False, env={"PATH": str(bin_dir)})
+
+
+def test_make_image_says_clearly_when_no_builder_is_present(tmp_path: Path) -> None:
+    proc = _build_image(tmp_path, {})
+    assert proc.returncode == 2
+    assert "no container builder found: install docker (with a running daemon), podman or buildah" in proc.stderr
+
+
+def test_make_image_skips_a_docker_without_daemon_and_builds_both_targets(tmp_path: Path) -> None:
+    log = tmp_path / "calls"
+    proc = _build_image(tmp_path, {
+        "docker": "exit 1",  # `docker info` fails: no daemon
+        "podman": f'echo "podman $*" >> {log}',
+        "buildah": f'echo "buildah $*" >> {log}',
+    })  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "daemon does not answer" in proc.stderr
+    calls = log.read_text().splitlines()
+    assert calls == [
+        f"podman build --tag reg.example/gpu-exporter:1.0 {ROOT}",
+        f"podman build --target runtime-rocm --tag reg.example/gpu-exporter-rocm:1.0 {ROOT}",
+    ]
