@@ -16,10 +16,10 @@ BACKENDS = ("simulated", "nvml", "amdsmi", "rocm-smi")
 
 
 @contextlib.contextmanager
-def exporter_for(backend: str, tmp: Path) -> Iterator[ExporterProcess]:
-    """A running exporter reading a two-GPU fleet through ``backend``."""
+def exporter_for(backend: str, tmp: Path, *args: str) -> Iterator[ExporterProcess]:
+    """A running exporter reading a two-GPU fleet through ``backend`` (``args``: more flags)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    common = ["--cache-ttl", "0", "--collection-timeout", "30", "--sysfs-root", str(tmp / "sys")]
+    common = ["--cache-ttl", "0", "--collection-timeout", "30", "--sysfs-root", str(tmp / "sys"), *args]
     if backend == "simulated":
         ex = ExporterProcess(["--backend", "simulated", "--simulated-gpus", "2", *common])
     elif backend == "nvml":

@@ -174,6 +174,7 @@ enum {
     X(nvmlDeviceGetP2PStatus) X(nvmlDeviceGetTopologyCommonAncestor) \
     X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetNvLinkErrorCounter) \
     X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) \
+    X(nvmlDeviceGetComputeRunningProcesses) \
     X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetComputeRunningProcesses_v3) \
     X(nvmlDeviceGetGraphicsRunningProcesses_v2) X(nvmlDeviceGetGraphicsRunningProcesses_v3) \
     X(nvmlDeviceGetMigMode) X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetMigDeviceHandleByIndex) \
@@ -1593,6 +1594,25 @@ static nvmlReturn_t proc_list(const struct proc *procs, int n, const struct mig 
     return NVML_SUCCESS;
 }
 
+#ifndef OMIT_nvmlDeviceGetComputeRunningProcesses
+/* The unversioned (v1) symbol of drivers before R470: nvmlProcessInfo_v1_t is {pid, usedGpuMemory}. */
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int *count,
+                                                      nvmlProcessInfo_v1_t *infos)
+{
+    DEV(nvmlDeviceGetComputeRunningProcesses, dev, MIG_OK);
+    nvmlProcessInfo_t full[MAX_PROCS];
+    unsigned int n = infos ? (*count < MAX_PROCS ? *count : MAX_PROCS) : 0;
+    nvmlReturn_t rc = proc_list(g->procs, g->n_procs, m, &n, infos ? full : NULL);
+    if (rc == NVML_SUCCESS)
+        for (unsigned int i = 0; i < n; i++) {
+            infos[i].pid = full[i].pid;
+            infos[i].usedGpuMemory = full[i].usedGpuMemory;
+        }
+    *count = n;
+    OUT(rc);
+}
+#endif
 #ifndef OMIT_nvmlDeviceGetComputeRunningProcesses_v2
 API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count,
                                                          nvmlProcessInfo_t *infos)

@@ -1,0 +1,90 @@
+"""Field selection reads the schema: names or globs over family names, the same rules everywhere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from exporter.core import schema
+from exporter.core.options import FieldFilter, FieldSelectionError
+from tests.harness.exporter import REPO
+
+
+def test_default_collects_everything_and_publishes_all_but_topology() -> None:
+    f = FieldFilter()
+    for fam in schema.FAMILIES:
+        assert f.enabled(fam.name)
+        assert f.exposed(fam.name) == fam.default
+    assert not f.exposed("gpu_topology_level") and not f.exposed("gpu_p2p_supported")
+
+
+def test_include_by_exact_name_selects_that_family_only() -> None:
+    f = FieldFilter(include=["gpu_memory_used_bytes"])
+    assert f.enabled("gpu_memory_used_bytes") and f.exposed("gpu_memory_used_bytes")
+    assert not f.enabled("gpu_memory_total_bytes") and not f.enabled("gpu_power_watts")
+    assert f.exposed("gpu_exporter_collector_success")  # self-metrics are always published
+
+
+def test_include_glob_puts_topology_back() -> None:
+    f = FieldFilter(include=["gpu_*"])
+    assert f.exposed("gpu_topology_level") and f.exposed("gpu_power_watts")
+
+
+def test_exclude_wins_and_self_metrics_cannot_be_excluded() -> None:
+    f = FieldFilter(include=["gpu_memory_*"], exclude=["gpu_memory_reserved_bytes"])
+    assert f.enabled("gpu_memory_used_bytes") and not f.enabled("gpu_memory_reserved_bytes")
+    with pytest.raises(FieldSelectionError):  # gpu_exporter_* are not filterable: no family matches
+        FieldFilter(exclude=["gpu_exporter_*"])
+
+
+@pytest.mark.parametrize(("entry", "nearest"), [
+    ("gpu_memroy_used_bytes", "gpu_memory_used_bytes"),
+    ("gpu_power_wats", "gpu_power_watts"),
+    ("gpu_memory_used", "gpu_memory_used_bytes"),
+])
+def test_unknown_name_names_the_nearest_family(entry: str, nearest: str) -> None:
+    with pytest.raises(FieldSelectionError, match=rf"unknown metric family '{entry}'; did you mean {nearest}\?"):
+        FieldFilter(include=[entry])
+
+
+def test_backends_must_ask_with_exact_names() -> None:
+    f = FieldFilter()
+    with pytest.raises(KeyError, match="unknown metric family"):
+        f.enabled("gpu_memory_*")  # a glob from a backend is a bug: it would ignore exact selections
+
+
+@pytest.mark.parametrize("flag", ["--fields-include", "--fields-exclude"])
+def test_check_config_rejects_an_unknown_family(flag: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "exporter", "serve", "--check-config", flag,
+                          "gpu_utilisation_ratio"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gpu_utilisation_ratio" in lines[0] and "gpu_utilization_ratio" in lines[0], lines
+
+
+def test_check_config_reports_each_family_from_the_schema() -> None:
+    res = subprocess.run([sys.executable, "-m", "exporter", "serve", "--check-config",
+                          "--fields-exclude", "gpu_clock_*"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    families = json.loads(res.stdout)["families"]
+    assert set(families) == {f.name for f in schema.FAMILIES}
+    assert families["gpu_clock_hertz"] == "off" and families["gpu_clock_max_hertz"] == "off"
+    assert families["gpu_topology_level"] == "collected" and families["gpu_power_watts"] == "published"
+
+
+def test_schema_rows_are_consistent() -> None:
+    names = [f.name for f in schema.FAMILIES]
+    assert len(names) == len(set(names))
+    for f in schema.FAMILIES:
+        assert (f.kind == schema.COUNTER) == f.name.endswith("_total"), f.name
+        assert f.help and f.unit and f.group and f.backends, f.name
+        assert set(f.backends) <= set(schema.ALL), f.name
+        assert f.scope in schema.SCOPE_LABELS, f.name
+        for unit_word in ("bytes", "celsius", "watts", "joules", "hertz", "seconds"):
+            if f.name.removesuffix("_total").endswith(unit_word) and f.unit != "bytes per second":
+                assert f.unit == unit_word, f"{f.name}: unit {f.unit}"
+        if f.name.endswith("_ratio"):
+            assert f.unit == "ratio", f.name
