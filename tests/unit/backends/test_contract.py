@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -75,3 +77,22 @@ def test_docs_are_generated_from_the_schema() -> None:
     assert render_docs(text) == text, "docs/metrics.md is stale: python -m exporter.core.schema --write"
     for f in FAMILIES:
         assert f"`{f.name}`" in text
+
+
+SELECTIONS = (
+    ("gpu_memory_used_bytes",),
+    ("gpu_up", "gpu_temperature_celsius", "gpu_clock_*"),
+)
+
+
+@pytest.mark.parametrize("include", SELECTIONS, ids=lambda s: ",".join(s))
+def test_field_selection_is_the_same_on_every_backend(include: tuple[str, ...],
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``--fields-include`` by exact name or glob: each backend publishes exactly the selected families
+    it supports, and the exporter's self-metrics."""
+    wanted = {f.name for f in FAMILIES if f.filterable and any(fnmatch.fnmatchcase(f.name, p) for p in include)}
+    for backend in BACKENDS:
+        with exporter_for(backend, tmp_path_factory.mktemp(backend), "--fields-include", ",".join(include)) as ex:
+            emitted = {n for n in families(ex.scrape_text()) if FAMILY_BY_NAME[n].filterable}
+        expected = {n for n in wanted if backend in FAMILY_BY_NAME[n].backends and not FAMILY_BY_NAME[n].when}
+        assert emitted == expected, f"{backend} with --fields-include {','.join(include)}"
