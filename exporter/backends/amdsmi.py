@@ -196,8 +196,23 @@ def import_amdsmi() -> ModuleType:
         reason = lines[0] if lines else f"{type(exc).__name__}: {exc}"
         if lines:
             reason = f"libamd_smi.so could not be loaded ({reason})"
-        raise BackendUnavailable(f"amdsmi not available: {reason}") from None
+        elif isinstance(exc, AttributeError) and "undefined symbol" in str(exc):
+            # The wrapper binds every function at import: a library older than the wrapper's release
+            # cannot be used at all (the floor is the release of the amdsmi package; README).
+            symbol = str(exc).rsplit(":", 1)[-1].strip()
+            reason = (f"libamd_smi.so lacks {symbol}: it is older than the amdsmi Python package "
+                      f"{_package_version()}; install the libamd_smi.so of that ROCm release")
+        raise BackendUnavailable(f"amdsmi not available: {' '.join(reason.split())[:300]}") from None
     return amdsmi
+
+
+def _package_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("amdsmi")
+    except metadata.PackageNotFoundError:
+        return "(unknown version)"
 
 
 # ---- backend ------------------------------------------------------------------------------------

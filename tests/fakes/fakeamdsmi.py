@@ -71,11 +71,19 @@ def _run(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         raise RuntimeError(f"fake amdsmi build failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
 
 
-def build(dest: Path) -> Path:
+def release_symbols(release: str) -> set[str]:
+    """The ``amdsmi_*`` functions a ROCm release's library exports (``amdsmi_symbols/rocm-<release>.txt``)."""
+    path = Path(__file__).resolve().parent / "amdsmi_symbols" / f"rocm-{release}.txt"
+    return {ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+
+
+def build(dest: Path, symbols: set[str] | None = None) -> Path:
     """Generate and compile the fake; return the directory to use as ``ROCM_PATH``.
 
     Step 1 compiles the generated stubs alone so that the wrapper can be imported; step 2
     reads the wrapper's structure layouts; step 3 links stubs + fake into the final library.
+    ``symbols``: export only these ``amdsmi_*`` functions (a release's symbol set); the others
+    stay inside the library, as if that release did not have them.
     """
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -93,9 +101,14 @@ def build(dest: Path) -> Path:
     env["ROCM_PATH"] = str(work / "pass1")
     _run([sys.executable, str(gen), "layout", str(layout)], env=env)
     lib = rocm / "lib" / "libamd_smi.so"
+    export: list[str] = []
+    if symbols is not None:
+        script = work / "exports.map"
+        script.write_text("{ global: " + "".join(f"{s}; " for s in sorted(symbols)) + "local: amdsmi_*; };\n")
+        export = [f"-Wl,--version-script={script}"]
     _run([
         gcc, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
-        "-I", str(work), "-o", str(lib), str(HERE / "fake_amdsmi.c"), str(stubs), "-lpthread",
+        "-I", str(work), "-o", str(lib), str(HERE / "fake_amdsmi.c"), str(stubs), "-lpthread", *export,
     ])
     core = rocm / "lib" / "librocm-core.so"
     if not core.exists():
