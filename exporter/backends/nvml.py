@@ -45,6 +45,7 @@ from exporter.backends.base import (
     Verdict,
     si,
 )
+from exporter.backends.nvml_gpm import GpmReader
 from exporter.core.pci import NVIDIA_VENDOR, canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
@@ -143,6 +144,7 @@ class NvmlBackend(Backend):
         self._initialised = False
         self._peers: list[PeerReading] | None = None
         self._xid = _XidWatcher(self)
+        self._gpm = GpmReader(self)  # SM/tensor/DRAM/NVLink/PCIe activity (nvml_gpm.py)
         self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -201,6 +203,7 @@ class NvmlBackend(Backend):
 
     def _shutdown_nvml(self) -> None:
         self._xid.stop()  # before nvmlShutdown: the watcher holds an event set
+        self._gpm.close()  # GPM samples belong to this initialisation
         if self._initialised and self._nv is not None:
             try:
                 self._nv.nvmlShutdown()
@@ -258,6 +261,7 @@ class NvmlBackend(Backend):
             self.init()
         with self._lock:
             self._enumerate()
+            self._gpm.begin()
             for gpu in self._gpus:
                 gpu.begin()
                 reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia",
@@ -281,6 +285,7 @@ class NvmlBackend(Backend):
                     if self._down.pop(gpu.index, None) is not None:
                         log.info("nvml: GPU %d readable again", gpu.index)
                 out.gpus.append(reading)
+            self._gpm.end()  # a GPU not sampled now starts over: no rate across an outage
             if len(self._gpus) > 1 and self.any_enabled("gpu_p2p_supported", "gpu_topology_level"):
                 self._read_topology(out)
         out.xid_counts, out.xid_last_seconds = self._xid.snapshot()
@@ -466,7 +471,8 @@ class NvmlBackend(Backend):
                          convert=lambda s: si(s.violationTime, 1e-9))
                 if v is not MISSING:
                     r.violation_seconds[pname] = v
-        if self.options.pcie_throughput and en("gpu_pcie_throughput_bytes_per_second"):
+        gpm = self._gpm.wanted() and self._gpm.supported(gpu, h, gpu.static)
+        if self.options.pcie_throughput and en("gpu_pcie_throughput_bytes_per_second") and not gpm:
             for counter, dname in ((0, "tx"), (1, "rx")):
                 v = call(gpu, f"gpu_pcie_throughput_bytes_per_second:{dname}", nv.nvmlDeviceGetPcieThroughput,
                          h, counter, convert=_number(1024.0))  # NVML reports KB/s
@@ -498,6 +504,9 @@ class NvmlBackend(Backend):
         if self.any_enabled("gpu_mig_mode_enabled", "gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes",
                             "gpu_mig_utilization_ratio"):
             self._read_mig(gpu, r, h)
+        if gpm:  # PCIe throughput from GPM too: cheap, so not behind --pcie-throughput
+            mig = r.mig_mode_enabled == 1.0
+            self._gpm.read(gpu, h, r, [m.gpu_instance_id for m in r.mig if m.gpu_instance_id >= 0] if mig else [])
 
     def _read_processes(self, gpu: _Gpu, r: GpuReading, h: Any, per_pid: bool) -> None:
         """Compute processes: ``_v3``, ``_v2``, then v1, probed once per GPU."""

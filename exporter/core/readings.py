@@ -76,6 +76,14 @@ class GpuReading:
     pcie_replay_total: float | None = None
     pcie_throughput: dict[str, float] = field(default_factory=dict)  # "tx"/"rx" -> bytes per second
 
+    # activity (NVIDIA GPM), ratio 0-1, keyed by gpu_instance ("" = the whole GPU)
+    graphics_engine_active_ratio: dict[str, float] = field(default_factory=dict)
+    sm_active_ratio: dict[str, float] = field(default_factory=dict)
+    sm_occupancy_ratio: dict[str, float] = field(default_factory=dict)
+    dram_active_ratio: dict[str, float] = field(default_factory=dict)
+    pipe_active_ratio: dict[tuple[str, str], float] = field(default_factory=dict)  # (pipe, gpu_instance)
+    nvlink_throughput: dict[str, float] = field(default_factory=dict)  # "tx"/"rx" -> bytes per second
+
     fan_speed_ratio: float | None = None
     performance_state: float | None = None  # P0 = 0 ... P15 = 15
 

@@ -64,6 +64,10 @@ class Family:
         return SCOPE_LABELS[self.scope] + self.labels
 
 
+# GPM families: computed from two samples, so absent on a GPU's first collection.
+_GPM = "GPM (Hopper or later, R520+ driver), from the second collection"
+
+
 def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, backends: tuple[str, ...],
        nvml: str, smi: str, amd: str, labels: tuple[str, ...] = (), when: str = "") -> Family:
     return Family(name, kind, unit, help_, group, "gpu", labels, attr, backends, when, nvml=nvml, smi=smi, amd=amd)
@@ -157,9 +161,39 @@ FAMILIES: tuple[Family, ...] = (
        "pcie_replay_total", REAL, "nvmlDeviceGetPcieReplayCounter", "nvidia-smi -q: Replays Since Reset",
        "amd-smi metric --pcie: replay_count"),
     _g("gpu_pcie_throughput_bytes_per_second", GAUGE, "bytes per second",
-       "PCIe throughput by direction (tx, rx), bytes per second (opt-in: --pcie-throughput, about 40 ms per GPU).",
-       "pcie", "pcie_throughput", ("nvml",), "nvmlDeviceGetPcieThroughput (KB/s)", "nvidia-smi dmon -s t",
-       "(none)", labels=("direction",), when="--pcie-throughput"),
+       "PCIe throughput by direction (tx, rx), bytes per second: from GPM where the GPU has it, else opt-in "
+       "(--pcie-throughput, about 40 ms per GPU).",
+       "pcie", "pcie_throughput", ("nvml",), "nvmlGpmMetricsGet PCIE_TX/RX_PER_SEC (MiB/s); else "
+       "nvmlDeviceGetPcieThroughput (KB/s)", "nvidia-smi dmon -s t", "(none)", labels=("direction",),
+       when="GPM (from the second collection), or --pcie-throughput"),
+    # --- activity: what share of the GPU works (DCGM_FI_PROF_*; NVIDIA GPM, AMD gpu_metrics) ------
+    _g("gpu_sm_active_ratio", GAUGE, "ratio",
+       "Fraction of SMs busy over the last collection interval (0-1), by gpu_instance (MIG; empty: whole GPU).",
+       "activity", "sm_active_ratio", ("nvml",), "nvmlGpmMetricsGet SM_UTIL (%)",
+       "(DCGM_FI_PROF_SM_ACTIVE; dcgmi dmon -e 1002)", "(none)", labels=("gpu_instance",),
+       when=_GPM),
+    _g("gpu_sm_occupancy_ratio", GAUGE, "ratio",
+       "Resident warps as a fraction of the SMs' maximum over the last collection interval (0-1), by gpu_instance.",
+       "activity", "sm_occupancy_ratio", ("nvml",), "nvmlGpmMetricsGet SM_OCCUPANCY (%)",
+       "(DCGM_FI_PROF_SM_OCCUPANCY; dcgmi dmon -e 1003)", "(none)", labels=("gpu_instance",), when=_GPM),
+    _g("gpu_graphics_engine_active_ratio", GAUGE, "ratio",
+       "Fraction of time the graphics/compute engine was active over the last collection interval (0-1), by "
+       "gpu_instance.", "activity", "graphics_engine_active_ratio", ("nvml",),
+       "nvmlGpmMetricsGet GRAPHICS_UTIL (%)", "(DCGM_FI_PROF_GR_ENGINE_ACTIVE; dcgmi dmon -e 1001)", "(none)",
+       labels=("gpu_instance",), when=_GPM),
+    _g("gpu_pipe_active_ratio", GAUGE, "ratio",
+       "Fraction of time the SMs' pipe was active over the last collection interval (0-1), by pipe (tensor, "
+       "tensor_hmma, tensor_imma, tensor_dfma, fp64, fp32, fp16, integer) and gpu_instance.", "activity",
+       "pipe_active_ratio", ("nvml",), "nvmlGpmMetricsGet *_TENSOR_UTIL, FP64/FP32/FP16/INTEGER_UTIL (%)",
+       "(DCGM_FI_PROF_PIPE_*_ACTIVE; dcgmi dmon -e 1004)", "(none)", labels=("pipe", "gpu_instance"), when=_GPM),
+    _g("gpu_dram_active_ratio", GAUGE, "ratio",
+       "Device memory bandwidth used as a fraction of the maximum over the last collection interval (0-1), by "
+       "gpu_instance.", "activity", "dram_active_ratio", ("nvml",), "nvmlGpmMetricsGet DRAM_BW_UTIL (%)",
+       "(DCGM_FI_PROF_DRAM_ACTIVE; dcgmi dmon -e 1005)", "(none)", labels=("gpu_instance",), when=_GPM),
+    _g("gpu_nvlink_throughput_bytes_per_second", GAUGE, "bytes per second",
+       "NVLink traffic over all links by direction (tx, rx), bytes per second, over the last collection interval.",
+       "activity", "nvlink_throughput", ("nvml",), "nvmlGpmMetricsGet NVLINK_TOTAL_TX/RX_PER_SEC (MiB/s)",
+       "(DCGM_FI_PROF_NVLINK_TX/RX_BYTES; nvidia-smi nvlink -gt d)", "(none)", labels=("direction",), when=_GPM),
     # --- health ----------------------------------------------------------------------------------
     _g("gpu_ecc_mode_enabled", GAUGE, "1", "1 when ECC is enabled.", "health", "ecc_mode_enabled", ("nvml",),
        "nvmlDeviceGetEccMode", "ecc.mode.current", "amd-smi static --ras"),
@@ -327,7 +361,8 @@ def match(pattern: str) -> list[str]:
 # --- docs/metrics.md ---------------------------------------------------------------------------
 
 GROUP_TITLES = (
-    ("identity", "Identity and state"), ("utilization", "Utilisation"), ("memory", "Memory"),
+    ("identity", "Identity and state"), ("utilization", "Utilisation"),
+    ("activity", "Activity (GPM: SM, pipes, DRAM, NVLink)"), ("memory", "Memory"),
     ("thermal", "Thermal"), ("power", "Power and energy"), ("clocks", "Clocks"), ("pcie", "PCIe"),
     ("health", "Health: ECC, pages, rows, throttling"), ("interconnect", "Interconnect (NVLink, XGMI)"),
     ("processes", "Processes"), ("mig", "MIG and partitions"), ("topology", "Topology (off /metrics by default)"),

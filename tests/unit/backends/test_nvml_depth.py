@@ -194,6 +194,8 @@ def test_gpu_vanishing_from_nvml_while_on_the_bus(fleet: FakeNvml, exporter: Exp
 
 
 def test_pcie_replay_and_opt_in_throughput(fleet: FakeNvml, sysfs: Path) -> None:
+    for i in range(len(fleet.gpus)):  # the legacy call serves GPUs without GPM (GPM: test_nvml_gpm.py)
+        fleet.set(i, gpm_supported=0)
     fleet.set(1, pcie_replay=17)
     with start(fleet, sysfs) as ex:
         s = ex.scrape()

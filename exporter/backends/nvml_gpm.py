@@ -1,0 +1,249 @@
+"""NVIDIA activity metrics from GPM (GPU Performance Monitoring, ``nvmlGpm*``, R520+ on Hopper and later).
+
+DCGM's profiling fields (``DCGM_FI_PROF_*``) without a DCGM host engine. GPM computes each metric
+from two samples of the GPU's counters, so :class:`GpmReader` keeps the previous sample of every
+GPU (and of every MIG GPU instance) and, on each collection, takes a new one and asks
+``nvmlGpmMetricsGet`` for the interval between them: no sleep in the scrape. A GPU's first
+collection, or its first after an outage (any collection that did not sample it), has no previous
+sample, so its activity families are absent then, never 0.
+
+Units: GPM gives percent (published as ratios 0-1) and MiB/s (published as bytes per second).
+nvidia-smi shows the same counters with ``nvidia-smi dmon -s t`` (PCIe) and, for SM and tensor
+activity, only through DCGM (``dcgmi dmon -e 1002,1004``).
+
+Every NVML call goes through the backend's funnel (:meth:`Backend.call`): a GPU lost while
+sampling is ``gpu_up 0`` as for any other call. A driver without GPM (before R520) or a GPU
+without it (``isSupportedDevice`` 0: before Hopper) gives absent families and one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from exporter.backends.base import MISSING, Device
+
+if TYPE_CHECKING:
+    from exporter.core.readings import GpuReading
+
+log = logging.getLogger(__name__)
+
+MIB = 1048576.0
+WHOLE_GPU = ""  # the gpu_instance key of a whole GPU's values (an empty label is no label)
+
+# NVML_GPM_METRIC_* id -> (reading attribute, dict key or None, factor)
+RATIO = 0.01
+_METRICS: tuple[tuple[int, str, str | None, float], ...] = (
+    (1, "graphics_engine_active_ratio", None, RATIO),  # GRAPHICS_UTIL
+    (2, "sm_active_ratio", None, RATIO),  # SM_UTIL
+    (3, "sm_occupancy_ratio", None, RATIO),  # SM_OCCUPANCY
+    (10, "dram_active_ratio", None, RATIO),  # DRAM_BW_UTIL
+    (5, "pipe_active_ratio", "tensor", RATIO),  # ANY_TENSOR_UTIL
+    (7, "pipe_active_ratio", "tensor_hmma", RATIO),  # HMMA_TENSOR_UTIL
+    (9, "pipe_active_ratio", "tensor_imma", RATIO),  # IMMA_TENSOR_UTIL
+    (6, "pipe_active_ratio", "tensor_dfma", RATIO),  # DFMA_TENSOR_UTIL
+    (11, "pipe_active_ratio", "fp64", RATIO),  # FP64_UTIL
+    (12, "pipe_active_ratio", "fp32", RATIO),  # FP32_UTIL
+    (13, "pipe_active_ratio", "fp16", RATIO),  # FP16_UTIL
+    (4, "pipe_active_ratio", "integer", RATIO),  # INTEGER_UTIL
+    (20, "pcie_throughput", "tx", MIB),  # PCIE_TX_PER_SEC
+    (21, "pcie_throughput", "rx", MIB),  # PCIE_RX_PER_SEC
+    (61, "nvlink_throughput", "tx", MIB),  # NVLINK_TOTAL_TX_PER_SEC
+    (60, "nvlink_throughput", "rx", MIB),  # NVLINK_TOTAL_RX_PER_SEC
+)
+# Device-wide counters: not per GPU instance.
+_DEVICE_ONLY = frozenset({"pcie_throughput", "nvlink_throughput"})
+FAMILY_OF = {
+    "graphics_engine_active_ratio": "gpu_graphics_engine_active_ratio",
+    "sm_active_ratio": "gpu_sm_active_ratio",
+    "sm_occupancy_ratio": "gpu_sm_occupancy_ratio",
+    "dram_active_ratio": "gpu_dram_active_ratio",
+    "pipe_active_ratio": "gpu_pipe_active_ratio",
+    "pcie_throughput": "gpu_pcie_throughput_bytes_per_second",
+    "nvlink_throughput": "gpu_nvlink_throughput_bytes_per_second",
+}
+FAMILIES = tuple(FAMILY_OF.values())
+
+
+class _Host(Protocol):
+    """What the reader needs of the NVML backend (its funnel and field selection); not imported,
+    so the backend can import this module."""
+
+    _nv: Any
+
+    def call(self, dev: Device | None, reading: str, fn: Callable[..., Any], *args: Any,
+             convert: Callable[[Any], Any] | None = None) -> Any: ...
+
+    def log_once(self, key: str, msg: str, *args: object, level: int = logging.INFO) -> None: ...
+
+    def enabled(self, family: str) -> bool: ...
+
+    def any_enabled(self, *families: str) -> bool: ...
+
+
+@dataclass
+class _Pair:
+    """The previous sample of one GPU or GPU instance, and a spare to sample into."""
+
+    prev: Any
+    spare: Any
+    taken: bool = False  # prev holds a sample
+
+
+class GpmReader:
+    """Per-GPU (and per-GPU-instance) GPM samples across collections of one NVML initialisation.
+
+    Call :meth:`begin` before a collection, :meth:`read` per readable GPU, :meth:`end` after it
+    (which drops the samples of GPUs that were not read: lost, or gone), and :meth:`close` before
+    ``nvmlShutdown``.
+    """
+
+    def __init__(self, backend: _Host) -> None:
+        self._b = backend
+        self._pairs: dict[tuple[int, str, str], _Pair] = {}  # (gpu index, uuid, gpu_instance) -> samples
+        self._seen: set[tuple[int, str, str]] = set()
+        self._available: bool | None = None  # the driver has GPM (probed once per initialisation)
+        self._request: Any = None  # one reused nvmlGpmMetricsGet_t (about 19 KB)
+        self._lock = threading.Lock()
+
+    def wanted(self) -> bool:
+        return self._b.any_enabled(*FAMILIES)
+
+    def begin(self) -> None:
+        self._seen = set()
+
+    def end(self) -> None:
+        """Free the samples of every GPU / instance this collection did not sample."""
+        with self._lock:
+            for key in [k for k in self._pairs if k not in self._seen]:
+                self._free(self._pairs.pop(key))
+
+    def close(self) -> None:
+        with self._lock:
+            for pair in self._pairs.values():
+                self._free(pair)
+            self._pairs.clear()
+            self._available = None
+            self._request = None
+
+    def supported(self, gpu: Device, handle: Any, static: dict[str, Any]) -> bool:
+        """GPM on this driver and this GPU (cached in the GPU's static readings); logs once if not."""
+        nv = self._b._nv
+        if self._available is None:
+            # One system-level probe, so a driver before R520 gives one log line, not one per GPU.
+            ok = self._b.call(None, "gpm:nvmlGpmQueryDeviceSupport", nv._nvmlGetFunctionPointer,
+                              "nvmlGpmQueryDeviceSupport")
+            self._available = ok is not MISSING
+        if not self._available:
+            return False
+        if "gpm" not in static:
+            s = self._b.call(gpu, "gpm:support", nv.nvmlGpmQueryDeviceSupport, handle,
+                             convert=lambda s: bool(s.isSupportedDevice))
+            static["gpm"] = s is True
+            if s is False:
+                gpu.unsupported.update(f for f in FAMILIES if f != "gpu_pcie_throughput_bytes_per_second")
+                self._b.log_once("gpm:unsupported", "nvml: GPU %d does not support GPM (needs Hopper or later): "
+                                 "its SM, tensor, DRAM and NVLink activity families are absent; PCIe throughput "
+                                 "only with --pcie-throughput (logged once for all GPUs)", gpu.index)
+        return bool(static["gpm"])
+
+    def read(self, gpu: Device, handle: Any, r: GpuReading, instances: list[int]) -> bool:
+        """Fill ``r``'s activity fields from a new sample and the previous one.
+
+        ``instances``: the GPU instance ids when MIG is on (one sample each), else empty (one
+        sample of the whole GPU). Returns whether the GPU supports GPM.
+        """
+        if not self.supported(gpu, handle, getattr(gpu, "static", {})):
+            return False
+        nv = self._b._nv
+        if instances:
+            for gi in sorted(set(instances)):
+                self._one(gpu, r, str(gi), lambda s, gi=gi: nv.nvmlGpmMigSampleGet(handle, gi, s))
+        else:
+            self._one(gpu, r, WHOLE_GPU, lambda s: nv.nvmlGpmSampleGet(handle, s))
+        return True
+
+    # --- one GPU or GPU instance -----------------------------------------------------------------
+
+    def _one(self, gpu: Device, r: GpuReading, gi: str, sample: Any) -> None:
+        key = (gpu.index, gpu.uuid, gi)
+        if "gpm:sample" in gpu.unsupported:
+            return
+        with self._lock:
+            self._seen.add(key)
+            pair = self._pairs.get(key)
+            if pair is None:
+                pair = self._alloc(gpu)
+                if pair is None:
+                    return
+                self._pairs[key] = pair
+            target = pair.spare if pair.taken else pair.prev
+            ok = self._b.call(gpu, "gpm:sample", sample, target)
+            if ok is MISSING:
+                # No new sample: the next one starts a new interval (absent, never a stale rate).
+                self._free(self._pairs.pop(key))
+                return
+            if not pair.taken:
+                pair.taken = True  # the first sample: nothing to compare with yet
+                return
+            values = self._b.call(gpu, "gpm:metrics", self._metrics, pair.prev, pair.spare, gi == WHOLE_GPU)
+            pair.prev, pair.spare = pair.spare, pair.prev
+        if values is MISSING:
+            return
+        for attr, key2, v in values:
+            if gi != WHOLE_GPU and attr in _DEVICE_ONLY:
+                continue
+            slot = getattr(r, attr)
+            if attr == "pipe_active_ratio":
+                slot[(key2, gi)] = v
+            elif key2 is None:
+                slot[gi] = v
+            else:
+                slot[key2] = v
+
+    def _alloc(self, gpu: Device) -> _Pair | None:
+        nv = self._b._nv
+        a = self._b.call(gpu, "gpm:alloc", nv.nvmlGpmSampleAlloc)
+        if a is MISSING:
+            return None
+        b = self._b.call(gpu, "gpm:alloc", nv.nvmlGpmSampleAlloc)
+        if b is MISSING:
+            self._release(a)
+            return None
+        return _Pair(a, b)
+
+    def _free(self, pair: _Pair) -> None:
+        self._release(pair.prev)
+        self._release(pair.spare)
+
+    def _release(self, sample: Any) -> None:
+        try:
+            self._b._nv.nvmlGpmSampleFree(sample)
+        except Exception:  # noqa: BLE001 - freeing after a driver reload may fail; nothing to do
+            pass
+
+    def _metrics(self, s1: Any, s2: Any, whole: bool) -> list[tuple[str, str | None, float]]:
+        """``nvmlGpmMetricsGet`` over (s1, s2): (attribute, key, value) of each metric that answered."""
+        nv = self._b._nv
+        wanted = [m for m in _METRICS if (whole or m[1] not in _DEVICE_ONLY) and self._b.enabled(FAMILY_OF[m[1]])]
+        if self._request is None:
+            self._request = nv.c_nvmlGpmMetricsGet_t()
+        mg = self._request
+        mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = len(wanted)
+        mg.sample1, mg.sample2 = s1, s2
+        for i, m in enumerate(wanted):
+            mg.metrics[i].metricId = m[0]
+        nv.nvmlGpmMetricsGet(mg)
+        out = []
+        for i, (_, attr, key, factor) in enumerate(wanted):
+            res = mg.metrics[i]
+            v = res.value
+            # A metric's own error (e.g. NOT_SUPPORTED on this GPU or instance) leaves it absent.
+            if res.nvmlReturn == 0 and math.isfinite(v) and v >= 0.0:
+                out.append((attr, key, v / 100.0 if factor == RATIO else v * factor))  # 47.25 % -> 0.4725
+        return out
