@@ -1,9 +1,9 @@
 """``make demo``: exporter (simulated GPUs) + Prometheus + profiler ``--dry-run --once``.
 
 1. Starts ``gpu-exporter serve --backend simulated --simulated-scenario mixed
-   --simulated-gpus 8`` on 127.0.0.1: one GPU in each state the exporter can show (MIG,
-   ECC errors, thermal throttling, lost, XIDs, a memory leak, power-capped, healthy), so
-   the live page, the dashboards and the alerts have every state to show.
+   --simulated-gpus 9`` on 127.0.0.1: one GPU in each state the exporter can show (MIG,
+   ECC errors, thermal throttling, lost, XIDs, a memory leak, power-capped, busy but
+   SM-starved, healthy), so the live page, the dashboards and the alerts have every state.
 2. A classification needs 30 minutes of history, so the demo backfills the last 35
    minutes from the simulated backend's own model (:class:`~exporter.backends.simulated.Model`,
    pure functions of time) with the exact labels the live exporter serves, then starts a
@@ -37,7 +37,7 @@ from tests.harness.poll import wait_until
 from tests.harness.prom import OpenMetricsWriter, Prometheus
 
 NODE = "demo-node"
-GPUS = 8
+GPUS = 9
 SCENARIO = "mixed"
 INTERVAL = 15.0
 SPAN = 35 * 60.0

@@ -33,10 +33,13 @@ Times are seconds since the backend started (``dt``):
   growing.
 - ``leak``: memory used grows 128 MiB/s from 40 GiB and stays at 97 % (the leaking job
   keeps it while its allocations fail).
+- ``starved`` (in ``mixed``): over 90 % utilisation while only ~12 % of the SMs are active
+  (GPM SM activity): small kernels or an input-bound loop.
 
 In the ``healthy`` scenario the output is what it always was. In every other scenario each
 GPU that answers also reports ECC mode and counters, row remapping, violation time and MIG
-mode, as an NVML datacentre GPU does, so a faulty GPU stands out against healthy neighbours.
+mode, as an NVML datacentre GPU does, and from the second collection GPM SM activity, so a
+faulty GPU stands out against healthy neighbours.
 
 Byte values are whole numbers (memory in whole MiB, as drivers report it). :class:`Model`
 is a pure function of time (and of the start time), so the demo can backfill history
@@ -64,8 +67,8 @@ POWER_IDLE_W, POWER_MAX_W = 70.0, 700.0
 _EPOCH = time.time()
 _M64 = 2**64 - 1
 
-HEALTHY, LOST, MIG, ECC, XID, THERMAL, POWER_CAP, LEAK = (
-    "healthy", "lost", "mig", "ecc", "xid", "thermal", "power_cap", "leak")
+HEALTHY, LOST, MIG, ECC, XID, THERMAL, POWER_CAP, LEAK, STARVED = (
+    "healthy", "lost", "mig", "ecc", "xid", "thermal", "power_cap", "leak", "starved")
 # scenario -> the state of GPU 0, 1, ...; GPUs past the list are healthy
 STATES: dict[str, tuple[str, ...]] = {
     "healthy": (),
@@ -76,7 +79,7 @@ STATES: dict[str, tuple[str, ...]] = {
     "throttle": (THERMAL, POWER_CAP),
     "leak": (LEAK,),
     # the four most distinct first: the default four GPUs show a MIG GPU, ECC errors, heat and a lost GPU
-    "mixed": (MIG, ECC, THERMAL, LOST, XID, LEAK, POWER_CAP, HEALTHY),
+    "mixed": (MIG, ECC, THERMAL, LOST, XID, LEAK, POWER_CAP, STARVED, HEALTHY),
 }
 SCENARIOS = tuple(STATES)
 
@@ -205,6 +208,8 @@ class Model:
             return 0.97 + 0.02 * (n - 0.5)
         if state == POWER_CAP:
             return 0.985 + 0.02 * (n - 0.5)
+        if state == STARVED:
+            return 0.93 + 0.04 * (n - 0.5)
         if state == LEAK:
             return _pattern_utilization("leak", index, t)
         return utilization_at(index, t)
@@ -267,6 +272,7 @@ class SimulatedBackend(Backend):
         self._energy = [0.0] * self._count
         self._violation = [dict.fromkeys(VIOLATIONS, 0.0) for _ in range(self._count)]
         self._last_t: float | None = None
+        self._collections = 0
         self._peers = [  # static, like a real topology: the same list every collection
             PeerReading(gpu=a, peer=b, p2p={"read": 1.0, "write": 1.0, "nvlink": 1.0},
                         topology_level="single", topology_level_value=10.0)
@@ -289,6 +295,7 @@ class SimulatedBackend(Backend):
                 out.xid_last_seconds[(i, r.uuid)] = max(prev, round(self.model.t0 + last, 3))
         out.peers = self._peers
         out.pci_devices = self.model.pci_devices()
+        self._collections += 1
 
     def _identity(self, i: int, up: bool = True) -> GpuReading:
         return GpuReading(index=i, uuid=f"GPU-5140a7ed-0000-4000-8000-{i:012d}", vendor="simulated", up=up,
@@ -365,6 +372,13 @@ class SimulatedBackend(Backend):
         r.violation_seconds = {k: round(s, 3) for k, s in violation.items()}
         r.mig_mode_enabled = 1.0 if state == MIG else 0.0
         r.mig = self.model.mig_instances(i, now)
+        if self._collections > 0:  # GPM is a rate between two samples: absent on the first collection
+            if r.mig:
+                r.sm_active_ratio = {str(m.gpu_instance_id): round(0.85 * (m.utilization_ratio or 0.0), 4)
+                                     for m in r.mig}
+            else:
+                load = self.model.load(i, now)
+                r.sm_active_ratio = {"": round(0.12 if state == STARVED else 0.85 * load, 4)}
         if state == MIG:
             r.unsupported.add("gpu_utilization_ratio")  # NVML has no whole-GPU utilisation in MIG mode
 

@@ -195,8 +195,8 @@ def test_leak_fills_memory_and_stays_full() -> None:
 
 
 def test_mixed_puts_each_state_on_its_own_gpu() -> None:
-    (s,) = at("mixed", [200.0], gpus=8)
-    assert STATES["mixed"] == ("mig", "ecc", "thermal", "lost", "xid", "leak", "power_cap", "healthy")
+    (s,) = at("mixed", [200.0], gpus=9)
+    assert STATES["mixed"] == ("mig", "ecc", "thermal", "lost", "xid", "leak", "power_cap", "starved", "healthy")
     assert get(s, "gpu_mig_mode_enabled", gpu="0") == 1.0
     assert get(s, "gpu_ecc_errors_total", gpu="1", error_type="uncorrected", counter="volatile") == 2.0
     assert get(s, "gpu_throttle_reason_active", gpu="2", reason="hw_thermal_slowdown") == 1.0
@@ -204,7 +204,8 @@ def test_mixed_puts_each_state_on_its_own_gpu() -> None:
     assert get(s, "gpu_xid_errors_total", gpu="4", xid="119") == 1.0
     assert get(s, "gpu_memory_used_bytes", gpu="5") > 60 * 2**30  # type: ignore[operator]
     assert get(s, "gpu_throttle_reason_active", gpu="6", reason="sw_power_cap") == 1.0
-    healthy = {n: v for (n, ls), v in s.items() if ("gpu", "7") in ls and n in (
+    assert get(s, "gpu_utilization_ratio", gpu="7") > 0.9 and get(s, "gpu_sm_active_ratio", gpu="7") < 0.2  # type: ignore[operator]
+    healthy = {n: v for (n, ls), v in s.items() if ("gpu", "8") in ls and n in (
         "gpu_ecc_errors_total", "gpu_remapped_rows_pending", "gpu_xid_errors_total")}
     assert healthy and set(healthy.values()) == {0.0}
     # fewer GPUs than states: the first states

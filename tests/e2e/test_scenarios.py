@@ -1,0 +1,218 @@
+"""The shipped alert rules against every simulated scenario, and the first run's papercuts.
+
+Each scenario of ``--simulated-scenario`` runs for 37 simulated minutes in the real backend,
+engine and renderer (tests/unit/backends/test_simulated.py steps their clock), and its
+exposition every 30 s becomes the input series of a ``promtool test rules`` unit test,
+labelled as Prometheus would store a scrape (``job``, ``instance``, ``node``; a series that
+disappears gets a stale marker, as after a real scrape). ``promtool`` then evaluates
+``dashboards/rules/gpu-exporter-alerts.yaml`` unchanged, ``for:`` durations included, every
+15 s, and the test compares the set of (alert, GPU) firing at 6 and 36 minutes with what a
+real fleet in that state must raise: no more, no less.
+
+Every alert about a GPU state fires on at least one scenario. Alerts about the exporter or
+the profiler process (down, stuck, absent) are listed in ``NOT_A_GPU_STATE``, and GPU alerts
+that need more than a GPU (pod allocations) or a reading no backend carries yet in
+``NOT_SIMULATED``, each with where it is tested instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter.backends.simulated import SCENARIOS, STATES
+from exporter.core.readings import GpuReading
+from tests.e2e.test_rules import RULES_DIR, alerts
+from tests.harness.exporter import ExporterProcess, parse_samples
+from tests.harness.prom import promtool
+from tests.unit.backends.test_simulated import expositions
+
+ALERTS_FILE = RULES_DIR / "gpu-exporter-alerts.yaml"
+STEP = 30.0
+STEPS = 37 * 2  # 37 minutes
+TARGET = {"job": "gpu-exporter", "instance": "127.0.0.1:9400", "node": "sim-node"}
+GPUS = {"mixed": 9}  # every other scenario: the default 4 GPUs
+
+# scenario -> eval time -> the (alertname, gpu) pairs firing then; gpu "" for a node-level alert.
+LOST = {("GpuLost", "0"), ("GpuFellOffTheBus", "")}
+ECC = {("GpuUncorrectableEccErrors", "0"), ("GpuRowRemapPending", "0"), ("GpuRowRemapFailed", "0"),
+       ("GpuCriticalXid", "0")}  # XID 64: row remapping failure
+EXPECTED: dict[str, dict[str, set[tuple[str, str]]]] = {
+    "healthy": {"6m": set(), "36m": set()},
+    "lost": {"6m": LOST | {("GpuCriticalXid", "0")}, "36m": LOST},  # XID 79 once: critical for 10 minutes
+    "mig": {"6m": set(), "36m": set()},
+    "ecc": {"6m": ECC, "36m": ECC},
+    "xid": {"6m": {("GpuCriticalXid", "0")}, "36m": {("GpuCriticalXid", "0")}},  # XID 119 every 10 minutes
+    "throttle": {"6m": {("GpuHardwareSlowdown", "0")},  # for: 5m
+                 "36m": {("GpuHardwareSlowdown", "0"), ("GpuTemperatureHigh", "0"), ("GpuThermalThrottling", "0"),
+                         ("GpuPowerCapped", "1")}},  # 10m, 10m, 30m
+    "leak": {"6m": set(), "36m": {("GpuMemoryNearlyFull", "0")}},  # under 5 % free after ~5 min, for: 15m
+    "mixed": {  # mig, ecc, thermal, lost, xid, leak, power_cap, starved, healthy
+        "6m": {(a, "1") for a, _ in ECC} | {("GpuHardwareSlowdown", "2"), ("GpuLost", "3"), ("GpuFellOffTheBus", ""),
+                                             ("GpuCriticalXid", "3"), ("GpuCriticalXid", "4")},
+        "36m": {(a, "1") for a, _ in ECC} | {("GpuHardwareSlowdown", "2"), ("GpuTemperatureHigh", "2"),
+                                              ("GpuThermalThrottling", "2"), ("GpuLost", "3"),
+                                              ("GpuFellOffTheBus", ""), ("GpuCriticalXid", "4"),
+                                              ("GpuMemoryNearlyFull", "5"), ("GpuPowerCapped", "6"),
+                                              ("GpuBusyButStarved", "7")}},  # for: 30m
+}
+NOT_A_GPU_STATE = {  # alerts about a process, not a GPU: they read no per-GPU series (checked below)
+    "GpuExporterDown": "the exporter's target is down: tests/e2e/test_dashboards.py (a dead target)",
+    "GpuExporterCollectionFailing": "the driver is gone: tests/e2e/test_dashboards.py (nvmlDeviceGetCount fails)",
+    "GpuExporterCollectionStale": "a stuck collection loop: promtool unit tests (dashboards/rules/tests/)",
+    "GpuExporterAbsent": "no exporter target at all: promtool unit tests (dashboards/rules/tests/)",
+    "GPUExporterAbsent": "no exporter target at all: promtool unit tests (dashboards/rules/tests/)",
+    "GpuProfilerDown": "the profiler process: tests/e2e/test_dashboards.py, promtool unit tests",
+    "GpuProfilerFailing": "the profiler process: promtool unit tests (dashboards/rules/tests/)",
+    "GpuProfilerStale": "the profiler process: promtool unit tests (dashboards/rules/tests/)",
+}
+# GPU alerts no simulated GPU can raise on its own, with why and the reading whose arrival ends the excuse
+NOT_SIMULATED = {
+    "GpuAllocatedButIdle": ("needs a kubelet's pod allocations (gpu_allocation_info), not a GPU state: "
+                            "tests/e2e/test_dashboards.py with the fake kubelet", None),
+}
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def samples_of(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Prometheus text -> {(name, labels): value}; label values stay escaped, as promtool reads them back.
+
+    (prometheus_client's parser takes ten times as long; the output is checked by promtool in the
+    unit tests of the backend.)"""
+    out = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            out[(m.group(1), frozenset(_PAIR.findall(m.group(2) or "")))] = float(m.group(3))
+    return out
+
+
+def _num(v: float) -> str:
+    return "stale" if math.isnan(v) else repr(float(v))
+
+
+def input_series(scenario: str, steps: int = STEPS) -> list[dict[str, str]]:
+    """The scenario's expositions every STEP seconds, as promtool input series."""
+    frames: list[dict[tuple[str, frozenset[tuple[str, str]]], float]] = []
+    for k, text in enumerate(expositions(scenario, GPUS.get(scenario, 4), [k * STEP for k in range(steps + 1)],
+                                         start=0.0)):
+        samples = samples_of(text)
+        assert samples, text
+        for key in [k_ for k_ in samples if k_[0] == "gpu_exporter_last_success_timestamp_seconds"]:
+            samples[key] = k * STEP  # the engine stamps its wall clock; the run's clock is simulated
+        frames.append(samples)
+    keys = sorted({key for f in frames for key in f}, key=lambda k: (k[0], sorted(k[1])))
+    out = [{"series": "up" + _labels(TARGET), "values": " ".join(["1"] * len(frames))}]
+    for name, labels in keys:
+        values, seen = [], False
+        for f in frames:
+            v = f.get((name, labels))
+            values.append("_" if v is None and not seen else "stale" if v is None else _num(v))
+            seen = v is not None
+        out.append({"series": name + _labels({**dict(labels), **TARGET}), "values": " ".join(values)})
+    return out
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def firing_test(scenario: str, expected: dict[str, set[tuple[str, str]]], steps: int = STEPS) -> dict[str, Any]:
+    cases = []
+    for eval_time, pairs in expected.items():
+        cases.append({
+            "expr": 'group by (alertname, gpu) (ALERTS{alertstate="firing"})',
+            "eval_time": eval_time,
+            "exp_samples": [{"labels": _labels({"alertname": a, **({"gpu": g} if g else {})}), "value": 1}
+                            for a, g in sorted(pairs)],
+        })
+    return {"name": f"scenario {scenario}", "interval": f"{STEP:g}s", "input_series": input_series(scenario, steps),
+            "promql_expr_test": cases}
+
+
+def run_promtool(tmp: Path, tests: list[dict[str, Any]]) -> tuple[int, str]:
+    doc = {"rule_files": [str(ALERTS_FILE)], "evaluation_interval": f"{STEP:g}s", "tests": tests}
+    path = tmp / "scenarios_test.yaml"
+    path.write_text(json.dumps(doc))  # JSON is YAML, and written a hundred times faster than PyYAML emits
+    proc = promtool("test", "rules", str(path), timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_expectations_cover_every_gpu_alert() -> None:
+    shipped = {r["alert"] for g in yaml.safe_load(ALERTS_FILE.read_text())["groups"] for r in g["rules"]
+               if "alert" in r}
+    assert shipped <= {a["alert"] for a in alerts()}
+    fired = {a for per_time in EXPECTED.values() for pairs in per_time.values() for a, _ in pairs}
+    assert set(EXPECTED) == set(SCENARIOS)
+    missing = shipped - fired - set(NOT_A_GPU_STATE) - set(NOT_SIMULATED)
+    assert not missing, f"alerts no scenario raises (add a scenario state or say why below): {missing}"
+    for name, (_, reading) in NOT_SIMULATED.items():
+        assert reading is None or reading not in {f.name for f in fields(GpuReading)}, (
+            f"{name}: GpuReading.{reading} exists now: a simulated state must raise {name}")
+    for rule in (r for g in yaml.safe_load(ALERTS_FILE.read_text())["groups"] for r in g["rules"] if "alert" in r):
+        if rule["alert"] in NOT_A_GPU_STATE:
+            gpu_reads = {m for m in re.findall(r"\bgpu_\w+", re.sub(r'"[^"]*"', "", str(rule["expr"])))
+                         if not m.startswith(("gpu_exporter_", "gpu_profiler_"))}
+            assert not gpu_reads, f"{rule['alert']} reads GPU state ({gpu_reads}): a scenario must raise it"
+
+
+@pytest.mark.prometheus
+def test_every_scenario_raises_exactly_its_alerts(tmp_path: Path) -> None:
+    code, out = run_promtool(tmp_path, [firing_test(s, EXPECTED[s]) for s in SCENARIOS])
+    assert code == 0, out[-6000:]
+    assert out.count("SUCCESS") == 1, out
+
+
+@pytest.mark.prometheus
+def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
+    """Guards the test above: an alert that does not fire, or one that fires unexpectedly, fails it."""
+    code, out = run_promtool(tmp_path, [firing_test("healthy", {"2m": {("GpuLost", "0")}}, steps=8)])
+    assert code != 0 and "GpuLost" in out, out[-2000:]
+    code, out = run_promtool(tmp_path, [firing_test("lost", {"2m": set()}, steps=8)])
+    assert code != 0 and "GpuLost" in out, out[-2000:]
+
+
+def test_the_fast_parser_reads_what_prometheus_client_reads() -> None:
+    text = next(expositions("mixed", 9, [30.0]))
+    assert samples_of(text) == parse_samples(text)  # no escapes in simulated labels: equal as they are
+
+
+def test_the_scenario_states_are_what_the_expectations_assume() -> None:
+    assert STATES["throttle"] == ("thermal", "power_cap")
+    assert STATES["mixed"] == ("mig", "ecc", "thermal", "lost", "xid", "leak", "power_cap", "starved", "healthy")
+
+
+# ---- the real process ------------------------------------------------------------------------------
+
+
+def test_explicit_simulated_backend_warns_without_claiming_no_gpu_was_found() -> None:
+    with ExporterProcess(["--backend", "simulated", "--simulated-scenario", "lost"]) as ex:
+        ex.scrape()
+        log = ex.log()
+    assert "SIMULATED" in log and "scenario lost" in log and "not real" in log
+    assert "NO GPU FOUND" not in log
+    with ExporterProcess(["--allow-simulated"], env={"LD_LIBRARY_PATH": "/nonexistent", "PATH": "/nonexistent"}) as ex:
+        log = ex.log()
+    assert "NO GPU FOUND" in log, log  # auto found none and fell back: that is what it says
+
+
+def test_demo_does_not_warn_about_its_own_kubeconfig() -> None:
+    from demo.run import without_own_kubeconfig_warning
+
+    log = ("2026-01-01 WARNING exporter.profiler: dry run without a cluster (no Kubernetes configuration found "
+           "(kubeconfig: Invalid kube-config. /dev/null file is empty)): planning from Prometheus alone\n"
+           "2026-01-01 WARNING exporter.profiler: something else\n")
+    out = without_own_kubeconfig_warning(log)
+    assert "dry run without a cluster" not in out and "/dev/null file is empty" not in out
+    assert "something else" in out and "on purpose" in out
+    assert without_own_kubeconfig_warning("fine\n") == "fine\n"
