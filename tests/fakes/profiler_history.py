@@ -403,3 +403,17 @@ def scenario_node(seed: int, node: str, end: float, span_s: float = 2100.0,
     first, second = part(lambda t: t <= cut, "train-a"), part(lambda t: t > cut, "train-b")
     nan = make_history(seed, node, "7", "unknown", "nan", ts, lambda rng, t: [math.nan] * len(t), mem_constant(0.2))
     return [*h, first, second, nan]
+
+
+def write_allocation(writer: object, h: GpuHistory, namespace: str, pod: str, since: float | None = None,
+                     until: float | None = None, node_label: bool = True) -> None:
+    """``gpu_allocation_info`` for ``h`` held by ``namespace/pod`` from ``since`` to ``until``
+    (default: the whole history), as the exporter publishes it with pod attribution on."""
+    labels = {"gpu": h.gpu, "uuid": h.uuid, "instance": f"{h.node}:9400", "job": "gpu-exporter",
+              "namespace": namespace, "pod": pod, "container": "main", "resource": "nvidia.com/gpu",
+              "device": h.uuid, "shared": "1"}
+    if node_label:
+        labels["node"] = h.node
+    lo = -math.inf if since is None else since
+    hi = math.inf if until is None else until
+    writer.add("gpu_allocation_info", labels, [(t, 1.0) for t in h.times if lo <= t <= hi])  # type: ignore[attr-defined]

@@ -19,6 +19,12 @@ writes are tested against this HTTP server on 127.0.0.1. It emulates what matter
 * Errors are ``Status`` objects with ``reason`` and ``code``, so ``ApiException`` parses them.
 * A bearer token (``test-token``) is required; anything else gets 401.
 
+Namespaced objects, for leader election and Events: ``coordination.k8s.io/v1`` Leases
+(``/apis/coordination.k8s.io/v1/namespaces/{ns}/leases[/{name}]``) and core ``v1`` Events
+(``/api/v1/namespaces/{ns}/events[/{name}]``): create (POST, 409 AlreadyExists), get, list,
+update (PUT, 409 on a stale ``resourceVersion``) and merge/strategic patch. Each request's
+RBAC verb and resource are on :class:`RecordedRequest` (``verb``, ``resource``).
+
 Test controls: :meth:`FakeKubeAPI.add_node`, :meth:`~FakeKubeAPI.node`,
 :meth:`~FakeKubeAPI.edit_node` (another writer), :meth:`~FakeKubeAPI.delete_node`,
 :meth:`~FakeKubeAPI.inject` (fail or stall matching requests), :attr:`~FakeKubeAPI.requests`
@@ -76,6 +82,10 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 _NODE_PATH = re.compile(r"/api/v1/nodes/([^/]+)\Z")
+_NAMESPACED = re.compile(
+    r"/(?:api/v1|apis/(?P<group>coordination\.k8s\.io)/v1)/namespaces/(?P<ns>[^/]+)/(?P<res>leases|events)"
+    r"(?:/(?P<name>[^/]+))?\Z")
+_KINDS = {"leases": ("Lease", "coordination.k8s.io/v1"), "events": ("Event", "v1")}
 
 
 class ApiError(Exception):
@@ -122,6 +132,22 @@ class RecordedRequest:
         """The node name for ``/api/v1/nodes/{name}``, else None."""
         m = _NODE_PATH.match(self.path)
         return urllib.parse.unquote(m.group(1)) if m else None
+
+    @property
+    def resource(self) -> str:
+        """``nodes``, ``leases``, ``events`` or the path."""
+        if self.path == "/api/v1/nodes" or _NODE_PATH.match(self.path):
+            return "nodes"
+        m = _NAMESPACED.match(self.path)
+        return m.group("res") if m else self.path
+
+    @property
+    def verb(self) -> str:
+        """The RBAC verb of this request (get, list, create, update, patch, delete)."""
+        one = self.path != "/api/v1/nodes" and not (
+            (m := _NAMESPACED.match(self.path)) is not None and m.group("name") is None)
+        return {"GET": "get" if one else "list", "POST": "create", "PUT": "update", "PATCH": "patch",
+                "DELETE": "delete"}.get(self.method, self.method.lower())
 
 
 @dataclass
@@ -371,6 +397,7 @@ class FakeKubeAPI:
         self.token = token
         self._lock = threading.RLock()
         self._nodes: dict[str, JsonObj] = {}
+        self._objects: dict[tuple[str, str, str], JsonObj] = {}  # (resource, namespace, name)
         self._rv = 0
         self._requests: list[RecordedRequest] = []
         self._injections: list[_Injection] = []
@@ -378,6 +405,8 @@ class FakeKubeAPI:
         self._connections: set[socket.socket] = set()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
+        # a client killed mid-request (the leader-election test does that) is not a fake's error
+        self._server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
         self.port = int(self._server.server_address[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread: threading.Thread | None = None
@@ -546,7 +575,66 @@ class FakeKubeAPI:
                     return inj
         return None
 
+    def objects(self, resource: str, namespace: str | None = None) -> list[JsonObj]:
+        """Copies of the stored Leases or Events (``resource``), optionally of one namespace."""
+        with self._lock:
+            return [copy.deepcopy(o) for (r, ns, _), o in sorted(self._objects.items())
+                    if r == resource and namespace in (None, ns)]
+
+    def _namespaced(self, method: str, m: re.Match[str], ctype: str | None, body: Any) -> JsonObj:
+        res, ns, name = m.group("res"), urllib.parse.unquote(m.group("ns")), m.group("name")
+        kind, api_version = _KINDS[res]
+        with self._lock:
+            if name is None:
+                if method == "GET":
+                    items = [copy.deepcopy(o) for (r, n, _), o in sorted(self._objects.items()) if r == res and n == ns]
+                    return {"kind": kind + "List", "apiVersion": api_version,
+                            "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+                if method != "POST":
+                    raise ApiError(405, f"fake API server: {method} on {res} is not supported")
+                if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
+                    raise ApiError(400, f"{kind} body must be an object with metadata")
+                obj_name = body["metadata"].get("name")
+                if not obj_name or not isinstance(obj_name, str):
+                    raise ApiError(422, f"{kind} needs metadata.name")
+                key = (res, ns, obj_name)
+                if key in self._objects:
+                    raise ApiError(409, f'{res} "{obj_name}" already exists', obj_name, reason="AlreadyExists")
+                obj = copy.deepcopy(body)
+                obj["kind"], obj["apiVersion"] = kind, api_version
+                obj["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), resourceVersion=self._next_rv(),
+                                       creationTimestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                self._objects[key] = obj
+                return copy.deepcopy(obj)
+            key = (res, ns, urllib.parse.unquote(name))
+            current = self._objects.get(key)
+            if current is None:
+                raise ApiError(404, f'{res} "{key[2]}" not found', key[2])
+            if method == "GET":
+                return copy.deepcopy(current)
+            if method == "PUT":
+                if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
+                    raise ApiError(400, f"PUT body must be a {kind} object")
+                if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                    raise ApiError(409, f'Operation cannot be fulfilled on {res} "{key[2]}": the object has been '
+                                        "modified; please apply your changes to the latest version and try again",
+                                   key[2])
+                new = copy.deepcopy(body)
+            elif method == "PATCH":
+                new = self._patched(current, ctype, body)
+            else:
+                raise ApiError(405, f"fake API server: {method} on {res} is not supported")
+            for k in ("name", "namespace", "uid", "creationTimestamp"):
+                new["metadata"][k] = current["metadata"][k]
+            new["kind"], new["apiVersion"] = kind, api_version
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self._objects[key] = new
+            return copy.deepcopy(new)
+
     def _dispatch(self, method: str, path: str, query: Mapping[str, str], ctype: str | None, body: Any) -> JsonObj:
+        nm = _NAMESPACED.match(path)
+        if nm is not None:
+            return self._namespaced(method, nm, ctype, body)
         if path == "/api/v1/nodes":
             if method != "GET":
                 raise ApiError(405, f"fake API server: {method} {path} is not supported")
