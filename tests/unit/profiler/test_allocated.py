@@ -1,0 +1,89 @@
+"""allocated-idle: a GPU a pod holds for the whole window while it does nothing; its node
+annotations and the Event on the Node, through a real Prometheus and the fake API server."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.profiler.annotate import NodeStore
+from exporter.profiler.events import EventRecorder
+from exporter.profiler.loop import Profiler
+from exporter.profiler.plan import PlanConfig
+from exporter.profiler.prom import PromClient
+from exporter.profiler.queries import QueryConfig, Reader
+from tests.fakes.profiler_history import scenario_node, write_allocation, write_openmetrics
+from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.prom import OpenMetricsWriter, Prometheus
+
+pytestmark = pytest.mark.prometheus
+
+P = "gpu-exporter.io/"
+END = float(int(time.time()) - 60)
+
+
+def test_allocated_idle_annotations_and_one_event(tmp_path: Path) -> None:
+    hist = [h for h in scenario_node(13, "alloc", END) if h.gpu in ("0", "1")]
+    idle, busy = hist[0], hist[1]
+    late = next(h for h in scenario_node(14, "alloc2", END) if h.gpu == "0")
+    with OpenMetricsWriter(tmp_path / "h.om") as w:
+        write_openmetrics(w, [idle, busy, late])
+        write_allocation(w, idle, "ml", "notebook-" + "x" * 240)  # held all along, idle: allocated-idle
+        write_allocation(w, busy, "ml", "trainer")  # held all along, busy: steady
+        write_allocation(w, late, "web", "new", since=END - 600)  # idle, but held only 10 minutes: idle
+    from kubernetes import config
+
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom, FakeKubeAPI() as api:
+        api.add_node("alloc")
+        api.add_node("alloc2")
+        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kc")))
+        events = EventRecorder(client, "gpu-exporter", per_minute=30)
+        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(client), PlanConfig(),
+                        out=io.StringIO(), events=events)
+        r1 = prof.run_cycle(at=END)
+        assert r1.ok, r1.errors
+        a = api.node("alloc")["metadata"]["annotations"]
+        assert a[P + "gpu-0.pattern"] == "allocated-idle"
+        holder = a[P + "gpu-0.holder"]
+        assert holder == "ml/notebook-" + "x" * 240 and len(holder) <= 320
+        assert a[P + "gpu-1.pattern"] == "steady" and P + "gpu-1.holder" not in a
+        assert a[P + "allocated-idle-gpus"] == "1"
+        b = api.node("alloc2")["metadata"]["annotations"]
+        assert b[P + "gpu-0.pattern"] == "idle" and P + "allocated-idle-gpus" not in b
+
+        evs = api.objects("events", "gpu-exporter")
+        assert [(e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"]) for e in evs] == [
+            ("Node", "alloc", "GPUAllocatedButIdle")]
+        assert "ml/notebook-" in evs[0]["message"] and evs[0]["type"] == "Warning"
+        # unchanged pattern: no further Event, no write
+        api.clear_requests()
+        r2 = prof.run_cycle(at=END)
+        assert r2.ok and api.patches() == [] and len(api.objects("events")) == 1
+        assert events.counts["created"] == 1 and events.counts["updated"] == 0
+        client.close()
+
+
+def test_events_are_rate_limited_and_forbidden_is_one_warning(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    from kubernetes import config
+
+    with FakeKubeAPI() as api:
+        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kc")))
+        now = [0.0]
+        rec = EventRecorder(client, "gpu-exporter", per_minute=3, clock=lambda: now[0])
+        got = [rec.record(f"n{i}", "0", "growing", "m") for i in range(5)]
+        assert got == ["created"] * 3 + ["dropped"] * 2
+        now[0] += 20.0  # one token back (3 per minute)
+        assert rec.record("n0", "0", "growing", "again") == "updated"  # same change again: count + 1
+        ev = next(e for e in api.objects("events") if e["involvedObject"]["name"] == "n0")
+        assert ev["count"] == 2 and ev["message"] == "again"
+        assert {r.verb for r in api.requests} <= {"create", "patch"}
+        now[0] += 60.0
+        api.inject("POST", "events", 403, times=5)
+        with caplog.at_level("WARNING", logger="exporter.profiler.events"):
+            assert [rec.record(f"m{i}", "0", "growing", "m") for i in range(3)] == ["failed", "dropped", "dropped"]
+        assert len([r for r in caplog.records if "forbidden" in r.getMessage()]) == 1
+        client.close()
