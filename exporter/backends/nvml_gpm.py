@@ -18,6 +18,7 @@ without it (``isSupportedDevice`` 0: before Hopper) gives absent families and on
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import threading
@@ -226,22 +227,40 @@ class GpmReader:
         except Exception:  # noqa: BLE001 - freeing after a driver reload may fail; nothing to do
             pass
 
+    def _request_for(self) -> Any:
+        """One ``nvmlGpmMetricsGet_t`` for the whole initialisation, as plain ctypes (the layout of
+        nvml.h and pynvml's ``c_nvmlGpmMetricsGet_t``): pynvml's printable structures cost a Python
+        call per field read, which is most of GPM's cost at 16 metrics per GPU."""
+        if self._request is None:
+            nv = self._b._nv
+
+            class Metric(ctypes.Structure):
+                _fields_ = [("metricId", ctypes.c_uint), ("nvmlReturn", ctypes.c_int), ("value", ctypes.c_double),
+                            ("shortName", ctypes.c_void_p), ("longName", ctypes.c_void_p), ("unit", ctypes.c_void_p)]
+
+            class MetricsGet(ctypes.Structure):
+                _fields_ = [("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint),
+                            ("sample1", nv.c_nvmlGpmSample_t), ("sample2", nv.c_nvmlGpmSample_t),
+                            ("metrics", Metric * nv.NVML_GPM_METRIC_MAX)]
+
+            self._request = MetricsGet()
+        return self._request
+
     def _metrics(self, s1: Any, s2: Any, whole: bool) -> list[tuple[str, str | None, float]]:
         """``nvmlGpmMetricsGet`` over (s1, s2): (attribute, key, value) of each metric that answered."""
         nv = self._b._nv
         wanted = [m for m in _METRICS if (whole or m[1] not in _DEVICE_ONLY) and self._b.enabled(FAMILY_OF[m[1]])]
-        if self._request is None:
-            self._request = nv.c_nvmlGpmMetricsGet_t()
-        mg = self._request
+        mg = self._request_for()
         mg.version = nv.NVML_GPM_METRICS_GET_VERSION
         mg.numMetrics = len(wanted)
         mg.sample1, mg.sample2 = s1, s2
+        metrics = mg.metrics
         for i, m in enumerate(wanted):
-            mg.metrics[i].metricId = m[0]
+            metrics[i].metricId = m[0]
         nv.nvmlGpmMetricsGet(mg)
         out = []
         for i, (_, attr, key, factor) in enumerate(wanted):
-            res = mg.metrics[i]
+            res = metrics[i]
             v = res.value
             # A metric's own error (e.g. NOT_SUPPORTED on this GPU or instance) leaves it absent.
             if res.nvmlReturn == 0 and math.isfinite(v) and v >= 0.0:
