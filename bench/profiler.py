@@ -3,8 +3,10 @@
 Real Prometheus (Debian package) on 127.0.0.1 holding 35 minutes of synthetic history at a
 30 s scrape interval (utilisation, memory used/total, gpu_up, gpu_host_info), the fake
 Kubernetes API server with N nodes, and the profiler with its defaults (30 min window,
-k=2). Two cycles are timed: the first one patches every node (nothing was annotated yet),
-the second one finds nothing changed and must send no patch.
+k=2, 16 MiB answer cap). The profiler runs as its own process (``gpu-exporter profile
+--once``), so its peak RSS (``ru_maxrss`` from ``wait4``) is its own, not this script's.
+Two cycles are timed: the first one patches every node (nothing was annotated yet), the
+second one finds nothing changed and must send no patch.
 
 ``run_bench(nodes)`` returns a dict of figures; ``python -m bench.profiler
 100 1000`` prints them as a markdown table.
@@ -12,20 +14,17 @@ the second one finds nothing changed and must send no patch.
 
 from __future__ import annotations
 
-import io
 import os
 import random
+import re
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from exporter.profiler.annotate import NodeStore
-from exporter.profiler.loop import Profiler
-from exporter.profiler.plan import PlanConfig, annotation_bytes
-from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader
+from exporter.profiler.plan import annotation_bytes
 from tests.fakes.profiler_history import (
     GIB,
     GpuHistory,
@@ -111,48 +110,71 @@ def run_bench(nodes: int) -> dict[str, Any]:
             api._server.RequestHandlerClass.disable_nagle_algorithm = True  # type: ignore[attr-defined]
             for n in sorted({h.node for h in hist}):
                 api.add_node(n, annotations={"example.com/owner": "team-a"})
-            from kubernetes import config
-
-            client = config.new_client_from_config(config_file=str(api.kubeconfig(Path(tmp) / "kubeconfig")))
-            prof = Profiler(Reader(PromClient(prom.url, timeout=60), QueryConfig(window_s=WINDOW)),
-                            NodeStore(client, timeout=60), PlanConfig(), out=io.StringIO())
-            first = prof.run_cycle(at=end)
-            patches_first = len(api.patches())
+            kubeconfig = api.kubeconfig(Path(tmp) / "kubeconfig")
+            # evaluated at the history's end: generating 10,000 nodes' history takes minutes
+            first = _once(prom.url, kubeconfig, Path(tmp) / "first.log", end)
+            patches_first = len([r for r in api.patches() if r.resource == "nodes"])
             api.clear_requests()
-            second = prof.run_cycle(at=end)
-            patches_second = len(api.patches())
-            correct = sum(1 for h in hist if first.patterns.get((h.node, h.gpu)) == h.label)
+            second = _once(prom.url, kubeconfig, Path(tmp) / "second.log", end)
+            patches_second = len([r for r in api.patches() if r.resource == "nodes"])
+            got = {(n, k[len("gpu-exporter.io/gpu-"):-len(".pattern")]): v
+                   for n in api.nodes() for k, v in api.node(n)["metadata"]["annotations"].items()
+                   if k.startswith("gpu-exporter.io/gpu-") and k.endswith(".pattern")}
+            correct = sum(1 for h in hist if got.get((h.node, h.gpu)) == h.label)
             sizes = [annotation_bytes(api.node(n)["metadata"]["annotations"], "gpu-exporter.io")
                      for n in api.nodes()]
-            client.close()
     return {
         "nodes": nodes,
         "gpus": nodes * GPUS_PER_NODE,
         "samples": samples,
         "history_s": round(gen_s, 1),
         "prometheus_start_s": round(setup_s, 1),
-        "cycle_first_s": round(first.duration_s, 2),
-        "cycle_steady_s": round(second.duration_s, 2),
-        "first_read_classify_write_s": [round(first.read_s, 2), round(first.classify_s, 2), round(first.write_s, 2)],
-        "steady_read_classify_write_s": [round(second.read_s, 2), round(second.classify_s, 2),
-                                         round(second.write_s, 2)],
-        "queries_per_cycle": first.queries,
-        "queries_second_cycle": second.queries,
+        "cycle_first_s": first["cycle_s"],
+        "cycle_steady_s": second["cycle_s"],
+        "first_read_classify_write_s": [first["read_s"], first["classify_s"], first["write_s"]],
+        "steady_read_classify_write_s": [second["read_s"], second["classify_s"], second["write_s"]],
+        "queries_per_cycle": first["queries"],
+        "shards": first["shards"],
+        "queries_second_cycle": second["queries"],
         "patches_first": patches_first,
         "patches_second": patches_second,
-        "errors": first.errors + second.errors,
+        "errors": [first["errors"], second["errors"]],
+        "peak_rss_mib": max(first["peak_rss_mib"], second["peak_rss_mib"]),
+        "largest_answer_mib": round(max(first["largest_answer"], second["largest_answer"]) / 2**20, 2),
         "classified_as_generated": round(correct / len(hist), 4),
         "max_annotation_bytes": max(sizes) if sizes else 0,
     }
+
+
+_CYCLE = re.compile(r"cycle: ([0-9.]+)s \(read ([0-9.]+)s, classify ([0-9.]+)s, write ([0-9.]+)s\), (\d+) queries "
+                    r"in (\d+) shards, largest answer (\d+) bytes, .* errors: (\S+)")
+
+
+def _once(prom_url: str, kubeconfig: Path, log: Path, at: float) -> dict[str, Any]:
+    """One ``gpu-exporter profile --once`` process: its cycle figures (from its log line) and peak RSS."""
+    argv = [sys.executable, "-m", "exporter", "profile", "--prometheus-url", prom_url, "--kubeconfig",
+            str(kubeconfig), "--once", "--at", str(at), "--prometheus-timeout", "60s"]
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    text = log.read_text(errors="replace")
+    m = _CYCLE.search(text)
+    if m is None:
+        raise RuntimeError(f"profiler exited {proc.returncode} without a cycle line:\n{text[-2000:]}")
+    return {"cycle_s": float(m[1]), "read_s": float(m[2]), "classify_s": float(m[3]), "write_s": float(m[4]),
+            "queries": int(m[5]), "shards": int(m[6]), "largest_answer": int(m[7]), "errors": m[8],
+            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
 
 
 def to_markdown(rows: list[dict[str, Any]]) -> str:
     cols = [
         ("nodes", "nodes"), ("gpus", "GPUs"), ("samples", "samples backfilled"),
         ("cycle_first_s", "first cycle (s)"), ("cycle_steady_s", "no-change cycle (s)"),
-        ("queries_per_cycle", "queries / cycle"), ("patches_first", "patches, first cycle"),
+        ("queries_per_cycle", "queries / cycle"), ("shards", "shards"), ("patches_first", "patches, first cycle"),
         ("patches_second", "patches, no-change cycle"), ("classified_as_generated", "classified as generated"),
         ("max_annotation_bytes", "largest node annotations (bytes)"),
+        ("peak_rss_mib", "profiler peak RSS (MiB)"), ("largest_answer_mib", "largest answer (MiB)"),
     ]
     cols.insert(5, ("first_read_classify_write_s", "first cycle: read / classify / write (s)"))
 

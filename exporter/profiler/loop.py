@@ -73,6 +73,7 @@ class CycleResult:
     patches: int = 0  # merge patches sent (dry run: that would be sent)
     unchanged: int = 0
     shards: int = 0  # node shards read from Prometheus
+    largest_response_bytes: int = 0  # the longest Prometheus answer read so far
     events: int = 0  # Kubernetes Events recorded
     not_leader: bool = False  # writes stopped: this replica lost the lease during the cycle
     errors: list[str] = field(default_factory=list)  # kinds
@@ -213,10 +214,11 @@ class Profiler:
         self.cycle_started = None
         self.last_cycle_end = time.monotonic()
         self.cycles_done += 1
-        log.info("cycle: %.2fs (read %.2fs, classify %.2fs, write %.2fs), %d queries, %d nodes, %d patches%s, "
-                 "%d unchanged, errors: %s", res.duration_s, res.read_s, res.classify_s, res.write_s, res.queries,
-                 res.nodes_seen, res.patches, " (dry run)" if self.dry_run else "", res.unchanged,
-                 ",".join(res.errors) or "none")
+        res.largest_response_bytes = self.reader.client.largest_response_bytes
+        log.info("cycle: %.2fs (read %.2fs, classify %.2fs, write %.2fs), %d queries in %d shards, largest answer "
+                 "%d bytes, %d nodes, %d patches%s, %d unchanged, errors: %s", res.duration_s, res.read_s,
+                 res.classify_s, res.write_s, res.queries, res.shards, res.largest_response_bytes, res.nodes_seen,
+                 res.patches, " (dry run)" if self.dry_run else "", res.unchanged, ",".join(res.errors) or "none")
         return res
 
     def _fail(self, res: CycleResult, kind: str, message: str, exc_info: bool = False) -> None:

@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--events-per-minute", default="30", help="rate limit of the Events (default 30)")
     r = p.add_argument_group("running")
     r.add_argument("--once", action="store_true", help="run one cycle and exit (cron style)")
+    r.add_argument("--at", help="with --once: evaluate at this unix time instead of now (replay a past "
+                                "window, e.g. with --dry-run after an incident)")
     r.add_argument("--interval", default=env("PROFILER_INTERVAL", "60s"),
                    help="time between cycles (env PROFILER_INTERVAL, default 60s)")
     r.add_argument("--listen-address", default="0.0.0.0", help="address of /metrics and /healthz (default 0.0.0.0)")
@@ -198,6 +200,7 @@ class Settings:
     node_selector: str | None
     dry_run: bool
     once: bool
+    at: float | None
     interval_s: float
     listen_address: str
     listen_port: int
@@ -292,6 +295,7 @@ def parse_args(argv: list[str]) -> Settings:
         node_selector=a.node_selector,
         dry_run=a.dry_run,
         once=a.once,
+        at=_at(a.at, a.once),
         interval_s=parse_duration("--interval", a.interval, 1, 86400),
         listen_address=a.listen_address,
         listen_port=_int("--listen-port", a.listen_port, 0, 65535),
@@ -301,6 +305,20 @@ def parse_args(argv: list[str]) -> Settings:
         events=_on_off("--events", a.events),
         events_per_minute=_int("--events-per-minute", a.events_per_minute, 1, 6000),
     )
+
+
+def _at(value: str | None, once: bool) -> float | None:
+    if value is None:
+        return None
+    if not once:
+        raise UsageError("--at: only with --once")
+    try:
+        t = float(value)
+    except ValueError:
+        raise UsageError(f"--at {value!r}: expected a unix time in seconds, e.g. 1767225600") from None
+    if not 946684800 <= t <= 4102444800:  # 2000-01-01 to 2100-01-01; also refuses nan and inf
+        raise UsageError(f"--at {value!r}: must be a unix time between 2000 and 2100")
+    return t
 
 
 def _on_off(flag: str, value: str) -> bool:
@@ -354,7 +372,7 @@ def run(argv: list[str], out: IO[str] | None = None,
         log.error("%s", exc)
         return 1
     if s.once:
-        res = prof.run_cycle()
+        res = prof.run_cycle(at=s.at)
         return 0 if res.ok else 1
 
     stop = stop or threading.Event()
