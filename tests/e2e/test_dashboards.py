@@ -27,6 +27,7 @@ unit tests (tests/e2e/test_rules.py); here the expressions meet real exporter ou
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -40,12 +41,13 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.core.schema import all_family_names
+from exporter.core.schema import FAMILIES
 from tests.e2e.test_rules import RULE_FILES, alerts, rule_groups
 from tests.fakes.fakenvml import UNINITIALIZED, FakeNvml, make_sysfs, sysfs_address
 from tests.harness.exporter import ExporterProcess, free_port
 from tests.harness.poll import wait_until
 from tests.harness.prom import Prometheus
+from tests.harness.tools import NODE_MODULES, TOOLS, node_package
 
 ROOT = Path(__file__).resolve().parents[2]
 DASH_DIR = ROOT / "dashboards"
@@ -59,12 +61,18 @@ DASHBOARDS = {
     "gpu-node-detail.json": "gpu-exporter-node",
     "gpu-workloads.json": "gpu-exporter-workloads",
 }
-MIN_SCHEMA_VERSION = 39  # Grafana 10.4 / 11.0
 PANEL_TYPES = {"stat", "timeseries", "table", "bargauge", "heatmap", "piechart", "state-timeline"}
 # Grafana unit ids the dashboards may use (https://grafana.com/docs/grafana/latest/panels-visualizations/).
 UNITS = {"percentunit", "bytes", "watt", "celsius", "hertz", "joule", "s", "h", "short", "none", "Bps",
          "dateTimeAsIso"}
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# Every panel, target and query variable names the import input, so that the data source picked
+# in Grafana's import dialog is the one they use. The sidecar ConfigMap, which Grafana loads
+# without an import dialog, points them at the ${datasource} variable instead (configmaps()).
+DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+SIDECAR_DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# Fields Grafana writes that the @grafana/schema types leave out: a query variable's definition
+# (the query as shown in the editor). Everything else must match the schema exactly.
+UNTYPED_VARIABLE_FIELDS = {"definition"}
 
 # Grafana's time variables, fixed for the test (see the module docstring).
 TIME_VARIABLES = {"__rate_interval": "30s", "__interval": "5s", "__range": "5m", "__range_s": "300"}
@@ -136,7 +144,7 @@ def variables(dash: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def known_metric_names() -> set[str]:
     """Every series name the exporter, the profiler and the recording rules produce, plus ``up``."""
-    names = set(all_family_names()) | {"up"}
+    names = {f.name for f in FAMILIES} | {"up"}
     for doc in ("metrics.md", "attribution.md"):
         names |= set(re.findall(r"`(gpu_exporter_\w+)`", (ROOT / "docs" / doc).read_text()))
     loop = (ROOT / "exporter" / "profiler" / "loop.py").read_text()
@@ -172,15 +180,19 @@ def test_dashboard_files_and_stable_uids() -> None:
 @pytest.mark.parametrize("name", DASHBOARDS)
 def test_grafana_conventions(name: str) -> None:
     dash = load(name)
-    assert dash["schemaVersion"] >= MIN_SCHEMA_VERSION
+    assert dash["schemaVersion"] == grafana_schema()["schemaVersion"], "the schemaVersion Grafana writes today"
     assert dash.get("id") is None, "exported dashboards carry no database id"
     assert "gpu-exporter" in dash["tags"]
     inputs = [i for i in dash["__inputs"] if i["type"] == "datasource"]
-    assert inputs and all(i["pluginId"] == "prometheus" for i in inputs), "a Prometheus datasource input"
+    assert [(i["name"], i["pluginId"]) for i in inputs] == [("DS_PROMETHEUS", "prometheus")], "one Prometheus input"
 
     vs = variables(dash)
     ds = vs["datasource"]
     assert ds["type"] == "datasource" and ds["query"] == "prometheus"
+    assert ds["current"]["value"] == "${DS_PROMETHEUS}", "the variable starts at the data source picked on import"
+    # Nothing refers to the data source any other way.
+    refs = set(re.findall(r'"uid": "(\$\{?\w+\}?)"', json.dumps(dash)))
+    assert refs <= {"${DS_PROMETHEUS}"}, f"{name}: data source references {refs}"
     for var in ("vendor", "node", "gpu"):
         v = vs[var]
         assert v["type"] == "query" and v["datasource"] == DATASOURCE, f"{name}: ${var}"
@@ -207,7 +219,7 @@ def test_panels(name: str) -> None:
     for p in panels(dash):
         where = f"{name}: {p['title']!r}"
         assert p["type"] in PANEL_TYPES, f"{where}: panel type {p['type']}"
-        assert p["datasource"] == DATASOURCE, f"{where}: use the ${{datasource}} variable"
+        assert p["datasource"] == DATASOURCE, f"{where}: use the ${{DS_PROMETHEUS}} input"
         assert len(p.get("description", "")) > 20, f"{where}: describe the panel"
         unit = p["fieldConfig"]["defaults"].get("unit")
         assert unit in UNITS, f"{where}: unit {unit!r} (one of {sorted(UNITS)})"
@@ -361,9 +373,110 @@ def configmaps() -> list[dict[str, Any]]:
                 },
                 "annotations": {"grafana_folder": "GPU"},
             },
-            "data": {name: (DASH_DIR / name).read_text()},
+            "data": {name: json.dumps(sidecar(load(name)), indent=2, ensure_ascii=False) + "\n"},
         })  # fmt: skip
     return out
+
+
+def sidecar(dash: dict[str, Any]) -> dict[str, Any]:
+    """The dashboard as the Grafana sidecar loads it: no import dialog resolves ${DS_PROMETHEUS}
+    there, so every reference goes to the ``datasource`` variable, which starts at Grafana's
+    default Prometheus."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (dict(SIDECAR_DATASOURCE) if k == "datasource" and v == DATASOURCE else walk(v))
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    out: dict[str, Any] = walk(dash)
+    for v in out["templating"]["list"]:
+        if v["type"] == "datasource":
+            v.pop("current", None)
+    return out
+
+
+def test_sidecar_copy_uses_the_variable() -> None:
+    for name in DASHBOARDS:
+        text = json.dumps(sidecar(load(name)))
+        assert "DS_PROMETHEUS" not in text.replace('"name": "DS_PROMETHEUS"', "")
+        assert '"uid": "${datasource}"' in text
+
+
+# ---- validation against the current Grafana dashboard schema (npm @grafana/schema) --------------------
+
+
+@functools.cache
+def grafana_schema() -> dict[str, Any]:
+    """JSON Schema of the Grafana dashboard model and of each panel plugin's options, generated from
+    the TypeScript types of @grafana/schema (tests/e2e/grafana/schema.cjs), cached per version."""
+    pkg = node_package("@grafana/schema")
+    version = json.loads((pkg / "package.json").read_text())["version"]
+    cache = TOOLS / f"grafana-schema-{version}.json"
+    if not cache.exists():
+        node_package("ts-json-schema-generator")
+        proc = subprocess.run(["node", str(ROOT / "tests" / "e2e" / "grafana" / "schema.cjs"), str(NODE_MODULES),
+                               str(cache)], capture_output=True, text=True, timeout=240, check=False)
+        assert proc.returncode == 0, proc.stderr
+    data: dict[str, Any] = json.loads(cache.read_text())
+    assert data["version"] == version
+    return data
+
+
+def _optional(schema: Any) -> Any:
+    """A panel plugin schema without "required": Grafana fills a plugin's defaults for missing
+    options when it loads a panel, while an unknown or misspelt option is silently ignored."""
+    if isinstance(schema, dict):
+        return {k: _optional(v) for k, v in schema.items() if k != "required"}
+    if isinstance(schema, list):
+        return [_optional(v) for v in schema]
+    return schema
+
+
+def schema_errors(dash: dict[str, Any]) -> list[str]:
+    """Where a dashboard model breaks the current Grafana schema."""
+    import jsonschema
+
+    gs = grafana_schema()
+    model = {k: v for k, v in dash.items() if not k.startswith("__")}  # export-only keys
+    model = json.loads(json.dumps(model))
+    for v in model.get("templating", {}).get("list", []):
+        for k in UNTYPED_VARIABLE_FIELDS:
+            v.pop(k, None)
+    errors = [f"/{'/'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in jsonschema.Draft7Validator(gs["dashboard"]).iter_errors(model)]
+    for p in panels(dash):
+        plugin = gs["panels"].get(p["type"])
+        if plugin is None:
+            errors.append(f"{p['title']!r}: no schema for panel type {p['type']}")
+            continue
+        checks = [("options", plugin["options"], p.get("options", {}))]
+        if "fieldConfig" in plugin:
+            checks.append(("fieldConfig.defaults.custom", plugin["fieldConfig"],
+                           p.get("fieldConfig", {}).get("defaults", {}).get("custom", {})))
+        for where, schema, value in checks:
+            for e in jsonschema.Draft7Validator(_optional(schema)).iter_errors(value):
+                errors.append(f"{p['title']!r} {where}/{'/'.join(map(str, e.absolute_path))}: {e.message}")
+    return errors
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_dashboards_match_the_current_grafana_schema(name: str) -> None:
+    errors = schema_errors(load(name))
+    assert not errors, f"{name}:\n" + "\n".join(errors)
+
+
+def test_schema_validation_catches_drift() -> None:
+    """Guards the test above with the drift issue 19 found: the old table footer, a bad enum."""
+    dash = load("gpu-node-detail.json")
+    table = next(p for p in panels(dash) if p["type"] == "table")
+    table["options"]["footer"] = {"show": False, "reducer": ["sum"], "fields": ""}
+    dash["graphTooltip"] = "shared"
+    errors = schema_errors(dash)
+    assert any("footer" in e for e in errors), errors
+    assert any(e.startswith("/graphTooltip") for e in errors), errors
 
 
 class _BlockDumper(yaml.SafeDumper):
