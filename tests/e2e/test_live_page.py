@@ -1,8 +1,11 @@
 """The live page at / in real headless Chromium (Debian package `chromium`), against the exporter on
-the simulated backend: one card per GPU, numbers matching the JSON API, host identity, links."""
+the simulated backend: one card per GPU, numbers matching the JSON API, host identity, links; a
+SIMULATED banner only for simulated GPUs, a LOST badge on a lost GPU (simulated and NVML over the
+fake library), MIG instances under their GPU, and sparklines measured on the screenshot."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -13,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.exporter import REPO, ExporterProcess
+from tests.fakes.fakenvml import FakeNvml
+from tests.harness.exporter import REPO, ExporterProcess, sample
+from tests.harness.poll import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -31,29 +36,50 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 class Cards(HTMLParser):
-    """{card id: {data-field: text}} plus the host fields and the links of the rendered page."""
+    """{card id: {data-field: text}} plus the host fields and the links of the rendered page.
+
+    A field whose element is hidden is recorded as ``<name>:hidden``; a card's MIG rows are in
+    ``mig[card id][gpu instance]``; ``banner`` is the SIMULATED banner's text, None while hidden;
+    ``lost`` the ids of cards marked lost.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.cards: dict[str, dict[str, str]] = {}
+        self.mig: dict[str, dict[str, dict[str, str]]] = {}
         self.host: dict[str, str] = {}
         self.links: list[str] = []
+        self.banner: str | None = None
+        self.lost: set[str] = set()
         self._card: str | None = None
+        self._row: dict[str, str] | None = None
         self._field: tuple[dict[str, str], str] | None = None
+        self._in_banner = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
         if tag == "section" and "card" in a.get("class", "").split():
             self._card = a["data-id"]
             self.cards[self._card] = {"uuid": a.get("data-uuid", "")}
+            self.mig[self._card] = {}
+            if "lost" in a["class"].split():
+                self.lost.add(self._card)
+        elif tag == "li" and "data-mig" in a and self._card is not None:
+            self._row = self.mig[self._card][a["data-mig"]] = {}
         elif "data-field" in a and self._card is not None:
-            self._field = (self.cards[self._card], a["data-field"])
+            target = self._row if self._row is not None else self.cards[self._card]
+            name = a["data-field"] + (":hidden" if "hidden" in a else "")
+            self._field = (target, name)
         elif "data-host" in a:
             self._field = (self.host, a["data-host"])
+        if a.get("id") == "simulated" and "hidden" not in a:
+            self.banner, self._in_banner = "", True
         if tag == "a" and "href" in a:
             self.links.append(a["href"])
 
     def handle_data(self, data: str) -> None:
+        if self._in_banner:
+            self.banner = (self.banner or "") + data
         if self._field is not None:
             target, name = self._field
             target[name] = target.get(name, "") + data
@@ -61,6 +87,10 @@ class Cards(HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         if tag in ("span", "b"):
             self._field = None
+        if tag == "div":
+            self._in_banner = False
+        if tag == "li":
+            self._row = None
         if tag == "section":
             self._card = None
 
@@ -104,11 +134,103 @@ def test_live_page_renders_one_card_per_gpu_with_the_api_numbers(tmp_path: Path)
     assert page.host["node_name"] == stats["host"]["node_name"] == "bench-node-3"
     assert page.host["driver_version"] == stats["host"]["driver_version"]
     assert "/prom" in page.links and "/stats" in page.links
+    # simulated GPUs say so; none of these is lost or partitioned
+    assert page.banner is not None and "SIMULATED" in page.banner and "not real" in page.banner
+    assert not page.lost and all(c.get("state:hidden") == "LOST" for c in page.cards.values())
+    assert not any(page.mig.values())
 
     width, height = png_size(shot)
     assert (width, height) == (1280, 720)
+    bands = sparkline_boxes(shot)
+    assert len(bands) >= 2, bands  # the first row of cards: utilisation, memory, power, temperature
+    assert all(h >= 44 for h, _ in bands) and all(w >= 300 for _, w in bands), (
+        f"sparklines of (height, width) {bands} px: too small to read")
+
+
+def sparkline_boxes(png: Path) -> list[tuple[int, int]]:
+    """(height, width) in pixels of the sparkline areas on a screenshot: bands of rows where at least
+    100 pixels have the sparklines' background colour (a thin line across one does not split it)."""
+    from PIL import Image
+
+    with Image.open(png) as im:
+        rgb = im.convert("RGB")
+        w, h = rgb.size
+        px = rgb.load()
+        assert px is not None
+        rows = []
+        for y in range(h):
+            xs = [x for x in range(w) if px[x, y] == SPARK_BG]
+            rows.append(xs)
+    bands: list[tuple[int, int]] = []
+    run: list[list[int]] = []
+    for xs in [*rows, []]:
+        if len(xs) >= 100:
+            run.append(xs)
+        elif run:
+            # the band's width: the longest stretch of background in its middle row
+            mid = sorted(run[len(run) // 2])
+            longest = cur = 1
+            for a, b in itertools.pairwise(mid):
+                cur = cur + 1 if b - a <= 3 else 1
+                longest = max(longest, cur)
+            bands.append((len(run), longest))
+            run = []
+    return bands
+
+
+SPARK_BG = (0xEE, 0xF2, 0xF8)  # .metric svg background in exporter/serve/web/index.html
+
+
+def test_lost_gpu_mig_instances_and_banner_in_the_mixed_scenario(tmp_path: Path) -> None:
+    args = ["--backend", "simulated", "--simulated-scenario", "mixed", "--simulated-gpus", "9",
+            "--collection-interval", "1"]
+    with ExporterProcess(args, env={"NODE_NAME": "demo-node"}) as ex:
+        wait_until(lambda: sample(ex.scrape(), "gpu_up", gpu="3") == 0.0, timeout=20, what="GPU 3 lost")
+        dom = chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom", ex.url + "/")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        metrics = ex.scrape()
+        shot = tmp_path / "mixed.png"
+        snap = chromium(tmp_path, "--virtual-time-budget=40000", "--hide-scrollbars",
+                        "--window-size=1280,1400", f"--screenshot={shot}", ex.url + "/")
+        assert snap.returncode == 0, snap.stderr[-2000:]
+    page = Cards()
+    page.feed(dom.stdout)
+    assert len(page.cards) == 9, dom.stdout[-3000:]
+    # LOST: on the lost GPU only, which keeps its card, identity and no readings
+    assert page.lost == {"gpu-3"}
+    assert page.cards["gpu-3"]["state"] == "LOST" and "state:hidden" not in page.cards["gpu-3"]
+    assert page.cards["gpu-3"]["utilization"] == "n/a" and page.cards["gpu-3"]["uuid"].startswith("GPU-")
+    assert all(c.get("state:hidden") == "LOST" for i, c in page.cards.items() if i != "gpu-3")
+    # MIG: the instances of GPU 0, under GPU 0 only, as /metrics has them
+    expected = {dict(ls)["gpu_instance"]: (dict(ls)["mig_profile"], v) for (n, ls), v in metrics.items()
+                if n == "gpu_mig_memory_total_bytes"}
+    assert len(expected) == 4
+    rows = page.mig["gpu-0"]
+    assert sorted(rows) == sorted(expected), rows
+    for gi, (profile, total) in expected.items():
+        assert rows[gi]["mig-profile"] == f"{profile} · GI {gi}"
+        assert close_to(rows[gi]["mig-memory-total"], total / 2**30, 1), (rows[gi], total)
+        assert 0 <= float(rows[gi]["mig-utilization"]) <= 100
+    assert not any(rows for card, rows in page.mig.items() if card != "gpu-0")
+    assert page.banner is not None and "SIMULATED" in page.banner
+    assert png_size(shot) == (1280, 1400)
     if os.environ.get("GOLDEN_UPDATE") or not SCREENSHOT.exists():
         shutil.copyfile(shot, SCREENSHOT)  # docs/live-page.png; refreshed by `make golden`
+
+
+def test_real_backend_lost_gpu_and_no_banner(tmp_path: Path) -> None:
+    """NVML over the fake library: a GPU lost mid-run gets the badge; real GPUs get no SIMULATED banner."""
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=2)
+    with ExporterProcess(["--backend", "nvml", "--cache-ttl", "0"], env=fleet.env()) as ex:
+        fleet.lose(1)
+        wait_until(lambda: sample(ex.scrape(), "gpu_up", gpu="1") == 0.0, timeout=20, what="GPU 1 lost")
+        dom = chromium(tmp_path, "--virtual-time-budget=3000", "--dump-dom", ex.url + "/")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+    page = Cards()
+    page.feed(dom.stdout)
+    assert sorted(page.cards) == ["gpu-0", "gpu-1"], dom.stdout[-3000:]
+    assert page.lost == {"gpu-1"} and page.cards["gpu-1"]["state"] == "LOST"
+    assert page.banner is None, "real GPUs must not be labelled simulated"
 
 
 def png_size(path: Path) -> tuple[int, int]:
