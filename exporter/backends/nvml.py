@@ -146,6 +146,7 @@ class NvmlBackend(Backend):
         self._xid = _XidWatcher(self)
         self._gpm = GpmReader(self)  # SM/tensor/DRAM/NVLink/PCIe activity (nvml_gpm.py)
         self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
+        self._system_dev = Device(-1)  # probe state of system-level calls
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -171,6 +172,7 @@ class NvmlBackend(Backend):
             raise BackendError(f"nvmlInit failed: {type(exc).__name__}: {exc}", kind=DRIVER) from None
         self._initialised = True
         self._gpus = []
+        self._system_dev = Device(-1)
         self._driver_version = self._system("driver_version", pynvml.nvmlSystemGetDriverVersion, convert=str)
         cuda = MISSING
         for fn_name in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
@@ -213,10 +215,28 @@ class NvmlBackend(Backend):
         self._gpus = []
         self._peers = None
 
+    def _legacy(self, symbol: str, *args: Any) -> Any:
+        """Call an unversioned NVML symbol that ``pynvml`` no longer wraps (drivers before its ``_v2``)."""
+        nv = self._nv
+        fn = nv._nvmlGetFunctionPointer(symbol)
+        nv._nvmlCheckReturn(fn(*args))
+
+    def _count_v1(self) -> int:
+        n = ctypes.c_uint(0)
+        self._legacy("nvmlDeviceGetCount", ctypes.byref(n))
+        return int(n.value)
+
+    def _handle_v1(self, index: int) -> Any:
+        nv = self._nv
+        h = nv.c_nvmlDevice_t()
+        self._legacy("nvmlDeviceGetHandleByIndex", ctypes.c_uint(index), ctypes.byref(h))
+        return h
+
     def _enumerate(self) -> None:
         nv = self._nv
-        count = self.call(None, "device_count", nv.nvmlDeviceGetCount, convert=int)
-        if count is MISSING or count < 0:
+        count = self.probe(self._system_dev, "device_count", (("nvmlDeviceGetCount_v2", nv.nvmlDeviceGetCount),
+                                                              ("nvmlDeviceGetCount", self._count_v1)), convert=int)
+        if count is MISSING or not 0 <= count <= 4096:
             raise BackendError("nvmlDeviceGetCount failed", kind=DRIVER)
         if len(self._gpus) != count:
             self._gpus = [_Gpu(i) for i in range(count)]
@@ -295,7 +315,8 @@ class NvmlBackend(Backend):
     def _read_gpu(self, gpu: _Gpu, r: GpuReading) -> None:
         nv = self._nv
         if gpu.handle is None:
-            h = self.call(gpu, "handle", nv.nvmlDeviceGetHandleByIndex, gpu.index)
+            h = self.probe(gpu, "handle", (("nvmlDeviceGetHandleByIndex_v2", nv.nvmlDeviceGetHandleByIndex),
+                                           ("nvmlDeviceGetHandleByIndex", self._handle_v1)), gpu.index)
             if h is MISSING:
                 raise GpuDown("nvmlDeviceGetHandleByIndex failed", GPU_ERROR)
             gpu.handle = h
