@@ -154,6 +154,9 @@ def test_renders_the_whole_install(rendered: dict[str, list[dict[str, Any]]], na
         ("ClusterRole", "gpu-exporter-profiler"),
         ("ClusterRoleBinding", "gpu-exporter-profiler"),
         ("Deployment", "gpu-exporter-profiler"),
+        ("PodDisruptionBudget", "gpu-exporter-profiler"),
+        ("Role", "gpu-exporter-profiler"),
+        ("RoleBinding", "gpu-exporter-profiler"),
         ("Service", "gpu-exporter-profiler"),
         ("NetworkPolicy", "gpu-exporter-profiler-metrics"),
     }
@@ -579,24 +582,33 @@ def test_network_policy_admits_only_monitoring(rendered: dict[str, list[dict[str
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
-def test_profiler_rbac_is_nodes_get_list_patch_only(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+def test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events(rendered: dict[str, list[dict[str, Any]]],
+                                                                   name: str) -> None:
     docs = rendered[name]
     roles = _objs(docs, "ClusterRole") + _objs(docs, "Role")
-    assert [r["metadata"]["name"] for r in roles] == ["gpu-exporter-profiler"], "no other role is granted"
-    (rule,) = roles[0]["rules"]
+    assert sorted((r["kind"], r["metadata"]["name"]) for r in roles) == [
+        ("ClusterRole", "gpu-exporter-profiler"), ("Role", "gpu-exporter-profiler")], "no other role is granted"
+    (rule,) = _one(docs, "ClusterRole", "gpu-exporter-profiler")["rules"]
     assert rule == {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
+    # exactly get/update on the one Lease (create cannot be limited by name), create/patch on events
+    role = _one(docs, "Role", "gpu-exporter-profiler")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["gpu-exporter-profiler"],
+         "verbs": ["get", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    ]
 
     dep = _one(docs, "Deployment", "gpu-exporter-profiler")
     sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
     bindings = _objs(docs, "ClusterRoleBinding") + _objs(docs, "RoleBinding")
-    assert len(bindings) == 1
-    crb = bindings[0]
-    assert crb["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
-        "name": "gpu-exporter-profiler",
-    }
-    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    assert sorted(b["kind"] for b in bindings) == ["ClusterRoleBinding", "RoleBinding"]
+    for b in bindings:
+        kind = "ClusterRole" if b["kind"] == "ClusterRoleBinding" else "Role"
+        assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": kind,
+                                "name": "gpu-exporter-profiler"}
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
     _one(docs, "ServiceAccount", sa)
 
 
@@ -604,11 +616,19 @@ def test_profiler_rbac_is_nodes_get_list_patch_only(rendered: dict[str, list[dic
 def test_profiler_deployment(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
     docs = rendered[name]
     dep = _one(docs, "Deployment", "gpu-exporter-profiler")
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"]["type"] == "Recreate", "never two profilers patching Nodes"
+    # two replicas, one writer (leader election), spread over nodes, one evicted at a time
+    assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
     c = _container(dep, "profiler")
-    assert c["args"][:1] == ["profile"]
+    assert c["args"][:1] == ["profile"] and "--leader-elect" in c["args"]
+    assert {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]
+            if e["name"] in ("POD_NAME", "POD_NAMESPACE")} == {"POD_NAME": "metadata.name",
+                                                               "POD_NAMESPACE": "metadata.namespace"}
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert _selected(term["podAffinityTerm"]["labelSelector"]["matchLabels"], _pod_labels(dep))
+    pdb = _one(docs, "PodDisruptionBudget", "gpu-exporter-profiler")
+    assert pdb["spec"]["minAvailable"] == 1 and _selected(pdb["spec"]["selector"]["matchLabels"], _pod_labels(dep))
     assert _env(c).get("PROMETHEUS_URL", "").startswith("http")
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": PROFILER_PORT}
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
