@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from exporter.serve import config
 if TYPE_CHECKING:
     from exporter.k8s.podresources import PodAttribution
     from exporter.serve.engine import Engine
+    from exporter.serve.http import GpuHTTPServer
 
 log = logging.getLogger("exporter")
 
@@ -88,6 +90,14 @@ def start_attribution(settings: config.Settings, engine: Engine) -> PodAttributi
     return attribution
 
 
+def reload_web_config(server: GpuHTTPServer) -> None:
+    """SIGHUP: re-read --web.config.file and its certificates now; without one, say so and go on."""
+    if server.live is None:
+        log.info("SIGHUP: no --web.config.file to reload; ignored")
+    else:
+        server.live.reload("SIGHUP")
+
+
 def main(argv: Sequence[str]) -> int:
     try:
         settings = config.load(argv)
@@ -132,7 +142,7 @@ def main(argv: Sequence[str]) -> int:
     except OSError as exc:
         sys.stderr.write(f"gpu-exporter: error: cannot listen on {settings.address}:{settings.port}: "
                          f"{exc.strerror or exc}\n")
-        return 1
+        return 2 if isinstance(exc, socket.gaierror) else 1  # a host name that does not resolve is bad input
     from exporter.serve.api import register
 
     register(server, engine, settings.metrics_path)  # JSON API (/api/v1/monitoring/gpu-metrics, /stats), live page
@@ -140,8 +150,13 @@ def main(argv: Sequence[str]) -> int:
     def stop(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
+    def hangup(signum: int, frame: FrameType | None) -> None:
+        # a thread: logging or loading files inside a signal handler could deadlock on a lock held here
+        threading.Thread(target=reload_web_config, args=(server,), daemon=True).start()
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, hangup)  # the default action would kill the exporter silently (exit 129)
     names = ",".join(b.name for b in chosen) or "none"
     scheme = "https" if web is not None and web.ssl_context is not None else "http"
     log.info("serving %s://%s:%d%s (backend %s%s)", scheme, settings.address, server.server_address[1],
