@@ -46,7 +46,7 @@ from exporter.backends.base import (
     si,
 )
 from exporter.backends.nvml_gpm import GpmReader
-from exporter.core.pci import NVIDIA_VENDOR, canonical_bus_id, count_pci_gpus
+from exporter.core.pci import NVIDIA_VENDOR, canonical_bus_id, count_pci_gpus, nvidia_proc_uuid, pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
 log = logging.getLogger(__name__)
@@ -297,6 +297,8 @@ class NvmlBackend(Backend):
                                          pci_bus_id=gpu.static.get("pci_bus_id"), serial=gpu.static.get("serial"),
                                          driver_version=self._driver_version,
                                          cuda_driver_version=self._cuda_version)
+                    if not reading.uuid or not reading.pci_bus_id:
+                        self._identity_from_sysfs(reading)
                     self.count_error(down.kind)
                     if gpu.index not in self._down:
                         log.warning("nvml: GPU %d unreadable: %s", gpu.index, down)
@@ -311,6 +313,16 @@ class NvmlBackend(Backend):
         out.xid_counts, out.xid_last_seconds = self._xid.snapshot()
         if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
             out.pci_devices = count_pci_gpus(self.options.sysfs_root, NVIDIA_VENDOR)
+
+    def _identity_from_sysfs(self, r: GpuReading) -> None:
+        """A GPU lost before its first read: its bus ID from sysfs (NVML numbers GPUs in PCI bus
+        order, so index i is the i-th NVIDIA GPU on the bus when the counts agree) and its UUID
+        from the driver's procfs, so that its series carry real labels."""
+        buses = pci_gpus(self.options.sysfs_root, NVIDIA_VENDOR)
+        if buses is None or len(buses) != len(self._gpus) or not 0 <= r.index < len(buses):
+            return
+        r.pci_bus_id = r.pci_bus_id or buses[r.index]
+        r.uuid = r.uuid or nvidia_proc_uuid(self.options.sysfs_root, buses[r.index]) or ""
 
     def _read_gpu(self, gpu: _Gpu, r: GpuReading) -> None:
         nv = self._nv

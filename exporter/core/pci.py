@@ -46,19 +46,43 @@ def _read_hex(path: str) -> int | None:
         return None
 
 
-def count_pci_gpus(sysfs_root: str, vendor: int) -> int | None:
-    """GPUs of ``vendor`` under ``<sysfs_root>/bus/pci/devices``; None when sysfs is not readable."""
+def pci_gpus(sysfs_root: str, vendor: int) -> list[str] | None:
+    """Canonical bus IDs of ``vendor``'s GPUs under ``<sysfs_root>/bus/pci/devices``, in bus order;
+    None when sysfs is not readable."""
     base = os.path.join(sysfs_root, "bus", "pci", "devices")
     try:
         entries = os.listdir(base)
     except OSError:
         return None
-    n = 0
+    out: list[str] = []
     for dev in entries:
         d = os.path.join(base, dev)
         if _read_hex(os.path.join(d, "vendor")) != vendor:
             continue
         cls = _read_hex(os.path.join(d, "class"))
-        if cls is not None and cls >> 16 == DISPLAY_CLASS:
-            n += 1
-    return n
+        bus = canonical_bus_id(dev)
+        if cls is not None and cls >> 16 == DISPLAY_CLASS and bus is not None:
+            out.append(bus)
+    return sorted(out)
+
+
+def count_pci_gpus(sysfs_root: str, vendor: int) -> int | None:
+    """How many GPUs of ``vendor`` are on the PCI bus; None when sysfs is not readable."""
+    found = pci_gpus(sysfs_root, vendor)
+    return None if found is None else len(found)
+
+
+def nvidia_proc_uuid(sysfs_root: str, bus_id: str) -> str | None:
+    """The GPU UUID the NVIDIA kernel driver shows in ``/proc/driver/nvidia/gpus/<bus>/information``
+    (``proc`` next to ``sysfs_root``), without NVML: known even for a GPU NVML cannot read."""
+    proc = os.path.join(os.path.dirname(os.path.normpath(sysfs_root)) or "/", "proc")
+    try:
+        with open(os.path.join(proc, "driver", "nvidia", "gpus", bus_id, "information"), encoding="utf-8",
+                  errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip().lower() == "gpu uuid" and value.strip().startswith("GPU-"):
+                    return value.strip()
+    except OSError:
+        return None
+    return None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.fakenvml import NOT_SUPPORTED, FakeNvml, make_sysfs, sysfs_address
+from tests.fakes.fakenvml import GPU_IS_LOST, NOT_SUPPORTED, FakeNvml, make_sysfs, sysfs_address
 from tests.harness.exporter import ExporterProcess, parse_samples, sample
 from tests.harness.poll import wait_until
 from tests.harness.prom import check_metrics
@@ -219,3 +219,17 @@ def test_unsupported_depth_everywhere(fleet: FakeNvml, sysfs: Path) -> None:
                     "gpu_mig_mode_enabled", "gpu_throttle_reason_active"} & names
         assert all(sample(s, "gpu_up", gpu=str(i)) == 1.0 for i in range(4))
         assert parse_samples(ex.scrape_text())
+
+
+def test_gpu_lost_before_its_first_read_keeps_real_labels(fleet: FakeNvml, sysfs: Path) -> None:
+    """NVML never answered for GPU 2: its bus ID comes from sysfs (NVML numbers GPUs in bus order)
+    and its UUID from the driver's /proc/driver/nvidia/gpus/<bus>/information."""
+    bus = sysfs_address(fleet.gpus[2]["bus_id"])
+    info = sysfs.parent / "proc" / "driver" / "nvidia" / "gpus" / bus
+    info.mkdir(parents=True)
+    (info / "information").write_text(f"Model: \t\t NVIDIA H100\nGPU UUID: \t {fleet.gpus[2]['uuid']}\n")
+    fleet.fail("nvmlDeviceGetHandleByIndex_v2", GPU_IS_LOST, gpu=2)
+    with start(fleet, sysfs) as ex:
+        s = ex.scrape()
+    assert sample(s, "gpu_up", gpu="2", uuid=fleet.gpus[2]["uuid"]) == 0.0
+    assert sample(s, "gpu_info", gpu="2", pci_bus_id=bus, uuid=fleet.gpus[2]["uuid"]) == 1.0
