@@ -29,7 +29,7 @@ from typing import Any
 from exporter.serve.engine import Engine
 from exporter.tools import gpus
 from exporter.tools.audit import (
-    MIB,
+    GIB,
     ToolError,
     ToolParser,
     add_backend_arguments,
@@ -37,6 +37,7 @@ from exporter.tools.audit import (
     checked,
     fail,
     open_session,
+    settings_from,
     setup_logging,
     write_file,
 )
@@ -47,7 +48,7 @@ PROG = "gpu-exporter record"
 SI_KERNEL = 0x80  # Linux si_code of a signal the kernel (here: the terminal driver) sent
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 WATCHED = {*FORWARDED, signal.SIGCHLD}
-PLOT_HINT = "--plot needs matplotlib: pip install 'gpu-exporter[plot]' (or pip install matplotlib)"
+PLOT_HINT = "--plot needs matplotlib: pip install matplotlib"
 
 
 def status_line(rec: gpus.Recorder, elapsed: float, width: int) -> str:
@@ -59,29 +60,57 @@ def status_line(rec: gpus.Recorder, elapsed: float, width: int) -> str:
     return line[: max(10, width - 1)]
 
 
-def plot(result: dict[str, Any], path: str) -> None:
-    """One panel per reading, one line per GPU, against seconds since the start."""
+def plot_data(recording: gpus.Recording) -> dict[str, Any]:
+    """What :func:`plot_figure` draws: the record JSON plus each GPU's samples in SI units."""
+    result = recording.to_dict()
+    for n, g in recording.gpus.items():
+        result["gpu_stats"][str(n)]["_series"] = {
+            "memory_used_bytes": list(g.memory_used_bytes.samples), "power_draw_w": list(g.power_watts.samples),
+            "temperature_c": list(g.temperature_celsius.samples)}
+    return result
+
+
+def plot_title(result: dict[str, Any], host: str, simulated: bool) -> str:
+    """The plot's heading: the command, then the host, the GPU model(s) and SIMULATED where it applies."""
+    models = sorted({g["name"] or "unknown GPU" for g in result["gpu_stats"].values()})
+    where = f"{host} · {', '.join(models) or 'no GPU'}" + (" · SIMULATED GPUs (not real data)" if simulated else "")
+    return f"{' '.join(result['command'])[:90]}\n{where}"
+
+
+def plot_figure(result: dict[str, Any], host: str, simulated: bool) -> Any:
+    """One panel per reading, one line per GPU, against seconds since the start; the legend sits
+    outside the panels (to their right), so it never hides a line."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
-    panels = (("utilization", "utilisation (%)"), ("memory_used_mb", "memory used (MiB)"),
-              ("power_draw_w", "power (W)"), ("temperature_c", "temperature (C)"))
-    fig, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(10, 2.2 * len(panels)))
+    panels = (("utilization", "utilisation (%)", 1.0), ("memory_used_bytes", "memory used (GiB)", 1 / GIB),
+              ("power_draw_w", "power (W)", 1.0), ("temperature_c", "temperature (°C)", 1.0))
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(11, 2.2 * len(panels)), layout="constrained")
     t = result["timestamps"]
-    for ax, (key, title) in zip(axes, panels, strict=True):
+    for ax, (key, label, scale) in zip(axes, panels, strict=True):
         for number, g in result["gpu_stats"].items():
             ys = g["utilization"]["samples"] if key == "utilization" else g["_series"][key]
-            ax.plot(t, [float("nan") if y is None else y for y in ys], label=f"gpu {number}", linewidth=1.2)
-        ax.set_ylabel(title)
+            ax.plot(t, [float("nan") if y is None else y * scale for y in ys], label=f"gpu {number}", linewidth=1.2)
+        ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
-    axes[0].set_title(" ".join(result["command"])[:100])
-    axes[0].legend(loc="upper right", fontsize="small", ncol=4)
+    fig.suptitle(plot_title(result, host, simulated), fontsize="medium")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small", title="GPU")
     axes[-1].set_xlabel("seconds since start")
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
-    plt.close(fig)
+    return fig
+
+
+def plot(result: dict[str, Any], path: str, host: str, simulated: bool) -> None:
+    """Draw :func:`plot_figure` into the PNG ``path``; its Title text chunk repeats the heading."""
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(result, host, simulated)
+    try:
+        fig.savefig(path, format="png", dpi=100, metadata={"Title": plot_title(result, host, simulated)})
+    finally:
+        plt.close(fig)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -240,14 +269,12 @@ def _write(recording: gpus.Recording, args: argparse.Namespace) -> None:
         except ToolError as exc:
             fail(PROG, exc)
     if args.plot:
-        series = {str(n): {"memory_used_mb": [None if v is None else v / MIB for v in g.memory_used_bytes.samples],
-                           "power_draw_w": list(g.power_watts.samples),
-                           "temperature_c": list(g.temperature_celsius.samples)}
-                  for n, g in recording.gpus.items()}
-        stats = {n: {**g, "_series": series[n]} for n, g in result["gpu_stats"].items()}
-        to_plot = {**result, "gpu_stats": stats}
+        from exporter.core.host import host_info
+
+        # auto never falls back to simulated GPUs in the tools: simulated means asked for by name
+        simulated = "simulated" in settings_from(args).backend.split(",")
         try:
-            plot(to_plot, args.plot)
+            plot(plot_data(recording), args.plot, host_info().node, simulated)
             sys.stderr.write(f"{PROG}: drew {args.plot}\n")
         except (OSError, ValueError) as exc:
             fail(PROG, ToolError(f"cannot draw {args.plot}: {exc}"))
