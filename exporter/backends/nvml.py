@@ -234,8 +234,11 @@ class NvmlBackend(Backend):
 
     def _enumerate(self) -> None:
         nv = self._nv
-        count = self.probe(self._system_dev, "device_count", (("nvmlDeviceGetCount_v2", nv.nvmlDeviceGetCount),
-                                                              ("nvmlDeviceGetCount", self._count_v1)), convert=int)
+        try:
+            count = self.probe(self._system_dev, "device_count", (("nvmlDeviceGetCount_v2", nv.nvmlDeviceGetCount),
+                                                                  ("nvmlDeviceGetCount", self._count_v1)), convert=int)
+        except GpuDown as exc:  # a device fault from a system call: the driver is unusable
+            raise BackendError(f"nvml: nvmlDeviceGetCount failed: {exc}", kind=DRIVER) from None
         if count is MISSING or not 0 <= count <= 4096:
             raise BackendError("nvmlDeviceGetCount failed", kind=DRIVER)
         if len(self._gpus) != count:

@@ -150,7 +150,9 @@ def test_nvml_unknown_error_on_every_call(tmp_path: Path, result: Result) -> Non
         for _ in range(DURING):
             s = ex.scrape()
             assert sample(s, "gpu_exporter_collector_success", backend="nvml") == 0.0
-            assert not names(s) & {"gpu_up", "gpu_info", "gpu_power_watts"}
+            assert not names(s) & {"gpu_power_watts", "gpu_temperature_celsius"}  # nothing stale
+            # the GPUs last seen stay visible, down, so alerts see them go
+            assert {v for (n, _), v in s.items() if n == "gpu_up"} == {0.0}
             kinds |= {dict(ls)["kind"] for n, ls in s if n == "gpu_exporter_collection_errors_total"}
         log_lines = count_lines(ex.log(), "collection failed")
         fleet.set(5, temp_gpu=77)
@@ -160,7 +162,8 @@ def test_nvml_unknown_error_on_every_call(tmp_path: Path, result: Result) -> Non
         assert ex.proc.poll() is None
     result.scenario = "NVML \"unknown error\" on every call"
     result.done = f"every NVML function of the fake library returns 999 for {DURING} scrapes, then none does"
-    result.happened = ("the collection fails as a whole (no GPU series, collector_success 0), one warning for "
+    result.happened = ("the collection fails as a whole (every GPU gpu_up 0, no readings, collector_success 0), "
+                       "one warning for "
                        "the outage; the first scrape after the fault re-initialised NVML and served fresh values")
     result.figures = {"error_kinds": sorted(kinds), "log_lines_per_outage": log_lines, "recovery_scrapes": n,
                       "recovery_s": secs}
