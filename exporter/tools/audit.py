@@ -250,11 +250,13 @@ def _get(d: Mapping[str, Any], dotted: str) -> Any:
 
 
 def _show(v: Any) -> str:
+    """A value from a snapshot file, as one short line (a file must not forge output lines)."""
     if v is None:
         return "null (not reported)"
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
-    return str(v)
+    text = one_line(str(v))
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _power(g: Mapping[str, Any], other: Mapping[str, Any]) -> tuple[float | None, str]:

@@ -18,10 +18,12 @@ from exporter.tools.audit import (
     Limits,
     ToolError,
     ToolParser,
+    _show,
     check_audit,
     checked,
     diff_audits,
     fail,
+    one_line,
     parse_size,
 )
 from exporter.tools.gpus import check_number
@@ -91,10 +93,10 @@ def main(argv: list[str]) -> int:
                             f"{str(exc)[:100]}", code=2) from None
     except ToolError as exc:
         return fail(PROG, exc)
-    span = f"{before.get('timestamp', '?')} -> {after.get('timestamp', '?')}"
+    span = f"{_show(before.get('timestamp', '?'))} -> {_show(after.get('timestamp', '?'))}"
     if not changes:
         sys.stdout.write(f"unchanged: {len(after['gpus'])} GPUs, {span}\n")
         return 0
-    sys.stdout.write("".join(c + "\n" for c in changes))
+    sys.stdout.write("".join(one_line(c) + "\n" for c in changes))
     sys.stdout.write(f"CHANGED: {len(changes)} difference{'s' if len(changes) != 1 else ''}, {span}\n")
     return 1

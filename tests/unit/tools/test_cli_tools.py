@@ -31,9 +31,12 @@ GIB = 2**30
 
 def gx(*args: str, env: Mapping[str, str] | None = None,
        timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run `python -m exporter ARGS` (the console script's code) and capture its output."""
-    return subprocess.run([sys.executable, "-m", "exporter", *args], env={**os.environ, **(env or {})},
-                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    """Run `python -m exporter ARGS` (the console script's code) and capture its output; whatever
+    the outcome, it must not print a traceback (a failure is one line)."""
+    p = subprocess.run([sys.executable, "-m", "exporter", *args], env={**os.environ, **(env or {})},
+                       cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in p.stderr, p.stderr
+    return p
 
 
 def popen(*args: str, env: Mapping[str, str] | None = None, **kw: Any) -> subprocess.Popen[str]:
@@ -372,7 +375,7 @@ def test_pick_waits_until_a_gpu_frees_up(tmp_path: Path) -> None:
     proc = popen("pick", "-n", "1", "--backend", "nvml", "--wait", "60", "--poll", "0.1", env=fleet.env(),
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stderr is not None and proc.stdout is not None
-    lines = []
+    lines: list[str] = []
     while not (lines and lines[-1].startswith("waiting:")) and len(lines) < 20:
         lines.append(proc.stderr.readline())  # blocks until pick has checked once and found nothing
         assert lines[-1], f"pick exited early: {lines}"
