@@ -31,7 +31,7 @@ from exporter.backends.simulated import SCENARIOS, STATES
 from exporter.core.readings import GpuReading
 from tests.e2e.test_rules import RULES_DIR, alerts
 from tests.harness.exporter import ExporterProcess, parse_samples
-from tests.harness.prom import promtool
+from tests.harness.prom import Prometheus, promtool
 from tests.unit.backends.test_simulated import expositions
 
 ALERTS_FILE = RULES_DIR / "gpu-exporter-alerts.yaml"
@@ -101,21 +101,33 @@ def _num(v: float) -> str:
     return "stale" if math.isnan(v) else repr(float(v))
 
 
-def input_series(scenario: str, steps: int = STEPS) -> list[dict[str, str]]:
-    """The scenario's expositions every STEP seconds, as promtool input series."""
-    frames: list[dict[tuple[str, frozenset[tuple[str, str]]], float]] = []
-    for k, text in enumerate(expositions(scenario, GPUS.get(scenario, 4), [k * STEP for k in range(steps + 1)],
-                                         start=0.0)):
+Frame = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def frames(scenario: str, steps: int = STEPS, start: float = 0.0, step: float = STEP) -> list[Frame]:
+    """The scenario's samples every ``step`` seconds from ``start`` (unix time of its first collection)."""
+    out: list[Frame] = []
+    for k, text in enumerate(expositions(scenario, GPUS.get(scenario, 4), [k * step for k in range(steps + 1)],
+                                         start=start)):
         samples = samples_of(text)
         assert samples, text
         for key in [k_ for k_ in samples if k_[0] == "gpu_exporter_last_success_timestamp_seconds"]:
-            samples[key] = k * STEP  # the engine stamps its wall clock; the run's clock is simulated
-        frames.append(samples)
-    keys = sorted({key for f in frames for key in f}, key=lambda k: (k[0], sorted(k[1])))
-    out = [{"series": "up" + _labels(TARGET), "values": " ".join(["1"] * len(frames))}]
-    for name, labels in keys:
+            samples[key] = start + k * step  # the engine stamps its wall clock; the run's clock is simulated
+        out.append(samples)
+    return out
+
+
+def _keys(fs: list[Frame]) -> list[tuple[str, frozenset[tuple[str, str]]]]:
+    return sorted({key for f in fs for key in f}, key=lambda k: (k[0], sorted(k[1])))
+
+
+def input_series(scenario: str, steps: int = STEPS) -> list[dict[str, str]]:
+    """The scenario's expositions every STEP seconds, as promtool input series."""
+    fs = frames(scenario, steps)
+    out = [{"series": "up" + _labels(TARGET), "values": " ".join(["1"] * len(fs))}]
+    for name, labels in _keys(fs):
         values, seen = [], False
-        for f in frames:
+        for f in fs:
             v = f.get((name, labels))
             values.append("_" if v is None and not seen else "stale" if v is None else _num(v))
             seen = v is not None
@@ -180,6 +192,37 @@ def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
     assert code != 0 and "GpuLost" in out, out[-2000:]
     code, out = run_promtool(tmp_path, [firing_test("lost", {"2m": set()}, steps=8)])
     assert code != 0 and "GpuLost" in out, out[-2000:]
+
+
+# What the scenarios add to a healthy fleet: every dashboard target reading one of these must have data.
+DRIVEN = ("gpu_up", "gpu_mig_", "gpu_ecc_", "gpu_remapped_rows", "gpu_throttle_reason_active",
+          "gpu_violation_seconds_total", "gpu_xid_", "gpu_pci_devices", "gpu_visible_devices", "gpu_sm_active_ratio")
+
+
+@pytest.mark.prometheus
+def test_the_dashboards_show_the_mixed_scenario(tmp_path: Path) -> None:
+    """The real exporter on the mixed scenario, scraped every second by a real Prometheus that
+    evaluates the recording rules: every dashboard target that reads a family the scenarios drive
+    (MIG, ECC, row remapping, throttling, violation time, XIDs, the bus, SM activity, gpu_up)
+    returns data. (Panels of readings a simulated GPU never has, such as fans or encoders, are
+    tests/e2e/test_dashboards.py's business, on the NVML fake.)"""
+    from tests.e2e.test_dashboards import RULE_FILES as ALL_RULES
+    from tests.e2e.test_dashboards import all_dashboards, empty_panels, panels
+
+    exercised = [t["expr"] for _, d in all_dashboards() for p in panels(d) for t in p["targets"]
+                 if any(f in t["expr"] for f in DRIVEN)]
+    assert len(exercised) >= 10, exercised
+    args = ["--backend", "simulated", "--simulated-scenario", "mixed", "--simulated-gpus", "9"]
+    with ExporterProcess(args, env={"NODE_NAME": "sim-node"}) as ex, Prometheus(
+            tmp_path / "prom", rule_files=ALL_RULES, extra_scrape_configs=[{
+                "job_name": "gpu-exporter", "honor_labels": True,  # node: the label a ServiceMonitor relabels in
+                "static_configs": [{"targets": [f"127.0.0.1:{ex.port}"], "labels": {"node": "sim-node"}}]}]) as prom:
+        prom.wait_for('gpu_xid_errors_total{xid="94"}', timeout=30)  # the ECC GPU's first error, at 2 s
+        prom.wait_for('gpu_sm_active_ratio{gpu="7"}', timeout=30)
+        # recording rules start at the first evaluation: give range queries over them ten samples
+        prom.wait_for("min(count_over_time(node:gpu_utilization:avg[1m])) >= 10", timeout=30)
+        problems = [p for p in empty_panels(prom, pinned={}) if any(f in p for f in DRIVEN)]
+    assert not problems, "\n".join(problems)
 
 
 def test_the_fast_parser_reads_what_prometheus_client_reads() -> None:
