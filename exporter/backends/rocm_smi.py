@@ -44,6 +44,8 @@ state, throttle reasons, per-process memory, ROCm version.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import itertools
 import json
 import logging
@@ -228,11 +230,14 @@ def run_rocm_smi(binary: str, timeout: float) -> tuple[str, int]:
     except OSError as exc:
         raise BackendError(f"rocm-smi could not be started ({binary}): {exc.strerror or exc}",
                            kind=DRIVER) from None
+    _RUNNING.add(proc)  # its own session does not end with ours: killed at our exit (_kill_running)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise BackendError(f"rocm-smi timed out after {timeout:g} s and was killed", kind="timeout") from None
+    finally:
+        _RUNNING.discard(proc)
     stdout = out.decode("utf-8", "replace")
     if proc.returncode != 0:
         try:
@@ -245,6 +250,17 @@ def run_rocm_smi(binary: str, timeout: float) -> tuple[str, int]:
             status = f"signal {-proc.returncode}" if proc.returncode < 0 else f"code {proc.returncode}"
             raise BackendError(f"rocm-smi exited with {status}: {first[:200]}", kind=DRIVER) from None
     return stdout, proc.returncode
+
+
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _kill_running() -> None:
+    """At exit: kill every rocm-smi still running, and what it started (a hung one would live on)."""
+    for proc in list(_RUNNING):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
