@@ -35,7 +35,8 @@ def test_a_hung_rocm_smi_does_not_outlive_the_exporter(tmp_path: Path) -> None:
     with ex:
         go.touch()
         ex.get("/metrics")  # starts a collection that meets the hung rocm-smi (the scrape gives up after 1 s)
-        pid = int(wait_until(lambda: child.exists() and child.read_text().strip(), 30, what="rocm-smi to start"))
+        pid = int(wait_until(lambda: child.read_text().strip() if child.exists() else None, 30,
+                             what="rocm-smi to start"))
         assert alive(pid)
         t0 = time.monotonic()
         assert ex.stop() == 0
@@ -47,5 +48,5 @@ def test_sighup_without_web_config_does_not_kill(tmp_path: Path) -> None:
     with ExporterProcess(["--backend", "simulated"]) as ex:
         for n in (1, 2, 3):  # one at a time: signals of one kind do not queue
             ex.proc.send_signal(signal.SIGHUP)
-            wait_until(lambda n=n: ex.log().count("SIGHUP") == n, 10, what=f"SIGHUP log line {n}")
+            wait_until(lambda: ex.log().count("SIGHUP") >= n, 10, what=f"SIGHUP log line {n}")  # noqa: B023
         assert ex.proc.poll() is None and ex.get("/healthz")[0] == 200
