@@ -77,6 +77,8 @@ NOT_A_GPU_STATE = {  # alerts about a process, not a GPU: they read no per-GPU s
 NOT_SIMULATED = {
     "GpuAllocatedButIdle": ("needs a kubelet's pod allocations (gpu_allocation_info), not a GPU state: "
                             "tests/e2e/test_dashboards.py with the fake kubelet", None),
+    "GPUAllocatedButIdle": ("needs pod allocations and the profiler's allocated-idle verdict: promtool unit "
+                            "tests (dashboards/rules/tests/)", None),
 }
 
 
