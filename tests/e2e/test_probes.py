@@ -1,0 +1,83 @@
+"""The shipped DaemonSet probes work under basic auth and TLS (issue 16).
+
+Each probe is taken from the rendered manifests (kustomize base, Helm chart with and without TLS)
+and run the way the kubelet runs an ``httpGet`` probe: its scheme (HTTP unless set), its path and
+port, no credentials, no certificate verification, success for a status in 200..399. The target
+is a real exporter with a web config that turns on basic auth (and TLS where the chart says so).
+"""
+
+from __future__ import annotations
+
+import http.client
+import ssl
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+
+from tests.e2e.test_deploy import _render
+from tests.e2e.test_helm import render
+from tests.harness.exporter import ExporterProcess
+from tests.harness.poll import wait_until
+
+
+def exporter_probes(docs: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
+    ds = next(d for d in docs if d.get("kind") == "DaemonSet" and "exporter" in d["metadata"]["name"]
+              and "profiler" not in d["metadata"]["name"])
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    probes = {k: container[k]["httpGet"] for k in ("livenessProbe", "readinessProbe") if k in container}
+    assert set(probes) == {"livenessProbe", "readinessProbe"}, container
+    for p in probes.values():
+        assert p["port"] in ports or isinstance(p["port"], int)
+    return probes
+
+
+def kubelet_probe(port: int, probe: dict[str, Any]) -> int:
+    """One probe as the kubelet sends it; the status code (no credentials, TLS not verified)."""
+    scheme = probe.get("scheme", "HTTP")
+    if scheme == "HTTPS":
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=ctx)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", probe["path"], headers={"User-Agent": "kube-probe/1.35"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def web_configs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, Path]:
+    d = tmp_path_factory.mktemp("web")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-days", "2", "-subj", "/CN=gpu-exporter", "-keyout", "tls.key", "-out", "tls.crt"],
+                   cwd=d, check=True, capture_output=True, timeout=60)
+    users = "basic_auth_users:\n  prometheus: " + bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode() + "\n"
+    (d / "auth.yml").write_text(users)
+    (d / "tls.yml").write_text(f"tls_server_config:\n  cert_file: {d / 'tls.crt'}\n  key_file: {d / 'tls.key'}\n"
+                               + users)
+    return {False: d / "auth.yml", True: d / "tls.yml"}
+
+
+@pytest.mark.parametrize(("manifests", "tls"), [
+    ("kustomize base", False),
+    ("helm, basic auth", False),
+    ("helm, TLS and basic auth", True),
+])
+def test_shipped_probes_pass_under_auth(web_configs: dict[bool, Path], manifests: str, tls: bool) -> None:
+    if manifests == "kustomize base":
+        docs: Any = _render("deploy/base")
+    else:
+        docs = render(("webConfig.secretName=web", f"webConfig.tls={str(tls).lower()}"))
+    probes = exporter_probes(docs)
+    with ExporterProcess(["--backend", "simulated", "--web.config.file", str(web_configs[tls])], wait=False) as ex:
+        live = probes["livenessProbe"]
+        wait_until(lambda: kubelet_probe(ex.port, live) == 200, 20, what="the liveness probe")
+        wait_until(lambda: kubelet_probe(ex.port, probes["readinessProbe"]) == 200, 20, what="the readiness probe")
+        metrics = {"path": "/metrics", "scheme": live.get("scheme", "HTTP")}
+        assert kubelet_probe(ex.port, metrics) == 401  # the metrics themselves stay behind the password
