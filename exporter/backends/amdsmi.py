@@ -47,6 +47,7 @@ from exporter.backends.base import (
     DRIVER,
     MISSING,
     READING_ERROR,
+    SENTINELS,
     UNSUPPORTED,
     Backend,
     BackendError,
@@ -55,6 +56,7 @@ from exporter.backends.base import (
     GpuDown,
     Outcome,
     Verdict,
+    si,
 )
 from exporter.core.options import BackendOptions
 from exporter.core.pci import AMD_VENDOR, canonical_bus_id, count_pci_gpus
@@ -99,6 +101,10 @@ _ALSO_ABSENT: dict[str, tuple[str, ...]] = {
 }
 
 _U64_MAX = 2**64 - 1
+# "No value" in amdsmi answers: the 32/64-bit all-ones, and the 16-bit one, which the library copies
+# from gpu_metrics into wider fields (power, temperatures, clocks, activities). Not for byte counts and
+# counters, where 65535 is a true value.
+GAUGE_SENTINELS = SENTINELS | {0xFFFF}
 _PCIE_GEN_BY_MTS = {2500: 1, 5000: 2, 8000: 3, 16000: 4, 32000: 5, 64000: 6}
 
 # indep_throttle_status bits (Linux amdgpu_smu.h SMU_THROTTLER_*_BIT) -> NVIDIA reason names.
@@ -171,6 +177,13 @@ def _num(value: object) -> float | None:
     return float(value)
 
 
+def _first_choice(value: object, sentinels: frozenset[int] = GAUGE_SENTINELS) -> float | None:
+    """A number from the preferred source of a reading that has a fallback, or None (no log: the
+    fallback source answers, and goes through the funnel)."""
+    v = _num(value)
+    return None if v is None or v in sentinels else v
+
+
 def _text(value: object) -> str | None:
     if not isinstance(value, str) or is_na(value):
         return None
@@ -234,6 +247,7 @@ class _Device:
     memory_partition: str | None = None
     partition_id: int | None = None
     numa_node: int | None = None
+    edge_sensor: bool = True  # False: no edge sensor (MI300 class); read once per init
     dev: Device = field(default_factory=lambda: Device(-1))  # call state until re-init
 
 
@@ -347,6 +361,20 @@ class AmdSmiBackend(Backend):
     def _want_peers(self) -> bool:
         return self.any_enabled("gpu_p2p_supported", "gpu_topology_level")
 
+    def _si(self, gpu: Device, attr: str, value: Any, factor: float = 1.0,
+            sentinels: frozenset[int] = GAUGE_SENTINELS) -> float | None:
+        """``value`` (a number from an amdsmi answer) times ``factor``, or None.
+
+        A sentinel or "N/A" goes through the funnel: absent, counted as ``no_value``, logged once
+        per GPU and reading. None (a key the answer lacks, or a call already absent) stays None.
+        """
+        if value is None:
+            return None
+        base, _, detail = attr.partition(":")
+        reading = _FAMILY_OF_ATTR.get(base, base) + (f":{detail}" if detail else "")
+        v = self.call(gpu, reading, si, value, factor, sentinels)
+        return None if v is MISSING else float(v)
+
     # --- identity and topology (once per init) -------------------------------------------------
 
     def _identify(self, index: int, handle: Any) -> _Device:
@@ -373,6 +401,15 @@ class AmdSmiBackend(Backend):
         d.partition_id = part if isinstance(part, int) and not isinstance(part, bool) else None
         numa = self._call(None, "numa_node", smi.amdsmi_topo_get_numa_node_number, handle)
         d.numa_node = numa if isinstance(numa, int) else None
+        if self._want("temperature_celsius"):
+            # amd-smi's rule: a board whose edge CRITICAL limit reads 0 has no edge sensor (MI300 class)
+            # and its "current" edge value means nothing. An unknown limit: trust the sensor.
+            crit = self._call(None, "temperature_celsius:edge_limit", smi.amdsmi_get_temp_metric, handle,
+                              smi.AmdSmiTemperatureType.EDGE, smi.AmdSmiTemperatureMetric.CRITICAL)
+            d.edge_sensor = crit != 0
+            if not d.edge_sensor:
+                log.info("amdsmi: GPU %d has no edge temperature sensor (MI300 class): sensor=\"gpu\" is absent; "
+                         "junction and memory are shown", index)
 
         uuid = _text(self._call(None, "uuid", smi.amdsmi_get_gpu_device_uuid, handle))
         if uuid is None or not _uuid_is_unique(uuid):
@@ -459,40 +496,45 @@ class AmdSmiBackend(Backend):
 
         if self._want("utilization_ratio") or self._want("memory_utilization_ratio"):
             act = call(gpu, "utilization_ratio", smi.amdsmi_get_gpu_activity, h) or {}
-            if (v := _num(act.get("gfx_activity"))) is not None:
-                r.utilization_ratio = v / 100.0
-            if (v := _num(act.get("umc_activity"))) is not None:
-                r.memory_utilization_ratio = v / 100.0
+            r.utilization_ratio = self._si(gpu, "utilization_ratio", act.get("gfx_activity"), 0.01)
+            r.memory_utilization_ratio = self._si(gpu, "memory_utilization_ratio", act.get("umc_activity"), 0.01)
 
         if self._want("memory_total_bytes") or self._want("memory_used_bytes") or self._want("memory_free_bytes"):
             vram = smi.AmdSmiMemoryType.VRAM
-            r.memory_total_bytes = _num(call(gpu, "memory_total_bytes", smi.amdsmi_get_gpu_memory_total, h, vram))
-            r.memory_used_bytes = _num(call(gpu, "memory_used_bytes", smi.amdsmi_get_gpu_memory_usage, h, vram))
+            r.memory_total_bytes = self._si(gpu, "memory_total_bytes", call(
+                gpu, "memory_total_bytes", smi.amdsmi_get_gpu_memory_total, h, vram), sentinels=SENTINELS)
+            r.memory_used_bytes = self._si(gpu, "memory_used_bytes", call(
+                gpu, "memory_used_bytes", smi.amdsmi_get_gpu_memory_usage, h, vram), sentinels=SENTINELS)
             if r.memory_total_bytes is not None and r.memory_used_bytes is not None:
                 r.memory_free_bytes = max(0.0, r.memory_total_bytes - r.memory_used_bytes)
 
         if self._want("temperature_celsius"):
             t, cur = smi.AmdSmiTemperatureType, smi.AmdSmiTemperatureMetric.CURRENT
             for sensor, kind in (("gpu", t.EDGE), ("junction", t.HOTSPOT), ("memory", t.VRAM)):
-                v = _num(call(gpu, f"temperature_celsius:{sensor}", smi.amdsmi_get_temp_metric, h, kind, cur))
+                if sensor == "gpu" and not d.edge_sensor:
+                    continue
+                v = self._si(gpu, f"temperature_celsius:{sensor}",
+                             call(gpu, f"temperature_celsius:{sensor}", smi.amdsmi_get_temp_metric, h, kind, cur))
                 if v is not None:
                     r.temperature_celsius[sensor] = v
 
         if self._want("power_watts"):
             power = call(gpu, "power_watts", smi.amdsmi_get_power_info, h) or {}
             # MI300 reports current_socket_power; older GPUs only the average (amd-smi does the same)
-            r.power_watts = _num(power.get("current_socket_power"))
+            r.power_watts = _first_choice(power.get("current_socket_power"))
             if r.power_watts is None:
-                r.power_watts = _num(power.get("average_socket_power"))
+                r.power_watts = self._si(gpu, "power_watts", power.get("average_socket_power"))
 
         if self._want("power_limit_watts"):
             cap = call(gpu, "power_limit_watts", smi.amdsmi_get_power_cap_info, h) or {}
-            if (v := _num(cap.get("power_cap"))) is not None and v > 0:
-                r.power_limit_watts = v / 1e6  # uW
+            if (v := self._si(gpu, "power_limit_watts", cap.get("power_cap"), 1e-6,
+                                SENTINELS)) is not None and v > 0:
+                r.power_limit_watts = v  # uW -> W
 
         if self._want("energy_joules"):
             energy = call(gpu, "energy_joules", smi.amdsmi_get_energy_count, h) or {}
-            acc, res = _num(energy.get("energy_accumulator")), _num(energy.get("counter_resolution"))
+            acc = self._si(gpu, "energy_joules", energy.get("energy_accumulator"), sentinels=SENTINELS)
+            res = _num(energy.get("counter_resolution"))
             if acc is not None and res is not None:
                 r.energy_joules = acc * res / 1e6  # count x uJ per count
 
@@ -500,27 +542,29 @@ class AmdSmiBackend(Backend):
             c = smi.AmdSmiClkType
             for key, kind in (("graphics", c.GFX), ("memory", c.MEM), ("soc", c.SOC), ("video", c.VCLK0)):
                 clk = call(gpu, f"clock_hertz:{key}", smi.amdsmi_get_clock_info, h, kind) or {}
-                if (v := _num(clk.get("clk"))) is not None:
-                    r.clock_hertz[key] = v * 1e6
-                if (v := _num(clk.get("max_clk"))) is not None and v > 0:
-                    r.clock_max_hertz[key] = v * 1e6
+                if (v := self._si(gpu, f"clock_hertz:{key}", clk.get("clk"), 1e6)) is not None:
+                    r.clock_hertz[key] = v
+                if (v := self._si(gpu, f"clock_max_hertz:{key}", clk.get("max_clk"), 1e6)) is not None and v > 0:
+                    r.clock_max_hertz[key] = v
 
         if any(self._want(a) for a in ("pcie_link_generation", "pcie_link_width", "pcie_replay_total")):
             self._read_pcie(h, r, gpu)
 
         if self._want("fan_speed_ratio"):
-            speed = _num(call(gpu, "fan_speed_ratio", smi.amdsmi_get_gpu_fan_speed, h, 0))
-            top = _num(call(gpu, "fan_speed_ratio:max", smi.amdsmi_get_gpu_fan_speed_max, h, 0)) if speed is not None \
-                else None
+            speed = self._si(gpu, "fan_speed_ratio", call(gpu, "fan_speed_ratio", smi.amdsmi_get_gpu_fan_speed, h, 0))
+            top = self._si(gpu, "fan_speed_ratio:max", call(
+                gpu, "fan_speed_ratio:max", smi.amdsmi_get_gpu_fan_speed_max, h, 0)) if speed is not None else None
             if speed is not None and top:
-                r.fan_speed_ratio = min(1.0, speed / top)
+                # as the driver says (pwm1 / pwm1_max), above 1 included: no silent clamp (docs/metrics.md)
+                r.fan_speed_ratio = speed / top
 
         if self._want("ecc_errors"):
             ecc = call(gpu, "ecc_errors", smi.amdsmi_get_gpu_total_ecc_count, h) or {}
-            # AMD counts are kept across reboots in the RAS EEPROM: NVIDIA's "aggregate" counter
+            # The sum of the RAS blocks' sysfs err_count (ue/ce), which the driver keeps in memory since
+            # it was loaded: NVIDIA's "volatile" counter. Only bad pages persist (RAS EEPROM).
             for error_type, key in (("corrected", "correctable_count"), ("uncorrected", "uncorrectable_count")):
-                if (v := _num(ecc.get(key))) is not None:
-                    r.ecc_errors[(error_type, "aggregate")] = v
+                if (v := self._si(gpu, f"ecc_errors:{error_type}", ecc.get(key), sentinels=SENTINELS)) is not None:
+                    r.ecc_errors[(error_type, "volatile")] = v
 
         if self._want("link_up"):
             links = call(gpu, "link_up", "amdsmi_get_gpu_xgmi_link_status", h) or {}
@@ -561,20 +605,23 @@ class AmdSmiBackend(Backend):
         assert smi is not None
         pcie = self._call(gpu, "pcie_link_width", smi.amdsmi_get_pcie_info, h) or {}
         static, metric = pcie.get("pcie_static") or {}, pcie.get("pcie_metric") or {}
-        r.pcie_link_width = _num(metric.get("pcie_width")) or None
-        r.pcie_link_width_max = _num(static.get("max_pcie_width")) or None
-        speed = _num(metric.get("pcie_speed"))
+        r.pcie_link_width = self._si(gpu, "pcie_link_width", metric.get("pcie_width")) or None
+        r.pcie_link_width_max = self._si(gpu, "pcie_link_width_max", static.get("max_pcie_width")) or None
+        speed = self._si(gpu, "pcie_link_generation", metric.get("pcie_speed"))
         if speed is not None:
             r.pcie_link_generation = _PCIE_GEN_BY_MTS.get(int(speed))
-        gen_max = _num(static.get("pcie_interface_version"))
-        if not gen_max and (top := _num(static.get("max_pcie_speed"))) is not None:
+        # The GPU's own maximum: the library derives it from sysfs max_link_speed (the device's link
+        # capability), whatever the slot or host bridge supports. NVIDIA's is the lower of the two.
+        gen_max = _first_choice(static.get("pcie_interface_version"))
+        if not gen_max and (top := self._si(gpu, "pcie_link_generation_max", static.get("max_pcie_speed"))):
             gen_max = _PCIE_GEN_BY_MTS.get(int(top))
         r.pcie_link_generation_max = float(gen_max) if gen_max else None
         if r.pcie_link_generation is not None:
             r.pcie_link_generation = float(r.pcie_link_generation)
-        replay = _num(metric.get("pcie_replay_count"))
+        replay = _first_choice(metric.get("pcie_replay_count"), SENTINELS)
         if replay is None:  # gpu_metrics has no replay count before MI300: the sysfs counter does
-            replay = _num(self._call(gpu, "pcie_replay_total", smi.amdsmi_get_gpu_pci_replay_counter, h))
+            replay = self._si(gpu, "pcie_replay_total", self._call(
+                gpu, "pcie_replay_total", smi.amdsmi_get_gpu_pci_replay_counter, h), sentinels=SENTINELS)
         r.pcie_replay_total = replay
 
     def _read_throttle(self, d: _Device, r: GpuReading, gpu: Device) -> None:
@@ -585,7 +632,7 @@ class AmdSmiBackend(Backend):
         if metrics is None:
             return
         status = int(metrics.indep_throttle_status)
-        if status != _U64_MAX:
+        if status not in SENTINELS:  # all ones (64 or 32 bits): not in this ASIC's format
             for reason, bits in _THROTTLE_BITS.items():
                 r.throttle_reasons[reason] = 1.0 if any(status >> b & 1 for b in bits) else 0.0
             return

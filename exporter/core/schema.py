@@ -119,7 +119,8 @@ FAMILIES: tuple[Family, ...] = (
        "memory.reserved", "(none)"),
     # --- thermal and power -----------------------------------------------------------------------
     _g("gpu_temperature_celsius", GAUGE, "celsius",
-       "Temperature in degrees Celsius by sensor: gpu (die/edge), memory (HBM), junction (hotspot, AMD).",
+       "Temperature in degrees Celsius by sensor: gpu (die/edge; absent on AMD boards without an edge sensor, "
+       "MI300 class), memory (HBM), junction (hotspot, AMD).",
        "thermal", "temperature_celsius", ALL, "nvmlDeviceGetTemperature; NVML_FI_DEV_MEMORY_TEMP",
        "temperature.gpu, temperature.memory", "amd-smi metric --temperature: edge, hotspot, mem",
        labels=("sensor",)),
@@ -198,7 +199,8 @@ FAMILIES: tuple[Family, ...] = (
     _g("gpu_ecc_mode_enabled", GAUGE, "1", "1 when ECC is enabled.", "health", "ecc_mode_enabled", ("nvml",),
        "nvmlDeviceGetEccMode", "ecc.mode.current", "amd-smi static --ras"),
     _g("gpu_ecc_errors_total", COUNTER, "1",
-       "ECC errors by error_type (corrected, uncorrected) and counter (volatile: since boot; aggregate: lifetime).",
+       "ECC errors by error_type (corrected, uncorrected) and counter (volatile: since the driver loaded; "
+       "aggregate: lifetime, NVIDIA only; AMD's totals are volatile).",
        "health", "ecc_errors", ("nvml", "amdsmi"), "nvmlDeviceGetTotalEccErrors",
        "ecc.errors.corrected.volatile.total ...", "amd-smi metric --ecc: total_correctable_count ...",
        labels=("error_type", "counter")),

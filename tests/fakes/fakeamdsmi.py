@@ -20,7 +20,8 @@ Fleet file format (one ``key=value`` per line, ``#`` comments; the C side is
 Per-GPU keys (units as the library reports them): ``market_name``, ``device_id``,
 ``asic_serial`` (hex), ``uuid``, ``bdf``, ``driver_version``, ``vbios_version``,
 ``product_serial``, ``product_name``, ``gfx_activity``/``umc_activity``/``mm_activity`` (%),
-``vram_total``/``vram_used`` (bytes), ``temp.edge``/``temp.hotspot``/``temp.vram`` (C),
+``vram_total``/``vram_used`` (bytes), ``temp.edge``/``temp.hotspot``/``temp.vram`` (C;
+``temp.<sensor>.critical``: the CRITICAL limit, 0 on boards without that sensor),
 ``current_socket_power``/``average_socket_power`` (W), ``power_cap_uw`` (uW),
 ``energy_accumulator`` + ``energy_resolution_uj``, ``clk.<gfx|mem|soc|vclk0>[.max|.min]`` (MHz),
 ``pcie.width``/``pcie.max_width``/``pcie.speed``/``pcie.max_speed`` (MT/s)/``pcie.version``/
@@ -166,6 +167,7 @@ def two_gpu_fleet() -> list[dict[str, object]]:
         "pcie.max_speed": 32000,
         "pcie.version": 5,
         "fan.max": 255,
+        "temp.edge.critical": 100,  # the edge sensor's limit (0 on boards without one)
         "memory_partition": "NPS1",
         "metrics.accumulation_counter": 1000,
     }

@@ -371,8 +371,16 @@ status_t amdsmi_get_temp_metric(void *handle, uint32_t sensor, uint32_t metric, 
     if (sensor == AMDSMI_TEMPERATURE_TYPE_EDGE) key = "temp.edge";
     else if (sensor == AMDSMI_TEMPERATURE_TYPE_HOTSPOT) key = "temp.hotspot";
     else if (sensor == AMDSMI_TEMPERATURE_TYPE_VRAM) key = "temp.vram";
+    /* CURRENT: temp.<sensor>; CRITICAL: temp.<sensor>.critical (0 where the board has no such sensor) */
+    char crit[64];
+    if (key && metric == AMDSMI_TEMP_CRITICAL) {
+        snprintf(crit, sizeof crit, "%s.critical", key);
+        key = crit;
+    } else if (metric != AMDSMI_TEMP_CURRENT) {
+        key = NULL;
+    }
     uint64_t v;
-    if (metric != AMDSMI_TEMP_CURRENT || !key || !gnum(gpu, key, &v)) return AMDSMI_STATUS_NOT_SUPPORTED;
+    if (!key || !gnum(gpu, key, &v)) return AMDSMI_STATUS_NOT_SUPPORTED;
     *out = (int64_t)v;
     return AMDSMI_STATUS_SUCCESS;
 }

@@ -106,7 +106,7 @@ def test_two_gpus_exact_values_and_units(backend: AmdSmiBackend) -> None:
     assert (g0.pcie_link_generation, g0.pcie_link_generation_max) == (5.0, 5.0)  # 32000 MT/s
     assert (g0.pcie_link_width, g0.pcie_link_width_max, g0.pcie_replay_total) == (16.0, 16.0, 3.0)
     assert g0.fan_speed_ratio == 128 / 255
-    assert g0.ecc_errors == {("corrected", "aggregate"): 12.0, ("uncorrected", "aggregate"): 0.0}
+    assert g0.ecc_errors == {("corrected", "volatile"): 12.0, ("uncorrected", "volatile"): 0.0}
     assert g0.link_up == {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}  # U,U,U,D; the disabled 5th link is not one
     assert g0.throttle_reasons == {"sw_power_cap": 1.0, "sw_thermal_slowdown": 0.0, "hw_slowdown": 1.0,
                                    "hw_thermal_slowdown": 0.0}  # PPT0 + PROCHOT_GFX bits
@@ -121,7 +121,7 @@ def test_two_gpus_exact_values_and_units(backend: AmdSmiBackend) -> None:
     assert (g1.pcie_link_generation, g1.pcie_link_width) == (4.0, 8.0)  # 16000 MT/s x8
     assert g1.pcie_replay_total == 7.0  # from the sysfs counter: pcie_info has none
     assert g1.fan_speed_ratio == 0.0
-    assert g1.ecc_errors[("uncorrected", "aggregate")] == 2.0
+    assert g1.ecc_errors[("uncorrected", "volatile")] == 2.0
     assert g1.link_up == {0: 1.0, 1: 0.0}
     assert set(g1.throttle_reasons.values()) == {0.0}
     assert "video" not in g1.clock_hertz
