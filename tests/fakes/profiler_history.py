@@ -263,9 +263,9 @@ def labelled_set(seed: int, end: float, span_s: float = 2100.0, interval: float 
 
     ts = sample_times(end, span_s, interval)
     out = []
-    for i, (label, name, ushape, mshape, period, growth) in enumerate(specs):
+    for i, (label, name, ushape, mshape, period_s, growth) in enumerate(specs):
         node, gpu = f"lab-{i // per_node:03d}", str(i % per_node)
-        out.append(make_history(seed, node, gpu, label, name, ts, ushape, mshape, total, period, growth))
+        out.append(make_history(seed, node, gpu, label, name, ts, ushape, mshape, total, period_s, growth))
     return out
 
 

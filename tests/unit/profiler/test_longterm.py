@@ -1,0 +1,105 @@
+"""Long-term stores (Mimir, Cortex, Thanos behind a tenancy proxy): extra request headers and
+a bearer-token file, proven against a header-checking proxy in front of a real Prometheus."""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.profiler.main import run
+from tests.fakes.profiler_history import scenario_node
+from tests.harness.profiler import history_file
+from tests.harness.prom import Prometheus
+
+pytestmark = pytest.mark.prometheus
+
+END = float(int(time.time()) - 60)
+
+
+class TenantProxy:
+    """Forwards to ``target`` only requests carrying ``X-Scope-OrgID: <tenant>`` and the bearer
+    token; answers 401 otherwise, as Mimir does without an org id. Records what it saw."""
+
+    def __init__(self, target: str, tenant: str, token: str) -> None:
+        self.seen: list[dict[str, str]] = []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                outer.seen.append(headers)
+                if headers.get("x-scope-orgid") != tenant or headers.get("authorization") != f"Bearer {token}":
+                    return self._send(401, b"no org id\n")
+                req = urllib.request.Request(target + self.path, data=body, method="POST",
+                                             headers={"Content-Type": self.headers.get("Content-Type", "")})
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        code, data = r.status, r.read()
+                except urllib.error.HTTPError as e:
+                    code, data = e.code, e.read()
+                self._send(code, data)
+
+            def _send(self, code: int, data: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenantProxy]:
+    tmp = tmp_path_factory.mktemp("longterm")
+    hist = scenario_node(21, "lt-a", END)
+    with Prometheus(tmp / "p", tsdb_blocks_from=history_file(tmp / "h.om", hist)) as prom:
+        p = TenantProxy(prom.url, "team-a", "s3cret")
+        yield p
+        p.close()
+
+
+def test_header_and_token_reach_prometheus_through_the_proxy(proxy: TenantProxy, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    out = io.StringIO()
+    rc = run(["--prometheus-url", proxy.url, "--prometheus-header", "X-Scope-OrgID: team-a",
+              "--prometheus-token-file", str(token), "--once", "--dry-run", "--at", str(END)],
+             out=out, install_signals=False)
+    assert rc == 0
+    docs = [json.loads(line) for line in out.getvalue().splitlines()]
+    ann = next(d for d in docs if d["node"] == "lt-a")["patch"]["metadata"]["annotations"]
+    assert ann["gpu-exporter.io/gpu-2.pattern"] == "periodic"  # real data came back through the proxy
+    assert proxy.seen and all(h.get("x-scope-orgid") == "team-a" for h in proxy.seen)
+
+
+def test_without_the_tenant_the_cycle_fails_in_one_line(proxy: TenantProxy, tmp_path: Path,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    rc = run(["--prometheus-url", proxy.url, "--prometheus-token-file", str(token), "--once", "--dry-run",
+              "--at", str(END)], out=io.StringIO(), install_signals=False)
+    assert rc == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "HTTP 401" in errors[0] and "no org id" in errors[0], errors
