@@ -109,7 +109,6 @@ class BackendOptions:
     sysfs_root: str = _D.sysfs_root
     simulated_gpus: int = _D.simulated_gpus
     simulated_scenario: str = _D.simulated_scenario  # exporter.backends.simulated.SCENARIOS
-    simulated_leak: bool = True
     per_process: bool = _D.per_process  # per-PID series are unbounded cardinality: opt-in
     pcie_throughput: bool = _D.pcie_throughput  # about 40 ms per GPU per read on NVIDIA: opt-in
     command_timeout: float = _D.command_timeout  # CLI backends (rocm-smi)
