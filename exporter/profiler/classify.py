@@ -24,6 +24,10 @@ Patterns, checked in this order (the reasons for each threshold are in docs/prof
     for the whole window: paid for, doing nothing.
 ``idle``
     mean utilisation and its 95th percentile both below small thresholds.
+``underused``
+    busy but starved: mean utilisation high while the mean SM activity (NVIDIA GPM,
+    ``gpu_sm_active_ratio`` of the whole GPU) stays low, judged only where that series has
+    enough samples in the window (other GPUs go on to the tests below).
 ``steady``
     coefficient of variation (stddev / mean) of utilisation below a threshold.
 ``periodic``
@@ -49,10 +53,11 @@ BURSTY = "bursty"
 GROWING = "growing"
 UNKNOWN = "unknown"
 ALLOCATED_IDLE = "allocated-idle"
-PATTERNS = (IDLE, STEADY, PERIODIC, BURSTY, GROWING, UNKNOWN, ALLOCATED_IDLE)
+UNDERUSED = "underused"
+PATTERNS = (IDLE, STEADY, PERIODIC, BURSTY, GROWING, UNKNOWN, ALLOCATED_IDLE, UNDERUSED)
 
 # Tie-break for the node's dominant pattern: the more actionable pattern wins a tie.
-_DOMINANCE_ORDER = (GROWING, ALLOCATED_IDLE, BURSTY, PERIODIC, STEADY, IDLE)
+_DOMINANCE_ORDER = (GROWING, ALLOCATED_IDLE, UNDERUSED, BURSTY, PERIODIC, STEADY, IDLE)
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class Thresholds:
     node_idle_util: float = 0.30  # node idle-GPU count: utilisation below ...
     node_idle_mem: float = 0.50  # ... and memory used ratio below
     held_fraction: float = 0.9  # allocated-idle: share of the window's scrapes a pod held the GPU
+    underused_util: float = 0.8  # underused: mean utilisation at least this ...
+    underused_sm: float = 0.2  # ... while mean SM activity stays below this (as GpuBusyButStarved)
 
 
 @dataclass
@@ -109,6 +116,8 @@ class GpuStats:
     mem_range: list[float | None] | None = None
     mem_step: float = 60.0
     holders: dict[str, float] | None = None  # "namespace/pod" -> samples of the window it held the GPU
+    sm_mean: float | None = None  # window mean of the whole GPU's SM activity (GPM); None: no series
+    sm_count: float | None = None  # its samples in the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,6 +459,10 @@ def classify_gpu(st: GpuStats, th: Thresholds | None = None) -> GpuProfile:
             return GpuProfile(ALLOCATED_IDLE, reason=f"mean utilisation {mean:.3f}, held by {holder}",
                               holder=holder, **common)
         return GpuProfile(IDLE, reason=f"mean utilisation {mean:.3f}", **common)
+    sm, sm_count = finite(st.sm_mean), finite(st.sm_count)
+    if sm is not None and sm_count is not None and sm_count >= th.min_samples and mean >= th.underused_util \
+            and sm < th.underused_sm:
+        return GpuProfile(UNDERUSED, reason=f"mean utilisation {mean:.3f}, mean SM activity {sm:.3f}", **common)
     cv = std / mean if mean > 0 else math.inf
     if cv < th.steady_cv:
         return GpuProfile(STEADY, reason=f"coefficient of variation {cv:.2f}", **common)

@@ -9,7 +9,8 @@ Then, per shard (``{node=~"n1|n2|..."}``):
 
 1. utilisation aggregates (instant), grouped by (node, gpu, uuid): mean, stddev, 95th
    percentile, sample count, count in the older half of the window, count in the
-   freshness period;
+   freshness period; and the mean and sample count of the whole GPU's SM activity
+   (``gpu_sm_active_ratio{gpu_instance=""}``, NVIDIA GPM: absent elsewhere) for ``underused``;
 2. memory aggregates (instant): mean used, mean free, total, ``deriv`` of used, counts,
    last ``gpu_up``;
 3. allocation (instant): how many samples of the window each ``gpu_allocation_info``
@@ -63,6 +64,7 @@ from exporter.profiler.prom import BAD_RESPONSE, TOO_LARGE, PromClient, PromErro
 log = logging.getLogger(__name__)
 
 UTIL = "gpu_utilization_ratio"
+SM_ACTIVE = "gpu_sm_active_ratio"
 MEM_USED = "gpu_memory_used_bytes"
 MEM_FREE = "gpu_memory_free_bytes"
 MEM_TOTAL = "gpu_memory_total_bytes"
@@ -158,6 +160,9 @@ class QueryBuilder:
             "count": lambda m: f"count_over_time({UTIL}{{{m}}}[{w}])",
             "early": lambda m: f"count_over_time({UTIL}{{{m}}}[{half}] offset {half})",
             "fresh": lambda m: f"count_over_time({UTIL}{{{m}}}[{f}])",
+            # whole GPUs only (a MIG instance has its own series): underused where the series exists
+            "sm_mean": lambda m: f'avg_over_time({SM_ACTIVE}{{{m}, gpu_instance=""}}[{w}])',
+            "sm_count": lambda m: f'count_over_time({SM_ACTIVE}{{{m}, gpu_instance=""}}[{w}])',
         }
         return " or ".join(self.tag(self.per_gpu(fn, nodes=nodes), stat) for stat, fn in parts.items())
 
@@ -374,6 +379,7 @@ class Reader:
                 mem_count=v.get("mem_count"), mem_early=v.get("mem_early"),
                 util_fresh=v.get("util_fresh", 0.0), mem_fresh=v.get("mem_fresh", 0.0),
                 util_step=step, mem_step=mem_step,
+                sm_mean=v.get("util_sm_mean"), sm_count=v.get("util_sm_count"),
             )  # fmt: skip
             held = holders.get((node, gpu, uuid))
             if held:
