@@ -8,11 +8,31 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.harness import cli_gate
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.prom import Prometheus
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
+
+
+# ---- the traceback gate (tests/harness/cli_gate.py) -------------------------------------
+
+cli_gate.install()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "allow_traceback: a CLI run of this test is meant to print a traceback")
+
+
+@pytest.fixture(autouse=True)
+def no_traceback_from_the_cli(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test when a CLI command it ran wrote a Python traceback to stderr (issue 16)."""
+    cli_gate.take()
+    yield
+    found = cli_gate.take()
+    if found and request.node.get_closest_marker("allow_traceback") is None:
+        pytest.fail("a CLI command printed a traceback:\n" + "\n".join(found), pytrace=False)
 
 
 # ---- Prometheus (tests/harness/prom.py) -------------------------------------------------
