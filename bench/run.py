@@ -10,6 +10,10 @@ Measures, for 1, 8 and 64 fake GPUs:
 The peer is nvitop-exporter (PyPI, bench extra) over the same fake library and fleet.
 Everything talks to 127.0.0.1 only. Results go to a markdown table (``--write FILE``
 replaces the section between the bench markers).
+
+The fake fleet supports GPM (``gpm_supported=1``, as a Hopper GPU) unless ``--no-gpm``.
+``--gpm-compare N`` measures only our exporter at N GPUs, with GPM on and off side by side
+(collection, and scrapes in the default configuration), into its own section.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tests.harness.exporter import REPO, free_port
 from tests.harness.poll import wait_until
 
 BEGIN, END = "<!-- bench:exporter:begin -->", "<!-- bench:exporter:end -->"
+GPM_BEGIN, GPM_END = "<!-- bench:gpm:begin -->", "<!-- bench:gpm:end -->"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 COLLECT_SCRIPT = r"""
@@ -166,23 +171,47 @@ def measure_collection(env: dict[str, str], n: int) -> dict[str, float]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def run(gpu_counts: list[int], scrapes: int, peer: bool) -> list[dict[str, object]]:
+def _fleet(tmp: str, n: int, gpm: bool) -> FakeNvml:
+    """``n`` fake GPUs; ``gpm`` False: nvmlGpmQueryDeviceSupport says no on every GPU (pre-Hopper)."""
+    path = Path(tmp) / "fleet.conf"
+    return FakeNvml(path, gpus=n) if gpm else FakeNvml(path, gpus=n, gpm_supported=0)
+
+
+def _serve_cmd(port: int, tmp: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "exporter", "serve", "--backend", "nvml", "--address", "127.0.0.1",
+            "--port", str(port), "--sysfs-root", tmp, *extra]
+
+
+def run_gpm(n: int, scrapes: int) -> list[dict[str, object]]:
+    """Our exporter at ``n`` GPUs with GPM on, then off: collection and default-configuration scrapes."""
+    rows: list[dict[str, object]] = []
+    build_library()
+    for gpm in (True, False):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, **_fleet(tmp, n, gpm).env(), "PYTHONUNBUFFERED": "1"}
+            coll = measure_collection(env, 500)
+            assert coll["gpus"] == n, coll
+            port = free_port()
+            ours = measure_server(_serve_cmd(port, tmp), env, port, "/metrics", scrapes)
+            row: dict[str, object] = {"gpus": n, "gpm": gpm, "collect": coll, "ours": ours}
+            rows.append(row)
+            print(json.dumps(row, default=vars), flush=True)
+    return rows
+
+
+def run(gpu_counts: list[int], scrapes: int, peer: bool, gpm: bool = True) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     build_library()
     for n in gpu_counts:
         with tempfile.TemporaryDirectory() as tmp:
-            fleet = FakeNvml(Path(tmp) / "fleet.conf", gpus=n)
+            fleet = _fleet(tmp, n, gpm)
             env = {**os.environ, **fleet.env(), "PYTHONUNBUFFERED": "1"}
             coll = measure_collection(env, 500 if n <= 8 else 100)
             assert coll["gpus"] == n, coll
             port = free_port()
-            ours = measure_server([sys.executable, "-m", "exporter", "serve", "--backend", "nvml", "--address",
-                                   "127.0.0.1", "--port", str(port), "--sysfs-root", tmp],
-                                  env, port, "/metrics", scrapes)
+            ours = measure_server(_serve_cmd(port, tmp), env, port, "/metrics", scrapes)
             port = free_port()
-            nocache = measure_server([sys.executable, "-m", "exporter", "serve", "--backend", "nvml", "--address",
-                                      "127.0.0.1", "--port", str(port), "--sysfs-root", tmp, "--cache-ttl", "0"],
-                                     env, port, "/metrics", scrapes)
+            nocache = measure_server(_serve_cmd(port, tmp, "--cache-ttl", "0"), env, port, "/metrics", scrapes)
             row: dict[str, object] = {"gpus": n, "collect": coll, "ours": ours, "ours_nocache": nocache}
             if peer and shutil.which("nvitop-exporter", path=str(Path(sys.executable).parent)):
                 port = free_port()
@@ -201,16 +230,46 @@ def _ms(x: float) -> str:
     return f"{x * 1000:.2f}"
 
 
-def to_markdown(rows: list[dict[str, object]], scrapes: int) -> str:
+def _machine() -> str:
     cpu = "unknown"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"Run {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores ({cpu}), Linux {platform.release()}, "
+            f"Python {platform.python_version()}, load average (1/5/15 min) {load} at the end")
+
+
+def gpm_markdown(rows: list[dict[str, object]], scrapes: int) -> str:
+    """The GPM on/off comparison (``--gpm-compare``) as its own marked section."""
+    lines = [
+        GPM_BEGIN,
+        f"{_machine()}; fake `libnvidia-ml.so.1`, all default fields, default configuration (cache-ttl 1 s). "
+        f"GPM on: two GPM samples per GPU per collection (nvmlGpmSampleGet, nvmlGpmMetricsGet) and the "
+        f"activity families on /metrics; off: `gpm_supported=0` (nvmlGpmQueryDeviceSupport says no). "
+        f"CPU per scrape over {scrapes:,} scrapes.",
+        "",
+        "| GPUs | GPM | collection (ms) | collection + render (ms) | p50 1 scraper (ms) | p99 1 scraper (ms) "
+        "| p50 50 scrapers (ms) | p99 50 scrapers (ms) | errors (50) | RSS end (MiB) | CPU per scrape (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        coll, fig = row["collect"], row["ours"]
+        assert isinstance(coll, dict) and isinstance(fig, ServerFigures)
+        lines.append(
+            f"| {row['gpus']} | {'on' if row['gpm'] else 'off'} | {_ms(coll['collect_s'])} "
+            f"| {_ms(coll['collect_render_s'])} | {_ms(fig.p50_1)} | {_ms(fig.p99_1)} | {_ms(fig.p50_50)} "
+            f"| {_ms(fig.p99_50)} | {fig.errors_50} | {fig.rss_after_mib:.1f} | {_ms(fig.cpu_per_scrape_s)} |")
+    lines.append(GPM_END)
+    return "\n".join(lines)
+
+
+def to_markdown(rows: list[dict[str, object]], scrapes: int, gpm: bool = True) -> str:
     lines = [
         BEGIN,
-        f"Run {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores ({cpu}), Linux {platform.release()}, "
-        f"Python {platform.python_version()}; fake `libnvidia-ml.so.1` (tests/fakes/fake_nvml), all default fields. "
+        f"{_machine()}; fake `libnvidia-ml.so.1` (tests/fakes/fake_nvml), all default fields, GPM "
+        f"{'supported (Hopper-like)' if gpm else 'off (gpm_supported=0)'}. "
         f"RSS after {scrapes:,} scrapes. Latencies are client-side over keep-alive connections on 127.0.0.1.",
         "",
         "| GPUs | exporter | collection (ms) | collection + render (ms) | p50 1 scraper (ms) | p99 1 scraper (ms) "
@@ -274,10 +333,21 @@ def main() -> int:
     ap.add_argument("--gpus", default="1,8,64")
     ap.add_argument("--scrapes", type=int, default=10_000)
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--no-gpm", action="store_true", help="fake GPUs without GPM (gpm_supported=0)")
+    ap.add_argument("--gpm-compare", type=int, metavar="N",
+                    help="only our exporter at N GPUs, GPM on and off side by side (its own section)")
     ap.add_argument("--write", type=Path)
     a = ap.parse_args()
-    rows = run([int(x) for x in a.gpus.split(",")], a.scrapes, not a.no_peer)
-    md = to_markdown(rows, a.scrapes)
+    if a.gpm_compare is not None:
+        if a.no_gpm or not 1 <= a.gpm_compare <= 64:
+            ap.error("--gpm-compare takes a GPU count of 1 to 64 and measures both states: drop --no-gpm")
+        md = gpm_markdown(run_gpm(a.gpm_compare, a.scrapes), a.scrapes)
+        print(md)
+        if a.write:
+            write_section(a.write, md, GPM_BEGIN, GPM_END, "GPM on and off")
+        return 0
+    rows = run([int(x) for x in a.gpus.split(",")], a.scrapes, not a.no_peer, gpm=not a.no_gpm)
+    md = to_markdown(rows, a.scrapes, gpm=not a.no_gpm)
     print(md)
     if a.write:
         write_section(a.write, md)

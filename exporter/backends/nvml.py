@@ -96,7 +96,9 @@ THROTTLE_REASONS = (
 # NVML_PERF_POLICY_* for nvmlDeviceGetViolationStatus
 VIOLATION_POLICIES = ((0, "power"), (1, "thermal"), (2, "sync_boost"), (3, "board_limit"),
                       (4, "low_utilization"), (5, "reliability"))
-NVLINK_ERROR_FIELDS = (("crc_flit", 38), ("crc_data", 45), ("replay", 52), ("recovery", 59))
+# nvmlNvLinkErrorCounter_t counters read per link (nvidia-smi nvlink -e); the ECC data counter (4) is
+# Volta-only and has no family
+NVLINK_ERROR_COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))
 NVML_FI_DEV_NVLINK_LINK_COUNT = 91
 P2P_CAPS = ((0, "read"), (1, "write"), (2, "nvlink"), (3, "atomics"))  # NVML_P2P_CAPS_INDEX_* (integers)
 TOPOLOGY_NAMES = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
@@ -125,6 +127,19 @@ class _Gpu(Device):
 
 def _number(factor: float = 1.0) -> Callable[[Any], float]:
     return lambda v: si(v, factor)
+
+
+def _flag(v: Any) -> float:
+    """An NVML enable/pending state: 1.0 or 0.0; a sentinel is "no value", anything else not 0/1 malformed."""
+    x = si(v)
+    if x not in (0.0, 1.0):
+        raise ValueError(f"state {v!r} is neither 0 nor 1")
+    return x
+
+
+def _mask(v: Any) -> int:
+    """A bit mask (clock event reasons): all ones is "no value", not every bit set."""
+    return int(si(v))
 
 
 class NvmlBackend(Backend):
@@ -380,7 +395,7 @@ class NvmlBackend(Backend):
         r.pcie_link_width_max = st.get("pcie_link_width_max")
 
         if en("gpu_performance_state"):
-            ps = call(gpu, "gpu_performance_state", nv.nvmlDeviceGetPerformanceState, h, convert=int)
+            ps = call(gpu, "gpu_performance_state", nv.nvmlDeviceGetPerformanceState, h, convert=si)
             if ps is not MISSING and 0 <= ps < PSTATE_UNKNOWN:
                 r.performance_state = float(ps)
 
@@ -471,9 +486,9 @@ class NvmlBackend(Backend):
         call = self.call
         en = self.enabled
         if self.any_enabled("gpu_ecc_mode_enabled", "gpu_ecc_errors_total"):
-            mode = call(gpu, "gpu_ecc_mode_enabled", nv.nvmlDeviceGetEccMode, h, convert=lambda m: int(m[0]))
+            mode = call(gpu, "gpu_ecc_mode_enabled", nv.nvmlDeviceGetEccMode, h, convert=lambda m: _flag(m[0]))
             if mode is not MISSING:
-                r.ecc_mode_enabled = 1.0 if mode else 0.0
+                r.ecc_mode_enabled = mode
             if en("gpu_ecc_errors_total") and (mode is MISSING or mode):
                 for etype, ename in ((1, "uncorrected"), (0, "corrected")):
                     for ctype, cname in ((0, "volatile"), (1, "aggregate")):
@@ -488,17 +503,18 @@ class NvmlBackend(Backend):
                 if pages is not MISSING:
                     r.retired_pages[cname] = pages
         if en("gpu_retired_pages_pending"):
-            pend = call(gpu, "gpu_retired_pages_pending", nv.nvmlDeviceGetRetiredPagesPendingStatus, h, convert=int)
+            pend = call(gpu, "gpu_retired_pages_pending", nv.nvmlDeviceGetRetiredPagesPendingStatus, h,
+                        convert=_flag)
             if pend is not MISSING:
-                r.retired_pages_pending = 1.0 if pend else 0.0
+                r.retired_pages_pending = pend
         if self.any_enabled("gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed"):
             rows = call(gpu, "gpu_remapped_rows", nv.nvmlDeviceGetRemappedRows, h,
-                        convert=lambda t: (si(t[0]), si(t[1]), bool(t[2]), bool(t[3])))
+                        convert=lambda t: (si(t[0]), si(t[1]), _flag(t[2]), _flag(t[3])))
             if rows is not MISSING:
                 corr, unc, pending, failed = rows
                 r.remapped_rows = {"corrected": corr, "uncorrected": unc}
-                r.remapped_rows_pending = 1.0 if pending else 0.0
-                r.remapped_rows_failed = 1.0 if failed else 0.0
+                r.remapped_rows_pending = pending
+                r.remapped_rows_failed = failed
         if en("gpu_throttle_reason_active"):
             self._read_throttle(gpu, r, h)
         if en("gpu_violation_seconds_total"):
@@ -519,11 +535,14 @@ class NvmlBackend(Backend):
                 v = call(gpu, f"gpu_link_up:{link}", nv.nvmlDeviceGetNvLinkState, h, link, convert=int)
                 if v is not MISSING:
                     r.link_up[link] = 1.0 if v else 0.0
-        if en("gpu_link_errors_total") and gpu.static.get("nvlinks"):
-            for name, fid in NVLINK_ERROR_FIELDS:
-                fv = self._field_value(gpu, h, f"gpu_link_errors_total:{name}", fid)
-                if fv is not None:
-                    r.link_errors[name] = fv
+        if en("gpu_link_errors_total"):
+            # per link: a device-wide total may cover link 0 only on some drivers (scope 0)
+            for link in gpu.static.get("nvlinks", ()):
+                for name, counter in NVLINK_ERROR_COUNTERS:
+                    v = call(gpu, f"gpu_link_errors_total:{name}", nv.nvmlDeviceGetNvLinkErrorCounter, h, link,
+                             counter, convert=si)
+                    if v is not MISSING:
+                        r.link_errors[(name, str(link))] = v
         if en("gpu_encoder_utilization_ratio"):
             v = call(gpu, "gpu_encoder_utilization_ratio", nv.nvmlDeviceGetEncoderUtilization, h,
                      convert=lambda u: si(u[0], 0.01))
@@ -578,7 +597,7 @@ class NvmlBackend(Backend):
         mask = self.probe(gpu, "gpu_throttle_reason_active", (
             ("nvmlDeviceGetCurrentClocksEventReasons", lambda x: nv.nvmlDeviceGetCurrentClocksEventReasons(x)),
             ("nvmlDeviceGetCurrentClocksThrottleReasons", lambda x: nv.nvmlDeviceGetCurrentClocksThrottleReasons(x)),
-        ), h, convert=int)
+        ), h, convert=_mask)
         if mask is MISSING:
             return
         supported = gpu.static.get("throttle_supported")
@@ -588,7 +607,7 @@ class NvmlBackend(Backend):
                  lambda x: nv.nvmlDeviceGetSupportedClocksEventReasons(x)),
                 ("nvmlDeviceGetSupportedClocksThrottleReasons",
                  lambda x: nv.nvmlDeviceGetSupportedClocksThrottleReasons(x)),
-            ), h, convert=int)
+            ), h, convert=_mask)
             if supported is MISSING:
                 supported = ~0  # unknown: report every named reason
             gpu.static["throttle_supported"] = supported
@@ -599,11 +618,11 @@ class NvmlBackend(Backend):
     def _read_mig(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """MIG mode and, per MIG instance, its memory (utilisation is not reported by NVML)."""
         nv = self._nv
-        mode = self.call(gpu, "gpu_mig_mode_enabled", nv.nvmlDeviceGetMigMode, h, convert=lambda m: int(m[0]))
+        mode = self.call(gpu, "gpu_mig_mode_enabled", nv.nvmlDeviceGetMigMode, h, convert=lambda m: _flag(m[0]))
         if mode is MISSING:
             return
-        r.mig_mode_enabled = 1.0 if mode == 1 else 0.0
-        if mode != 1 or not self.any_enabled("gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes",
+        r.mig_mode_enabled = mode
+        if mode != 1.0 or not self.any_enabled("gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes",
                                              "gpu_mig_utilization_ratio"):
             return
         slots = self.call(gpu, "gpu_mig_memory_total_bytes:slots", nv.nvmlDeviceGetMaxMigDeviceCount, h, convert=int)

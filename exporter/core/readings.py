@@ -102,7 +102,7 @@ class GpuReading:
 
     # NVLink / XGMI: link -> 0|1 ; counter ("crc_flit", "crc_data", "replay", "recovery") -> count, all links
     link_up: dict[int, float] = field(default_factory=dict)
-    link_errors: dict[str, float] = field(default_factory=dict)
+    link_errors: dict[tuple[str, str], float] = field(default_factory=dict)  # (counter, link)
 
     # processes
     process_count: float | None = None

@@ -231,9 +231,10 @@ FAMILIES: tuple[Family, ...] = (
     _g("gpu_link_up", GAUGE, "1", "1 when a GPU interconnect link (NVLink, XGMI) is active, by link.",
        "interconnect", "link_up", ("nvml", "amdsmi"), "nvmlDeviceGetNvLinkState", "nvidia-smi nvlink -s",
        "amd-smi xgmi --link-status", labels=("link",)),
-    _g("gpu_link_errors_total", COUNTER, "1", "GPU interconnect link errors summed over all links, by counter.",
-       "interconnect", "link_errors", ("nvml",), "NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL", "nvidia-smi nvlink -e",
-       "amd-smi xgmi --metric", labels=("counter",)),
+    _g("gpu_link_errors_total", COUNTER, "1",
+       "NVLink errors since the driver loaded, by counter (replay, recovery, crc_flit, crc_data) and link; "
+       "sum without (link) for the GPU's total.", "interconnect", "link_errors", ("nvml",),
+       "nvmlDeviceGetNvLinkErrorCounter (per link)", "nvidia-smi nvlink -e", "(none)", labels=("counter", "link")),
     # --- processes -------------------------------------------------------------------------------
     _g("gpu_processes", GAUGE, "1", "Compute processes running on the GPU.", "processes", "process_count",
        ("nvml", "amdsmi"), "nvmlDeviceGetComputeRunningProcesses_v3/_v2/v1", "--query-compute-apps=pid (count)",

@@ -149,8 +149,11 @@ def test_nvlink_codecs_and_processes(fleet: FakeNvml, sysfs: Path) -> None:
         assert sample(s, "gpu_link_up", gpu="0", link="5") == 0.0
         assert sample(s, "gpu_link_up", gpu="0", link="4") == 1.0
         assert len([1 for n, ls in s if n == "gpu_link_up" and ("gpu", "0") in ls]) == 18
-        assert sample(s, "gpu_link_errors_total", gpu="0", counter="crc_flit") == 15.0
-        assert sample(s, "gpu_link_errors_total", gpu="0", counter="replay") == 2.0
+        assert sample(s, "gpu_link_errors_total", gpu="0", counter="crc_flit", link="5") == 11.0
+        assert sample(s, "gpu_link_errors_total", gpu="0", counter="crc_flit", link="6") == 4.0
+        assert sample(s, "gpu_link_errors_total", gpu="0", counter="replay", link="1") == 2.0
+        assert sum(v for (n, ls), v in s.items() if n == "gpu_link_errors_total" and ("gpu", "0") in ls
+                   and ("counter", "crc_flit") in ls) == 15.0
         assert sample(s, "gpu_encoder_utilization_ratio", gpu="0") == pytest.approx(0.12)
         assert sample(s, "gpu_decoder_utilization_ratio", gpu="0") == pytest.approx(0.34)
         assert sample(s, "gpu_processes", gpu="0") == 2.0
