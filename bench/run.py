@@ -241,6 +241,17 @@ def _machine() -> str:
             f"Python {platform.python_version()}, load average (1/5/15 min) {load} at the end")
 
 
+def _load_warning() -> list[str]:
+    """A line saying the figures are inflated when other work kept the machine busier than its cores."""
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load <= cores:
+        return []
+    return ["", f"**Loaded machine**: a 1-minute load average of {load:.1f} on {cores} cores at the end of the "
+                "run (other processes competing for the CPU): the figures are inflated by waiting for a core and "
+                "say nothing about the targets; compare rows of the same run only, and rerun on an idle machine."]
+
+
 def gpm_markdown(rows: list[dict[str, object]], scrapes: int) -> str:
     """The GPM on/off comparison (``--gpm-compare``) as its own marked section."""
     lines = [
@@ -249,6 +260,7 @@ def gpm_markdown(rows: list[dict[str, object]], scrapes: int) -> str:
         f"GPM on: two GPM samples per GPU per collection (nvmlGpmSampleGet, nvmlGpmMetricsGet) and the "
         f"activity families on /metrics; off: `gpm_supported=0` (nvmlGpmQueryDeviceSupport says no). "
         f"CPU per scrape over {scrapes:,} scrapes.",
+        *_load_warning(),
         "",
         "| GPUs | GPM | collection (ms) | collection + render (ms) | p50 1 scraper (ms) | p99 1 scraper (ms) "
         "| p50 50 scrapers (ms) | p99 50 scrapers (ms) | errors (50) | RSS end (MiB) | CPU per scrape (ms) |",
@@ -271,6 +283,7 @@ def to_markdown(rows: list[dict[str, object]], scrapes: int, gpm: bool = True) -
         f"{_machine()}; fake `libnvidia-ml.so.1` (tests/fakes/fake_nvml), all default fields, GPM "
         f"{'supported (Hopper-like)' if gpm else 'off (gpm_supported=0)'}. "
         f"RSS after {scrapes:,} scrapes. Latencies are client-side over keep-alive connections on 127.0.0.1.",
+        *_load_warning(),
         "",
         "| GPUs | exporter | collection (ms) | collection + render (ms) | p50 1 scraper (ms) | p99 1 scraper (ms) "
         "| p50 50 scrapers (ms) | p99 50 scrapers (ms) | errors (50) | RSS start (MiB) | RSS end (MiB) "
