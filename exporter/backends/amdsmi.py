@@ -37,7 +37,7 @@ import contextlib
 import ctypes
 import io
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar
@@ -54,6 +54,7 @@ from exporter.backends.base import (
     BackendUnavailable,
     Device,
     GpuDown,
+    NoValue,
     Outcome,
     Verdict,
     si,
@@ -92,12 +93,18 @@ _LIBRARY_CODES = {
     51: "driver_not_loaded",  # NO_DRV
 }
 
+# Activity and data accumulators from gpu_metrics (amd-smi metric --usage, xgmi --metric, --pcie).
+_ACTIVITY_ATTRS = ("graphics_engine_active_ratio", "dram_active_ratio", "encoder_utilization_ratio",
+                   "decoder_utilization_ratio", "link_transferred_bytes")
+
 # a call that is unsupported leaves these readings absent too
 _ALSO_ABSENT: dict[str, tuple[str, ...]] = {
     "utilization_ratio": ("memory_utilization_ratio",),
     "pcie_link_width": ("pcie_link_width_max", "pcie_link_generation", "pcie_link_generation_max"),
     "process_count": ("process_memory_used_bytes",),
     "clock_hertz": ("clock_max_hertz",),
+    # no gpu_metrics table: no activity, no link data
+    "graphics_engine_active_ratio": _ACTIVITY_ATTRS[1:],
 }
 
 _U64_MAX = 2**64 - 1
@@ -123,6 +130,65 @@ _RESIDENCY_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 _NA_STRINGS = ("n/a", "(secondary die)", "n/a (secondary die)", "")
+
+_KB = 1000.0  # xgmi_*_data_acc are kilobytes (kernel gpu_metrics v1.4+), decimal like the firmware's GB/s
+_GB = 1e9  # pcie_bandwidth_acc sums GB/s (UQ10, rounded) once per firmware iteration
+
+
+class _NotInTable(NotImplementedError):
+    """A gpu_metrics field left all ones: this ASIC's table version lacks it (amd-smi prints N/A).
+
+    The kernel fills every field its table version does not carry with ones, so the field will not
+    appear later: the funnel treats it as unsupported (logged once, in gpu_field_unsupported, not
+    asked again until re-initialisation) rather than as a failing reading.
+    """
+
+
+def _in_table(value: int, factor: float, sentinels: frozenset[int]) -> float:
+    try:
+        return si(value, factor, sentinels)
+    except NoValue as exc:
+        raise _NotInTable(str(exc)) from None
+
+
+def _activity(value: int) -> float:
+    """A gpu_metrics activity (uint16, %) as a ratio 0-1; over 100 % is a value we cannot trust."""
+    ratio = _in_table(value, 0.01, GAUGE_SENTINELS)
+    if ratio > 1.0:
+        raise ValueError(f"activity {value} % is over 100 %")
+    return ratio
+
+
+def _video_activity(mm: int, vcn: Sequence[int]) -> float:
+    """average_mm_activity, else the mean of the VCN instances' activity (MI300 reports only those)."""
+    if mm not in GAUGE_SENTINELS:
+        return _activity(mm)
+    used = [_activity(v) for v in vcn if v not in GAUGE_SENTINELS]  # unused VCN slots are all ones
+    if not used:
+        raise _NotInTable("average_mm_activity and every vcn_activity slot are all ones")
+    return sum(used) / len(used)
+
+
+def _link_bytes(kilobytes: Sequence[int]) -> float:
+    """An XGMI data accumulator summed over the links, in bytes; unused link slots are all ones."""
+    used = [si(v, _KB, SENTINELS) for v in kilobytes if v not in SENTINELS]
+    if not used:
+        raise _NotInTable("every xgmi data slot is all ones")
+    return sum(used)
+
+
+def _pcie_sample(iterations: int, bandwidth_acc: int, firmware_ts: int, clock_ns: int) -> tuple[int, int, str, int]:
+    """(firmware iterations, summed GB/s, time source, time in ns) of one gpu_metrics table.
+
+    Time: the firmware's timestamp (10 ns resolution) where the table has it, else the kernel's
+    boottime at the read (system_clock_counter, ns).
+    """
+    for v in (iterations, bandwidth_acc):
+        _in_table(v, 1.0, SENTINELS)
+    if firmware_ts not in SENTINELS:
+        return iterations, bandwidth_acc, "firmware", firmware_ts * 10
+    _in_table(clock_ns, 1.0, SENTINELS)
+    return iterations, bandwidth_acc, "kernel", clock_ns
 
 
 # ---- helpers shared with the rocm-smi backend ---------------------------------------------------
@@ -267,6 +333,10 @@ class AmdSmiBackend(Backend):
         self._rocm_version: str | None = None
         # uuid -> (accumulation counter, residency per reason) from the previous collection
         self._residency: dict[str, tuple[int, dict[str, int]]] = {}
+        # uuid -> (previous PCIe sample, bytes counted so far or None before the second sample)
+        self._pcie_bytes: dict[str, tuple[tuple[int, int, str, int], float | None]] = {}
+        # processor index -> gpu_metrics table of this collection (throttle reasons and activity share it)
+        self._metrics_now: dict[int, Any] = {}
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -456,6 +526,7 @@ class AmdSmiBackend(Backend):
     def collect(self, out: Collection) -> None:
         if not self._ready:
             self._start()
+        self._metrics_now = {}
         for d in self._devices:
             out.gpus.append(self._read(d, out))
         out.peers = self._peers  # static until re-init: the renderer caches its text
@@ -575,6 +646,9 @@ class AmdSmiBackend(Backend):
         if self._want("throttle_reasons"):
             self._read_throttle(d, r, gpu)
 
+        if any(self._want(a) for a in _ACTIVITY_ATTRS):
+            self._read_activity(d, r, gpu)
+
         if self._want("process_count") or self._want("process_memory_used_bytes") or \
                 (self.options.per_process and self._want("process_memory_by_pid")):
             procs = call(gpu, "process_count", smi.amdsmi_get_gpu_process_list, h)
@@ -628,7 +702,7 @@ class AmdSmiBackend(Backend):
         """Throttle reasons from gpu_metrics: the status bits, or residency counters (MI300)."""
         smi = self._smi
         assert smi is not None
-        metrics = self._call(gpu, "throttle_reasons", self._raw_gpu_metrics, d.handle)
+        metrics = self._gpu_metrics(d, gpu, "throttle_reasons")
         if metrics is None:
             return
         status = int(metrics.indep_throttle_status)
@@ -653,6 +727,60 @@ class AmdSmiBackend(Backend):
             if reason in prev[1]:
                 # active if the residency grew during the last collection interval
                 r.throttle_reasons[reason] = 1.0 if value > prev[1][reason] else 0.0
+
+    def _read_activity(self, d: _Device, r: GpuReading, gpu: Device) -> None:
+        """Engine activity and link data from gpu_metrics (amd-smi metric --usage; xgmi --metric).
+
+        Activities are the firmware's averages in percent (``gpu_instance`` "": partitions are GPUs
+        of their own); XGMI data are kilobyte counters per link; PCIe is a sum of GB/s samples, one
+        per firmware iteration, turned into bytes between two collections (:meth:`_pcie_transferred`).
+        """
+        wanted = [a for a in _ACTIVITY_ATTRS if self._want(a)]
+        m = self._gpu_metrics(d, gpu, wanted[0])
+        if m is None:
+            return
+        call = self._call
+        for attr, pct in (("graphics_engine_active_ratio", m.average_gfx_activity),
+                          ("dram_active_ratio", m.average_umc_activity)):
+            if self._want(attr) and (v := call(gpu, attr, _activity, pct)) is not None:
+                getattr(r, attr)[""] = v
+        video = [a for a in ("encoder_utilization_ratio", "decoder_utilization_ratio") if self._want(a)]
+        if video:
+            # one multimedia engine (VCN) encodes and decodes: both families carry its activity
+            v = call(gpu, video[0], _video_activity, m.average_mm_activity, list(m.vcn_activity))
+            for attr in video:
+                setattr(r, attr, v)
+        if self._want("link_transferred_bytes"):
+            for direction, acc in (("rx", m.xgmi_read_data_acc), ("tx", m.xgmi_write_data_acc)):
+                if (v := call(gpu, f"link_transferred_bytes:xgmi_{direction}", _link_bytes, list(acc))) is not None:
+                    r.link_transferred_bytes[("xgmi", direction)] = v
+            sample = call(gpu, "link_transferred_bytes:pcie", _pcie_sample, m.accumulation_counter,
+                          m.pcie_bandwidth_acc, m.firmware_timestamp, m.system_clock_counter)
+            if sample is not None and (total := self._pcie_transferred(d.uuid, sample)) is not None:
+                r.link_transferred_bytes[("pcie", "bidirectional")] = total
+
+    def _pcie_transferred(self, uuid: str, now: tuple[int, int, str, int]) -> float | None:
+        """PCIe bytes since the second collection: each interval adds its mean bandwidth times its length.
+
+        The mean is the growth of the GB/s sum over the growth of the iteration count. The first
+        sample has no interval (absent); counters that went back (a firmware or driver restart) or
+        a new time source start a new interval and keep the total.
+        """
+        prev, total = self._pcie_bytes.get(uuid, (None, None))
+        if prev is not None and now[2] == prev[2] and now[0] > prev[0] and now[1] >= prev[1] and now[3] > prev[3]:
+            gb_per_second = (now[1] - prev[1]) / (now[0] - prev[0])
+            total = (total or 0.0) + gb_per_second * _GB * (now[3] - prev[3]) / 1e9
+        self._pcie_bytes[uuid] = (now, total)
+        return total
+
+    def _gpu_metrics(self, d: _Device, gpu: Device, attr: str) -> Any:
+        """The raw gpu_metrics table, read once per collection through the funnel as reading ``attr``."""
+        metrics = self._metrics_now.get(d.index)
+        if metrics is None:
+            metrics = self._call(gpu, attr, self._raw_gpu_metrics, d.handle)
+            if metrics is not None:
+                self._metrics_now[d.index] = metrics
+        return metrics
 
     def _raw_gpu_metrics(self, handle: Any) -> Any:
         """``amdsmi_get_gpu_metrics_info`` as the raw ctypes struct.

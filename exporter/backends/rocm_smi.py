@@ -31,6 +31,8 @@ power limit         "Max Graphics Package Power (W)" (the current power cap)
 memory activity     "GPU Memory Read/Write Activity (%)" (6.1+) / "GPU memory use (%)"
                     (before 6.1: the same busy percent). "GPU Memory Allocated (VRAM%)"
                     is VRAM *allocation*, already given in bytes, and is not used.
+                    Also gpu_dram_active_ratio, as "GPU use (%)" is also
+                    gpu_graphics_engine_active_ratio (amdsmi's gpu_metrics sources).
 temperatures        "Temperature (Sensor edge|junction|memory) (C)" -> gpu|junction|memory
 clocks              "sclk|mclk|socclk|vclk0 clock speed:" "(1402Mhz)" -> graphics|memory|soc|video
 PCIe link           "pcie clock level" "1 (16.0GT/s x16)" -> generation 4, width 16
@@ -39,7 +41,9 @@ PCIe link           "pcie clock level" "1 (16.0GT/s x16)" -> generation 4, width
 Ignored: bare numeric keys ("0", "1", ...: clock level lists of ``-s``, which overwrite one
 another in the JSON), the "system" section except "Driver version", and the topology keys.
 Not available from rocm-smi JSON: maximum clocks, PCIe maximum link, ECC totals, XGMI link
-state, throttle reasons, per-process memory, ROCm version.
+state, throttle reasons, per-process memory, ROCm version, multimedia (VCN) activity and the
+XGMI/PCIe data accumulators ("Memory Activity" and "Avg. Memory Bandwidth" are "N/A" or 0 in
+every recorded output and are not used).
 """
 
 from __future__ import annotations
@@ -187,8 +191,10 @@ def _card_reading(index: int, card: dict[str, Any], driver: str | None) -> GpuRe
     )
     if (v := _number(card, "GPU use (%)")) is not None:
         r.utilization_ratio = v / 100.0
+        r.graphics_engine_active_ratio[""] = v / 100.0  # gpu_metrics' gfx activity, as amdsmi publishes it
     if (v := _number(card, "GPU Memory Read/Write Activity (%)", "GPU memory use (%)")) is not None:
         r.memory_utilization_ratio = v / 100.0
+        r.dram_active_ratio[""] = v / 100.0  # the memory controller's busy share, as amdsmi publishes it
     r.memory_total_bytes = _number(card, "VRAM Total Memory (B)")
     r.memory_used_bytes = _number(card, "VRAM Total Used Memory (B)")
     if r.memory_total_bytes is not None and r.memory_used_bytes is not None:

@@ -76,13 +76,15 @@ class GpuReading:
     pcie_replay_total: float | None = None
     pcie_throughput: dict[str, float] = field(default_factory=dict)  # "tx"/"rx" -> bytes per second
 
-    # activity (NVIDIA GPM), ratio 0-1, keyed by gpu_instance ("" = the whole GPU)
+    # activity (NVIDIA GPM; AMD gpu_metrics), ratio 0-1, keyed by gpu_instance ("" = the whole GPU)
     graphics_engine_active_ratio: dict[str, float] = field(default_factory=dict)
     sm_active_ratio: dict[str, float] = field(default_factory=dict)
     sm_occupancy_ratio: dict[str, float] = field(default_factory=dict)
     dram_active_ratio: dict[str, float] = field(default_factory=dict)
     pipe_active_ratio: dict[tuple[str, str], float] = field(default_factory=dict)  # (pipe, gpu_instance)
     nvlink_throughput: dict[str, float] = field(default_factory=dict)  # "tx"/"rx" -> bytes per second
+    # bytes moved since the driver loaded: (link_type "xgmi"|"pcie", direction "tx"|"rx"|"bidirectional")
+    link_transferred_bytes: dict[tuple[str, str], float] = field(default_factory=dict)
 
     fan_speed_ratio: float | None = None
     performance_state: float | None = None  # P0 = 0 ... P15 = 15

@@ -66,6 +66,11 @@ class Family:
 
 # GPM families: computed from two samples, so absent on a GPU's first collection.
 _GPM = "GPM (Hopper or later, R520+ driver), from the second collection"
+# Families AMD fills from its gpu_metrics table too, from the first collection.
+_GPM_OR_AMD = _GPM + "; AMD: where gpu_metrics carries the field"
+_AMD_MM = ("gpu_metrics average_mm_activity, else the mean of vcn_activity (amd-smi metric --usage: mm_activity). "
+           "AMD differs: one multimedia engine (VCN) both encodes and decodes, so the encoder and decoder series "
+           "carry the same value")
 
 
 def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, backends: tuple[str, ...],
@@ -100,11 +105,11 @@ FAMILIES: tuple[Family, ...] = (
        "memory_utilization_ratio", ALL, "nvmlDeviceGetUtilizationRates.memory (%)", "utilization.memory",
        "amd-smi metric --usage: umc_activity"),
     _g("gpu_encoder_utilization_ratio", GAUGE, "ratio", "Video encoder utilisation (0-1).", "utilization",
-       "encoder_utilization_ratio", ("nvml",), "nvmlDeviceGetEncoderUtilization (%)", "utilization.encoder",
-       "amd-smi metric --usage: mm_activity"),
+       "encoder_utilization_ratio", ("nvml", "amdsmi"), "nvmlDeviceGetEncoderUtilization (%)", "utilization.encoder",
+       _AMD_MM),
     _g("gpu_decoder_utilization_ratio", GAUGE, "ratio", "Video decoder utilisation (0-1).", "utilization",
-       "decoder_utilization_ratio", ("nvml",), "nvmlDeviceGetDecoderUtilization (%)", "utilization.decoder",
-       "amd-smi metric --usage: mm_activity"),
+       "decoder_utilization_ratio", ("nvml", "amdsmi"), "nvmlDeviceGetDecoderUtilization (%)", "utilization.decoder",
+       _AMD_MM),
     # --- memory --------------------------------------------------------------------------------
     _g("gpu_memory_total_bytes", GAUGE, "bytes", "Total device memory in bytes.", "memory", "memory_total_bytes",
        ALL, "nvmlDeviceGetMemoryInfo_v2.total", "memory.total", "amd-smi metric --mem-usage: total_vram"),
@@ -165,36 +170,48 @@ FAMILIES: tuple[Family, ...] = (
        "PCIe throughput by direction (tx, rx), bytes per second: from GPM where the GPU has it, else opt-in "
        "(--pcie-throughput, about 40 ms per GPU).",
        "pcie", "pcie_throughput", ("nvml",), "nvmlGpmMetricsGet PCIE_TX/RX_PER_SEC (MiB/s); else "
-       "nvmlDeviceGetPcieThroughput (KB/s)", "nvidia-smi dmon -s t", "(none)", labels=("direction",),
+       "nvmlDeviceGetPcieThroughput (KB/s)", "nvidia-smi dmon -s t",
+       "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"pcie\"}[5m]))", labels=("direction",),
        when="GPM (from the second collection), or --pcie-throughput"),
     # --- activity: what share of the GPU works (DCGM_FI_PROF_*; NVIDIA GPM, AMD gpu_metrics) ------
     _g("gpu_sm_active_ratio", GAUGE, "ratio",
        "Fraction of SMs busy over the last collection interval (0-1), by gpu_instance (MIG; empty: whole GPU).",
        "activity", "sm_active_ratio", ("nvml",), "nvmlGpmMetricsGet SM_UTIL (%)",
-       "(DCGM_FI_PROF_SM_ACTIVE; dcgmi dmon -e 1002)", "(none)", labels=("gpu_instance",),
-       when=_GPM),
+       "(DCGM_FI_PROF_SM_ACTIVE; dcgmi dmon -e 1002)", "(none: gpu_metrics has no per-CU activity)",
+       labels=("gpu_instance",), when=_GPM),
     _g("gpu_sm_occupancy_ratio", GAUGE, "ratio",
        "Resident warps as a fraction of the SMs' maximum over the last collection interval (0-1), by gpu_instance.",
        "activity", "sm_occupancy_ratio", ("nvml",), "nvmlGpmMetricsGet SM_OCCUPANCY (%)",
-       "(DCGM_FI_PROF_SM_OCCUPANCY; dcgmi dmon -e 1003)", "(none)", labels=("gpu_instance",), when=_GPM),
+       "(DCGM_FI_PROF_SM_OCCUPANCY; dcgmi dmon -e 1003)", "(none: gpu_metrics has no occupancy)",
+       labels=("gpu_instance",), when=_GPM),
     _g("gpu_graphics_engine_active_ratio", GAUGE, "ratio",
        "Fraction of time the graphics/compute engine was active over the last collection interval (0-1), by "
-       "gpu_instance.", "activity", "graphics_engine_active_ratio", ("nvml",),
-       "nvmlGpmMetricsGet GRAPHICS_UTIL (%)", "(DCGM_FI_PROF_GR_ENGINE_ACTIVE; dcgmi dmon -e 1001)", "(none)",
-       labels=("gpu_instance",), when=_GPM),
+       "gpu_instance.", "activity", "graphics_engine_active_ratio", ("nvml", "amdsmi", "rocm-smi"),
+       "nvmlGpmMetricsGet GRAPHICS_UTIL (%)", "(DCGM_FI_PROF_GR_ENGINE_ACTIVE; dcgmi dmon -e 1001)",
+       "gpu_metrics average_gfx_activity (amd-smi metric --usage: gfx_activity; rocm-smi: GPU use (%)). AMD "
+       "differs: averaged over the firmware's own window, not the collection interval; the same value as "
+       "gpu_utilization_ratio; gpu_instance is empty (partitions are GPUs)", labels=("gpu_instance",),
+       when=_GPM_OR_AMD),
     _g("gpu_pipe_active_ratio", GAUGE, "ratio",
        "Fraction of time the SMs' pipe was active over the last collection interval (0-1), by pipe (tensor, "
        "tensor_hmma, tensor_imma, tensor_dfma, fp64, fp32, fp16, integer) and gpu_instance.", "activity",
        "pipe_active_ratio", ("nvml",), "nvmlGpmMetricsGet *_TENSOR_UTIL, FP64/FP32/FP16/INTEGER_UTIL (%)",
-       "(DCGM_FI_PROF_PIPE_*_ACTIVE; dcgmi dmon -e 1004)", "(none)", labels=("pipe", "gpu_instance"), when=_GPM),
+       "(DCGM_FI_PROF_PIPE_*_ACTIVE; dcgmi dmon -e 1004)", "(none: gpu_metrics has no pipe activity)",
+       labels=("pipe", "gpu_instance"), when=_GPM),
     _g("gpu_dram_active_ratio", GAUGE, "ratio",
        "Device memory bandwidth used as a fraction of the maximum over the last collection interval (0-1), by "
-       "gpu_instance.", "activity", "dram_active_ratio", ("nvml",), "nvmlGpmMetricsGet DRAM_BW_UTIL (%)",
-       "(DCGM_FI_PROF_DRAM_ACTIVE; dcgmi dmon -e 1005)", "(none)", labels=("gpu_instance",), when=_GPM),
+       "gpu_instance.", "activity", "dram_active_ratio", ("nvml", "amdsmi", "rocm-smi"),
+       "nvmlGpmMetricsGet DRAM_BW_UTIL (%)", "(DCGM_FI_PROF_DRAM_ACTIVE; dcgmi dmon -e 1005)",
+       "gpu_metrics average_umc_activity (amd-smi metric --usage: umc_activity; rocm-smi: GPU Memory Read/Write "
+       "Activity (%)). AMD differs: the share of time the memory controller (UMC) was busy, not bandwidth over "
+       "peak bandwidth; averaged over the firmware's window; the same value as gpu_memory_utilization_ratio",
+       labels=("gpu_instance",), when=_GPM_OR_AMD),
     _g("gpu_nvlink_throughput_bytes_per_second", GAUGE, "bytes per second",
        "NVLink traffic over all links by direction (tx, rx), bytes per second, over the last collection interval.",
        "activity", "nvlink_throughput", ("nvml",), "nvmlGpmMetricsGet NVLINK_TOTAL_TX/RX_PER_SEC (MiB/s)",
-       "(DCGM_FI_PROF_NVLINK_TX/RX_BYTES; nvidia-smi nvlink -gt d)", "(none)", labels=("direction",), when=_GPM),
+       "(DCGM_FI_PROF_NVLINK_TX/RX_BYTES; nvidia-smi nvlink -gt d)",
+       "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"xgmi\"}[5m]))", labels=("direction",),
+       when=_GPM),
     # --- health ----------------------------------------------------------------------------------
     _g("gpu_ecc_mode_enabled", GAUGE, "1", "1 when ECC is enabled.", "health", "ecc_mode_enabled", ("nvml",),
        "nvmlDeviceGetEccMode", "ecc.mode.current", "amd-smi static --ras"),
@@ -235,6 +252,16 @@ FAMILIES: tuple[Family, ...] = (
        "NVLink errors since the driver loaded, by counter (replay, recovery, crc_flit, crc_data) and link; "
        "sum without (link) for the GPU's total.", "interconnect", "link_errors", ("nvml",),
        "nvmlDeviceGetNvLinkErrorCounter (per link)", "nvidia-smi nvlink -e", "(none)", labels=("counter", "link")),
+    _g("gpu_link_transferred_bytes_total", COUNTER, "bytes",
+       "Bytes moved over the GPU's links, by link_type (xgmi: summed over the XGMI links since the driver "
+       "loaded; pcie: since the exporter's second collection) and direction (tx, rx; pcie: bidirectional).",
+       "interconnect", "link_transferred_bytes", ("amdsmi",),
+       "(none: NVIDIA gives rates, gpu_nvlink_throughput_bytes_per_second and gpu_pcie_throughput_bytes_per_second)",
+       "(none)", "gpu_metrics xgmi_read_data_acc -> rx, xgmi_write_data_acc -> tx (KB, taken as 1000 bytes; amd-smi "
+       "xgmi --metric); pcie_bandwidth_acc (GB/s summed once per firmware iteration) averaged over the iterations "
+       "between two collections and multiplied by their time: an estimate of both directions together",
+       labels=("link_type", "direction"), when="AMD gpu_metrics with data accumulators (MI300 class); pcie from "
+       "the second collection"),
     # --- processes -------------------------------------------------------------------------------
     _g("gpu_processes", GAUGE, "1", "Compute processes running on the GPU.", "processes", "process_count",
        ("nvml", "amdsmi"), "nvmlDeviceGetComputeRunningProcesses_v3/_v2/v1", "--query-compute-apps=pid (count)",
@@ -365,7 +392,7 @@ def match(pattern: str) -> list[str]:
 
 GROUP_TITLES = (
     ("identity", "Identity and state"), ("utilization", "Utilisation"),
-    ("activity", "Activity (GPM: SM, pipes, DRAM, NVLink)"), ("memory", "Memory"),
+    ("activity", "Activity (NVIDIA GPM: SM, pipes, DRAM, NVLink; AMD gpu_metrics)"), ("memory", "Memory"),
     ("thermal", "Thermal"), ("power", "Power and energy"), ("clocks", "Clocks"), ("pcie", "PCIe"),
     ("health", "Health: ECC, pages, rows, throttling"), ("interconnect", "Interconnect (NVLink, XGMI)"),
     ("processes", "Processes"), ("mig", "MIG and partitions"), ("topology", "Topology (off /metrics by default)"),

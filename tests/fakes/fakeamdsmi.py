@@ -27,8 +27,12 @@ Per-GPU keys (units as the library reports them): ``market_name``, ``device_id``
 ``pcie.width``/``pcie.max_width``/``pcie.speed``/``pcie.max_speed`` (MT/s)/``pcie.version``/
 ``pcie.replay``, ``pci_replay_counter``, ``ecc.correctable``/``ecc.uncorrectable``,
 ``xgmi.links`` (e.g. ``U,U,D,X``), ``fan.speed``/``fan.max`` (0-255), ``metrics.<gpu_metrics
-field>``, ``compute_partition``, ``memory_partition``, ``partition_id``, ``numa_node``,
-``processes`` (``pid:vram_bytes:name,...``), ``fail.<call>``/``fail.all`` (status codes).
+field>`` (the fields ``amdsmi_get_gpu_metrics_info`` fills: throttle status and residencies,
+``accumulation_counter``, ``average_gfx/umc/mm_activity`` (%), ``vcn_activity`` and
+``xgmi_read/write_data_acc`` (KB) as comma lists, ``-`` for an unused slot, ``pcie_bandwidth_acc``,
+``firmware_timestamp`` (10 ns), ``system_clock_counter`` (ns); others read as all ones),
+``compute_partition``, ``memory_partition``, ``partition_id``, ``numa_node``, ``processes``
+(``pid:vram_bytes:name,...``), ``fail.<call>``/``fail.all`` (status codes).
 Pair keys: ``link.<i>.<j>.type`` (``xgmi``/``pcie``), ``link.<i>.<j>.hops``, ``p2p.<i>.<j>``.
 A key left out makes that call return AMDSMI_STATUS_NOT_SUPPORTED (2).
 """
@@ -198,6 +202,14 @@ def two_gpu_fleet() -> list[dict[str, object]]:
         "xgmi.links": "U,U,U,D,X",
         "fan.speed": 128,
         "metrics.indep_throttle_status": (1 << 0) | (1 << 47),  # PPT0 + PROCHOT_GFX
+        # an MI300-class gpu_metrics table: VCN per instance, XGMI and PCIe data accumulators
+        "metrics.average_gfx_activity": 85,
+        "metrics.average_umc_activity": 40,
+        "metrics.vcn_activity": "10,30,-,-",
+        "metrics.xgmi_read_data_acc": "1000,2000,-,-,-,-,-,-",  # KB per link
+        "metrics.xgmi_write_data_acc": "500,0,-,-,-,-,-,-",
+        "metrics.pcie_bandwidth_acc": 64_000,  # 64 GB/s x 1000 iterations
+        "metrics.firmware_timestamp": 100_000_000,  # 1 s in 10 ns ticks
         "compute_partition": "SPX",
         "partition_id": 0,
         "numa_node": 0,
@@ -231,6 +243,14 @@ def two_gpu_fleet() -> list[dict[str, object]]:
         "xgmi.links": "U,D",
         "fan.speed": 0,
         "metrics.indep_throttle_status": 0,
+        # one multimedia activity instead of per-VCN ones; time from the kernel's clock
+        "metrics.average_gfx_activity": 3,
+        "metrics.average_umc_activity": 1,
+        "metrics.average_mm_activity": 7,
+        "metrics.xgmi_read_data_acc": "4,-",
+        "metrics.xgmi_write_data_acc": "6,-",
+        "metrics.pcie_bandwidth_acc": 0,
+        "metrics.system_clock_counter": 5_000_000_000,
         "compute_partition": "SPX",
         "partition_id": 0,
         "numa_node": 1,

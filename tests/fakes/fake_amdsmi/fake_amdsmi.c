@@ -520,7 +520,23 @@ status_t amdsmi_get_gpu_fan_speed_max(void *handle, uint32_t sensor, uint64_t *o
     return AMDSMI_STATUS_SUCCESS;
 }
 
-/* gpu_metrics: every field "N/A" (all ones) except the ones the fleet sets. */
+/* An array field from "v0,v1,...": element i from the i-th number; "-" or a missing element
+ * keeps the all-ones "N/A" value (an unused link or engine slot). */
+static void put_list(void *base, size_t off, size_t elem, size_t count, const char *v) {
+    if (!v) return;
+    char buf[MAX_LINE], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", v);
+    size_t i = 0;
+    for (char *tok = strtok_r(buf, ",", &save); tok && i < count; tok = strtok_r(NULL, ",", &save), i++) {
+        uint64_t x;
+        if (parse_u64(trim(tok), &x)) put(base, off + i * elem, elem, x);
+    }
+}
+#define PUT_LIST(base, rec, field, gpu, key)                                                      \
+    put_list((base), OFF_##rec##__##field, ELEM_##rec##__##field, COUNT_##rec##__##field, gkv((gpu), (key)))
+
+/* gpu_metrics: every field "N/A" (all ones) except the ones the fleet sets (as the kernel fills
+ * the fields its table version lacks). */
 status_t amdsmi_get_gpu_metrics_info(void *handle, void *out) {
     GPU_CALL(handle, "get_gpu_metrics_info");
     memset(out, 0xff, SIZEOF_amdsmi_gpu_metrics_t);
@@ -535,6 +551,16 @@ status_t amdsmi_get_gpu_metrics_info(void *handle, void *out) {
     PUT_KEY(out, amdsmi_gpu_metrics_t, socket_thm_residency_acc, gpu, "metrics.socket_thm_residency_acc");
     PUT_KEY(out, amdsmi_gpu_metrics_t, vr_thm_residency_acc, gpu, "metrics.vr_thm_residency_acc");
     PUT_KEY(out, amdsmi_gpu_metrics_t, hbm_thm_residency_acc, gpu, "metrics.hbm_thm_residency_acc");
+    /* activity (%), data accumulators (KB; PCIe: GB/s summed once per firmware iteration), clocks */
+    PUT_KEY(out, amdsmi_gpu_metrics_t, average_gfx_activity, gpu, "metrics.average_gfx_activity");
+    PUT_KEY(out, amdsmi_gpu_metrics_t, average_umc_activity, gpu, "metrics.average_umc_activity");
+    PUT_KEY(out, amdsmi_gpu_metrics_t, average_mm_activity, gpu, "metrics.average_mm_activity");
+    PUT_LIST(out, amdsmi_gpu_metrics_t, vcn_activity, gpu, "metrics.vcn_activity");
+    PUT_LIST(out, amdsmi_gpu_metrics_t, xgmi_read_data_acc, gpu, "metrics.xgmi_read_data_acc");
+    PUT_LIST(out, amdsmi_gpu_metrics_t, xgmi_write_data_acc, gpu, "metrics.xgmi_write_data_acc");
+    PUT_KEY(out, amdsmi_gpu_metrics_t, pcie_bandwidth_acc, gpu, "metrics.pcie_bandwidth_acc");
+    PUT_KEY(out, amdsmi_gpu_metrics_t, firmware_timestamp, gpu, "metrics.firmware_timestamp");
+    PUT_KEY(out, amdsmi_gpu_metrics_t, system_clock_counter, gpu, "metrics.system_clock_counter");
     return AMDSMI_STATUS_SUCCESS;
 }
 
