@@ -93,3 +93,48 @@ def test_a_wrong_value_fails(tmp_path: Path) -> None:
     assert res.returncode == 1
     assert "| 1 | power.draw | 400 |" in res.stdout and "MISMATCH" in res.stdout
     assert "| 0 | fan.speed | 30 % | absent |" in res.stdout
+
+
+def test_not_active_matches_a_reason_the_gpu_lacks(tmp_path: Path) -> None:
+    # nvidia-smi prints "Not Active" for every reason, supported or not; we omit an unsupported one
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=2, clocks_event_reasons=0x1,
+                     supported_clocks_event_reasons=0x1FF & ~0x4)
+    rows = smi_rows(fleet)
+    assert {r["clocks_event_reasons.sw_power_cap"] for r in rows} == {"Not Active"}
+    res = run_check(tmp_path, fleet, rows)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "| 0 | clocks_event_reasons.sw_power_cap | 0 | absent | exact | ok |" in res.stdout
+    rows[1]["clocks_event_reasons.sw_power_cap"] = "Active"  # but an active reason we omit is a mismatch
+    res = run_check(tmp_path, fleet, rows)
+    assert res.returncode == 1 and "| 1 | clocks_event_reasons.sw_power_cap | 1 | absent | exact | MISMATCH |" \
+        in res.stdout
+
+
+def test_the_rest_is_listed_as_not_comparable_with_the_reason(tmp_path: Path) -> None:
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=1)
+    res = run_check(tmp_path, fleet, smi_rows(fleet))
+    assert res.returncode == 0, res.stdout + res.stderr
+    # the fake nvidia-smi knows only the fields of smi_rows: the others are reported, not silently dropped
+    assert "| - | remapped_rows.pending | not comparable: this nvidia-smi rejects the field |" in res.stdout
+    assert "| - | gpu_link_errors_total | not comparable: nvidia-smi nvlink -e, not --query-gpu |" in res.stdout
+    assert "nvidia-smi rejected: " in res.stdout
+
+
+def test_every_family_has_a_validation_row() -> None:
+    from exporter.core.schema import FAMILIES
+    from exporter.tools.gpucheck import FIELDS, VALIDATION, validation_rows
+
+    names = {f.name for f in FAMILIES}
+    rows = validation_rows()  # raises KeyError naming a family without a row
+    assert [r[0] for r in rows] == [f.name for f in FAMILIES]
+    assert {f.family for f in FIELDS} <= names
+    for name, row in VALIDATION.items():
+        checked = [f for f in FIELDS if f.family == name]
+        assert bool(checked) != bool(row.not_comparable), f"{name}: fields and a not-comparable reason, or neither"
+
+
+def test_docs_validation_table_is_current() -> None:
+    from exporter.tools.gpucheck import DOCS, render_docs
+
+    text = DOCS.read_text()
+    assert render_docs(text) == text, "docs/validation.md is stale: python -m exporter.tools.gpucheck --write-docs"
