@@ -76,7 +76,12 @@ def test_output_to_a_full_or_read_only_filesystem(tmp_path: Path, tool: str, fs:
     result.happened = f"exit {proc.returncode}; `{shown}`" + \
         ("; partial file left: " + ", ".join(left) if left else "; no file left behind")
     result.figures = {"exit": proc.returncode, "error_lines": len(errors), "files_left": left}
-    assert proc.returncode != 0
+    if tool == "record" and fs != "read-only":
+        # the path could be opened before the command ran, the write itself failed afterwards: record
+        # passes the command's exit status through (issue 16) and says on stderr that the file is lost
+        assert proc.returncode == 0
+    else:
+        assert proc.returncode != 0
     assert len(errors) == 1 and ERRORS[fs] in errors[0] and (out in errors[0] or "out.json" in errors[0]), \
         proc.stderr
     assert left == [], f"partial output left behind: {left}"
