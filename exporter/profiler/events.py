@@ -88,8 +88,8 @@ class EventRecorder:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         try:
-            self.api.create_namespaced_event(self.namespace, body, _preload_content=False,
-                                             _request_timeout=self.timeout).release_conn()
+            _done(self.api.create_namespaced_event(self.namespace, body, _preload_content=False,
+                                                   _request_timeout=self.timeout))
             self._counts[name] = 1
             return "created"
         except ApiException as exc:
@@ -108,8 +108,8 @@ class EventRecorder:
             self._counts.pop(next(iter(self._counts)))
         patch = {"count": count, "lastTimestamp": now, "message": message[:1024]}
         try:
-            self.api.patch_namespaced_event(name, self.namespace, patch, _preload_content=False,
-                                            _request_timeout=self.timeout).release_conn()
+            _done(self.api.patch_namespaced_event(name, self.namespace, patch, _preload_content=False,
+                                                  _request_timeout=self.timeout))
             return "updated"
         except Exception as exc:  # noqa: BLE001
             return self._failed(exc)
@@ -123,3 +123,12 @@ class EventRecorder:
         else:
             log.warning("recording an Event failed: %s", printable(f"{type(exc).__name__}: {exc}", 300))
         return "failed"
+
+
+def _done(resp: Any) -> None:
+    """Read the answer before the connection goes back to the pool: an unread body would be
+    taken for the next answer's status line."""
+    try:
+        resp.data  # noqa: B018 - reading it is the point
+    finally:
+        resp.release_conn()

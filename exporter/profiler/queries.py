@@ -22,9 +22,12 @@ Then, per shard (``{node=~"n1|n2|..."}``):
    be a leak (from query 2), selected by ``uuid``, batched the same way.
 
 Queries per cycle, for N nodes of G GPUs each, S = ceil(N·G / shard_gpus) shards:
-``1 + 3·S + R`` where R, the range batches, is at most ``2·S`` while a shard's ranges fit
+``2 + 3·S + R`` where R, the range batches, is at most ``2·S`` while a shard's ranges fit
 one batch (a cluster with few periodic, bursty or leaking GPUs has R near 0). 10,000 nodes
-x 8 GPUs: 40 shards, about 160 queries; 100 nodes: 1 shard, at most 6 queries.
+x 8 GPUs: 40 shards, about 160 queries; 100 nodes: 1 shard, at most 7 queries. The second
+query of the cycle counts the series without the node label: when there are none (the
+shipped scrape configs), the shards' aggregates leave out the join branch, whose
+``{node=""}`` selectors cost time in proportion to the whole fleet, in every shard.
 
 Every answer must fit ``--prometheus-max-response-bytes``: the shard and batch sizes keep
 answers near a tenth of the default cap, and an answer refused as too large splits its
@@ -71,6 +74,8 @@ MEM_TOTAL = "gpu_memory_total_bytes"
 UP = "gpu_up"
 HOST_INFO = "gpu_host_info"
 ALLOCATION = "gpu_allocation_info"
+# every metric a shard's aggregates select: series of any of them without the node label need the join
+JOINED_METRICS = (UTIL, SM_ACTIVE, MEM_USED, MEM_FREE, MEM_TOTAL, UP, ALLOCATION)
 
 EMPTY = "prometheus_empty"  # error kind: every query answered, none had a GPU series
 
@@ -111,6 +116,7 @@ class QueryBuilder:
         self.cfg = cfg
         nl = cfg.node_label
         self.by = f"{nl}, gpu, uuid"
+        self.join = True  # include the gpu_host_info join for series without the node label
 
     def _host(self, at: str, nodes: str | None = None) -> str:
         nl = self.cfg.node_label
@@ -133,8 +139,20 @@ class QueryBuilder:
         has_node = f"{nl}=~{nodes}" if nodes else nl + '!=""'
         no_node = nl + '=""'
         labelled = fn(has_node)
+        if not self.join:
+            return f"max by ({self.by}{by}) ({labelled})"
         joined = f"({fn(no_node)}) * on (instance) group_left ({nl}) {self._host(at, nodes)}"
         return f"max by ({self.by}{by}) ({labelled} or ({joined}))"
+
+    def unlabelled(self) -> str:
+        """How many series of the metrics the shards read lack the node label (then the join
+        branch is needed). A ``{node=""}`` selector scans every series of its metric: asked once
+        per cycle here instead of in every shard's every aggregate, where it made the cost of a
+        shard grow with the fleet."""
+        w = duration(self.cfg.window_s)
+        nl = self.cfg.node_label
+        return " + ".join(f'(count(last_over_time({name}{{{nl}=""}}[{w}])) or vector(0))'
+                          for name in JOINED_METRICS)
 
     def nodes(self) -> str:
         """GPUs per node with a ``gpu_up`` sample in the window: the shards are cut from this.
@@ -198,8 +216,13 @@ class QueryBuilder:
 
 
 def uuid_regex(uuids: Iterable[str]) -> str:
-    """A PromQL raw-string (backquoted) regex matching exactly these UUIDs."""
-    return "`" + "|".join(re.sub(r"([^A-Za-z0-9_])", r"\\\1", u) for u in sorted(set(uuids))) + "`"
+    """A PromQL raw-string (backquoted) regex matching exactly these UUIDs.
+
+    Only RE2's metacharacters are escaped (as Go's regexp.QuoteMeta): an alternation of plain
+    literals is what Prometheus turns into direct index lookups instead of matching every
+    value of the label (an escaped ``-`` would defeat that).
+    """
+    return "`" + "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", u) for u in sorted(set(uuids))) + "`"
 
 
 def name_regex(names: Iterable[str]) -> str:
@@ -295,9 +318,14 @@ class Reader:
         if bad_names:
             log.warning("%d nodes have a name that cannot be selected in PromQL; skipped", bad_names)
         if not per_node:
+            self.builder.join = True
             raise PromError(EMPTY, f"no GPU series ({UTIL}, {MEM_USED}) in Prometheus for the last "
                                    f"{duration(cfg.window_s)}: check --prometheus-url and the scrape config")
-        queries = 1
+        self.queries_sent += 1
+        counts = self.client.query(self.builder.unlabelled(), at)
+        # anything but a clean 0 (no answer, NaN, garbage) keeps the join: never drop data
+        self.builder.join = not (len(counts) == 1 and counts[0].value == 0)
+        queries = 2
         dropped = 0
         steps: list[float] = []
         mem_step = float(max(1, math.ceil(cfg.window_s / cfg.mem_points)))

@@ -708,23 +708,26 @@ class FakeKubeAPI:
             raise ApiError(400, "fake API server: watch is not supported")
         sel = label_selector(query.get("labelSelector", ""))
         fsel = _field_selector(query.get("fieldSelector", ""))
-        with self._lock:
-            items = [copy.deepcopy(n) for _, n in sorted(self._nodes.items())]
-            rv = str(self._rv)
-        items = [n for n in items if sel(n["metadata"].get("labels") or {}) and fsel(n)]
-        meta: JsonObj = {"resourceVersion": rv}
         cont = query.get("continue")
+        after = ""
         if cont:
             try:
                 after = base64.urlsafe_b64decode(cont.encode()).decode()
             except ValueError:
                 raise ApiError(400, f"invalid continue token {cont!r}") from None
-            items = [n for n in items if n["metadata"]["name"] > after]
         limit = int(query.get("limit") or 0)
-        if limit and len(items) > limit:
-            meta["continue"] = base64.urlsafe_b64encode(items[limit - 1]["metadata"]["name"].encode()).decode()
-            meta["remainingItemCount"] = len(items) - limit
-            items = items[:limit]
+        with self._lock:
+            # select first, copy only the page: 10,000 nodes listed in pages of 500 must not
+            # deep-copy the whole store for every page (the benchmark would time the fake)
+            items = [n for name, n in sorted(self._nodes.items())
+                     if name > after and sel(n["metadata"].get("labels") or {}) and fsel(n)]
+            rv = str(self._rv)
+            meta: JsonObj = {"resourceVersion": rv}
+            if limit and len(items) > limit:
+                meta["continue"] = base64.urlsafe_b64encode(items[limit - 1]["metadata"]["name"].encode()).decode()
+                meta["remainingItemCount"] = len(items) - limit
+                items = items[:limit]
+            items = [copy.deepcopy(n) for n in items]
         return {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items}
 
     def _handler_class(self) -> type[http.server.BaseHTTPRequestHandler]:

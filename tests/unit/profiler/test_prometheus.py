@@ -79,7 +79,7 @@ def test_labelled_sets_classified_through_prometheus(prom: Prometheus) -> None:
     client = PromClient(prom.url)
     reader = Reader(client, QueryConfig())
     snap = reader.read(END)
-    assert snap.queries == 6 and client.requests_sent == 6  # nodes; 3 aggregates; 2 ranges (one shard)
+    assert snap.queries == 7 and client.requests_sent == 7  # nodes, unlabelled; 3 aggregates; 2 ranges
     assert snap.util_step == 15.0  # the median scrape interval of the history
     for hist in (labelled_set(21, END), _joined_set()):
         ok, wrong = _accuracy(snap.gpus, hist)
@@ -128,15 +128,16 @@ def test_classification_is_todays_whatever_the_sharding(prom: Prometheus, shard_
     assert client.largest_response_bytes <= cap
     nodes = len({k.split("/")[0] for k in want})
     if shard_gpus == 16:
-        # queries = 1 + 3 x shards + range batches (at most 2 per shard when a shard's ranges fit a batch,
+        # queries = 2 + 3 x shards + range batches (at most 2 per shard when a shard's ranges fit a batch,
         # more here: three GPUs per batch)
         assert snap.shards == -(-nodes // 2)
-        ranges = snap.queries - 1 - 3 * snap.shards
+        ranges = snap.queries - 2 - 3 * snap.shards
         assert 0 < ranges <= 2 * snap.shards * -(-16 // range_gpus)
     elif cap == 64 * 1024:
         assert snap.shards > 1  # the default shard did not fit 64 KiB
     else:
-        assert snap.shards == 1 and snap.queries == 6
+        assert snap.shards == 1 and snap.queries == 7
+    assert reader.builder.join  # the join-set has no node label: the join branch stays
 
 
 def test_scenario_node_every_case(prom: Prometheus) -> None:
@@ -178,7 +179,7 @@ def test_full_cycle_annotates_nodes_and_then_goes_quiet(prom: Prometheus, kube: 
     prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(client), PlanConfig(), out=out)
 
     r1 = prof.run_cycle(at=END)
-    assert r1.ok and r1.errors == [] and r1.queries == 6
+    assert r1.ok and r1.errors == [] and r1.queries == 7
     patches = {r.node: r for r in api.patches()}
     assert set(patches) == {"scn-a", "silent", "lab-000"}  # cpu-only has nothing of ours: untouched
     req = patches["scn-a"]
@@ -249,7 +250,10 @@ def test_uuids_shared_across_nodes_do_not_mix_ranges(tmp_path: Path) -> None:
          enumerate(h for h in scenario_node(6, "dup-b", END) if h.gpu in ("3", "2"))]
     assert {h.uuid for h in a} == {h.uuid for h in b}
     with Prometheus(tmp_path / "p", tsdb_blocks_from=history_file(tmp_path / "h.om", a + b)) as p:
-        snap = Reader(PromClient(p.url), QueryConfig()).read(END)
+        reader = Reader(PromClient(p.url), QueryConfig())
+        snap = reader.read(END)
+    # every series has the node label: the shards' queries leave the join out (it scans the fleet)
+    assert not reader.builder.join and "gpu_host_info" not in reader.builder.util_stats("`dup-a`")
     got = {(n, g): classify_gpu(st).pattern for (n, g), st in snap.gpus.items()}
     assert got == {("dup-a", "2"): "periodic", ("dup-a", "3"): "bursty",
                    ("dup-b", "3"): "bursty", ("dup-b", "2"): "periodic"}
