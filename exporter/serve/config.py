@@ -28,8 +28,19 @@ class ConfigError(Exception):
         super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
 
 
+def shown_value(value: object) -> str:
+    """``repr(value)`` for an error message, cut to a readable length (a YAML file can hold anything)."""
+    if isinstance(value, int) and value.bit_length() > 256:  # repr() of 5,000 digits raises
+        return f"<an integer of {value.bit_length()} bits>"
+    try:
+        shown = repr(value)
+    except (ValueError, RecursionError):
+        shown = f"<a {type(value).__name__}>"
+    return shown if len(shown) <= 120 else shown[:100] + "..."
+
+
 def _fail(setting: str, source: str, value: object, allowed: str) -> NoReturn:
-    raise ConfigError(f"invalid {setting} ({source}) = {value!r}: {allowed}")
+    raise ConfigError(f"invalid {setting} ({source}) = {shown_value(value)}: {allowed[:200]}")
 
 
 # --- value parsers: (raw value) -> typed value, raising ValueError(allowed) -------------------
