@@ -51,7 +51,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.serve.config import ConfigError, read_yaml
+from exporter.serve.config import ConfigError, read_yaml, shown_value
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +187,8 @@ def _canonical_san(kind: str, value: str) -> str:
 
 
 def _fail(path: str, key: str, value: object, allowed: str) -> ConfigError:
-    shown = value if key != "basic_auth_users" else "<hidden>"
-    return ConfigError(f"web config {path}: invalid {key} = {shown!r}: {allowed}")
+    shown = shown_value(value) if key != "basic_auth_users" else "'<hidden>'"
+    return ConfigError(f"web config {path}: invalid {key} = {shown}: {allowed}")
 
 
 def load(path: str) -> WebConfig:
@@ -322,6 +322,8 @@ def _tls_context(path: str, base: str, tls: Any) -> tuple[ssl.SSLContext, frozen
     _ciphers(path, ctx, tls)
     _curves(path, ctx, tls.get("curve_preferences"))
     auth = tls.get("client_auth_type", "NoClientCert")
+    if not isinstance(auth, str):
+        raise _fail(path, "tls_server_config.client_auth_type", auth, f"expected one of {', '.join(CLIENT_AUTH)}")
     if auth in UNVERIFIED_CLIENT_AUTH:
         raise _fail(path, "tls_server_config.client_auth_type", auth,
                     "Python's ssl cannot ask for a client certificate without verifying it: use "
@@ -345,6 +347,8 @@ def _tls_context(path: str, base: str, tls: Any) -> tuple[ssl.SSLContext, frozen
 
 def _version(path: str, tls: dict[str, Any], opt: str, default: str) -> ssl.TLSVersion:
     v = tls.get(opt, default)
+    if not isinstance(v, str):
+        raise _fail(path, f"tls_server_config.{opt}", v, f"expected one of {', '.join(VERSIONS)}")
     if v in OLD_VERSIONS:
         raise _fail(path, f"tls_server_config.{opt}", v, "TLS 1.0 and 1.1 are not offered (RFC 8996): use TLS12")
     if v not in VERSIONS:
