@@ -28,6 +28,7 @@ SECTIONS = [
     ("test_faults_profiler", "Faults: profiler"),
     ("test_disk", "Faults: files we write"),
     ("test_fuzz", "Hostile input (hypothesis)"),
+    ("test_fuzz_inputs", "Hostile input: every surface of serve (hypothesis)"),
     ("test_escaping", "Hostile input: exposition escaping"),
     ("test_secrets", "Access control and secrets"),
 ]
@@ -42,6 +43,31 @@ EXTERNAL = [
                     "password and its hash are not in the debug log",
         "figures": {}, "test": "tests/unit/serve/test_webconfig.py::test_tls_and_basic_auth", "outcome": "make test"}),
     ("Access control and secrets", {
+        "scenario": "every web-config key enforced or refused",
+        "done": "each exporter-toolkit key with real TLS handshakes and requests: client_allowed_sans, cipher_suites "
+                "and the server's preference, curve_preferences, min/max_version, headers, rate_limit; certificates "
+                "rotated and users edited while serving; SIGHUP; 40 settings that cannot be kept",
+        "happened": "each key changes what a client sees; the rotated certificate and edited users take effect "
+                    "without a restart; every unkeepable setting exits 2 with one line",
+        "figures": {}, "test": "tests/unit/serve/test_webconfig.py", "outcome": "make test"}),
+    ("Access control and secrets", {
+        "scenario": "basic auth: user enumeration and guessing",
+        "done": "wrong passwords for a known user and for an unknown one (cost-10 hash), then 14 quick guesses",
+        "happened": "an unknown user costs as much as a known one (one bcrypt check each); after 10 failures the "
+                    "address gets 429 without a bcrypt check; credentials that passed are never limited",
+        "figures": {},
+        "test": "tests/unit/serve/test_webconfig.py::test_unknown_user_costs_as_much_as_a_wrong_password, "
+                "::test_failed_logins_are_rate_limited_per_address", "outcome": "make test"}),
+    ("Load", {
+        "scenario": "256 hostile connections against 50 scrapers (http and https)",
+        "done": "256 connections held open against the default `--max-connections 64`: a third idle, a third sending "
+                "a ClientHello (https) or request line (http) a byte per 0.2 s, a third trickling a request after "
+                "the handshake; 50 keep-alive scrapers for 4 s",
+        "happened": "0 errors and p99 under 250 ms: waiting connections hold no slot and no thread",
+        "figures": {},
+        "test": "tests/unit/serve/test_http_hostile.py::test_hostile_connections_do_not_starve_honest_scrapers",
+        "outcome": "make test"}),
+    ("Access control and secrets", {
         "scenario": "profiler RBAC",
         "done": "every kustomization is rendered with kubectl and its ClusterRole read",
         "happened": "one rule: apiGroups [''], resources [nodes], verbs [get, list, patch]; one binding to the "
@@ -51,6 +77,17 @@ EXTERNAL = [
 ]
 
 FIXED = [
+    ("exporter/serve/http.py", "(issue 16) 64 idle sockets refused every scrape with 503, and TLS handshakes of "
+     "connections over the limit ran on the serving thread (a scrape waited 12 s): waiting connections now live in "
+     "a non-blocking I/O thread under a deadline and hold no slot", "test_load.py::test_idle_connections_at_the_"
+     "default_limit, tests/unit/serve/test_http_hostile.py"),
+    ("exporter/serve/webconfig.py", "(issue 16) client_allowed_sans, cipher_suites, curve_preferences and "
+     "http_server_config.headers were accepted and ignored, `tls_server_config: []` served plain HTTP, a truncated "
+     "hash gave 401 to everyone, certificates were read once: all enforced or refused now",
+     "tests/unit/serve/test_webconfig.py"),
+    ("exporter/serve/config.py, webconfig.py", "(issue 16) a YAML file with a bad date, a 5,000-digit integer or "
+     "deep nesting, and a non-string min_version (found by the fuzzer), gave a traceback; a 3,000-digit hex "
+     "integer made a huge error line", "test_fuzz_inputs.py"),
     ("exporter/serve/http.py", "a client sending its request one byte per read timeout (slowloris) held a "
      "connection, and one of --max-connections, forever: the read timeout now bounds the whole request",
      "test_load.py::test_trickling_client_is_cut_at_the_read_timeout"),
@@ -156,6 +193,24 @@ def render(records: list[dict[str, Any]]) -> str:
                         "| " + " | ".join(_fmt(x) for x, _ in r["curve"]) + " |",
                         "|" + "---|" * len(r["curve"]),
                         "| " + " | ".join(_fmt(y) for _, y in r["curve"]) + " |", ""]
+    fuzzed = sorted((r for r in records if "cases" in r["figures"] and r["test"].split("::")[0].rsplit("/", 1)[-1]
+                     in ("test_fuzz.py", "test_fuzz_inputs.py")), key=lambda r: (r["scenario"], -r["figures"]["cases"]))
+    if fuzzed:
+        out += ["## Hostile input: every surface", "",
+                "Each surface, the cases hypothesis tried in the largest recorded run, and the crashes (an exception "
+                "other than the one-line rejection, a traceback, a hang or a 500).", "",
+                "| Surface | Cases | Crashes | Test | Result |", "|---|---|---|---|---|"]
+        shown: set[str] = set()
+        for r in fuzzed:
+            surface = r["figures"].get("surface") or r["scenario"].removeprefix("hostile ")
+            if surface in shown:
+                continue
+            shown.add(surface)
+            crashes = 0 if r["outcome"] == "passed" else "see test"
+            out.append("| " + " | ".join(_cell(str(x)) for x in (
+                surface, r["figures"]["cases"], crashes, f"`{r['test']}`", OUTCOME.get(r["outcome"], r["outcome"])))
+                + " |")
+        out.append("")
     known = [r for r in records if r["outcome"] in ("xfailed", "failed")]
     out += ["## Open findings", "",
             "Tests that encode a requirement the code does not meet yet (strict expected failures: they turn "
