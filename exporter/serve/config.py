@@ -241,9 +241,11 @@ SPECS: tuple[Spec, ...] = (
     Spec("web_config_file", "--web.config.file", "WEB_CONFIG_FILE", _file,
          "exporter-toolkit web config (TLS, basic auth)"),
     Spec("max_connections", "--max-connections", "EXPORTER_MAX_CONNECTIONS", _int_range(1, 10000),
-         "concurrent connections served; more get 503 (default 64)"),
+         "requests answered at once; more get 503 at once (connections waiting for a request hold no slot; "
+         "default 64)"),
     Spec("read_timeout", "--read-timeout", "EXPORTER_READ_TIMEOUT", _seconds(0.1, 300),
-         "seconds to wait for a client's request (default 10)"),
+         "seconds a connection has for its TLS handshake and whole request, and an answer for its write "
+         "(default 10)"),
 )
 
 _SPEC_BY_NAME = {s.name: s for s in SPECS}
