@@ -159,7 +159,7 @@ def test_idle_connections_do_not_starve_scrapers(fleet: FakeNvml, tmp_path: Path
                    what="idle connections accepted")
         assert threads(ex.proc.pid) <= base_threads + 1  # waiting connections cost no thread
         conn = http.client.HTTPConnection("127.0.0.1", ex.port, timeout=10)
-        lat = []
+        lat: list[float] = []
         while len(lat) < 3 or time.monotonic() - opened < read_timeout * 0.75:  # while the idle ones are held
             t0 = time.perf_counter()
             assert scrape_once(conn)[0] == 200
