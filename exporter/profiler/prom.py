@@ -103,6 +103,34 @@ def _pair(p: Any) -> tuple[float, float]:
     return _float(p[0]), _float(p[1])
 
 
+def _value(p: Any) -> float:
+    """The value of an instant sample; the common shape (a number and a string) checked inline."""
+    if type(p) is list and len(p) == 2 and type(p[1]) is str and type(p[0]) in (int, float):
+        try:
+            return float(p[1])
+        except ValueError:
+            pass  # the careful path names the problem
+    return _pair(p)[1]
+
+
+def _points(points: list[Any]) -> list[tuple[float, float]]:
+    """Range points; 60-500 per series and tens of thousands of series per cycle, so the
+    common shape is checked inline and anything else goes the careful way (:func:`_pair`)."""
+    out: list[tuple[float, float]] = []
+    append = out.append
+    for p in points:
+        if type(p) is list and len(p) == 2:
+            t, v = p
+            if type(v) is str and type(t) in (int, float):
+                try:
+                    append((float(t), float(v)))
+                    continue
+                except ValueError:
+                    pass
+        append(_pair(p))
+    return out
+
+
 class PromClient:
     """Client for one Prometheus (or a compatible API: Thanos, Mimir, VictoriaMetrics).
 
@@ -157,7 +185,7 @@ class PromClient:
             raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no result list")
         try:
             if rtype == "vector":
-                return [Sample(_labels(s["metric"]), _pair(s["value"])[1]) for s in result]
+                return [Sample(_labels(s["metric"]), _value(s["value"])) for s in result]
             if rtype == "scalar":
                 return [Sample({}, _pair(result)[1])]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -181,7 +209,7 @@ class PromClient:
                 points = s["values"]
                 if not isinstance(points, list):
                     raise TypeError(f"values are {type(points).__name__}, not a list")
-                out.append(RangeSeries(_labels(s["metric"]), [_pair(p) for p in points]))
+                out.append(RangeSeries(_labels(s["metric"]), _points(points)))
             return out
         except (KeyError, TypeError, ValueError) as exc:
             raise PromError(BAD_RESPONSE, f"malformed matrix in answer to {expr[:80]!r}: {exc}") from None

@@ -57,12 +57,12 @@ import re
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from exporter.profiler.classify import GpuStats, Thresholds, finite
-from exporter.profiler.prom import BAD_RESPONSE, TOO_LARGE, PromClient, PromError, RangeSeries, printable
+from exporter.profiler.prom import BAD_RESPONSE, TOO_LARGE, PromClient, PromError, RangeSeries, Sample, printable
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +287,8 @@ class Reader:
         self.cfg = cfg
         self.builder = QueryBuilder(cfg)
         self.queries_sent = 0  # logical queries, cumulative (HTTP retries not counted)
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promql")
+        # a shard's 3 aggregates, the next shard's 3 (prefetched) and 2 range batches
+        self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="promql")
         self.last: Snapshot | None = None  # bookkeeping of the last read (gpus empty when streamed)
 
     def read(self, at: float) -> Snapshot:
@@ -306,8 +307,12 @@ class Reader:
         """
         cfg = self.cfg
         self.queries_sent += 1
+        counts = self.client.query(self.builder.unlabelled(), at)
+        # anything but a clean 0 (no answer, NaN, garbage) keeps the join: never drop data
+        self.builder.join = not (len(counts) == 1 and counts[0].value == 0)
         per_node: dict[str, int] = {}
         bad_names = 0
+        self.queries_sent += 1
         for s in self.client.query(self.builder.nodes(), at):
             node = s.labels.get(cfg.node_label, "")
             if node and selectable(node):
@@ -318,31 +323,33 @@ class Reader:
         if bad_names:
             log.warning("%d nodes have a name that cannot be selected in PromQL; skipped", bad_names)
         if not per_node:
-            self.builder.join = True
             raise PromError(EMPTY, f"no GPU series ({UTIL}, {MEM_USED}) in Prometheus for the last "
                                    f"{duration(cfg.window_s)}: check --prometheus-url and the scrape config")
-        self.queries_sent += 1
-        counts = self.client.query(self.builder.unlabelled(), at)
-        # anything but a clean 0 (no answer, NaN, garbage) keeps the join: never drop data
-        self.builder.join = not (len(counts) == 1 and counts[0].value == 0)
         queries = 2
         dropped = 0
         steps: list[float] = []
         mem_step = float(max(1, math.ceil(cfg.window_s / cfg.mem_points)))
         todo = plan_shards(per_node, cfg.shard_gpus)
         done = 0
+        prefetched: dict[tuple[str, ...], list[Future[list[Sample]]]] = {}
         while todo:
             nodes = todo.pop(0)
+            stats = prefetched.pop(tuple(nodes), None) or self._stats(nodes, at)
+            if todo and tuple(todo[0]) not in prefetched:
+                # Prometheus computes the next shard while this one is parsed and classified
+                prefetched[tuple(todo[0])] = self._stats(todo[0], at)
             try:
-                gpus, q, d, step = self._read_shard(nodes, at, mem_step)
+                gpus, q, d, step = self._read_shard(nodes, at, mem_step, stats)
             except PromError as exc:
                 if exc.kind != TOO_LARGE or len(nodes) == 1:
+                    for futures in prefetched.values():
+                        _settle(futures)
                     raise
                 half = len(nodes) // 2
                 log.info("an answer for %d nodes was over the size cap: asking for %d and %d", len(nodes), half,
                          len(nodes) - half)
                 todo[:0] = [nodes[:half], nodes[half:]]
-                queries += 1
+                queries += 3
                 continue
             queries += q
             dropped += d
@@ -355,14 +362,18 @@ class Reader:
                              mem_step=mem_step, dropped_series=dropped, shards=done)
         return self.last
 
-    def _read_shard(self, nodes: list[str], at: float,
-                    mem_step: float) -> tuple[dict[tuple[str, str], GpuStats], int, int, float]:
+    def _stats(self, nodes: list[str], at: float) -> list[Future[list[Sample]]]:
+        """The shard's three aggregate queries, submitted to run side by side."""
+        sel = name_regex(nodes)
+        self.queries_sent += 3
+        return [self._pool.submit(self.client.query, expr, at) for expr in
+                (self.builder.util_stats(sel), self.builder.mem_stats(sel), self.builder.allocation(sel))]
+
+    def _read_shard(self, nodes: list[str], at: float, mem_step: float,
+                    futures: list[Future[list[Sample]]]) -> tuple[dict[tuple[str, str], GpuStats], int, int, float]:
         """(GPUs of these nodes, queries sent, series dropped, utilisation step)."""
         cfg = self.cfg
-        sel = name_regex(nodes)
-        util, mem, alloc = self._all(lambda: self.client.query(self.builder.util_stats(sel), at),
-                                     lambda: self.client.query(self.builder.mem_stats(sel), at),
-                                     lambda: self.client.query(self.builder.allocation(sel), at))
+        util, mem, alloc = _settle(futures)
         queries = 3
         stats: dict[tuple[str, str, str], dict[str, float]] = {}
         dropped = 0
@@ -531,6 +542,20 @@ class Reader:
                 if 0 <= i <= n and math.isfinite(v):
                     old = vals[i]
                     vals[i] = v if old is None or v > old else old
+
+
+def _settle(futures: list[Future[T]]) -> list[T]:
+    """Every result; after all have finished, the first error is raised."""
+    out: list[T] = []
+    first: BaseException | None = None
+    for f in futures:
+        try:
+            out.append(f.result())
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others finished
+            first = first or exc
+    if first is not None:
+        raise first
+    return out
 
 
 def _batches(items: list[str], size: int) -> list[list[str]]:
