@@ -69,10 +69,12 @@ EXTERNAL = [
         "outcome": "make test"}),
     ("Access control and secrets", {
         "scenario": "profiler RBAC",
-        "done": "every kustomization is rendered with kubectl and its ClusterRole read",
-        "happened": "one rule: apiGroups [''], resources [nodes], verbs [get, list, patch]; one binding to the "
-                    "profiler's service account",
-        "figures": {}, "test": "tests/e2e/test_deploy.py::test_profiler_rbac_is_nodes_get_list_patch_only",
+        "done": "every kustomization is rendered with kubectl and its ClusterRole and Role read",
+        "happened": "ClusterRole: apiGroups [''], resources [nodes], verbs [get, list, patch]; Role in its "
+                    "namespace: get/update on its one Lease, create leases, create/patch events; each bound "
+                    "to the profiler's service account only",
+        "figures": {},
+        "test": "tests/e2e/test_deploy.py::test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events",
         "outcome": "make test"}),
 ]
 
