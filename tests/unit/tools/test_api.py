@@ -43,8 +43,9 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]
     f = FakeNvml(tmp_path / "fleet.conf", gpus=4)
     load_in_process(f.library)
     monkeypatch.setenv("FAKE_NVML_CONFIG", str(f.path))
+    before = pynvml._nvmlLib_refcount  # another module of the session may hold NVML: only our change counts
     yield f
-    assert pynvml._nvmlLib_refcount == 0, "the API left NVML initialised"
+    assert pynvml._nvmlLib_refcount == before, "the API left NVML initialised"
 
 
 def raw_free(g: dict[str, Any]) -> int:
