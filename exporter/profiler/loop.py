@@ -80,6 +80,22 @@ class CycleResult:
     patterns: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, gpu) -> published
 
 
+def _peak_rss() -> str:
+    """This process image's peak resident memory (Linux ``VmHWM``), e.g. ``181.2 MiB``.
+
+    Not ``getrusage``: Linux carries ``ru_maxrss`` across ``exec``, so a profiler started by
+    a large process would report its parent's size.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return f"{int(line.split()[1]) / 1024:.1f} MiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return "unknown"
+
+
 class _PatternCollector(Collector):
     """``gpu_profile_pattern{node,gpu,pattern} 1`` for the patterns last published."""
 
@@ -216,9 +232,10 @@ class Profiler:
         self.cycles_done += 1
         res.largest_response_bytes = self.reader.client.largest_response_bytes
         log.info("cycle: %.2fs (read %.2fs, classify %.2fs, write %.2fs), %d queries in %d shards, largest answer "
-                 "%d bytes, %d nodes, %d patches%s, %d unchanged, errors: %s", res.duration_s, res.read_s,
-                 res.classify_s, res.write_s, res.queries, res.shards, res.largest_response_bytes, res.nodes_seen,
-                 res.patches, " (dry run)" if self.dry_run else "", res.unchanged, ",".join(res.errors) or "none")
+                 "%d bytes, peak RSS %s, %d nodes, %d patches%s, %d unchanged, errors: %s", res.duration_s,
+                 res.read_s, res.classify_s, res.write_s, res.queries, res.shards, res.largest_response_bytes,
+                 _peak_rss(), res.nodes_seen, res.patches, " (dry run)" if self.dry_run else "", res.unchanged,
+                 ",".join(res.errors) or "none")
         return res
 
     def _fail(self, res: CycleResult, kind: str, message: str, exc_info: bool = False) -> None:
