@@ -24,7 +24,7 @@ Then, per shard (``{node=~"n1|n2|..."}``):
 Queries per cycle, for N nodes of G GPUs each, S = ceil(N·G / shard_gpus) shards:
 ``2 + 3·S + R`` where R, the range batches, is at most ``2·S`` while a shard's ranges fit
 one batch (a cluster with few periodic, bursty or leaking GPUs has R near 0). 10,000 nodes
-x 8 GPUs: 40 shards, about 160 queries; 100 nodes: 1 shard, at most 7 queries. The second
+x 8 GPUs: 40 shards, about 200 queries; 100 nodes: 1 shard, at most 7 queries. The first
 query of the cycle counts the series without the node label: when there are none (the
 shipped scrape configs), the shards' aggregates leave out the join branch, whose
 ``{node=""}`` selectors cost time in proportion to the whole fleet, in every shard.
