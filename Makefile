@@ -70,7 +70,8 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-test .apt-test-deps $(TOOLS)/.installed
 	$(VENV)/bin/ruff check exporter tests bench demo
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not reliability_long"
+	$(PY) -m pytest -m "not reliability_long and not serial" -n 4 --dist loadfile
+	$(PY) -m pytest -m "not reliability_long and serial"
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check exporter tests bench demo

@@ -25,6 +25,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "allow_traceback: a CLI run of this test is meant to print a traceback")
 
 
+# Tests that measure latency, RSS slopes or lease timing: `make test` runs them on their own after the
+# parallel part (pytest-xdist), so that other tests' load cannot make their figures lie.
+SERIAL = ("tests/reliability/test_load.py", "tests/reliability/test_soak.py", "tests/unit/serve/test_http_hostile.py",
+          "tests/unit/profiler/test_leader.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        if Path(item.path).resolve().relative_to(root.resolve()).as_posix() in SERIAL:
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture(autouse=True)
 def no_traceback_from_the_cli(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test when a CLI command it ran wrote a Python traceback to stderr (issue 16)."""
