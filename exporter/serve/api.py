@@ -17,6 +17,8 @@ import json
 from importlib import resources
 from typing import Any
 
+from exporter.core.options import FieldFilter
+from exporter.core.schema import FAMILIES
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import MIB, PowerTracker, iso_time, numbered, stats_view
 from exporter.serve.engine import Engine
@@ -24,6 +26,7 @@ from exporter.serve.http import GpuHTTPServer, Handler, Response
 
 GPU_METRICS_PATH = "/api/v1/monitoring/gpu-metrics"
 STATS_PATH = "/stats"
+FAMILIES_PATH = "/api/v1/families"
 JSON_TYPE = "application/json"
 _NO_STORE = {"Cache-Control": "no-store"}
 
@@ -73,6 +76,16 @@ def gpu_metrics_view(snap: Snapshot) -> dict[str, Any]:
     return {"timestamp": iso_time(snap.created), "gpus": gpus}
 
 
+def families_view(fields: FieldFilter) -> dict[str, Any]:
+    """Every metric family of the schema and what the field selection does with it."""
+    return {"families": [
+        {"name": f.name, "type": f.kind, "unit": f.unit, "help": f.help, "labels": list(f.all_labels),
+         "group": f.group, "backends": list(f.backends), "when": f.when or None,
+         "state": "published" if fields.exposed(f.name) else "collected" if fields.enabled(f.name) else "off",
+         "nvidia_smi": f.smi or None, "amd_smi": f.amd or None}
+        for f in FAMILIES]}
+
+
 def live_page(metrics_path: str) -> bytes:
     """``exporter/serve/web/index.html`` with the metrics path filled in."""
     text = resources.files("exporter.serve").joinpath("web/index.html").read_text(encoding="utf-8")
@@ -103,4 +116,9 @@ def register(server: GpuHTTPServer, engine: Engine, metrics_path: str = "/metric
     def index(h: Handler, path: str, query: str) -> Response:
         return Response(200, page, "text/html; charset=utf-8")
 
-    server.routes.update({GPU_METRICS_PATH: gpu_metrics, STATS_PATH: stats, "/": index})
+    families = json.dumps(families_view(engine.fields), separators=(",", ":")).encode()  # fixed at start-up
+
+    def schema(h: Handler, path: str, query: str) -> Response:
+        return Response(200, families, JSON_TYPE, dict(_NO_STORE))
+
+    server.routes.update({GPU_METRICS_PATH: gpu_metrics, STATS_PATH: stats, FAMILIES_PATH: schema, "/": index})

@@ -125,7 +125,7 @@ def _str_list(v: object) -> list[str]:
 
 
 # Paths the server answers itself: the metrics path may not shadow them (exporter/serve/http.py, api.py).
-RESERVED_PATHS = ("/", "/healthz", "/readyz", "/api/v1/monitoring/gpu-metrics", "/stats")
+RESERVED_PATHS = ("/", "/healthz", "/readyz", "/api/v1/monitoring/gpu-metrics", "/api/v1/families", "/stats")
 _PATH_SEGMENT = re.compile(r"(?:[A-Za-z0-9._~-]|%[0-9A-Fa-f]{2})+")
 
 

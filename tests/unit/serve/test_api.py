@@ -149,3 +149,17 @@ def test_docs_embed_the_schemas_of_the_code() -> None:
     for name, block in found.items():
         assert json.loads(block) == SCHEMAS[name], f"docs/api.md: schema {name} differs from the code"
         jsonschema.Draft202012Validator.check_schema(SCHEMAS[name])
+
+
+def test_families_endpoint_reads_the_schema_and_the_selection(tmp_path: Path) -> None:
+    from exporter.core.schema import FAMILIES
+
+    with ExporterProcess(["--backend", "simulated", "--fields-exclude", "gpu_clock_*"]) as ex:
+        status, body, headers = ex.get("/api/v1/families")
+    assert status == 200 and headers["Content-Type"].startswith("application/json")
+    doc = {f["name"]: f for f in json.loads(body)["families"]}
+    assert set(doc) == {f.name for f in FAMILIES}
+    assert doc["gpu_clock_hertz"]["state"] == "off"
+    assert doc["gpu_topology_level"]["state"] == "collected"
+    assert doc["gpu_power_watts"]["state"] == "published"
+    assert doc["gpu_power_watts"]["unit"] == "watts" and doc["gpu_power_watts"]["labels"] == ["gpu", "uuid"]
