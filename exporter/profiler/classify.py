@@ -79,7 +79,7 @@ class Thresholds:
     node_idle_mem: float = 0.50  # ... and memory used ratio below
     held_fraction: float = 0.9  # allocated-idle: share of the window's scrapes a pod held the GPU
     underused_util: float = 0.8  # underused: mean utilisation at least this ...
-    underused_sm: float = 0.2  # ... while mean SM activity stays below this (as GpuBusyButStarved)
+    underused_sm: float = 0.2  # ... while mean SM activity stays below this (as GPUBusyButStarved)
 
 
 @dataclass

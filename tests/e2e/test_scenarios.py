@@ -61,7 +61,7 @@ EXPECTED: dict[str, dict[str, set[tuple[str, str]]]] = {
                                               ("GpuThermalThrottling", "2"), ("GpuLost", "3"),
                                               ("GpuFellOffTheBus", ""), ("GpuCriticalXid", "4"),
                                               ("GpuMemoryNearlyFull", "5"), ("GpuPowerCapped", "6"),
-                                              ("GpuBusyButStarved", "7")}},  # for: 30m
+                                              ("GPUBusyButStarved", "7")}},  # for: 30m
 }
 NOT_A_GPU_STATE = {  # alerts about a process, not a GPU: they read no per-GPU series (checked below)
     "GpuExporterDown": "the exporter's target is down: tests/e2e/test_dashboards.py (a dead target)",

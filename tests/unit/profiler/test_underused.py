@@ -48,7 +48,7 @@ def test_underused_needs_high_utilisation_and_low_sm_activity(sm_mean: float | N
 
 def test_thresholds_are_those_of_the_alert() -> None:
     th = Thresholds()
-    assert (th.underused_util, th.underused_sm) == (0.8, 0.2)  # GpuBusyButStarved: > 80 % while < 20 %
+    assert (th.underused_util, th.underused_sm) == (0.8, 0.2)  # GPUBusyButStarved: > 80 % while < 20 %
     assert classify_gpu(replace(BUSY, sm_mean=0.12, sm_count=120), replace(th, underused_sm=0.1)).pattern == STEADY
 
 
