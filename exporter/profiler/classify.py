@@ -164,6 +164,13 @@ def fill_gaps(values: Sequence[float | None], max_missing_fraction: float) -> li
     Leading and trailing gaps are cut off rather than extrapolated.
     """
     n = len(values)
+    try:
+        # the common case, no gap at all: one pass (a None or a non-finite value goes the long way)
+        whole = [float(v) for v in values]  # type: ignore[arg-type]
+        if n and math.isfinite(math.fsum(whole)):
+            return whole
+    except (TypeError, OverflowError):
+        pass
     idx = [i for i, v in enumerate(values) if v is not None and math.isfinite(v)]
     if not idx or n - len(idx) > max_missing_fraction * n:
         return None
@@ -360,10 +367,10 @@ def theil_sen_mann_kendall(ys: Sequence[float], step: float = 1.0) -> tuple[floa
     s = 0
     for i in range(n - 1):
         yi = ys[i]
-        for j in range(i + 1, n):
-            dy = ys[j] - yi
-            slopes.append(dy / (j - i))
-            s += (dy > 0) - (dy < 0)
+        # one row of pairs (i, j > i) at a time: comprehensions, not a Python loop per pair
+        dys = [y - yi for y in ys[i + 1:]]
+        slopes.extend([dy / k for k, dy in enumerate(dys, 1)])
+        s += sum([dy > 0 for dy in dys]) - sum([dy < 0 for dy in dys])
     slopes.sort()
     m = len(slopes)
     med = slopes[m // 2] if m % 2 else 0.5 * (slopes[m // 2 - 1] + slopes[m // 2])

@@ -139,6 +139,11 @@ def test_fill_gaps() -> None:
     assert fill_gaps([1.0, None, None, None, 2.0], 0.2) is None  # too many gaps
     assert fill_gaps([None, None], 1.0) is None
     assert fill_gaps([1.0, math.nan, 3.0], 0.5) == [1.0, 2.0, 3.0]
+    # no gap (the one-pass path), and values whose sum overflows or is infinite (the long path)
+    assert fill_gaps([1.0, 2.0, 3.0], 0.0) == [1.0, 2.0, 3.0]
+    assert fill_gaps([1e308, 1e308, 1e308], 0.0) == [1e308, 1e308, 1e308]
+    assert fill_gaps([1.0, math.inf, 3.0], 0.5) == [1.0, 2.0, 3.0]
+    assert fill_gaps([], 0.5) is None
 
 
 def test_theil_sen_is_robust_to_outliers_and_mann_kendall_signs() -> None:
