@@ -112,10 +112,11 @@ def run_bench(nodes: int) -> dict[str, Any]:
                 api.add_node(n, annotations={"example.com/owner": "team-a"})
             kubeconfig = api.kubeconfig(Path(tmp) / "kubeconfig")
             # evaluated at the history's end: generating 10,000 nodes' history takes minutes
-            first = _once(prom.url, kubeconfig, Path(tmp) / "first.log", end)
+            prom_pid = prom._proc.pid if prom._proc is not None else None
+            first = _once(prom.url, kubeconfig, Path(tmp) / "first.log", end, prom_pid)
             patches_first = len([r for r in api.patches() if r.resource == "nodes"])
             api.clear_requests()
-            second = _once(prom.url, kubeconfig, Path(tmp) / "second.log", end)
+            second = _once(prom.url, kubeconfig, Path(tmp) / "second.log", end, prom_pid)
             patches_second = len([r for r in api.patches() if r.resource == "nodes"])
             got = {(n, k[len("gpu-exporter.io/gpu-"):-len(".pattern")]): v
                    for n in api.nodes() for k, v in api.node(n)["metadata"]["annotations"].items()
@@ -133,6 +134,8 @@ def run_bench(nodes: int) -> dict[str, Any]:
         "cycle_steady_s": second["cycle_s"],
         "first_read_classify_write_s": [first["read_s"], first["classify_s"], first["write_s"]],
         "steady_read_classify_write_s": [second["read_s"], second["classify_s"], second["write_s"]],
+        "first_cpu_profiler_prometheus_fake_s": [first["cpu_profiler_s"], first["cpu_prometheus_s"],
+                                                 first["cpu_fake_api_s"]],
         "queries_per_cycle": first["queries"],
         "shards": first["shards"],
         "queries_second_cycle": second["queries"],
@@ -150,21 +153,41 @@ _CYCLE = re.compile(r"cycle: ([0-9.]+)s \(read ([0-9.]+)s, classify ([0-9.]+)s, 
                     r"in (\d+) shards, largest answer (\d+) bytes, peak RSS ([0-9.]+) MiB, .* errors: (\S+)")
 
 
-def _once(prom_url: str, kubeconfig: Path, log: Path, at: float) -> dict[str, Any]:
+def _cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds a process has used so far (``/proc/PID/stat``); 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _once(prom_url: str, kubeconfig: Path, log: Path, at: float, prom_pid: int | None = None) -> dict[str, Any]:
     """One ``gpu-exporter profile --once`` process: its cycle figures and peak RSS (``VmHWM`` of its own
-    image, from its log line; ``ru_maxrss`` would count this large process it was forked from)."""
+    image, from its log line; ``ru_maxrss`` would count this large process it was forked from).
+
+    CPU seconds while it ran, per party (the three share this machine's cores): the profiler
+    process (start-up included), Prometheus, and this process, which does nothing but serve
+    the fake API server meanwhile."""
     argv = [sys.executable, "-m", "exporter", "profile", "--prometheus-url", prom_url, "--kubeconfig",
             str(kubeconfig), "--once", "--at", str(at), "--prometheus-timeout", "60s"]
+    prom0, self0 = _cpu_s(prom_pid), time.process_time()
     with open(log, "wb") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
-        proc.wait()
+        _, status, usage = os.wait4(proc.pid, 0)  # its rusage: CPU of that process alone
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    cpu = {"cpu_profiler_s": round(usage.ru_utime + usage.ru_stime, 1),
+           "cpu_prometheus_s": round(_cpu_s(prom_pid) - prom0, 1),
+           "cpu_fake_api_s": round(time.process_time() - self0, 1)}
     text = log.read_text(errors="replace")
     m = _CYCLE.search(text)
     if m is None:
         raise RuntimeError(f"profiler exited {proc.returncode} without a cycle line:\n{text[-2000:]}")
     return {"cycle_s": float(m[1]), "read_s": float(m[2]), "classify_s": float(m[3]), "write_s": float(m[4]),
             "queries": int(m[5]), "shards": int(m[6]), "largest_answer": int(m[7]), "errors": m[9],
-            "peak_rss_mib": float(m[8])}
+            "peak_rss_mib": float(m[8]), **cpu}
 
 
 def to_markdown(rows: list[dict[str, Any]]) -> str:
@@ -177,6 +200,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         ("peak_rss_mib", "profiler peak RSS (MiB)"), ("largest_answer_mib", "largest answer (MiB)"),
     ]
     cols.insert(5, ("first_read_classify_write_s", "first cycle: read / classify / write (s)"))
+    cols.insert(6, ("first_cpu_profiler_prometheus_fake_s", "first cycle CPU: profiler / Prometheus / fake API (s)"))
 
     def cell(v: Any) -> str:
         return " / ".join(str(x) for x in v) if isinstance(v, list) else str(v)
