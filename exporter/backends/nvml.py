@@ -530,19 +530,14 @@ class NvmlBackend(Backend):
                          h, counter, convert=_number(1024.0))  # NVML reports KB/s
                 if v is not MISSING:
                     r.pcie_throughput[dname] = v
-        if en("gpu_link_up"):
-            for link in gpu.static.get("nvlinks", ()):
-                v = call(gpu, f"gpu_link_up:{link}", nv.nvmlDeviceGetNvLinkState, h, link, convert=int)
-                if v is not MISSING:
-                    r.link_up[link] = 1.0 if v else 0.0
-        if en("gpu_link_errors_total"):
-            # per link: a device-wide total may cover link 0 only on some drivers (scope 0)
-            for link in gpu.static.get("nvlinks", ()):
-                for name, counter in NVLINK_ERROR_COUNTERS:
-                    v = call(gpu, f"gpu_link_errors_total:{name}", nv.nvmlDeviceGetNvLinkErrorCounter, h, link,
-                             counter, convert=si)
-                    if v is not MISSING:
-                        r.link_errors[(name, str(link))] = v
+        links = gpu.static.get("nvlinks", ())
+        if en("gpu_link_up") and links:
+            state = call(gpu, "gpu_link_up", self._per_link, "nvmlDeviceGetNvLinkState", ctypes.c_uint, h,
+                         [(link,) for link in links])
+            if state is not MISSING:
+                r.link_up = {link: 1.0 if v else 0.0 for (link,), v in state.items()}
+        if en("gpu_link_errors_total") and links:
+            self._read_link_errors(gpu, r, h, links)
         if en("gpu_encoder_utilization_ratio"):
             v = call(gpu, "gpu_encoder_utilization_ratio", nv.nvmlDeviceGetEncoderUtilization, h,
                      convert=lambda u: si(u[0], 0.01))
@@ -562,6 +557,43 @@ class NvmlBackend(Backend):
         if gpm:  # PCIe throughput from GPM too: cheap, so not behind --pcie-throughput
             mig = r.mig_mode_enabled == 1.0
             self._gpm.read(gpu, h, r, [m.gpu_instance_id for m in r.mig if m.gpu_instance_id >= 0] if mig else [])
+
+    def _read_link_errors(self, gpu: _Gpu, r: GpuReading, h: Any, links: tuple[int, ...]) -> None:
+        """NVLink error counters per link (a device-wide total may cover link 0 only on some drivers):
+        4 counters x 18 links, read through one funnel call per GPU."""
+        errs = self.call(gpu, "gpu_link_errors_total", self._per_link, "nvmlDeviceGetNvLinkErrorCounter",
+                         ctypes.c_ulonglong, h, [(link, c) for link in links for _, c in NVLINK_ERROR_COUNTERS])
+        if errs is not MISSING:
+            names = {c: n for n, c in NVLINK_ERROR_COUNTERS}
+            r.link_errors = {(names[c], str(link)): v for (link, c), v in errs.items()}
+
+    def _per_link(self, symbol: str, ctype: Any, h: Any, args: list[tuple[int, ...]]) -> dict[tuple[int, ...], float]:
+        """One per-link NVML function for every ``args`` tuple, as one reading of the funnel.
+
+        The C function is called directly: pynvml's wrapper costs a few microseconds a call and an
+        18-link GPU needs 72 error counters. A link that answers an error or a sentinel is absent;
+        a driver or device fault, or no link answering at all, is raised for the funnel to judge.
+        """
+        nv = self._nv
+        fn = nv._nvmlGetFunctionPointer(symbol)
+        out: dict[tuple[int, ...], float] = {}
+        value = ctype()
+        ref = ctypes.byref(value)
+        first = 0
+        for a in args:
+            ret = fn(h, *a, ref)
+            if ret == 0:
+                try:
+                    out[a] = si(value.value)
+                except ValueError:
+                    continue  # "no value" for this link only
+            elif ret in _DRIVER_CODES or ret in _DOWN_CODES or ret == GPU_IS_LOST:
+                raise nv.NVMLError(ret)
+            else:
+                first = first or ret
+        if not out and first:
+            raise nv.NVMLError(first)
+        return out
 
     def _read_processes(self, gpu: _Gpu, r: GpuReading, h: Any, per_pid: bool) -> None:
         """Compute processes: ``_v3``, ``_v2``, then v1, probed once per GPU."""
