@@ -18,6 +18,7 @@ Kubernetes kind once the writes ran, ``internal`` once a cycle ends normally).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import socket
@@ -212,11 +213,20 @@ class Profiler:
         requests_before = self.reader.client.requests_sent
         queries_before = self.reader.queries_sent
         self._cleared = set()
+        # A cycle allocates millions of short-lived, acyclic objects (parsed answers, points);
+        # the generational collector's passes over them cost about a fifth of the cycle's CPU.
+        # Reference counting frees them anyway; the few cycles made meanwhile go at the end.
+        collect = gc.isenabled()
+        gc.disable()
         try:
             self._cycle(self.clock() if at is None else at, res)
             self._cleared.add(INTERNAL)
         except Exception as exc:  # noqa: BLE001 - a bug must not end the loop; logged with its traceback
             self._fail(res, INTERNAL, f"profiler cycle failed unexpectedly: {exc}", exc_info=True)
+        finally:
+            if collect:
+                gc.enable()
+                gc.collect()
         self._end_outages(res)
         res.duration_s = time.monotonic() - t0
         res.queries = self.reader.queries_sent - queries_before

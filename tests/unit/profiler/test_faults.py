@@ -233,3 +233,29 @@ def test_one_log_line_per_outage_and_one_when_it_clears(prom: Prometheus, api: F
     assert lines[3][1].startswith(f"{k8s} cleared after 2 failed cycles")
     assert sum(1 for r in ours if r.levelno == logging.DEBUG and "still failing" in r.getMessage()) == 2
     assert api.node("f-0")["metadata"]["annotations"] == good
+
+
+def test_collector_paused_only_during_a_cycle(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cycle pauses the cyclic garbage collector and turns it back on, also after a bug."""
+    import gc
+
+    prof = make(prom.url, api, tmp_path)
+    seen: list[bool] = []
+    real = prof._cycle
+
+    def spy(at: float, res: object) -> None:
+        seen.append(gc.isenabled())
+        real(at, res)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prof, "_cycle", spy)
+    assert gc.isenabled()
+    assert prof.run_cycle().ok
+    assert seen == [False] and gc.isenabled()
+
+    def broken(at: float, res: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(prof, "_cycle", broken)
+    assert prof.run_cycle().errors == ["internal"]
+    assert gc.isenabled()
