@@ -218,7 +218,8 @@ def test_rocm_smi_hanging(tmp_path: Path, result: Result) -> None:
     result.done = (f"the rocm-smi binary stops answering (`--command-timeout {timeout:g}`); {DURING} scrapes; "
                    "then it answers again, with a different card")
     result.happened = ("each hung run was killed at the command timeout (with its process group); no reading "
-                       "while it hung, the GPUs last seen as gpu_up 0; failures counted (kind timeout, then unavailable for the re-init); "
+                       "while it hung, the GPUs last seen as gpu_up 0; failures counted (kind timeout, then "
+                       "unavailable for the re-init); "
                        "one warning; the first scrape after it answered "
                        "served the new card only")
     result.figures = {"timeouts": timeouts, "failed_collections": failed, "max_scrape_s": round(max(durations), 2),
