@@ -116,9 +116,11 @@ def register(server: GpuHTTPServer, engine: Engine, metrics_path: str = "/metric
     def index(h: Handler, path: str, query: str) -> Response:
         return Response(200, page, "text/html; charset=utf-8")
 
-    families = json.dumps(families_view(engine.fields), separators=(",", ":")).encode()  # fixed at start-up
+    families: list[bytes] = []  # built on the first request: the selection is fixed at start-up
 
     def schema(h: Handler, path: str, query: str) -> Response:
-        return Response(200, families, JSON_TYPE, dict(_NO_STORE))
+        if not families:
+            families.append(json.dumps(families_view(engine.fields), separators=(",", ":")).encode())
+        return Response(200, families[0], JSON_TYPE, dict(_NO_STORE))
 
     server.routes.update({GPU_METRICS_PATH: gpu_metrics, STATS_PATH: stats, FAMILIES_PATH: schema, "/": index})
