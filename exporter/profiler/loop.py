@@ -226,7 +226,7 @@ class Profiler:
         finally:
             if collect:
                 gc.enable()
-                gc.collect()
+                gc.collect(0)  # the young generation only: a full pass would rescan the whole heap
         self._end_outages(res)
         res.duration_s = time.monotonic() - t0
         res.queries = self.reader.queries_sent - queries_before
