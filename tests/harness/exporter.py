@@ -35,6 +35,28 @@ def http_get(url: str, headers: Mapping[str, str] | None = None, timeout: float 
         return exc.code, exc.read(), dict(exc.headers)
 
 
+def raw_request(port: int, data: bytes) -> bytes:
+    """Send ``data`` as is to 127.0.0.1:``port``, half-close, and return everything the server answers."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def peer_closed(s: socket.socket) -> bool:
+    """Whether the server has closed ``s`` by now (no waiting: EOF or an error, not "no data yet")."""
+    s.setblocking(False)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 def parse_samples(text: str) -> dict[tuple[str, frozenset], float]:
     """Exposition text -> {(sample name, frozenset(labels)): value}."""
     out: dict[tuple[str, frozenset], float] = {}

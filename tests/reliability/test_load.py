@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.fakenvml import FakeNvml
-from tests.harness.exporter import ExporterProcess
+from tests.harness.exporter import ExporterProcess, peer_closed
 from tests.harness.poll import wait_until
 from tests.reliability.support import (
     Result,
@@ -198,7 +198,7 @@ def test_idle_connections_at_the_default_limit(fleet: FakeNvml, tmp_path: Path, 
             assert scrape_once(conn)[0] == 200
             lat.append(time.perf_counter() - t0)
             conn.close()
-        still_open = sum(1 for s in idle if not _closed(s))
+        still_open = sum(1 for s in idle if not peer_closed(s))
         for s in idle:
             s.close()
     result.scenario = "idle connections beyond the default limit"
@@ -209,16 +209,6 @@ def test_idle_connections_at_the_default_limit(fleet: FakeNvml, tmp_path: Path, 
     result.figures = {"scrapes": len(lat), "max_ms": ms(max(lat)), "idle_still_open": still_open}
     assert still_open == idle_n
     assert max(lat) < 1.0
-
-
-def _closed(s: socket.socket) -> bool:
-    s.setblocking(False)
-    try:
-        return s.recv(1) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
 
 
 @pytest.fixture

@@ -18,22 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.exporter import ExporterProcess
+from tests.harness.exporter import ExporterProcess, peer_closed, raw_request
 from tests.harness.poll import wait_until
 from tests.reliability.support import PROM_HEADERS, percentile
 
 HOSTILE = 256
 SCRAPERS = 50
-
-
-def raw(port: int, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +49,7 @@ def ex() -> Iterator[ExporterProcess]:
     (b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 501),
 ])
 def test_ambiguous_requests_are_refused(ex: ExporterProcess, request_bytes: bytes, status: int) -> None:
-    answer = raw(ex.port, request_bytes)
+    answer = raw_request(ex.port, request_bytes)
     assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:100]
     assert b"Connection: close" in answer
 
@@ -266,16 +256,6 @@ def test_waiting_connections_beyond_the_cap_evict_the_oldest() -> None:
 
         assert wait_until(lambda: evicted() >= n - 1024, 10, what="the oldest connections to be evicted")
         assert ex.get("/metrics")[0] == 200
-        assert all(not _closed_now(s) for s in socks[-50:])  # the newest are still held
+        assert all(not peer_closed(s) for s in socks[-50:])  # the newest are still held
         for s in socks:
             s.close()
-
-
-def _closed_now(s: socket.socket) -> bool:
-    s.setblocking(False)
-    try:
-        return s.recv(1) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True

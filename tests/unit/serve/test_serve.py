@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import gzip
 
-from tests.harness.exporter import ExporterProcess, parse_samples, sample
+from tests.harness.exporter import ExporterProcess, parse_samples, raw_request, sample
 from tests.harness.poll import wait_until
 from tests.harness.prom import check_metrics
 
@@ -87,31 +87,20 @@ def test_scrapes_within_cache_ttl_reuse_the_collection() -> None:
         assert counts == sorted(set(counts)) and len(counts) == 3  # a fresh collection every scrape
 
 
-def _raw(port: int, data: bytes) -> bytes:
-    import socket
-
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-        return out
-
-
 def test_http_protocol_edges() -> None:
     with ExporterProcess(["--backend", "simulated"]) as ex:
-        assert _raw(ex.port, b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
-        assert _raw(ex.port, b"POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi").startswith(b"HTTP/1.1 405 ")
-        assert _raw(ex.port, b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 414 ")
-        assert _raw(ex.port, b"GET / HTTP/1.1\r\nX: " + b"b" * 10000 + b"\r\n\r\n").startswith(b"HTTP/1.1 431 ")
+        assert raw_request(ex.port, b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+        post = raw_request(ex.port, b"POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi")
+        assert post.startswith(b"HTTP/1.1 405 ")
+        assert raw_request(ex.port, b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 414 ")
+        assert raw_request(ex.port, b"GET / HTTP/1.1\r\nX: " + b"b" * 10000 + b"\r\n\r\n").startswith(b"HTTP/1.1 431 ")
         many = b"".join(b"X-%d: 1\r\n" % i for i in range(200))
-        assert _raw(ex.port, b"GET / HTTP/1.1\r\n" + many + b"\r\n").startswith(b"HTTP/1.1 431 ")
-        head = _raw(ex.port, b"HEAD /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert raw_request(ex.port, b"GET / HTTP/1.1\r\n" + many + b"\r\n").startswith(b"HTTP/1.1 431 ")
+        head = raw_request(ex.port, b"HEAD /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")
         # keep-alive: two requests on one connection, two answers; HTTP/1.0 closes after one
-        two = _raw(ex.port, b"GET /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+        two = raw_request(ex.port, b"GET /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
         assert two.count(b"HTTP/1.1 200 OK") == 2
-        one = _raw(ex.port, b"GET /healthz HTTP/1.0\r\n\r\nGET /healthz HTTP/1.0\r\n\r\n")
+        one = raw_request(ex.port, b"GET /healthz HTTP/1.0\r\n\r\nGET /healthz HTTP/1.0\r\n\r\n")
         assert one.count(b"HTTP/1.1 200 OK") == 1 and b"Connection: close" in one
         assert ex.get("/metrics")[0] == 200  # still serving
