@@ -235,7 +235,7 @@ class Backend(ABC):
             return MISSING
         known = dev.versions.get(reading)
         if known is not None:
-            name, fn = candidates[known]
+            _, fn = candidates[known]
             return self.call(dev, reading, fn, *args, convert=convert)
         for i, (name, fn) in enumerate(candidates):
             try:

@@ -188,12 +188,12 @@ class NvmlBackend(Backend):
         self._initialised = True
         self._gpus = []
         self._system_dev = Device(-1)
-        self._driver_version = self._system("driver_version", pynvml.nvmlSystemGetDriverVersion, convert=str)
-        cuda = MISSING
-        for fn_name in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"):
-            cuda = self._system("cuda_driver_version", lambda n=fn_name: getattr(pynvml, n)(), convert=int)
-            if cuda is not None:
-                break
+        self._driver_version = self._system("driver_version", ((
+            "nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion),), convert=str)
+        cuda = self._system("cuda_driver_version", (
+            ("nvmlSystemGetCudaDriverVersion_v2", lambda: pynvml.nvmlSystemGetCudaDriverVersion_v2()),
+            ("nvmlSystemGetCudaDriverVersion", lambda: pynvml.nvmlSystemGetCudaDriverVersion()),
+        ), convert=int)
         self._cuda_version = f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) and cuda > 0 else None
         self._enumerate()
         if self._gpus and self.any_enabled("gpu_xid_errors_total", "gpu_xid_last_timestamp_seconds"):
@@ -249,12 +249,9 @@ class NvmlBackend(Backend):
 
     def _enumerate(self) -> None:
         nv = self._nv
-        try:
-            count = self.probe(self._system_dev, "device_count", (("nvmlDeviceGetCount_v2", nv.nvmlDeviceGetCount),
-                                                                  ("nvmlDeviceGetCount", self._count_v1)), convert=int)
-        except GpuDown as exc:  # a device fault from a system call: the driver is unusable
-            raise BackendError(f"nvml: nvmlDeviceGetCount failed: {exc}", kind=DRIVER) from None
-        if count is MISSING or not 0 <= count <= 4096:
+        count = self._system("device_count", (("nvmlDeviceGetCount_v2", nv.nvmlDeviceGetCount),
+                                               ("nvmlDeviceGetCount", self._count_v1)), convert=int)
+        if count is None or not 0 <= count <= 4096:
             raise BackendError("nvmlDeviceGetCount failed", kind=DRIVER)
         if len(self._gpus) != count:
             self._gpus = [_Gpu(i) for i in range(count)]
@@ -287,9 +284,14 @@ class NvmlBackend(Backend):
             return Verdict(Outcome.UNSUPPORTED, UNSUPPORTED, f"{type(exc).__name__}: {exc}"[:200])
         return super().classify(exc)
 
-    def _system(self, reading: str, fn: Callable[..., Any], convert: Callable[[Any], Any]) -> Any:
-        """A system-level call: None when unsupported or failing (a driver error fails the init)."""
-        v = self.call(None, reading, fn, convert=convert)
+    def _system(self, reading: str, candidates: tuple[tuple[str, Callable[..., Any]], ...],
+                convert: Callable[[Any], Any]) -> Any:
+        """A system-level call (versions newest first, probed once): None when unsupported or failing.
+        A driver error, or a device fault from a call that concerns no device, fails the collection."""
+        try:
+            v = self.probe(self._system_dev, reading, candidates, convert=convert)
+        except GpuDown as exc:
+            raise BackendError(f"nvml: {candidates[0][0]} failed: {exc}", kind=DRIVER) from None
         return None if v is MISSING else v
 
     # --- collection ----------------------------------------------------------------------------
