@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from exporter.core.options import Settings
+from exporter.core.options import FieldFilter, Settings
 
 
 class ConfigError(Exception):
@@ -109,8 +109,6 @@ def _bool(v: object) -> bool:
 
 def _str_list(v: object) -> list[str]:
     """Metric family names or globs over them; each must match a family of the schema."""
-    from exporter.core import schema
-
     if isinstance(v, list | tuple):
         items = [str(x).strip() for x in v]
     else:
@@ -119,8 +117,7 @@ def _str_list(v: object) -> list[str]:
     for x in out:
         if not all(c.isalnum() or c in "_*?[]" for c in x):
             raise ValueError("expected metric family names or globs, e.g. gpu_clock_*,gpu_fan_speed_ratio")
-        if not schema.match(x):
-            raise ValueError(schema.unknown_family_message(x))
+    FieldFilter(include=out)  # the filter's own check: FieldSelectionError (a ValueError) names the nearest
     return out
 
 
