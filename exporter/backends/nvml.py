@@ -26,8 +26,8 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 from exporter.backends.base import (
     DRIVER,
@@ -35,6 +35,7 @@ from exporter.backends.base import (
     GPU_LOST,
     MISSING,
     READING_ERROR,
+    SENTINELS,
     UNSUPPORTED,
     Backend,
     BackendError,
@@ -50,6 +51,7 @@ from exporter.core.pci import NVIDIA_VENDOR, canonical_bus_id, count_pci_gpus, n
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
 log = logging.getLogger(__name__)
+_K = TypeVar("_K", bound=Hashable)  # the key a per-link value is filed under
 
 # NVML return codes (nvml.h)
 UNINITIALIZED = 1
@@ -535,9 +537,9 @@ class NvmlBackend(Backend):
         links = gpu.static.get("nvlinks", ())
         if en("gpu_link_up") and links:
             state = call(gpu, "gpu_link_up", self._per_link, "nvmlDeviceGetNvLinkState", ctypes.c_uint, h,
-                         [(link,) for link in links])
+                         [(link,) for link in links], links)
             if state is not MISSING:
-                r.link_up = {link: 1.0 if v else 0.0 for (link,), v in state.items()}
+                r.link_up = {link: 1.0 if v else 0.0 for link, v in state.items()}
         if en("gpu_link_errors_total") and links:
             self._read_link_errors(gpu, r, h, links)
         if en("gpu_encoder_utilization_ratio"):
@@ -563,14 +565,20 @@ class NvmlBackend(Backend):
     def _read_link_errors(self, gpu: _Gpu, r: GpuReading, h: Any, links: tuple[int, ...]) -> None:
         """NVLink error counters per link (a device-wide total may cover link 0 only on some drivers):
         4 counters x 18 links, read through one funnel call per GPU."""
+        plan = gpu.static.get("link_error_plan")
+        if plan is None:  # the arguments and the label pairs are the same every collection
+            pairs = [(link, c, n) for link in links for n, c in NVLINK_ERROR_COUNTERS]
+            plan = gpu.static["link_error_plan"] = ([(link, c) for link, c, _ in pairs],
+                                                   [(n, str(link)) for link, _, n in pairs])
         errs = self.call(gpu, "gpu_link_errors_total", self._per_link, "nvmlDeviceGetNvLinkErrorCounter",
-                         ctypes.c_ulonglong, h, [(link, c) for link in links for _, c in NVLINK_ERROR_COUNTERS])
+                         ctypes.c_ulonglong, h, *plan)
         if errs is not MISSING:
-            names = {c: n for n, c in NVLINK_ERROR_COUNTERS}
-            r.link_errors = {(names[c], str(link)): v for (link, c), v in errs.items()}
+            r.link_errors = errs
 
-    def _per_link(self, symbol: str, ctype: Any, h: Any, args: list[tuple[int, ...]]) -> dict[tuple[int, ...], float]:
-        """One per-link NVML function for every ``args`` tuple, as one reading of the funnel.
+    def _per_link(self, symbol: str, ctype: Any, h: Any, args: Sequence[tuple[int, ...]],
+                  keys: Sequence[_K]) -> dict[_K, float]:
+        """One per-link NVML function for every ``args`` tuple, as one reading of the funnel: the
+        value of ``args[i]`` under ``keys[i]``.
 
         The C function is called directly: pynvml's wrapper costs a few microseconds a call and an
         18-link GPU needs 72 error counters. A link that answers an error or a sentinel is absent;
@@ -578,17 +586,16 @@ class NvmlBackend(Backend):
         """
         nv = self._nv
         fn = nv._nvmlGetFunctionPointer(symbol)
-        out: dict[tuple[int, ...], float] = {}
+        out: dict[_K, float] = {}
         value = ctype()
         ref = ctypes.byref(value)
         first = 0
-        for a in args:
+        for a, key in zip(args, keys, strict=True):
             ret = fn(h, *a, ref)
             if ret == 0:
-                try:
-                    out[a] = si(value.value)
-                except ValueError:
-                    continue  # "no value" for this link only
+                v = value.value  # an unsigned C integer: si()'s checks reduce to the sentinels
+                if v not in SENTINELS:
+                    out[key] = float(v)
             elif ret in _DRIVER_CODES or ret in _DOWN_CODES or ret == GPU_IS_LOST:
                 raise nv.NVMLError(ret)
             else:
