@@ -35,6 +35,10 @@ Times are seconds since the backend started (``dt``):
   keeps it while its allocations fail).
 - ``starved`` (in ``mixed``): over 90 % utilisation while only ~12 % of the SMs are active
   (GPM SM activity): small kernels or an input-bound loop.
+- ``driver`` (a scenario of its own): from ``dt`` = 2 s the driver stops answering at all,
+  as after an unload or a half-finished upgrade (NVML's ``nvmlDeviceGetCount`` failing):
+  every collection fails as a whole with a ``driver`` error, so the engine publishes
+  ``gpu_exporter_collector_success 0`` and the GPUs it knew as ``gpu_up 0``.
 
 In the ``healthy`` scenario the output is what it always was. In every other scenario each
 GPU that answers also reports ECC mode and counters, row remapping, violation time and MIG
@@ -53,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from exporter.backends.base import Backend
+from exporter.backends.base import DRIVER, Backend, BackendError
 from exporter.core.options import BackendOptions
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
@@ -80,10 +84,12 @@ STATES: dict[str, tuple[str, ...]] = {
     "leak": (LEAK,),
     # the four most distinct first: the default four GPUs show a MIG GPU, ECC errors, heat and a lost GPU
     "mixed": (MIG, ECC, THERMAL, LOST, XID, LEAK, POWER_CAP, STARVED, HEALTHY),
+    "driver": (),  # no GPU state: the whole driver stops answering (DRIVER_GONE_AFTER)
 }
 SCENARIOS = tuple(STATES)
 
 LOST_AFTER = 2.0  # s after start
+DRIVER_GONE_AFTER = 2.0  # s after start, in the "driver" scenario
 LEAK_START = 40 * GIB
 LEAK_FAST_BYTES_PER_SECOND = 128 * MIB
 LEAK_CEILING = int(0.97 * MEMORY_TOTAL) // MIB * MIB
@@ -198,6 +204,9 @@ class Model:
     def up(self, index: int, t: float) -> bool:
         return not (self.state(index) == LOST and t - self.t0 >= LOST_AFTER)
 
+    def driver_answers(self, t: float) -> bool:
+        return not (self.scenario == "driver" and t - self.t0 >= DRIVER_GONE_AFTER)
+
     def utilization(self, index: int, t: float) -> float | None:
         """Utilisation ratio; None where the GPU reports none (lost, or MIG mode: per instance only)."""
         state = self.state(index)
@@ -255,6 +264,11 @@ class Model:
         return self.count + (1 if LOST in STATES[self.scenario][: self.count] else 0)
 
 
+def _driver_gone() -> BackendError:
+    return BackendError("simulated: the driver stopped answering (as NVML's nvmlDeviceGetCount after a driver "
+                        "unload)", kind=DRIVER)
+
+
 class SimulatedBackend(Backend):
     """Deterministic, realistic-looking readings; ``vendor`` is "simulated"."""
 
@@ -265,10 +279,17 @@ class SimulatedBackend(Backend):
     def __init__(self, options: BackendOptions | None = None, clock: Callable[[], float] = time.time) -> None:
         super().__init__(options)
         self.clock = clock  # unix seconds; tests pass their own to step through a scenario
+        self._started: float | None = None  # the first init: when the scenario's faults start
 
     def init(self) -> None:
+        # faults develop from the first start: a re-initialisation after a failed collection
+        # (the engine's retry) finds the same driver, not a fresh one
+        if self._started is None:
+            self._started = self.clock()
+        self.model = Model(self.options.simulated_scenario, self.options.simulated_gpus, self._started)
+        if not self.model.driver_answers(self.clock()):
+            raise _driver_gone()
         self._count = self.options.simulated_gpus
-        self.model = Model(self.options.simulated_scenario, self._count, self.clock())
         self._energy = [0.0] * self._count
         self._violation = [dict.fromkeys(VIOLATIONS, 0.0) for _ in range(self._count)]
         self._last_t: float | None = None
@@ -284,6 +305,8 @@ class SimulatedBackend(Backend):
         dt = 0.0 if self._last_t is None else max(0.0, now - self._last_t)
         self._last_t = now
         since = now - self.model.t0
+        if not self.model.driver_answers(now):
+            raise _driver_gone()
         for i in range(self._count):
             r = self._reading(i, now, dt)
             if not r.up:

@@ -71,7 +71,7 @@ def gpu_families(s: Samples, gpu: str) -> set[str]:
 
 
 def test_every_scenario_is_a_setting() -> None:
-    assert SCENARIOS == ("healthy", "lost", "mig", "ecc", "xid", "throttle", "leak", "mixed")
+    assert SCENARIOS == ("healthy", "lost", "mig", "ecc", "xid", "throttle", "leak", "mixed", "driver")
     for name in SCENARIOS:
         s = config.load(["--backend", "simulated", "--simulated-scenario", name])
         assert s.simulated_scenario == name
@@ -126,6 +126,20 @@ def test_lost_keeps_identity_and_publishes_nothing_else() -> None:
         assert get(s, "gpu_pci_devices") == 5.0 and get(s, "gpu_visible_devices") == 4.0
     assert get(after, "gpu_exporter_collection_errors_total", kind="gpu_lost") == 1.0
     assert get(later, "gpu_exporter_collection_errors_total", kind="gpu_lost") == 2.0
+
+
+def test_driver_gone_fails_the_collection_and_keeps_the_known_gpus_down() -> None:
+    before, after, later = at("driver", [0.0, 5.0, 60.0])
+    assert get(before, "gpu_exporter_collector_success", backend="simulated") == 1.0
+    assert [get(before, "gpu_up", gpu=str(g)) for g in range(4)] == [1.0] * 4
+    for s in (after, later):
+        assert get(s, "gpu_exporter_collector_success", backend="simulated") == 0.0
+        assert [get(s, "gpu_up", gpu=str(g)) for g in range(4)] == [0.0] * 4  # known, unreadable
+        assert get(s, "gpu_utilization_ratio", gpu="0") is None  # nothing read is made up
+        info = next(dict(ls) for (n, ls), _ in s.items() if n == "gpu_info" and ("gpu", "0") in ls)
+        assert info["uuid"].startswith("GPU-") and info["pci_bus_id"] == "0000:10:00.0"
+    assert get(after, "gpu_exporter_collection_errors_total", kind="driver") == 1.0
+    assert get(later, "gpu_exporter_collection_errors_total", kind="driver") == 2.0
 
 
 def test_mig_instances_under_their_gpu() -> None:
