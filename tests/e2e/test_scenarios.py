@@ -9,10 +9,13 @@ disappears gets a stale marker, as after a real scrape). ``promtool`` then evalu
 15 s, and the test compares the set of (alert, GPU) firing at 6 and 36 minutes with what a
 real fleet in that state must raise: no more, no less.
 
-Every alert about a GPU state fires on at least one scenario. Alerts about the exporter or
-the profiler process (down, stuck, absent) are listed in ``NOT_A_GPU_STATE``, and GPU alerts
-that need more than a GPU (pod allocations) or a reading no backend carries yet in
-``NOT_SIMULATED``, each with where it is tested instead.
+Every alert about a GPU state fires on at least one scenario (``driver``: the collection
+fails). Alerts about the processes around the GPUs fire on a *stack* scenario (``STACK``):
+the healthy scenario's exposition as Prometheus records it when the exporter is killed,
+never deployed, or serving a hung collection, and the real profiler's own /metrics
+(``ProfilerMetrics``) when its cycles fail, never finish, or it is killed. GPU alerts that
+need more than a GPU (pod allocations) are listed in ``NOT_SIMULATED``, with where they are
+tested instead.
 """
 
 from __future__ import annotations
@@ -66,14 +69,17 @@ EXPECTED: dict[str, dict[str, set[tuple[str, str]]]] = {
     "driver": {t: {("GpuExporterCollectionFailing", "")} | {("GpuLost", str(g)) for g in range(4)}
                for t in ("6m", "36m")},
 }
-NOT_A_GPU_STATE = {  # alerts about a process, not a GPU: they read no per-GPU series (checked below)
-    "GpuExporterDown": "the exporter's target is down: tests/e2e/test_dashboards.py (a dead target)",
-    "GpuExporterCollectionStale": "a stuck collection loop: promtool unit tests (dashboards/rules/tests/)",
-    "GpuExporterAbsent": "no exporter target at all: promtool unit tests (dashboards/rules/tests/)",
-    "GPUExporterAbsent": "no exporter target at all: promtool unit tests (dashboards/rules/tests/)",
-    "GpuProfilerDown": "the profiler process: tests/e2e/test_dashboards.py, promtool unit tests",
-    "GpuProfilerFailing": "the profiler process: promtool unit tests (dashboards/rules/tests/)",
-    "GpuProfilerStale": "the profiler process: promtool unit tests (dashboards/rules/tests/)",
+PROFILER_TARGET = {"job": "gpu-exporter-profiler", "instance": "127.0.0.1:9401"}
+FAULT_AT = 6  # steps: the process fault of a stack scenario starts at minute 3
+# stack scenario -> eval time -> (alertname, gpu) firing; the exporter underneath is "healthy"
+STACK: dict[str, dict[str, set[tuple[str, str]]]] = {
+    "exporter-killed": {"6m": set(), "36m": {("GpuExporterDown", "")}},  # up 0 from 3m, for: 5m
+    "exporter-absent": {"6m": set(), "36m": {("GPUExporterAbsent", "")}},  # no target at all, for: 15m
+    # background collection (COLLECTION_INTERVAL > 0) hung at 3m: scrapes serve the last bytes
+    "collection-hung": {"6m": set(), "36m": {("GpuExporterCollectionStale", "")}},
+    "profiler-killed": {"6m": set(), "36m": {("GpuProfilerDown", "")}},  # for: 10m
+    "profiler-failing": {"6m": set(), "36m": {("GpuProfilerFailing", "")}},  # every cycle fails, for: 10m
+    "profiler-hung": {"6m": set(), "36m": {("GpuProfilerStale", "")}},  # its first cycle never ends
 }
 # GPU alerts no simulated GPU can raise on its own, with why and the reading whose arrival ends the excuse
 NOT_SIMULATED = {
@@ -128,22 +134,76 @@ def _keys(fs: list[Frame]) -> list[tuple[str, frozenset[tuple[str, str]]]]:
 def input_series(scenario: str, steps: int = STEPS) -> list[dict[str, str]]:
     """The scenario's expositions every STEP seconds, as promtool input series."""
     fs = frames(scenario, steps)
-    out = [{"series": "up" + _labels(TARGET), "values": " ".join(["1"] * len(fs))}]
-    for name, labels in _keys(fs):
+    return [{"series": "up" + _labels(TARGET), "values": " ".join(["1"] * len(fs))}, *series_of(fs, TARGET)]
+
+
+def series_of(fs: list[Frame | None], target: dict[str, str]) -> list[dict[str, str]]:
+    """Frames (None: the scrape failed) as promtool input series labelled with ``target``; a
+    series that disappears, or whose scrape fails, gets a stale marker as Prometheus writes one."""
+    out = []
+    for name, labels in _keys([f for f in fs if f is not None]):
         values, seen = [], False
         for f in fs:
-            v = f.get((name, labels))
+            v = None if f is None else f.get((name, labels))
             values.append("_" if v is None and not seen else "stale" if v is None else _num(v))
             seen = v is not None
-        out.append({"series": name + _labels({**dict(labels), **TARGET}), "values": " ".join(values)})
+        out.append({"series": name + _labels({**dict(labels), **target}), "values": " ".join(values)})
     return out
+
+
+def profiler_frames(kind: str, steps: int = STEPS) -> list[Frame]:
+    """The real profiler's /metrics every STEP seconds: ``failing``, a cycle a minute (its default
+    interval) against a Prometheus that refuses connections; ``hung``, a first cycle that never
+    ends (nothing counted, nothing succeeded)."""
+    from exporter.profiler.loop import Profiler
+    from exporter.profiler.plan import PlanConfig
+    from exporter.profiler.prom import PromClient
+    from exporter.profiler.queries import QueryConfig, Reader
+    from tests.harness.profiler import closed_port_url
+
+    clock = [0.0]
+    reader = Reader(PromClient(closed_port_url(), timeout=1.0, retries=0, backoff=0.0), QueryConfig())
+    prof = Profiler(reader, None, PlanConfig(), clock=lambda: clock[0], write_concurrency=1)
+    out = []
+    for k in range(steps + 1):
+        clock[0] = k * STEP
+        if kind == "failing" and k % 2 == 0:
+            assert prof.run_cycle().errors == ["prometheus_unreachable"]
+        out.append(samples_of(prof.metrics.exposition().decode()))
+    return out
+
+
+def stack_series(kind: str, steps: int = STEPS) -> list[dict[str, str]]:
+    """What Prometheus holds in stack scenario ``kind`` (see ``STACK``)."""
+    healthy = frames("healthy", steps)
+    ones = " ".join(["1"] * (steps + 1))
+    down_at_fault = " ".join("1" if k < FAULT_AT else "0" for k in range(steps + 1))
+    if kind == "exporter-absent":  # Prometheus scrapes other things, never the exporter
+        return [{"series": "up" + _labels({"job": "node-exporter", "instance": "127.0.0.1:9100"}), "values": ones}]
+    if kind == "exporter-killed":
+        killed: list[Frame | None] = [f if k < FAULT_AT else None for k, f in enumerate(healthy)]
+        return [{"series": "up" + _labels(TARGET), "values": down_at_fault}, *series_of(killed, TARGET)]
+    exporter = [{"series": "up" + _labels(TARGET), "values": ones}]
+    if kind == "collection-hung":
+        frozen: list[Frame | None] = [f if k < FAULT_AT else healthy[FAULT_AT - 1] for k, f in enumerate(healthy)]
+        return exporter + series_of(frozen, TARGET)
+    exporter += series_of(list(healthy), TARGET)
+    if kind == "profiler-killed":
+        prof: list[Frame | None] = [f if k < FAULT_AT else None for k, f in enumerate(profiler_frames("hung", steps))]
+        # alive but between cycles until killed: its first cycle is still running (minute 3 < 15 min stale)
+        return [*exporter, {"series": "up" + _labels(PROFILER_TARGET), "values": down_at_fault},
+                *series_of(prof, PROFILER_TARGET)]
+    fs = profiler_frames(kind.removeprefix("profiler-"), steps)
+    return [*exporter, {"series": "up" + _labels(PROFILER_TARGET), "values": ones},
+            *series_of(list(fs), PROFILER_TARGET)]
 
 
 def _labels(labels: dict[str, str]) -> str:
     return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
-def firing_test(scenario: str, expected: dict[str, set[tuple[str, str]]], steps: int = STEPS) -> dict[str, Any]:
+def firing_test(scenario: str, expected: dict[str, set[tuple[str, str]]], steps: int = STEPS,
+                series: list[dict[str, str]] | None = None) -> dict[str, Any]:
     cases = []
     for eval_time, pairs in expected.items():
         cases.append({
@@ -152,8 +212,8 @@ def firing_test(scenario: str, expected: dict[str, set[tuple[str, str]]], steps:
             "exp_samples": [{"labels": _labels({"alertname": a, **({"gpu": g} if g else {})}), "value": 1}
                             for a, g in sorted(pairs)],
         })
-    return {"name": f"scenario {scenario}", "interval": f"{STEP:g}s", "input_series": input_series(scenario, steps),
-            "promql_expr_test": cases}
+    return {"name": f"scenario {scenario}", "interval": f"{STEP:g}s",
+            "input_series": input_series(scenario, steps) if series is None else series, "promql_expr_test": cases}
 
 
 def run_promtool(tmp: Path, tests: list[dict[str, Any]]) -> tuple[int, str]:
@@ -164,22 +224,24 @@ def run_promtool(tmp: Path, tests: list[dict[str, Any]]) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def test_expectations_cover_every_gpu_alert() -> None:
+def test_expectations_cover_every_alert() -> None:
     shipped = {r["alert"] for g in yaml.safe_load(ALERTS_FILE.read_text())["groups"] for r in g["rules"]
                if "alert" in r}
     assert shipped <= {a["alert"] for a in alerts()}
-    fired = {a for per_time in EXPECTED.values() for pairs in per_time.values() for a, _ in pairs}
+    fired = {a for per_time in (*EXPECTED.values(), *STACK.values()) for pairs in per_time.values() for a, _ in pairs}
     assert set(EXPECTED) == set(SCENARIOS)
-    missing = shipped - fired - set(NOT_A_GPU_STATE) - set(NOT_SIMULATED)
+    missing = shipped - fired - set(NOT_SIMULATED)
     assert not missing, f"alerts no scenario raises (add a scenario state or say why below): {missing}"
+    assert not set(NOT_SIMULATED) & fired, "an alert a scenario raises is still excused in NOT_SIMULATED"
     for name, (_, reading) in NOT_SIMULATED.items():
         assert reading is None or reading not in {f.name for f in fields(GpuReading)}, (
             f"{name}: GpuReading.{reading} exists now: a simulated state must raise {name}")
+    stack_only = {a for per_time in STACK.values() for pairs in per_time.values() for a, _ in pairs}
     for rule in (r for g in yaml.safe_load(ALERTS_FILE.read_text())["groups"] for r in g["rules"] if "alert" in r):
-        if rule["alert"] in NOT_A_GPU_STATE:
+        if rule["alert"] in stack_only:  # raised by a process fault: it must not read GPU state
             gpu_reads = {m for m in re.findall(r"\bgpu_\w+", re.sub(r'"[^"]*"', "", str(rule["expr"])))
                          if not m.startswith(("gpu_exporter_", "gpu_profiler_"))}
-            assert not gpu_reads, f"{rule['alert']} reads GPU state ({gpu_reads}): a scenario must raise it"
+            assert not gpu_reads, f"{rule['alert']} reads GPU state ({gpu_reads}): a GPU scenario must raise it"
 
 
 @pytest.mark.prometheus
@@ -190,12 +252,33 @@ def test_every_scenario_raises_exactly_its_alerts(tmp_path: Path) -> None:
 
 
 @pytest.mark.prometheus
+def test_every_stack_scenario_raises_exactly_its_alerts(tmp_path: Path) -> None:
+    code, out = run_promtool(tmp_path, [firing_test(k, STACK[k], series=stack_series(k)) for k in STACK])
+    assert code == 0, out[-6000:]
+    assert out.count("SUCCESS") == 1, out
+
+
+def test_the_profiler_frames_are_the_real_profilers() -> None:
+    """Guards the stack scenarios' input: the failing profiler counts a failed cycle a minute and
+    never a success; the hung one counts nothing."""
+    failing, hung = profiler_frames("failing", 8), profiler_frames("hung", 8)
+    failed = frozenset({("result", "failed")})
+    assert [f.get(("gpu_profiler_cycles_total", failed)) for f in failing] == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0,
+                                                                              4.0, 5.0]
+    assert all(f[("gpu_profiler_last_success_timestamp_seconds", frozenset())] == 0.0 for f in failing + hung)
+    assert all(f.get(("gpu_profiler_cycles_total", failed)) == 0.0 for f in hung)  # pre-set, never counted
+
+
+@pytest.mark.prometheus
 def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
     """Guards the test above: an alert that does not fire, or one that fires unexpectedly, fails it."""
     code, out = run_promtool(tmp_path, [firing_test("healthy", {"2m": {("GpuLost", "0")}}, steps=8)])
     assert code != 0 and "GpuLost" in out, out[-2000:]
     code, out = run_promtool(tmp_path, [firing_test("lost", {"2m": set()}, steps=8)])
     assert code != 0 and "GpuLost" in out, out[-2000:]
+    code, out = run_promtool(tmp_path, [firing_test("exporter-killed", {"36m": set()},
+                                                    series=stack_series("exporter-killed"))])
+    assert code != 0 and "GpuExporterDown" in out, out[-2000:]
 
 
 # What the scenarios add to a healthy fleet: every dashboard target reading one of these must have data.
