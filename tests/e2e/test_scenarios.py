@@ -13,16 +13,19 @@ Every alert about a GPU state fires on at least one scenario (``driver``: the co
 fails). Alerts about the processes around the GPUs fire on a *stack* scenario (``STACK``):
 the healthy scenario's exposition as Prometheus records it when the exporter is killed,
 never deployed, or serving a hung collection, and the real profiler's own /metrics
-(``ProfilerMetrics``) when its cycles fail, never finish, or it is killed. GPU alerts that
-need more than a GPU (pod allocations) are listed in ``NOT_SIMULATED``, with where they are
-tested instead.
+(``ProfilerMetrics``) when its cycles fail, never finish, or it is killed. The pod-allocation
+alerts fire when a pod holds the healthy scenario's idle GPU (``ALLOCATED``): a fake kubelet
+behind serve's own attribution wiring, and the real profiler's verdict from a real Prometheus.
+An alert that no scenario can raise would go into ``NOT_SIMULATED``, saying why (none does).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
+import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,7 @@ from exporter.backends.simulated import SCENARIOS, STATES
 from exporter.core.readings import GpuReading
 from tests.e2e.test_rules import RULES_DIR, alerts
 from tests.harness.exporter import ExporterProcess, parse_samples
+from tests.harness.poll import wait_until
 from tests.harness.prom import Prometheus, promtool
 from tests.unit.backends.test_simulated import expositions
 
@@ -81,13 +85,15 @@ STACK: dict[str, dict[str, set[tuple[str, str]]]] = {
     "profiler-failing": {"6m": set(), "36m": {("GpuProfilerFailing", "")}},  # every cycle fails, for: 10m
     "profiler-hung": {"6m": set(), "36m": {("GpuProfilerStale", "")}},  # its first cycle never ends
 }
-# GPU alerts no simulated GPU can raise on its own, with why and the reading whose arrival ends the excuse
-NOT_SIMULATED = {
-    "GpuAllocatedButIdle": ("needs a kubelet's pod allocations (gpu_allocation_info), not a GPU state: "
-                            "tests/e2e/test_dashboards.py with the fake kubelet", None),
-    "GPUAllocatedButIdle": ("needs pod allocations and the profiler's allocated-idle verdict: promtool unit "
-                            "tests (dashboards/rules/tests/)", None),
-}
+# A pod holds healthy GPU 0 (the idle one) from the start, through the kubelet's pod-resources
+# and serve's own attribution wiring; the profiler, run on that history in a real Prometheus,
+# calls it allocated-idle. GpuAllocatedButIdle is for: 1h, GPUAllocatedButIdle for: 10m.
+ALLOC_STEPS = 72 * 2
+ALLOCATED: dict[str, set[tuple[str, str]]] = {
+    "36m": set(), "72m": {("GpuAllocatedButIdle", "0"), ("GPUAllocatedButIdle", "0")}}
+VERDICT_FROM = 40 * 2  # steps: the profiler's verdict is published from minute 40 (its window is 30)
+# GPU alerts no scenario raises, with why and the GpuReading field whose arrival ends the excuse
+NOT_SIMULATED: dict[str, tuple[str, str | None]] = {}
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
@@ -198,6 +204,67 @@ def stack_series(kind: str, steps: int = STEPS) -> list[dict[str, str]]:
             *series_of(list(fs), PROFILER_TARGET)]
 
 
+def allocated_series(tmp: Path, steps: int = ALLOC_STEPS) -> list[dict[str, str]]:
+    """The healthy scenario with a pod holding GPU 0 (see ``ALLOCATED``), and the profiler's verdict."""
+    from exporter.profiler.loop import Profiler
+    from exporter.profiler.plan import PlanConfig
+    from exporter.profiler.prom import PromClient
+    from exporter.profiler.queries import QueryConfig, Reader
+    from exporter.serve import config
+    from exporter.serve.main import start_attribution
+    from tests.fakes import kubelet as fake_kubelet
+    from tests.harness.prom import OpenMetricsWriter
+
+    end = float(int(time.time()) - 60)
+    start = end - steps * STEP
+    uuid = next(dict(ls)["uuid"] for (n, ls) in frames("healthy", 0)[0] if n == "gpu_info" and ("gpu", "0") in ls)
+    with fake_kubelet.FakeKubelet() as kubelet:
+        kubelet.set_response(fake_kubelet.response([fake_kubelet.pod("ml", "notebook-0",
+                                                                     {"jupyter": [("nvidia.com/gpu", [uuid])]})]))
+        settings = config.load(["--backend", "simulated", "--pod-attribution", "on", "--pod-resources-socket",
+                                kubelet.path, "--pod-resources-interval", "1"])
+        started: list[Any] = []
+
+        def wire(engine: Any) -> None:
+            started.append(start_attribution(settings, engine))
+            wait_until(lambda: started[0].labels_for(_gpu0(uuid)), timeout=20, what="the first List")
+
+        try:
+            texts = list(expositions("healthy", 4, [k * STEP for k in range(steps + 1)], start=start, wire=wire))
+        finally:
+            for a in started:
+                a.stop()
+    fs = [samples_of(t) for t in texts]
+    for k, f in enumerate(fs):
+        for key in [k_ for k_ in f if k_[0] == "gpu_exporter_last_success_timestamp_seconds"]:
+            f[key] = start + k * STEP
+    assert any(n == "gpu_allocation_info" and ("pod", "notebook-0") in ls for (n, ls) in fs[-1]), "not attributed"
+    # the profiler's verdict on that history, from a real Prometheus, at minute 40 and at the end
+    with OpenMetricsWriter(tmp / "alloc.om") as w:
+        for name, labels in _keys(fs):
+            w.add(name, {**dict(labels), **TARGET},
+                  [(start + k * STEP, f[(name, labels)]) for k, f in enumerate(fs) if (name, labels) in f])
+    verdicts = []
+    with Prometheus(tmp / "alloc-prom", tsdb_blocks_from=tmp / "alloc.om") as prom:
+        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), None, PlanConfig(), out=io.StringIO(),
+                        write_concurrency=1)
+        for k in (VERDICT_FROM, steps):
+            assert prof.run_cycle(at=start + k * STEP).ok
+            verdicts.append(samples_of(prof.metrics.exposition().decode()))
+    key = ("gpu_profile_pattern", frozenset({("node", "sim-node"), ("gpu", "0"), ("pattern", "allocated-idle")}))
+    assert all(v.get(key) == 1.0 for v in verdicts), [sorted(k for k in v if k[0] == "gpu_profile_pattern")
+                                                     for v in verdicts]
+    pattern = {k_: v for k_, v in verdicts[-1].items() if k_[0] == "gpu_profile_pattern"}
+    prof_frames: list[Frame | None] = [None if k < VERDICT_FROM else pattern for k in range(steps + 1)]
+    ones = " ".join(["1"] * (steps + 1))
+    return [{"series": "up" + _labels(TARGET), "values": ones}, *series_of(list(fs), TARGET),
+            {"series": "up" + _labels(PROFILER_TARGET), "values": ones}, *series_of(prof_frames, PROFILER_TARGET)]
+
+
+def _gpu0(uuid: str) -> GpuReading:  # GPU 0, to ask the mapper
+    return GpuReading(index=0, uuid=uuid, vendor="simulated")
+
+
 def _labels(labels: dict[str, str]) -> str:
     return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
@@ -228,7 +295,8 @@ def test_expectations_cover_every_alert() -> None:
     shipped = {r["alert"] for g in yaml.safe_load(ALERTS_FILE.read_text())["groups"] for r in g["rules"]
                if "alert" in r}
     assert shipped <= {a["alert"] for a in alerts()}
-    fired = {a for per_time in (*EXPECTED.values(), *STACK.values()) for pairs in per_time.values() for a, _ in pairs}
+    fired = {a for per_time in (*EXPECTED.values(), *STACK.values(), ALLOCATED) for pairs in per_time.values()
+             for a, _ in pairs}
     assert set(EXPECTED) == set(SCENARIOS)
     missing = shipped - fired - set(NOT_SIMULATED)
     assert not missing, f"alerts no scenario raises (add a scenario state or say why below): {missing}"
@@ -254,6 +322,14 @@ def test_every_scenario_raises_exactly_its_alerts(tmp_path: Path) -> None:
 @pytest.mark.prometheus
 def test_every_stack_scenario_raises_exactly_its_alerts(tmp_path: Path) -> None:
     code, out = run_promtool(tmp_path, [firing_test(k, STACK[k], series=stack_series(k)) for k in STACK])
+    assert code == 0, out[-6000:]
+    assert out.count("SUCCESS") == 1, out
+
+
+@pytest.mark.prometheus
+def test_a_pod_holding_an_idle_gpu_raises_both_allocation_alerts(tmp_path: Path) -> None:
+    series = allocated_series(tmp_path)
+    code, out = run_promtool(tmp_path, [firing_test("allocated-idle", ALLOCATED, series=series)])
     assert code == 0, out[-6000:]
     assert out.count("SUCCESS") == 1, out
 

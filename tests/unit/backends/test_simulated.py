@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -34,12 +34,16 @@ class Clock:
         return self.t
 
 
-def expositions(scenario: str, gpus: int, times: list[float], start: float = 1_000_000.0) -> Iterator[str]:
-    """The /metrics text of a simulated fleet at each of ``times`` (seconds after ``start``)."""
+def expositions(scenario: str, gpus: int, times: list[float], start: float = 1_000_000.0,
+                wire: Callable[[Engine], object] | None = None) -> Iterator[str]:
+    """The /metrics text of a simulated fleet at each of ``times`` (seconds after ``start``);
+    ``wire`` attaches more to the engine first, as ``serve`` does (pod attribution)."""
     clock = Clock(start)
     backend = SimulatedBackend(BackendOptions(simulated_gpus=gpus, simulated_scenario=scenario), clock=clock)
     engine = Engine([backend], HostInfo(node="sim-node", cpu_model="test", kernel="test"), FieldFilter(),
                     collection_interval=0, collection_timeout=30, cache_ttl=0)
+    if wire is not None:
+        wire(engine)
     try:
         engine.scrape()  # the backend starts (its faults develop from here) at the first collection, at ``start``
         for t in times:
