@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ def _fleet(nodes: int, end: float, seed: int = 7) -> list[GpuHistory]:
         for g in range(GPUS_PER_NODE):
             r = rng.random()
             srng = random.Random(rng.getrandbits(32))
+            u: Callable[[random.Random, list[float]], list[float]]
             if r < 0.30:
                 label, u, m = "idle", idle_shape, mem_constant(0.0)
             elif r < 0.55:
