@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
 
 NVIDIA_VENDOR = 0x10DE
 AMD_VENDOR = 0x1002
@@ -46,6 +47,34 @@ def _read_hex(path: str) -> int | None:
         return None
 
 
+# device directory -> ((vendor file's identity, its value), (class file's identity, its value)):
+# sysfs attributes of a PCI device are set when it is enumerated, so a file whose inode and
+# times are unchanged holds the same value. A stat() costs a fraction of an open and read
+# (a server has a few hundred PCI functions, read on every collection); a device that is
+# removed and added again, or a file a test rewrites, has a new identity and is read again.
+_Ident = tuple[int, int, int, int]
+_ATTRS: dict[str, tuple[tuple[_Ident, int | None], tuple[_Ident, int | None] | None]] = {}
+_ATTRS_LOCK = threading.Lock()
+
+
+def _ident(path: str) -> _Ident | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _attr(path: str, cached: tuple[_Ident, int | None] | None) -> tuple[_Ident, int | None] | None:
+    """(identity, value) of a sysfs hex attribute, read only when its identity changed."""
+    ident = _ident(path)
+    if ident is None:
+        return None
+    if cached is not None and cached[0] == ident:
+        return cached
+    return ident, _read_hex(path)
+
+
 def pci_gpus(sysfs_root: str, vendor: int) -> list[str] | None:
     """Canonical bus IDs of ``vendor``'s GPUs under ``<sysfs_root>/bus/pci/devices``, in bus order;
     None when sysfs is not readable."""
@@ -55,14 +84,24 @@ def pci_gpus(sysfs_root: str, vendor: int) -> list[str] | None:
     except OSError:
         return None
     out: list[str] = []
-    for dev in entries:
-        d = os.path.join(base, dev)
-        if _read_hex(os.path.join(d, "vendor")) != vendor:
-            continue
-        cls = _read_hex(os.path.join(d, "class"))
-        bus = canonical_bus_id(dev)
-        if cls is not None and cls >> 16 == DISPLAY_CLASS and bus is not None:
-            out.append(bus)
+    seen: set[str] = set()
+    with _ATTRS_LOCK:  # two backends (nvml and amdsmi) may count at once
+        for dev in entries:
+            d = os.path.join(base, dev)
+            seen.add(d)
+            old = _ATTRS.get(d)
+            ven = _attr(os.path.join(d, "vendor"), old[0] if old else None)
+            if ven is None:
+                _ATTRS.pop(d, None)
+                continue
+            cls = _attr(os.path.join(d, "class"), old[1] if old else None) if ven[1] == vendor else None
+            _ATTRS[d] = (ven, cls)
+            bus = canonical_bus_id(dev)
+            if cls is not None and cls[1] is not None and cls[1] >> 16 == DISPLAY_CLASS and bus is not None:
+                out.append(bus)
+        prefix = base + os.sep
+        for gone in [k for k in _ATTRS if k.startswith(prefix) and k not in seen]:
+            del _ATTRS[gone]
     return sorted(out)
 
 
