@@ -97,15 +97,17 @@ def test_snapshot_is_the_stats_view_of_the_fleet(fleet: FakeNvml, tmp_path: Path
 
 def test_snapshot_average_power_comes_from_the_energy_counter(tmp_path: Path) -> None:
     out = tmp_path / "sim.json"
-    p = gx("snapshot", "--backend", "simulated", "--simulated-gpus", "3", "--window", "0.3", "-o", str(out))
+    p = gx("snapshot", "--backend", "simulated", "--simulated-gpus", "3", "--window", "1", "-o", str(out))
     assert p.returncode == 0, p.stderr
     assert "SIMULATED" in p.stderr
     doc = json.loads(out.read_text())
     jsonschema.validate(doc, STATS)
     for g in doc["gpus"]:
-        # the simulated energy counter integrates the reported power: the two must agree
-        assert g["power_average_seconds"] >= 0.3
-        assert g["power_average_watts"] == pytest.approx(g["power_watts"], abs=1.0)
+        # the simulated energy counter integrates the reported power: the two must agree. The
+        # counter's interval runs from collection to collection, the average's divisor from
+        # snapshot to snapshot: on a loaded machine those differ by a few ms of the 1 s window.
+        assert g["power_average_seconds"] >= 1.0
+        assert g["power_average_watts"] == pytest.approx(g["power_watts"], rel=0.02)
 
 
 def test_snapshot_unsupported_energy_gives_null_average(fleet: FakeNvml, tmp_path: Path) -> None:
