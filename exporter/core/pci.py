@@ -94,7 +94,11 @@ def pci_gpus(sysfs_root: str, vendor: int) -> list[str] | None:
             if ven is None:
                 _ATTRS.pop(d, None)
                 continue
-            cls = _attr(os.path.join(d, "class"), old[1] if old else None) if ven[1] == vendor else None
+            known = old[1] if old and old[0] is ven else None  # a class read under an unchanged vendor
+            if ven[1] != vendor:
+                _ATTRS[d] = (ven, known)  # kept for the other vendor's count (NVIDIA and AMD backends)
+                continue
+            cls = _attr(os.path.join(d, "class"), known)
             _ATTRS[d] = (ven, cls)
             bus = canonical_bus_id(dev)
             if cls is not None and cls[1] is not None and cls[1] >> 16 == DISPLAY_CLASS and bus is not None:

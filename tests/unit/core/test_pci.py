@@ -47,6 +47,10 @@ def test_unchanged_devices_are_not_read_again(sysfs: Path, monkeypatch: pytest.M
     # the AMD count reads the class of the AMD GPU it had not needed before, and nothing else
     assert count_pci_gpus(str(sysfs), AMD_VENDOR) == 1
     assert [Path(p).parent.name + "/" + Path(p).name for p in reads] == ["0000:c1:00.0/class"]
+    # both vendors counted in turn (an NVIDIA and an AMD backend on one node): nothing read again
+    reads.clear()
+    assert count_pci_gpus(str(sysfs), NVIDIA_VENDOR) == 2 and count_pci_gpus(str(sysfs), AMD_VENDOR) == 1
+    assert reads == []
 
 
 def test_changes_are_seen(sysfs: Path) -> None:
