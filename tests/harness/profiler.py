@@ -54,13 +54,7 @@ class FaultProxy:
                     return self._send(500, b'{"status":"error","errorType":"internal","error":"injected"}')
                 if mode == "garbage":
                     return self._send(200, b'{"status":"success","data":{"resultType":"vector","result":[{"met')
-                req = urllib.request.Request(outer.target + self.path, data=body, method="POST",
-                                             headers={"Content-Type": self.headers.get("Content-Type", "")})
-                try:
-                    with urllib.request.urlopen(req, timeout=60) as r:
-                        code, data = r.status, r.read()
-                except urllib.error.HTTPError as e:
-                    code, data = e.code, e.read()
+                code, data = forward_post(outer.target + self.path, body, self.headers.get("Content-Type", ""))
                 if code == 200 and mode in ("nan", "empty"):
                     doc = json.loads(data)
                     if mode == "empty":
@@ -104,6 +98,16 @@ class FaultProxy:
         self._release.set()
         self._server.shutdown()
         self._server.server_close()
+
+
+def forward_post(url: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+    """POST ``body`` to ``url`` (a proxy passing a query on to Prometheus): (status, answer body)."""
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
 
 
 def history_file(path: Path, histories: list[GpuHistory], node_label: bool = True) -> Path:

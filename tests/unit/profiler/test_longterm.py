@@ -8,8 +8,6 @@ import io
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 
 from exporter.profiler.main import run
 from tests.fakes.profiler_history import scenario_node
-from tests.harness.profiler import history_file
+from tests.harness.profiler import forward_post, history_file
 from tests.harness.prom import Prometheus
 
 pytestmark = pytest.mark.prometheus
@@ -41,14 +39,7 @@ class TenantProxy:
                 outer.seen.append(headers)
                 if headers.get("x-scope-orgid") != tenant or headers.get("authorization") != f"Bearer {token}":
                     return self._send(401, b"no org id\n")
-                req = urllib.request.Request(target + self.path, data=body, method="POST",
-                                             headers={"Content-Type": self.headers.get("Content-Type", "")})
-                try:
-                    with urllib.request.urlopen(req, timeout=60) as r:
-                        code, data = r.status, r.read()
-                except urllib.error.HTTPError as e:
-                    code, data = e.code, e.read()
-                self._send(code, data)
+                self._send(*forward_post(target + self.path, body, self.headers.get("Content-Type", "")))
 
             def _send(self, code: int, data: bytes) -> None:
                 self.send_response(code)
