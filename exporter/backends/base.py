@@ -129,12 +129,13 @@ def si(value: Any, factor: float = 1.0, sentinels: frozenset[int] = SENTINELS) -
     Raises ``ValueError``/``TypeError`` for anything that is not a number: inside a
     :meth:`Backend.call` conversion that makes the reading absent, counted as ``bad_value``.
     """
-    if isinstance(value, bool):
-        raise TypeError(f"expected a number, got {value!r}")
-    if isinstance(value, str):
-        if value.strip().lower() in NA_STRINGS:
-            raise NoValue(f"no value ({value!r})")
-        value = float(value)
+    if type(value) is not int:  # an int from the binding (bool is its own type) is the common case
+        if isinstance(value, bool):
+            raise TypeError(f"expected a number, got {value!r}")
+        if isinstance(value, str):
+            if value.strip().lower() in NA_STRINGS:
+                raise NoValue(f"no value ({value!r})")
+            value = float(value)
     if isinstance(value, int):
         if value in sentinels:
             raise NoValue(f"no value (sentinel {value:#x})")
@@ -143,6 +144,8 @@ def si(value: Any, factor: float = 1.0, sentinels: frozenset[int] = SENTINELS) -
         x = float(value)
         if not math.isfinite(x):
             raise NoValue(f"no value ({x})")
+    if factor == 1.0:
+        return x
     # divide by 1000 rather than multiply by 1e-3: 1012345678 mJ is 1012345.678 J, not ...6780000001
     return x / round(1.0 / factor) if 0.0 < factor < 1.0 else x * factor
 

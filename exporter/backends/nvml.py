@@ -27,7 +27,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, ClassVar, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
 
 from exporter.backends.base import (
     DRIVER,
@@ -78,16 +79,78 @@ _DRIVER_CODES = {UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VER
 _DOWN_CODES = {11, 14, 16, 28, UNKNOWN}
 
 CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))
-# Plain scalar readings: (family, GpuReading attribute, pynvml function, factor to SI)
-SCALARS = (
-    ("gpu_power_watts", "power_watts", "nvmlDeviceGetPowerUsage", 1e-3),  # mW -> W
-    ("gpu_power_limit_watts", "power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", 1e-3),  # mW -> W
-    ("gpu_energy_joules_total", "energy_joules", "nvmlDeviceGetTotalEnergyConsumption", 1e-3),  # mJ -> J
-    ("gpu_pcie_link_generation", "pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", 1.0),
-    ("gpu_pcie_link_width", "pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", 1.0),
-    ("gpu_pcie_replays_total", "pcie_replay_total", "nvmlDeviceGetPcieReplayCounter", 1.0),
+_U32, _U64 = ctypes.c_uint, ctypes.c_ulonglong
+
+
+class _ViolationTime(ctypes.Structure):
+    """``nvmlViolationTime_t`` (nvml.h; pynvml's ``c_nvmlViolationTime_t``), as a plain structure."""
+
+    _fields_ = [("referenceTime", ctypes.c_ulonglong), ("violationTime", ctypes.c_ulonglong)]
+
+
+class _Utilization(ctypes.Structure):
+    """``nvmlUtilization_t``: percent of the last sample period."""
+
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class _MemoryV1(ctypes.Structure):
+    """``nvmlMemory_t``: bytes; ``used`` includes the driver's reservation."""
+
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class _MemoryV2(ctypes.Structure):
+    """``nvmlMemory_v2_t`` (``version`` = nvmlMemory_v2): bytes; ``used`` excludes ``reserved``."""
+
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+NVML_MEMORY_V2 = ctypes.sizeof(_MemoryV2) | 2 << 24  # NVML_STRUCT_VERSION(Memory, 2)
+
+
+def _memory(o: Sequence[Any]) -> tuple[float, float, float, float | None]:
+    m = o[0]
+    return si(m.total), si(m.used), si(m.free), si(m.reserved) if isinstance(m, _MemoryV2) else None
+
+
+def _utilization(o: Sequence[Any]) -> tuple[float, float]:
+    return si(o[0].gpu, 0.01), si(o[0].memory, 0.01)
+
+
+def _codec(o: Sequence[Any]) -> float:
+    return si(o[0].value, 0.01)  # (utilization %, sampling period us): the first
+
+
+def _remapped(o: Sequence[Any]) -> tuple[float, float, float, float]:
+    return si(o[0].value), si(o[1].value), _flag(o[2].value), _flag(o[3].value)
+
+
+# One-value readings, ``symbol(device, *args, &out)``, in reading order: (family, funnel reading,
+# NVML symbol, out type, args, out member, factor to SI, GpuReading attribute, key in that attribute
+# or None). Each is called directly with a reused out value (see _direct).
+SIMPLE: tuple[tuple[str, str, str, Any, tuple[int, ...], str, float, str, str | None], ...] = (
+    # nvidia-smi temperature.gpu (NVML_TEMPERATURE_GPU = 0), degrees C
+    ("gpu_temperature_celsius", "gpu_temperature_celsius:gpu", "nvmlDeviceGetTemperature", _U32, (0,), "value", 1.0,
+     "temperature_celsius", "gpu"),
+    ("gpu_power_watts", "gpu_power_watts", "nvmlDeviceGetPowerUsage", _U32, (), "value", 1e-3,  # mW -> W
+     "power_watts", None),
+    ("gpu_power_limit_watts", "gpu_power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", _U32, (), "value",
+     1e-3, "power_limit_watts", None),  # mW -> W
+    ("gpu_energy_joules_total", "gpu_energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption", _U64, (),
+     "value", 1e-3, "energy_joules", None),  # mJ -> J
+    ("gpu_pcie_link_generation", "gpu_pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", _U32, (),
+     "value", 1.0, "pcie_link_generation", None),
+    ("gpu_pcie_link_width", "gpu_pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", _U32, (), "value", 1.0,
+     "pcie_link_width", None),
+    ("gpu_pcie_replays_total", "gpu_pcie_replays_total", "nvmlDeviceGetPcieReplayCounter", _U32, (), "value", 1.0,
+     "pcie_replay_total", None),
     # percent -> ratio; published as the driver says, above 1 included (some boards report > 100 %)
-    ("gpu_fan_speed_ratio", "fan_speed_ratio", "nvmlDeviceGetFanSpeed", 0.01),
+    ("gpu_fan_speed_ratio", "gpu_fan_speed_ratio", "nvmlDeviceGetFanSpeed", _U32, (), "value", 0.01,
+     "fan_speed_ratio", None),
+    *(("gpu_clock_hertz", f"gpu_clock_hertz:{cname}", "nvmlDeviceGetClockInfo", _U32, (ctype,), "value", 1e6,
+       "clock_hertz", cname) for cname, ctype in CLOCKS),  # MHz -> Hz
 )
 # nvmlClocksEventReason* bits (nvidia-smi -q -d PERFORMANCE), named as nvidia-smi's clocks_event_reasons.*
 THROTTLE_REASONS = (
@@ -115,6 +178,32 @@ class _ProcessInfoV1(ctypes.Structure):
     """``nvmlProcessInfo_v1_t`` (drivers before R470 have only the unversioned processes call)."""
 
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+@dataclass(frozen=True)
+class _Direct:
+    """Direct calls with more than one out value (NvmlBackend._fast)."""
+
+    utilization: Callable[[Any], Sequence[Any]]
+    memory_v2: Callable[[Any], Sequence[Any]]
+    memory_v1: Callable[[Any], Sequence[Any]]
+    remapped: Callable[[Any], Sequence[Any]]
+    encoder: Callable[[Any], Sequence[Any]]
+    decoder: Callable[[Any], Sequence[Any]]
+    retired: tuple[tuple[Callable[[Any], float], str, str], ...]
+
+
+class _PerLink(Generic[_K]):
+    """One per-link NVML function for one GPU (``fn(handle, *args, &value)`` per argument tuple),
+    set up once: each call writes into its own slot of one C array, so a collection is one C call
+    per link and one pass over the array, with no per-call Python objects."""
+
+    def __init__(self, symbol: str, ctype: Any, args: Sequence[tuple[int, ...]], keys: Sequence[_K]) -> None:
+        self.symbol = symbol
+        self.values = (ctype * len(args))()
+        size = ctypes.sizeof(ctype)
+        self.calls = [(*a, ctypes.byref(self.values, size * i)) for i, a in enumerate(args)]
+        self.keys = list(keys)
 
 
 class _Gpu(Device):
@@ -164,6 +253,11 @@ class NvmlBackend(Backend):
         self._gpm = GpmReader(self)  # SM/tensor/DRAM/NVLink/PCIe activity (nvml_gpm.py)
         self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
         self._system_dev = Device(-1)  # probe state of system-level calls
+        # the one-value readings' direct calls (_simple_plan, _ecc_plan, _violation_plan), built once
+        self._simple: list[tuple[str, Callable[[Any], float], str, str | None]] | None = None
+        self._ecc: list[tuple[str, Callable[[Any], float], tuple[str, str]]] | None = None
+        self._violation: list[tuple[str, Callable[[Any], float], str]] | None = None
+        self._direct_calls: _Direct | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -365,46 +459,140 @@ class NvmlBackend(Backend):
         en = self.enabled
 
         if self.any_enabled("gpu_utilization_ratio", "gpu_memory_utilization_ratio"):
-            u = call(gpu, "gpu_utilization_ratio", nv.nvmlDeviceGetUtilizationRates, h,
-                     convert=lambda u: (si(u.gpu, 0.01), si(u.memory, 0.01)))
+            u = call(gpu, "gpu_utilization_ratio", self._fast().utilization, h, convert=_utilization)
             if u is not MISSING:
                 r.utilization_ratio, r.memory_utilization_ratio = u
 
         if self.any_enabled(*MEMORY_FAMILIES):
             self._read_memory(gpu, r, h)
 
+        for reading, get, attr, key in self._simple_plan():
+            v = call(gpu, reading, get, h)
+            if v is not MISSING:
+                if key is None:
+                    setattr(r, attr, v)
+                else:
+                    getattr(r, attr)[key] = v
         if en("gpu_temperature_celsius"):
-            t = call(gpu, "gpu_temperature_celsius:gpu", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU,
-                     convert=si)
-            if t is not MISSING:
-                r.temperature_celsius["gpu"] = t
             mt = self._field_value(gpu, h, "gpu_temperature_celsius:memory", NVML_FI_DEV_MEMORY_TEMP)
             if mt is not None and mt > 0:  # 0 means "no HBM sensor" on boards without one
                 r.temperature_celsius["memory"] = mt
-
-        for family, attr, fn_name, factor in SCALARS:
-            if en(family):
-                v = call(gpu, family, getattr(nv, fn_name), h, convert=_number(factor))
-                if v is not MISSING:
-                    setattr(r, attr, v)
-
-        if en("gpu_clock_hertz"):
-            for cname, ctype in CLOCKS:
-                c = call(gpu, f"gpu_clock_hertz:{cname}", nv.nvmlDeviceGetClockInfo, h, ctype, convert=_number(1e6))
-                if c is not MISSING:
-                    r.clock_hertz[cname] = c
         r.clock_max_hertz = dict(st.get("clock_max_hertz", {}))
 
         r.pcie_link_generation_max = st.get("pcie_link_generation_max")
         r.pcie_link_width_max = st.get("pcie_link_width_max")
 
         if en("gpu_performance_state"):
-            ps = call(gpu, "gpu_performance_state", nv.nvmlDeviceGetPerformanceState, h, convert=si)
+            ps = call(gpu, "gpu_performance_state", self._direct("nvmlDeviceGetPerformanceState", _U32), h)
             if ps is not MISSING and 0 <= ps < PSTATE_UNKNOWN:
                 r.performance_state = float(ps)
 
         self._read_depth(gpu, r, h)
         r.unsupported = {f.partition(":")[0] for f in gpu.unsupported if f != "handle" and f.startswith("gpu_")}
+
+    def _direct(self, symbol: str, out_type: Any, args: tuple[int, ...] = (), member: str = "value",
+                factor: float = 1.0) -> Callable[[Any], float]:
+        """``symbol(handle, *args, &out)`` as ``si(out.member, factor)``, for the funnel.
+
+        What pynvml's one-value wrappers do, without a new C value, argument conversions and a
+        wrapper frame per call (a third of a reading's cost at 40 readings per GPU). The out value
+        is reused: collections are serialised by the backend's lock.
+        """
+        out = out_type()
+        tail = (*args, ctypes.byref(out))
+        lookup = self._nv._nvmlGetFunctionPointer  # raises FUNCTION_NOT_FOUND as the wrappers do
+        error = self._nv.NVMLError
+
+        def get(h: Any) -> float:
+            ret = lookup(symbol)(h, *tail)
+            if ret:
+                raise error(ret)
+            return si(getattr(out, member), factor)
+
+        get.__name__ = symbol  # what the funnel's log lines name
+        return get
+
+    def _direct_outs(self, symbol: str, outs: Sequence[Any], args: tuple[int, ...] = (),
+                     version: int | None = None) -> Callable[[Any], Sequence[Any]]:
+        """``symbol(handle, *args, &outs[0], &outs[1], ...)`` returning ``outs`` themselves (reused
+        C values: the funnel's conversion reads them before the next call). ``version``: written
+        into ``outs[0].version`` before each call (versioned NVML structures)."""
+        tail = (*args, *(ctypes.byref(o) for o in outs))
+        lookup = self._nv._nvmlGetFunctionPointer
+        error = self._nv.NVMLError
+        first = outs[0]
+
+        def get(h: Any) -> Sequence[Any]:
+            if version is not None:
+                first.version = version
+            ret = lookup(symbol)(h, *tail)
+            if ret:
+                raise error(ret)
+            return outs
+
+        get.__name__ = symbol
+        return get
+
+    def _retired_count(self, cause: int) -> Callable[[Any], float]:
+        """nvmlDeviceGetRetiredPages(device, cause, &count, NULL): the size query of pynvml's
+        wrapper alone (we publish the count, not the addresses), SUCCESS or INSUFFICIENT_SIZE."""
+        count = ctypes.c_uint(0)
+        ref = ctypes.byref(count)
+        lookup = self._nv._nvmlGetFunctionPointer
+        error = self._nv.NVMLError
+
+        def get(h: Any) -> float:
+            count.value = 0
+            ret = lookup("nvmlDeviceGetRetiredPages")(h, cause, ref, None)
+            if ret and ret != INSUFFICIENT_SIZE:
+                raise error(ret)
+            return si(count.value)
+
+        get.__name__ = "nvmlDeviceGetRetiredPages"
+        return get
+
+    def _fast(self) -> _Direct:
+        """The multi-value direct calls, built once."""
+        if self._direct_calls is None:
+            u32 = ctypes.c_uint
+            self._direct_calls = _Direct(
+                utilization=self._direct_outs("nvmlDeviceGetUtilizationRates", [_Utilization()]),
+                memory_v2=self._direct_outs("nvmlDeviceGetMemoryInfo_v2", [_MemoryV2()], version=NVML_MEMORY_V2),
+                memory_v1=self._direct_outs("nvmlDeviceGetMemoryInfo", [_MemoryV1()]),
+                remapped=self._direct_outs("nvmlDeviceGetRemappedRows", [u32(), u32(), u32(), u32()]),
+                encoder=self._direct_outs("nvmlDeviceGetEncoderUtilization", [u32(), u32()]),
+                decoder=self._direct_outs("nvmlDeviceGetDecoderUtilization", [u32(), u32()]),
+                retired=((self._retired_count(0), "gpu_retired_pages:single_bit", "single_bit"),
+                         (self._retired_count(1), "gpu_retired_pages:double_bit", "double_bit")),
+            )
+        return self._direct_calls
+
+    def _simple_plan(self) -> list[tuple[str, Callable[[Any], float], str, str | None]]:
+        """The enabled :data:`SIMPLE` readings, built once (the field selection is fixed at start)."""
+        if self._simple is None:
+            self._simple = [(reading, self._direct(symbol, out, args, member, factor), attr, key)
+                            for family, reading, symbol, out, args, member, factor, attr, key in SIMPLE
+                            if self.enabled(family)]
+        return self._simple
+
+    def _ecc_plan(self) -> list[tuple[str, Callable[[Any], float], tuple[str, str]]]:
+        """nvmlDeviceGetTotalEccErrors(device, errorType, counterType): 1 uncorrected / 0 corrected,
+        0 volatile / 1 aggregate (nvidia-smi ecc.errors.*), a count."""
+        if self._ecc is None:
+            self._ecc = [(f"gpu_ecc_errors_total:{ename}_{cname}",
+                          self._direct("nvmlDeviceGetTotalEccErrors", _U64, (etype, ctype)), (ename, cname))
+                         for etype, ename in ((1, "uncorrected"), (0, "corrected"))
+                         for ctype, cname in ((0, "volatile"), (1, "aggregate"))]
+        return self._ecc
+
+    def _violation_plan(self) -> list[tuple[str, Callable[[Any], float], str]]:
+        """nvmlDeviceGetViolationStatus(device, policy): time throttled by each policy, ns -> s."""
+        if self._violation is None:
+            self._violation = [(f"gpu_violation_seconds_total:{pname}",
+                                self._direct("nvmlDeviceGetViolationStatus", _ViolationTime, (policy,),
+                                             "violationTime", 1e-9), pname)
+                               for policy, pname in VIOLATION_POLICIES]
+        return self._violation
 
     def _read_static(self, gpu: _Gpu, h: Any) -> None:
         """Identity and limits that do not change while the driver is loaded."""
@@ -441,18 +629,10 @@ class NvmlBackend(Backend):
 
     def _read_memory(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """Memory info ``_v2`` (has ``reserved``; ``used`` excludes it), else v1: probed once per GPU."""
-        nv = self._nv
-
-        def v2(handle: Any) -> Any:
-            return nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
-
-        def convert(m: Any) -> tuple[float, float, float, float | None]:
-            reserved = si(m.reserved) if hasattr(m, "reserved") else None
-            return si(m.total), si(m.used), si(m.free), reserved
-
-        m = self.probe(gpu, "gpu_memory_used_bytes", (("nvmlDeviceGetMemoryInfo_v2", v2),
-                                                      ("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo)),
-                       h, convert=convert)
+        fast = self._fast()
+        m = self.probe(gpu, "gpu_memory_used_bytes", (("nvmlDeviceGetMemoryInfo_v2", fast.memory_v2),
+                                                      ("nvmlDeviceGetMemoryInfo", fast.memory_v1)),
+                       h, convert=_memory)
         if m is not MISSING:
             r.memory_total_bytes, r.memory_used_bytes, r.memory_free_bytes, r.memory_reserved_bytes = m
 
@@ -494,16 +674,13 @@ class NvmlBackend(Backend):
             if mode is not MISSING:
                 r.ecc_mode_enabled = mode
             if en("gpu_ecc_errors_total") and (mode is MISSING or mode):
-                for etype, ename in ((1, "uncorrected"), (0, "corrected")):
-                    for ctype, cname in ((0, "volatile"), (1, "aggregate")):
-                        v = call(gpu, f"gpu_ecc_errors_total:{ename}_{cname}", nv.nvmlDeviceGetTotalEccErrors,
-                                 h, etype, ctype, convert=si)
-                        if v is not MISSING:
-                            r.ecc_errors[(ename, cname)] = v
+                for reading, get, key in self._ecc_plan():
+                    v = call(gpu, reading, get, h)
+                    if v is not MISSING:
+                        r.ecc_errors[key] = v
         if en("gpu_retired_pages"):
-            for cause, cname in ((0, "single_bit"), (1, "double_bit")):
-                pages = call(gpu, f"gpu_retired_pages:{cname}", nv.nvmlDeviceGetRetiredPages, h, cause,
-                             convert=lambda p: float(len(p)))
+            for get, reading, cname in self._fast().retired:
+                pages = call(gpu, reading, get, h)
                 if pages is not MISSING:
                     r.retired_pages[cname] = pages
         if en("gpu_retired_pages_pending"):
@@ -512,8 +689,7 @@ class NvmlBackend(Backend):
             if pend is not MISSING:
                 r.retired_pages_pending = pend
         if self.any_enabled("gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed"):
-            rows = call(gpu, "gpu_remapped_rows", nv.nvmlDeviceGetRemappedRows, h,
-                        convert=lambda t: (si(t[0]), si(t[1]), _flag(t[2]), _flag(t[3])))
+            rows = call(gpu, "gpu_remapped_rows", self._fast().remapped, h, convert=_remapped)
             if rows is not MISSING:
                 corr, unc, pending, failed = rows
                 r.remapped_rows = {"corrected": corr, "uncorrected": unc}
@@ -522,9 +698,8 @@ class NvmlBackend(Backend):
         if en("gpu_throttle_reason_active"):
             self._read_throttle(gpu, r, h)
         if en("gpu_violation_seconds_total"):
-            for policy, pname in VIOLATION_POLICIES:
-                v = call(gpu, f"gpu_violation_seconds_total:{pname}", nv.nvmlDeviceGetViolationStatus, h, policy,
-                         convert=lambda s: si(s.violationTime, 1e-9))
+            for reading, get, pname in self._violation_plan():
+                v = call(gpu, reading, get, h)
                 if v is not MISSING:
                     r.violation_seconds[pname] = v
         gpm = self._gpm.wanted() and self._gpm.supported(gpu, h, gpu.static)
@@ -536,20 +711,21 @@ class NvmlBackend(Backend):
                     r.pcie_throughput[dname] = v
         links = gpu.static.get("nvlinks", ())
         if en("gpu_link_up") and links:
-            state = call(gpu, "gpu_link_up", self._per_link, "nvmlDeviceGetNvLinkState", ctypes.c_uint, h,
-                         [(link,) for link in links], links)
+            plan = gpu.static.get("link_state_plan")
+            if plan is None:
+                plan = gpu.static["link_state_plan"] = _PerLink("nvmlDeviceGetNvLinkState", ctypes.c_uint,
+                                                                [(link,) for link in links], links)
+            state = call(gpu, "gpu_link_up", self._per_link, plan, h)
             if state is not MISSING:
                 r.link_up = {link: 1.0 if v else 0.0 for link, v in state.items()}
         if en("gpu_link_errors_total") and links:
             self._read_link_errors(gpu, r, h, links)
         if en("gpu_encoder_utilization_ratio"):
-            v = call(gpu, "gpu_encoder_utilization_ratio", nv.nvmlDeviceGetEncoderUtilization, h,
-                     convert=lambda u: si(u[0], 0.01))
+            v = call(gpu, "gpu_encoder_utilization_ratio", self._fast().encoder, h, convert=_codec)
             if v is not MISSING:
                 r.encoder_utilization_ratio = v
         if en("gpu_decoder_utilization_ratio"):
-            v = call(gpu, "gpu_decoder_utilization_ratio", nv.nvmlDeviceGetDecoderUtilization, h,
-                     convert=lambda u: si(u[0], 0.01))
+            v = call(gpu, "gpu_decoder_utilization_ratio", self._fast().decoder, h, convert=_codec)
             if v is not MISSING:
                 r.decoder_utilization_ratio = v
         per_pid = self.options.per_process and en("gpu_process_memory_used_bytes")
@@ -568,40 +744,38 @@ class NvmlBackend(Backend):
         plan = gpu.static.get("link_error_plan")
         if plan is None:  # the arguments and the label pairs are the same every collection
             pairs = [(link, c, n) for link in links for n, c in NVLINK_ERROR_COUNTERS]
-            plan = gpu.static["link_error_plan"] = ([(link, c) for link, c, _ in pairs],
-                                                   [(n, str(link)) for link, _, n in pairs])
-        errs = self.call(gpu, "gpu_link_errors_total", self._per_link, "nvmlDeviceGetNvLinkErrorCounter",
-                         ctypes.c_ulonglong, h, *plan)
+            plan = gpu.static["link_error_plan"] = _PerLink("nvmlDeviceGetNvLinkErrorCounter", ctypes.c_ulonglong,
+                                                            [(link, c) for link, c, _ in pairs],
+                                                            [(n, str(link)) for link, _, n in pairs])
+        errs = self.call(gpu, "gpu_link_errors_total", self._per_link, plan, h)
         if errs is not MISSING:
             r.link_errors = errs
 
-    def _per_link(self, symbol: str, ctype: Any, h: Any, args: Sequence[tuple[int, ...]],
-                  keys: Sequence[_K]) -> dict[_K, float]:
-        """One per-link NVML function for every ``args`` tuple, as one reading of the funnel: the
-        value of ``args[i]`` under ``keys[i]``.
+    def _per_link(self, plan: _PerLink[_K], h: Any) -> dict[_K, float]:
+        """``plan``'s NVML function for each of its argument tuples, as one reading of the funnel:
+        the value of each call that answered, under its key.
 
         The C function is called directly: pynvml's wrapper costs a few microseconds a call and an
         18-link GPU needs 72 error counters. A link that answers an error or a sentinel is absent;
         a driver or device fault, or no link answering at all, is raised for the funnel to judge.
         """
         nv = self._nv
-        fn = nv._nvmlGetFunctionPointer(symbol)
-        out: dict[_K, float] = {}
-        value = ctype()
-        ref = ctypes.byref(value)
-        first = 0
-        for a, key in zip(args, keys, strict=True):
-            ret = fn(h, *a, ref)
-            if ret == 0:
-                v = value.value  # an unsigned C integer: si()'s checks reduce to the sentinels
-                if v not in SENTINELS:
-                    out[key] = float(v)
-            elif ret in _DRIVER_CODES or ret in _DOWN_CODES or ret == GPU_IS_LOST:
-                raise nv.NVMLError(ret)
-            else:
-                first = first or ret
-        if not out and first:
-            raise nv.NVMLError(first)
+        fn = nv._nvmlGetFunctionPointer(plan.symbol)
+        rets = [fn(h, *args) for args in plan.calls]
+        values = plan.values[:]
+        if not any(rets) and SENTINELS.isdisjoint(values):  # every link answered (the usual case)
+            return dict(zip(plan.keys, map(float, values), strict=True))
+        # unsigned C integers: si()'s checks reduce to the sentinels
+        out = {key: float(v) for key, v, ret in zip(plan.keys, values, rets, strict=True)
+               if ret == 0 and v not in SENTINELS}
+        if len(out) < len(rets):
+            failed = [ret for ret in rets if ret != 0]
+            fatal = next((ret for ret in failed if ret in _DRIVER_CODES or ret in _DOWN_CODES or ret == GPU_IS_LOST),
+                         None)
+            if fatal is not None:
+                raise nv.NVMLError(fatal)
+            if not out and failed:
+                raise nv.NVMLError(failed[0])
         return out
 
     def _read_processes(self, gpu: _Gpu, r: GpuReading, h: Any, per_pid: bool) -> None:

@@ -110,6 +110,7 @@ class GpmReader:
         self._available: bool | None = None  # the driver has GPM (probed once per initialisation)
         self._request: Any = None  # one reused nvmlGpmMetricsGet_t (about 19 KB)
         self._lock = threading.Lock()
+        self._wanted: dict[bool, list[tuple[int, str, str | None, float]]] = {}  # whole GPU? -> metrics asked
 
     def wanted(self) -> bool:
         return self._b.any_enabled(*FAMILIES)
@@ -249,7 +250,10 @@ class GpmReader:
     def _metrics(self, s1: Any, s2: Any, whole: bool) -> list[tuple[str, str | None, float]]:
         """``nvmlGpmMetricsGet`` over (s1, s2): (attribute, key, value) of each metric that answered."""
         nv = self._b._nv
-        wanted = [m for m in _METRICS if (whole or m[1] not in _DEVICE_ONLY) and self._b.enabled(FAMILY_OF[m[1]])]
+        wanted = self._wanted.get(whole)
+        if wanted is None:  # the field selection is fixed at start: filtered once per shape
+            wanted = self._wanted[whole] = [m for m in _METRICS if (whole or m[1] not in _DEVICE_ONLY)
+                                            and self._b.enabled(FAMILY_OF[m[1]])]
         mg = self._request_for()
         mg.version = nv.NVML_GPM_METRICS_GET_VERSION
         mg.numMetrics = len(wanted)

@@ -73,6 +73,7 @@ class FieldFilter:
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
     _enabled: dict[str, bool] = field(default_factory=dict, repr=False)
+    _any: dict[tuple[str, ...], bool] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for entry in (*self.include, *self.exclude):
@@ -92,7 +93,10 @@ class FieldFilter:
         return hit
 
     def any_enabled(self, *families: str) -> bool:
-        return any(self.enabled(f) for f in families)
+        hit = self._any.get(families)
+        if hit is None:  # asked per GPU per collection with the same few groups: cached like enabled()
+            hit = self._any[families] = any(self.enabled(f) for f in families)
+        return hit
 
     def exposed(self, family: str) -> bool:
         return self.enabled(family) and (bool(self.include) or schema.family(family).default)

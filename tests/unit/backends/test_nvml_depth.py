@@ -44,7 +44,8 @@ def exporter(fleet: FakeNvml, sysfs: Path) -> Iterator[ExporterProcess]:
 
 def test_ecc_remap_and_retired_pages(fleet: FakeNvml, exporter: ExporterProcess) -> None:
     fleet.set(1, ecc_corrected_volatile=7, ecc_uncorrected_aggregate=2, remap_corr=3, remap_unc=1,
-              remap_pending=1, remap_failure=0)
+              remap_pending=1, remap_failure=0, retired_sbe=[(0x1000, 111), (0x2000, 222), (0x3000, 333)],
+              retired_dbe=[])
     s = exporter.scrape()
     lab = {"gpu": "1", "uuid": fleet.gpus[1]["uuid"]}
     assert sample(s, "gpu_ecc_mode_enabled", **lab) == 1.0
@@ -55,6 +56,9 @@ def test_ecc_remap_and_retired_pages(fleet: FakeNvml, exporter: ExporterProcess)
     assert sample(s, "gpu_remapped_rows_pending", **lab) == 1.0
     assert sample(s, "gpu_remapped_rows_failed", **lab) == 0.0
     assert sample(s, "gpu_retired_pages", cause="double_bit", **lab) == 0.0
+    # a count above zero: NVML answers the size query with INSUFFICIENT_SIZE and the count
+    assert sample(s, "gpu_retired_pages", cause="single_bit", **lab) == 3.0
+    assert sample(s, "gpu_retired_pages", cause="single_bit", gpu="0", uuid=fleet.gpus[0]["uuid"]) == 0.0
 
 
 def test_ecc_absent_when_unsupported(fleet: FakeNvml, sysfs: Path) -> None:
