@@ -182,7 +182,7 @@ class _ProcessInfoV1(ctypes.Structure):
 
 @dataclass(frozen=True)
 class _Direct:
-    """Direct calls with more than one out value (NvmlBackend._fast)."""
+    """Direct calls outside the plans (NvmlBackend._fast): more than one out value, or a check after."""
 
     utilization: Callable[[Any], Sequence[Any]]
     memory_v2: Callable[[Any], Sequence[Any]]
@@ -191,6 +191,7 @@ class _Direct:
     encoder: Callable[[Any], Sequence[Any]]
     decoder: Callable[[Any], Sequence[Any]]
     retired: tuple[tuple[Callable[[Any], float], str, str], ...]
+    pstate: Callable[[Any], float]
 
 
 class _PerLink(Generic[_K]):
@@ -483,7 +484,7 @@ class NvmlBackend(Backend):
         r.pcie_link_width_max = st.get("pcie_link_width_max")
 
         if en("gpu_performance_state"):
-            ps = call(gpu, "gpu_performance_state", self._direct("nvmlDeviceGetPerformanceState", _U32), h)
+            ps = call(gpu, "gpu_performance_state", self._fast().pstate, h)
             if ps is not MISSING and 0 <= ps < PSTATE_UNKNOWN:
                 r.performance_state = float(ps)
 
@@ -552,7 +553,7 @@ class NvmlBackend(Backend):
         return get
 
     def _fast(self) -> _Direct:
-        """The multi-value direct calls, built once."""
+        """The direct calls outside the plans, built once."""
         if self._direct_calls is None:
             u32 = ctypes.c_uint
             self._direct_calls = _Direct(
@@ -564,6 +565,7 @@ class NvmlBackend(Backend):
                 decoder=self._direct_outs("nvmlDeviceGetDecoderUtilization", [u32(), u32()]),
                 retired=((self._retired_count(0), "gpu_retired_pages:single_bit", "single_bit"),
                          (self._retired_count(1), "gpu_retired_pages:double_bit", "double_bit")),
+                pstate=self._direct("nvmlDeviceGetPerformanceState", _U32),  # P0-P15; 32 is "unknown"
             )
         return self._direct_calls
 
