@@ -269,3 +269,49 @@ def test_transient_field_error_loses_one_reading_not_the_gpu(fleet: FakeNvml, tm
             assert (sample(s, "gpu_exporter_collection_errors_total", backend="nvml", kind=kind) or 0) >= 1
             fleet.clear_fail("nvmlDeviceGetPowerUsage")
             wait_until(lambda: sample(ex.scrape(), "gpu_up", gpu="0") == 1.0, 10, what="GPU 0 back")
+
+
+# Every NVML function the backend calls directly with a reused C value (exporter/backends/nvml.py:
+# SIMPLE, _fast, _PerLink) and a series it alone feeds: (function, family, labels of that series).
+DIRECT_CALLS = (
+    ("nvmlDeviceGetUtilizationRates", "gpu_utilization_ratio", {}),
+    ("nvmlDeviceGetMemoryInfo_v2", "gpu_memory_used_bytes", {}),
+    ("nvmlDeviceGetTemperature", "gpu_temperature_celsius", {"sensor": "gpu"}),
+    ("nvmlDeviceGetPowerUsage", "gpu_power_watts", {}),
+    ("nvmlDeviceGetEnforcedPowerLimit", "gpu_power_limit_watts", {}),
+    ("nvmlDeviceGetTotalEnergyConsumption", "gpu_energy_joules_total", {}),
+    ("nvmlDeviceGetCurrPcieLinkGeneration", "gpu_pcie_link_generation", {}),
+    ("nvmlDeviceGetCurrPcieLinkWidth", "gpu_pcie_link_width", {}),
+    ("nvmlDeviceGetPcieReplayCounter", "gpu_pcie_replays_total", {}),
+    ("nvmlDeviceGetFanSpeed", "gpu_fan_speed_ratio", {}),
+    ("nvmlDeviceGetClockInfo", "gpu_clock_hertz", {"clock": "sm"}),
+    ("nvmlDeviceGetPerformanceState", "gpu_performance_state", {}),
+    ("nvmlDeviceGetTotalEccErrors", "gpu_ecc_errors_total", {"error_type": "corrected", "counter": "volatile"}),
+    ("nvmlDeviceGetViolationStatus", "gpu_violation_seconds_total", {"reason": "thermal"}),
+    ("nvmlDeviceGetRemappedRows", "gpu_remapped_rows", {"error_type": "corrected"}),
+    ("nvmlDeviceGetEncoderUtilization", "gpu_encoder_utilization_ratio", {}),
+    ("nvmlDeviceGetDecoderUtilization", "gpu_decoder_utilization_ratio", {}),
+    ("nvmlDeviceGetRetiredPages", "gpu_retired_pages", {"cause": "single_bit"}),
+    ("nvmlDeviceGetNvLinkState", "gpu_link_up", {"link": "17"}),
+    ("nvmlDeviceGetNvLinkErrorCounter", "gpu_link_errors_total", {"link": "17", "counter": "crc_flit"}),
+)
+
+
+def test_a_failing_direct_call_never_serves_a_reused_value(tmp_path: Path) -> None:
+    # The direct calls reuse one C value per function for every GPU. GPU 0 is read first, so when
+    # GPU 1's call fails the buffer still holds GPU 0's answer (or GPU 1's from the last scrape):
+    # the reading must be absent, never that value.
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=2, fans=1, gpm_supported=0)
+    fleet.set(1, retired_sbe=[(0x1000, 1)])
+    with start(fleet, tmp_path, "--fields-exclude", "gpu_p2p_supported,gpu_topology_level") as ex:
+        before = ex.scrape()
+        for function, family, labels in DIRECT_CALLS:
+            assert sample(before, family, gpu="1", **labels) is not None, (function, family)
+            fleet.fail(function, 10, gpu=1)  # NVML_ERROR_TIMEOUT: that reading is lost, not the GPU
+            s = ex.scrape()
+            assert sample(s, family, gpu="1", **labels) is None, (function, family)
+            assert sample(s, family, gpu="0", **labels) is not None, (function, family)
+            assert sample(s, "gpu_up", gpu="1") == 1.0, function
+            fleet.clear_fail(function)
+            assert sample(ex.scrape(), family, gpu="1", **labels) == sample(before, family, gpu="1", **labels), \
+                (function, family)
