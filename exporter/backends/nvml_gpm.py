@@ -109,6 +109,7 @@ class GpmReader:
         self._seen: set[tuple[int, str, str]] = set()
         self._available: bool | None = None  # the driver has GPM (probed once per initialisation)
         self._request: Any = None  # one reused nvmlGpmMetricsGet_t (about 19 KB)
+        self._slots: list[Any] = []  # its metrics[], element by element (views, not copies)
         self._lock = threading.Lock()
         self._wanted: dict[bool, list[tuple[int, str, str | None, float]]] = {}  # whole GPU? -> metrics asked
 
@@ -131,6 +132,7 @@ class GpmReader:
             self._pairs.clear()
             self._available = None
             self._request = None
+            self._slots = []
 
     def supported(self, gpu: Device, handle: Any, static: dict[str, Any]) -> bool:
         """GPM on this driver and this GPU (cached in the GPU's static readings); logs once if not."""
@@ -245,6 +247,7 @@ class GpmReader:
                             ("metrics", Metric * nv.NVML_GPM_METRIC_MAX)]
 
             self._request = MetricsGet()
+            self._slots = list(self._request.metrics)
         return self._request
 
     def _metrics(self, s1: Any, s2: Any, whole: bool) -> list[tuple[str, str | None, float]]:
@@ -258,13 +261,12 @@ class GpmReader:
         mg.version = nv.NVML_GPM_METRICS_GET_VERSION
         mg.numMetrics = len(wanted)
         mg.sample1, mg.sample2 = s1, s2
-        metrics = mg.metrics
-        for i, m in enumerate(wanted):
-            metrics[i].metricId = m[0]
+        slots = self._slots  # views into mg.metrics (NVML_GPM_METRIC_MAX of them), made once: indexing makes an object
+        for slot, m in zip(slots, wanted, strict=False):
+            slot.metricId = m[0]
         nv.nvmlGpmMetricsGet(mg)
         out = []
-        for i, (_, attr, key, factor) in enumerate(wanted):
-            res = metrics[i]
+        for res, (_, attr, key, factor) in zip(slots, wanted, strict=False):
             v = res.value
             # A metric's own error (e.g. NOT_SUPPORTED on this GPU or instance) leaves it absent.
             if res.nvmlReturn == 0 and math.isfinite(v) and v >= 0.0:
