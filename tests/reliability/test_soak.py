@@ -31,6 +31,7 @@ from tests.fakes.profiler_history import (
 )
 from tests.harness.exporter import ExporterProcess
 from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.poll import wait_until
 from tests.harness.profiler import history_file
 from tests.harness.prom import Prometheus
 from tests.reliability.support import Result, open_fds, rss_mib, scrape_once, slope_per, threads
@@ -61,7 +62,12 @@ def test_exporter_rss_over_scrapes(tmp_path: Path, scrapes: int, every: int, cac
             if n % every == 0:
                 curve.append((float(n), rss_mib(pid)))
         elapsed = time.monotonic() - t0
-        end_threads, end_fds = threads(pid), open_fds(pid)  # both counted with the client connected
+        # Both counted with the client connected. The thread that answered the last scrape can
+        # still be finishing after its answer arrives (about 1 in 150 scrapes here), and so can
+        # the one counted in base_threads: wait for the count to come back, not for it to be exact.
+        end_threads = wait_until(lambda: (n := threads(pid)) <= base_threads and n, 10,
+                                 what=f"the exporter's threads back to {base_threads}")
+        end_fds = open_fds(pid)
         conn.close()
         assert ex.proc.poll() is None
     rss = [y for _, y in curve]
@@ -80,7 +86,7 @@ def test_exporter_rss_over_scrapes(tmp_path: Path, scrapes: int, every: int, cac
     assert errors == 0
     assert growth < 2.0 and max(rss) - rss[0] < 3.0, f"RSS grew {growth:.2f} MiB: {curve}"
     assert slope < 0.2
-    assert end_threads == base_threads and end_fds == base_fds
+    assert end_fds == base_fds
 
 
 # ---- profiler --------------------------------------------------------------------------------------
