@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -117,13 +118,17 @@ def ms(x: float) -> float:
     return round(x * 1000, 2)
 
 
-def slope_per(points: Sequence[tuple[float, float]], per: float) -> float:
-    """Least-squares slope of (x, y) points, scaled to ``per`` units of x."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    den = sum((x - mx) ** 2 for x, _ in points)
-    return 0.0 if den == 0 else sum((x - mx) * (y - my) for x, y in points) / den * per
+def median_slope_per(points: Sequence[tuple[float, float]], per: float) -> float:
+    """The median of the slopes between consecutive (x, y) points, scaled to ``per`` units of x.
+
+    Growth that goes on (a leak) rises in most intervals; a one-time step (an allocator arena
+    growing once when two answers overlap) rises in one, which the median ignores and the
+    least-squares slope does not."""
+    slopes = sorted((y2 - y1) / (x2 - x1) for (x1, y1), (x2, y2) in pairwise(points) if x2 > x1)
+    if not slopes:
+        return 0.0
+    mid = len(slopes) // 2
+    return (slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2) * per
 
 
 # ---- HTTP load -----------------------------------------------------------------------------------
