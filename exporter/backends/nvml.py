@@ -182,8 +182,13 @@ class _ProcessInfoV1(ctypes.Structure):
 
 @dataclass(frozen=True)
 class _Direct:
-    """Direct calls outside the plans (NvmlBackend._fast): more than one out value, or a check after."""
+    """Every NVML call the backend makes directly with a reused C value (NvmlBackend._build_direct),
+    built at each initialisation: the enabled SIMPLE readings, ECC counts and violation times as
+    (funnel reading, call, where it goes), and the calls with more than one out value."""
 
+    simple: list[tuple[str, Callable[[Any], float], str, str | None]]
+    ecc: list[tuple[str, Callable[[Any], float], tuple[str, str]]]
+    violation: list[tuple[str, Callable[[Any], float], str]]
     utilization: Callable[[Any], Sequence[Any]]
     memory_v2: Callable[[Any], Sequence[Any]]
     memory_v1: Callable[[Any], Sequence[Any]]
@@ -254,11 +259,7 @@ class NvmlBackend(Backend):
         self._gpm = GpmReader(self)  # SM/tensor/DRAM/NVLink/PCIe activity (nvml_gpm.py)
         self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
         self._system_dev = Device(-1)  # probe state of system-level calls
-        # the one-value readings' direct calls (_simple_plan, _ecc_plan, _violation_plan), built once
-        self._simple: list[tuple[str, Callable[[Any], float], str, str | None]] | None = None
-        self._ecc: list[tuple[str, Callable[[Any], float], tuple[str, str]]] | None = None
-        self._violation: list[tuple[str, Callable[[Any], float], str]] | None = None
-        self._direct_calls: _Direct | None = None
+        self._d: _Direct  # the direct calls, built by init() once pynvml is loaded
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -268,6 +269,7 @@ class NvmlBackend(Backend):
         except ImportError as exc:  # pragma: no cover - a declared dependency
             raise BackendUnavailable(f"nvidia-ml-py is not installed: {exc}") from None
         self._nv = pynvml
+        self._d = self._build_direct()
         try:
             self._nvml_init(pynvml)
         except pynvml.NVMLError as exc:
@@ -460,14 +462,14 @@ class NvmlBackend(Backend):
         en = self.enabled
 
         if self.any_enabled("gpu_utilization_ratio", "gpu_memory_utilization_ratio"):
-            u = call(gpu, "gpu_utilization_ratio", self._fast().utilization, h, convert=_utilization)
+            u = call(gpu, "gpu_utilization_ratio", self._d.utilization, h, convert=_utilization)
             if u is not MISSING:
                 r.utilization_ratio, r.memory_utilization_ratio = u
 
         if self.any_enabled(*MEMORY_FAMILIES):
             self._read_memory(gpu, r, h)
 
-        for reading, get, attr, key in self._simple_plan():
+        for reading, get, attr, key in self._d.simple:
             v = call(gpu, reading, get, h)
             if v is not MISSING:
                 if key is None:
@@ -484,7 +486,7 @@ class NvmlBackend(Backend):
         r.pcie_link_width_max = st.get("pcie_link_width_max")
 
         if en("gpu_performance_state"):
-            ps = call(gpu, "gpu_performance_state", self._fast().pstate, h)
+            ps = call(gpu, "gpu_performance_state", self._d.pstate, h)
             if ps is not MISSING and 0 <= ps < PSTATE_UNKNOWN:
                 r.performance_state = float(ps)
 
@@ -552,49 +554,33 @@ class NvmlBackend(Backend):
         get.__name__ = "nvmlDeviceGetRetiredPages"
         return get
 
-    def _fast(self) -> _Direct:
-        """The direct calls outside the plans, built once."""
-        if self._direct_calls is None:
-            u32 = ctypes.c_uint
-            self._direct_calls = _Direct(
-                utilization=self._direct_outs("nvmlDeviceGetUtilizationRates", [_Utilization()]),
-                memory_v2=self._direct_outs("nvmlDeviceGetMemoryInfo_v2", [_MemoryV2()], version=NVML_MEMORY_V2),
-                memory_v1=self._direct_outs("nvmlDeviceGetMemoryInfo", [_MemoryV1()]),
-                remapped=self._direct_outs("nvmlDeviceGetRemappedRows", [u32(), u32(), u32(), u32()]),
-                encoder=self._direct_outs("nvmlDeviceGetEncoderUtilization", [u32(), u32()]),
-                decoder=self._direct_outs("nvmlDeviceGetDecoderUtilization", [u32(), u32()]),
-                retired=((self._retired_count(0), "gpu_retired_pages:single_bit", "single_bit"),
-                         (self._retired_count(1), "gpu_retired_pages:double_bit", "double_bit")),
-                pstate=self._direct("nvmlDeviceGetPerformanceState", _U32),  # P0-P15; 32 is "unknown"
-            )
-        return self._direct_calls
-
-    def _simple_plan(self) -> list[tuple[str, Callable[[Any], float], str, str | None]]:
-        """The enabled :data:`SIMPLE` readings, built once (the field selection is fixed at start)."""
-        if self._simple is None:
-            self._simple = [(reading, self._direct(symbol, out, args, member, factor), attr, key)
-                            for family, reading, symbol, out, args, member, factor, attr, key in SIMPLE
-                            if self.enabled(family)]
-        return self._simple
-
-    def _ecc_plan(self) -> list[tuple[str, Callable[[Any], float], tuple[str, str]]]:
-        """nvmlDeviceGetTotalEccErrors(device, errorType, counterType): 1 uncorrected / 0 corrected,
-        0 volatile / 1 aggregate (nvidia-smi ecc.errors.*), a count."""
-        if self._ecc is None:
-            self._ecc = [(f"gpu_ecc_errors_total:{ename}_{cname}",
-                          self._direct("nvmlDeviceGetTotalEccErrors", _U64, (etype, ctype)), (ename, cname))
-                         for etype, ename in ((1, "uncorrected"), (0, "corrected"))
-                         for ctype, cname in ((0, "volatile"), (1, "aggregate"))]
-        return self._ecc
-
-    def _violation_plan(self) -> list[tuple[str, Callable[[Any], float], str]]:
-        """nvmlDeviceGetViolationStatus(device, policy): time throttled by each policy, ns -> s."""
-        if self._violation is None:
-            self._violation = [(f"gpu_violation_seconds_total:{pname}",
-                                self._direct("nvmlDeviceGetViolationStatus", _ViolationTime, (policy,),
-                                             "violationTime", 1e-9), pname)
-                               for policy, pname in VIOLATION_POLICIES]
-        return self._violation
+    def _build_direct(self) -> _Direct:
+        """The direct calls, for the enabled families (the field selection is fixed at start)."""
+        d, u32 = self._direct, ctypes.c_uint
+        return _Direct(
+            simple=[(reading, d(symbol, out, args, member, factor), attr, key)
+                    for family, reading, symbol, out, args, member, factor, attr, key in SIMPLE
+                    if self.enabled(family)],
+            # nvmlDeviceGetTotalEccErrors(device, errorType, counterType): 1 uncorrected / 0 corrected,
+            # 0 volatile / 1 aggregate (nvidia-smi ecc.errors.*), a count
+            ecc=[(f"gpu_ecc_errors_total:{ename}_{cname}", d("nvmlDeviceGetTotalEccErrors", _U64, (etype, ctype)),
+                  (ename, cname))
+                 for etype, ename in ((1, "uncorrected"), (0, "corrected"))
+                 for ctype, cname in ((0, "volatile"), (1, "aggregate"))],
+            # nvmlDeviceGetViolationStatus(device, policy): time throttled by each policy, ns -> s
+            violation=[(f"gpu_violation_seconds_total:{pname}",
+                        d("nvmlDeviceGetViolationStatus", _ViolationTime, (policy,), "violationTime", 1e-9), pname)
+                       for policy, pname in VIOLATION_POLICIES],
+            utilization=self._direct_outs("nvmlDeviceGetUtilizationRates", [_Utilization()]),
+            memory_v2=self._direct_outs("nvmlDeviceGetMemoryInfo_v2", [_MemoryV2()], version=NVML_MEMORY_V2),
+            memory_v1=self._direct_outs("nvmlDeviceGetMemoryInfo", [_MemoryV1()]),
+            remapped=self._direct_outs("nvmlDeviceGetRemappedRows", [u32(), u32(), u32(), u32()]),
+            encoder=self._direct_outs("nvmlDeviceGetEncoderUtilization", [u32(), u32()]),
+            decoder=self._direct_outs("nvmlDeviceGetDecoderUtilization", [u32(), u32()]),
+            retired=((self._retired_count(0), "gpu_retired_pages:single_bit", "single_bit"),
+                     (self._retired_count(1), "gpu_retired_pages:double_bit", "double_bit")),
+            pstate=d("nvmlDeviceGetPerformanceState", _U32),  # P0-P15; 32 is "unknown"
+        )
 
     def _read_static(self, gpu: _Gpu, h: Any) -> None:
         """Identity and limits that do not change while the driver is loaded."""
@@ -626,14 +612,20 @@ class NvmlBackend(Backend):
             st["pcie_link_width_max"] = w if w is not MISSING else None
         if self.any_enabled("gpu_link_up", "gpu_link_errors_total"):
             n = self._field_value(gpu, h, "gpu_link_up:count", NVML_FI_DEV_NVLINK_LINK_COUNT)
-            st["nvlinks"] = tuple(range(int(n))) if n and 0 < n <= 64 else ()
+            links = st["nvlinks"] = tuple(range(int(n))) if n and 0 < n <= 64 else ()
+            if links:  # each per-link call's arguments, slot and label pair are the same every collection
+                st["link_state_plan"] = _PerLink("nvmlDeviceGetNvLinkState", ctypes.c_uint,
+                                                 [(link,) for link in links], links)
+                pairs = [(link, c, n) for link in links for n, c in NVLINK_ERROR_COUNTERS]
+                st["link_error_plan"] = _PerLink("nvmlDeviceGetNvLinkErrorCounter", ctypes.c_ulonglong,
+                                                 [(link, c) for link, c, _ in pairs],
+                                                 [(n, str(link)) for link, _, n in pairs])
         gpu.static = st
 
     def _read_memory(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """Memory info ``_v2`` (has ``reserved``; ``used`` excludes it), else v1: probed once per GPU."""
-        fast = self._fast()
-        m = self.probe(gpu, "gpu_memory_used_bytes", (("nvmlDeviceGetMemoryInfo_v2", fast.memory_v2),
-                                                      ("nvmlDeviceGetMemoryInfo", fast.memory_v1)),
+        m = self.probe(gpu, "gpu_memory_used_bytes", (("nvmlDeviceGetMemoryInfo_v2", self._d.memory_v2),
+                                                      ("nvmlDeviceGetMemoryInfo", self._d.memory_v1)),
                        h, convert=_memory)
         if m is not MISSING:
             r.memory_total_bytes, r.memory_used_bytes, r.memory_free_bytes, r.memory_reserved_bytes = m
@@ -676,12 +668,12 @@ class NvmlBackend(Backend):
             if mode is not MISSING:
                 r.ecc_mode_enabled = mode
             if en("gpu_ecc_errors_total") and (mode is MISSING or mode):
-                for reading, get, key in self._ecc_plan():
+                for reading, get, key in self._d.ecc:
                     v = call(gpu, reading, get, h)
                     if v is not MISSING:
                         r.ecc_errors[key] = v
         if en("gpu_retired_pages"):
-            for get, reading, cname in self._fast().retired:
+            for get, reading, cname in self._d.retired:
                 pages = call(gpu, reading, get, h)
                 if pages is not MISSING:
                     r.retired_pages[cname] = pages
@@ -691,7 +683,7 @@ class NvmlBackend(Backend):
             if pend is not MISSING:
                 r.retired_pages_pending = pend
         if self.any_enabled("gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed"):
-            rows = call(gpu, "gpu_remapped_rows", self._fast().remapped, h, convert=_remapped)
+            rows = call(gpu, "gpu_remapped_rows", self._d.remapped, h, convert=_remapped)
             if rows is not MISSING:
                 corr, unc, pending, failed = rows
                 r.remapped_rows = {"corrected": corr, "uncorrected": unc}
@@ -700,7 +692,7 @@ class NvmlBackend(Backend):
         if en("gpu_throttle_reason_active"):
             self._read_throttle(gpu, r, h)
         if en("gpu_violation_seconds_total"):
-            for reading, get, pname in self._violation_plan():
+            for reading, get, pname in self._d.violation:
                 v = call(gpu, reading, get, h)
                 if v is not MISSING:
                     r.violation_seconds[pname] = v
@@ -713,21 +705,20 @@ class NvmlBackend(Backend):
                     r.pcie_throughput[dname] = v
         links = gpu.static.get("nvlinks", ())
         if en("gpu_link_up") and links:
-            plan = gpu.static.get("link_state_plan")
-            if plan is None:
-                plan = gpu.static["link_state_plan"] = _PerLink("nvmlDeviceGetNvLinkState", ctypes.c_uint,
-                                                                [(link,) for link in links], links)
-            state = call(gpu, "gpu_link_up", self._per_link, plan, h)
+            state = call(gpu, "gpu_link_up", self._per_link, gpu.static["link_state_plan"], h)
             if state is not MISSING:
                 r.link_up = {link: 1.0 if v else 0.0 for link, v in state.items()}
         if en("gpu_link_errors_total") and links:
-            self._read_link_errors(gpu, r, h, links)
+            # per link (a device-wide total may cover link 0 only on some drivers): 4 counters x 18 links
+            errs = call(gpu, "gpu_link_errors_total", self._per_link, gpu.static["link_error_plan"], h)
+            if errs is not MISSING:
+                r.link_errors = errs
         if en("gpu_encoder_utilization_ratio"):
-            v = call(gpu, "gpu_encoder_utilization_ratio", self._fast().encoder, h, convert=_codec)
+            v = call(gpu, "gpu_encoder_utilization_ratio", self._d.encoder, h, convert=_codec)
             if v is not MISSING:
                 r.encoder_utilization_ratio = v
         if en("gpu_decoder_utilization_ratio"):
-            v = call(gpu, "gpu_decoder_utilization_ratio", self._fast().decoder, h, convert=_codec)
+            v = call(gpu, "gpu_decoder_utilization_ratio", self._d.decoder, h, convert=_codec)
             if v is not MISSING:
                 r.decoder_utilization_ratio = v
         per_pid = self.options.per_process and en("gpu_process_memory_used_bytes")
@@ -740,19 +731,6 @@ class NvmlBackend(Backend):
             mig = r.mig_mode_enabled == 1.0
             self._gpm.read(gpu, h, r, [m.gpu_instance_id for m in r.mig if m.gpu_instance_id >= 0] if mig else [])
 
-    def _read_link_errors(self, gpu: _Gpu, r: GpuReading, h: Any, links: tuple[int, ...]) -> None:
-        """NVLink error counters per link (a device-wide total may cover link 0 only on some drivers):
-        4 counters x 18 links, read through one funnel call per GPU."""
-        plan = gpu.static.get("link_error_plan")
-        if plan is None:  # the arguments and the label pairs are the same every collection
-            pairs = [(link, c, n) for link in links for n, c in NVLINK_ERROR_COUNTERS]
-            plan = gpu.static["link_error_plan"] = _PerLink("nvmlDeviceGetNvLinkErrorCounter", ctypes.c_ulonglong,
-                                                            [(link, c) for link, c, _ in pairs],
-                                                            [(n, str(link)) for link, _, n in pairs])
-        errs = self.call(gpu, "gpu_link_errors_total", self._per_link, plan, h)
-        if errs is not MISSING:
-            r.link_errors = errs
-
     def _per_link(self, plan: _PerLink[_K], h: Any) -> dict[_K, float]:
         """``plan``'s NVML function for each of its argument tuples, as one reading of the funnel:
         the value of each call that answered, under its key.
@@ -764,11 +742,8 @@ class NvmlBackend(Backend):
         nv = self._nv
         fn = nv._nvmlGetFunctionPointer(plan.symbol)
         rets = [fn(h, *args) for args in plan.calls]
-        values = plan.values[:]
-        if not any(rets) and SENTINELS.isdisjoint(values):  # every link answered (the usual case)
-            return dict(zip(plan.keys, map(float, values), strict=True))
         # unsigned C integers: si()'s checks reduce to the sentinels
-        out = {key: float(v) for key, v, ret in zip(plan.keys, values, rets, strict=True)
+        out = {key: float(v) for key, v, ret in zip(plan.keys, plan.values[:], rets, strict=True)
                if ret == 0 and v not in SENTINELS}
         if len(out) < len(rets):
             failed = [ret for ret in rets if ret != 0]

@@ -272,7 +272,7 @@ def test_transient_field_error_loses_one_reading_not_the_gpu(fleet: FakeNvml, tm
 
 
 # Every NVML function the backend calls directly with a reused C value (exporter/backends/nvml.py:
-# SIMPLE, _fast, _PerLink) and a series it alone feeds: (function, family, labels of that series).
+# NvmlBackend._build_direct, _PerLink) and a series it alone feeds: (function, family, labels of that series).
 DIRECT_CALLS = (
     ("nvmlDeviceGetUtilizationRates", "gpu_utilization_ratio", {}),
     ("nvmlDeviceGetMemoryInfo_v2", "gpu_memory_used_bytes", {}),
