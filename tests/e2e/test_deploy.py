@@ -74,11 +74,14 @@ VENDOR_NODE_LABELS = {
     },
     "amd": {"feature.node.kubernetes.io/amd-gpu", "feature.node.kubernetes.io/pci-1002.present", FALLBACK_LABEL},
 }
-# hostPath volumes each vendor may mount, with their required types.
+# hostPath volumes each vendor may mount, with their required types. The kubelet's pod-resources
+# directory is added only with attribution (UID 0): least privilege, and a missing directory of
+# type Directory (k0s, microk8s) would keep the pod from starting (issue 28, finding 11).
 HOST_PATHS = {
-    "nvidia": {POD_RESOURCES_DIR: "Directory"},
-    "amd": {POD_RESOURCES_DIR: "Directory", "/dev/kfd": "CharDevice", "/dev/dri": "Directory"},
+    "nvidia": {},
+    "amd": {"/dev/kfd": "CharDevice", "/dev/dri": "Directory"},
 }
+ATTRIBUTION_HOST_PATHS = {POD_RESOURCES_DIR: "Directory"}
 
 # ---- rendering ------------------------------------------------------------------------------
 
@@ -472,7 +475,8 @@ def test_exporter_host_mounts_are_minimal_and_read_only(rendered: dict[str, list
     pod = ds["spec"]["template"]["spec"]
     c = _container(ds, "gpu-exporter")
     host = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
-    assert {h["path"]: h.get("type") for h in host.values()} == HOST_PATHS[spec["vendor"]]
+    want = HOST_PATHS[spec["vendor"]] | (ATTRIBUTION_HOST_PATHS if spec["root"] else {})
+    assert {h["path"]: h.get("type") for h in host.values()} == want
 
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     for vol, hp in host.items():

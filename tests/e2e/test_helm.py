@@ -70,6 +70,59 @@ def test_chart_copies_are_current() -> None:
         assert not extra, f"chart files with no source: {sorted(map(str, extra))}"
 
 
+# values.schema.json checks exporter.extraArgs against the flags `gpu-exporter serve` knows (issue 28,
+# finding 1: a misspelt flag crash-looped every exporter pod). The pattern is generated from the
+# settings table; --write refreshes it when a flag is added.
+SCHEMA = CHART / "values.schema.json"
+
+
+def extra_args_pattern() -> str:
+    from exporter.serve.config import SPECS, _bool
+
+    def names(switch: bool) -> str:
+        return "|".join(sorted(s.flag.removeprefix("--").replace(".", "\\.") for s in SPECS
+                               if (s.parse is _bool) is switch))
+
+    # A switch may stand alone; any other flag carries its value in the same item.
+    return f"^--(({names(False)})=.+|({names(True)})(=.+)?)$"
+
+
+def _schema_with_pattern(text: str) -> str:
+    schema = json.loads(text)
+    schema["properties"]["exporter"]["properties"]["extraArgs"]["items"]["pattern"] = extra_args_pattern()
+    return json.dumps(schema, indent=2) + "\n"
+
+
+def test_extra_args_schema_knows_every_serve_flag() -> None:
+    text = SCHEMA.read_text()
+    assert text == _schema_with_pattern(text), "stale extraArgs pattern: python -m tests.e2e.test_helm --write"
+
+
+def test_values_extra_args_example_is_a_real_flag() -> None:
+    """The example in values.yaml's comment renders and is accepted by serve's own parser."""
+    import re
+
+    from exporter.serve import config
+
+    text = (CHART / "values.yaml").read_text()
+    block = text[text.index("extraArgs") - 400: text.index("extraArgs: []")]
+    examples = re.findall(r'\["(--[^"]+)"\]', block)
+    assert examples, "values.yaml shows an extraArgs example"
+    for example in examples:
+        (ds,) = [d for d in render((f"exporter.extraArgs={{{example}}}",)) if d["kind"] == "DaemonSet"]
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[-1] == example
+        config.load(args[1:], environ={})  # raises ConfigError on an unknown flag or a bad value
+
+
+@pytest.mark.parametrize("arg", ["--collect-interval=5", "--collection-interval", "5", "-v", "--backendx=nvml",
+                                 "--collection-interval="])
+def test_values_schema_rejects_unknown_extra_args(arg: str) -> None:
+    proc = helm("template", "gpu-exporter", str(CHART), "--set", f"exporter.extraArgs={{{arg}}}")
+    assert proc.returncode != 0, f"extraArgs {arg} was accepted"
+    assert "/exporter/extraArgs/0" in proc.stderr, proc.stderr
+
+
 # ---- helm -----------------------------------------------------------------------------------------
 
 
@@ -78,8 +131,9 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @cache
-def render(sets: tuple[str, ...] = (), namespace: str = OLD_NAMESPACE) -> tuple[dict[str, Any], ...]:
-    args = ["template", "gpu-exporter", str(CHART), "--namespace", namespace]
+def render(sets: tuple[str, ...] = (), namespace: str = OLD_NAMESPACE,
+           release: str = "gpu-exporter") -> tuple[dict[str, Any], ...]:
+    args = ["template", release, str(CHART), "--namespace", namespace]
     for s in sets:
         args += ["--set", s]
     proc = helm(*args)
@@ -207,6 +261,100 @@ def test_switches_leave_objects_out() -> None:
     assert kinds == ["DaemonSet", "ResourceQuota", "Service", "ServiceAccount"], kinds
 
 
+# ---- chart conventions (issue 28, finding 11) ---------------------------------------------------
+
+
+def _label_maps(d: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
+    """Every label set and label selector of a rendered object, with where it is."""
+    out = [("metadata.labels", d["metadata"].get("labels") or {})]
+    spec = d.get("spec") or {}
+    if isinstance(spec.get("selector"), dict):
+        out.append(("spec.selector", spec["selector"].get("matchLabels", spec["selector"])))
+    if "template" in spec:
+        out.append(("spec.template.metadata.labels", spec["template"]["metadata"]["labels"]))
+    if "podSelector" in spec:
+        out.append(("spec.podSelector", spec["podSelector"]["matchLabels"]))
+    return out
+
+
+@pytest.mark.parametrize("release", ["gpu-exporter", "team-a"])
+def test_every_object_carries_the_helm_labels(release: str) -> None:
+    docs = render(("vendor=both", "namespace.create=true"), "gpu-exporter", release)
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    for d in docs:
+        labels = d["metadata"].get("labels") or {}
+        where = f"{d['kind']}/{d['metadata']['name']}"
+        assert labels.get("app.kubernetes.io/instance") == release, where
+        assert labels.get("app.kubernetes.io/managed-by") == "Helm", where
+        assert labels.get("helm.sh/chart") == f"{chart['name']}-{chart['version']}", where
+        # Every selector includes the release: two releases never adopt each other's pods.
+        for path, selector in _label_maps(d)[1:]:
+            assert selector.get("app.kubernetes.io/instance") == release, f"{where} {path}"
+
+
+def test_object_names_follow_the_release() -> None:
+    ns = "shared"
+    a = render(("vendor=both", "namespace.create=false"), ns, "team-a")
+    b = render(("vendor=both", "namespace.create=false"), ns, "team-b")
+    for docs, release in ((a, "team-a"), (b, "team-b")):
+        for d in docs:
+            assert d["metadata"]["name"].startswith(f"{release}-gpu-exporter"), d["metadata"]["name"]
+    # Two releases side by side in one namespace: no object, namespaced or cluster-wide, collides.
+    keys_a = {(d["kind"], d["metadata"]["name"]) for d in a}
+    keys_b = {(d["kind"], d["metadata"]["name"]) for d in b}
+    assert not keys_a & keys_b
+    # A release whose name already says gpu-exporter is not doubled; fullnameOverride wins.
+    names = {d["metadata"]["name"] for d in render((), OLD_NAMESPACE, "gpu-exporter-prod")}
+    assert "gpu-exporter-prod" in names and not any("gpu-exporter-prod-gpu-exporter" in n for n in names)
+    names = {d["metadata"]["name"] for d in render(("fullnameOverride=gpux",), OLD_NAMESPACE, "team-a")}
+    assert "gpux" in names and "gpux-profiler" in names
+
+
+def test_renamed_release_is_wired_to_itself() -> None:
+    """Every name one object uses to find another follows the release."""
+    docs = render(("vendor=nvidia",), "gpu-exporter", "team-a")
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    ds = by[("DaemonSet", "team-a-gpu-exporter")]
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "team-a-gpu-exporter"
+    assert ("ServiceAccount", "team-a-gpu-exporter") in by
+    dep = by[("Deployment", "team-a-gpu-exporter-profiler")]
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "team-a-gpu-exporter-profiler"
+    assert ("ServiceAccount", "team-a-gpu-exporter-profiler") in by
+    (lease,) = [a.split("=", 1)[1] for a in pod["containers"][0]["args"] if a.startswith("--leader-elect-lease-name=")]
+    role = by[("Role", "team-a-gpu-exporter-profiler")]
+    assert any(lease in r.get("resourceNames", []) for r in role["rules"]), "the Role grants the Lease it names"
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        binding = by[(kind, "team-a-gpu-exporter-profiler")]
+        assert binding["roleRef"]["name"] == "team-a-gpu-exporter-profiler"
+        assert binding["subjects"][0]["name"] == "team-a-gpu-exporter-profiler"
+    vap = by[("ValidatingAdmissionPolicy", "team-a-gpu-exporter-profiler-node-annotations")]
+    expression = vap["spec"]["matchConditions"][0]["expression"]
+    assert "serviceaccount:gpu-exporter:team-a-gpu-exporter-profiler'" in expression
+    assert vap["metadata"]["labels"]["app.kubernetes.io/instance"] == "team-a"
+    vapb = by[("ValidatingAdmissionPolicyBinding", "team-a-gpu-exporter-profiler-node-annotations")]
+    assert vapb["spec"]["policyName"] == vap["metadata"]["name"]
+    # The alert rules select job="gpu-exporter" and job="gpu-exporter-profiler": the ServiceMonitors
+    # take the job from a Service label, not from the (release-derived) Service name.
+    for svc_name, job in (("team-a-gpu-exporter", "gpu-exporter"), ("team-a-gpu-exporter-profiler",
+                                                                     "gpu-exporter-profiler")):
+        sm, svc = by[("ServiceMonitor", svc_name)], by[("Service", svc_name)]
+        assert svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == job
+        assert all(svc["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+
+
+@pytest.mark.parametrize("sets", [("nvidia.attribution=false",), ("vendor=amd",), ("vendor=both",)])
+def test_pod_resources_mounted_only_with_attribution(sets: tuple[str, ...]) -> None:
+    """A hostPath of type Directory that does not exist (k0s, microk8s) keeps the pod from starting:
+    mount the kubelet's directory only where attribution uses it."""
+    for ds in (d for d in render(sets) if d["kind"] == "DaemonSet"):
+        pod = ds["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        on = env["POD_ATTRIBUTION"] != "off"
+        assert any(v["name"] == "pod-resources" for v in pod["volumes"]) is on, ds["metadata"]["name"]
+        assert any(m["name"] == "pod-resources" for m in pod["containers"][0]["volumeMounts"]) is on
+
+
 # ---- namespaces ---------------------------------------------------------------------------------
 
 
@@ -290,9 +438,27 @@ def _kustomize(rel: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
+# Labels only Helm adds (chart conventions); kustomize has no release to name.
+HELM_ONLY_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/version",
+                    "helm.sh/chart")
+
+
+def _drop_helm_labels(node: Any) -> None:
+    if isinstance(node, dict):
+        for key in HELM_ONLY_LABELS:
+            node.pop(key, None)
+        for v in node.values():
+            _drop_helm_labels(v)
+    elif isinstance(node, list):
+        for v in node:
+            _drop_helm_labels(v)
+
+
 def _normal(obj: dict[str, Any]) -> dict[str, Any]:
-    """An object with the differences that mean nothing removed: list order of env and volumes."""
+    """An object with the differences that mean nothing removed: list order of env and volumes,
+    and the labels only Helm sets (in metadata, pod templates and selectors alike)."""
     obj = copy.deepcopy(obj)
+    _drop_helm_labels(obj)
     if obj["kind"] == "ConfigMap":
         obj["data"] = {k: json.loads(v) for k, v in obj["data"].items()}
     pod = obj.get("spec", {}).get("template", {}).get("spec")
@@ -326,6 +492,7 @@ def _differences(got: Any, want: Any, where: str = "") -> list[str]:
 
 
 def write() -> None:
+    SCHEMA.write_text(_schema_with_pattern(SCHEMA.read_text()))
     for path, text in chart_copies().items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -3,12 +3,40 @@
 {{- .Values.namespace.name | default .Release.Namespace -}}
 {{- end -}}
 
-{{/* Labels of one component; object names stay fixed ("gpu-exporter..."), because the
-     alert rules and dashboards select job="gpu-exporter", the Service's name. */}}
+{{/* The prefix of every object name, derived from the release as `helm create` does: the release
+     name when it already says gpu-exporter, else "<release>-gpu-exporter"; fullnameOverride wins.
+     The default release "gpu-exporter" gives the names kustomize uses. Prometheus's job label
+     does not follow it: the Services carry gpu-exporter.io/job and the ServiceMonitors set
+     jobLabel, so the alert rules' job="gpu-exporter" holds under any release name. */}}
+{{- define "gpu-exporter.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else if contains "gpu-exporter" .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-gpu-exporter" .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of one component (dict "root" $ "component" NAME), with Helm's conventional labels. */}}
 {{- define "gpu-exporter.labels" -}}
-app.kubernetes.io/name: gpu-exporter
-app.kubernetes.io/component: {{ .component }}
+{{ include "gpu-exporter.selectorLabels" . }}
 app.kubernetes.io/part-of: gpu-exporter
+{{ include "gpu-exporter.helmLabels" .root }}
+{{- end -}}
+
+{{/* The labels only Helm adds (the kustomize install has none of them), given the root context. */}}
+{{- define "gpu-exporter.helmLabels" -}}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{/* Selector labels of one component: the release's instance keeps two releases' pods apart. */}}
+{{- define "gpu-exporter.selectorLabels" -}}
+app.kubernetes.io/name: gpu-exporter
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* Image reference for a repository and an optional digest. */}}
