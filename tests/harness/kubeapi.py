@@ -34,7 +34,14 @@ Retries inside the client (kubernetes 37, measured): a GET answered 429 or 503 *
 ``Retry-After`` header is retried up to 3 times after that delay (4 requests in all); without
 the header it is not. A GET or PUT whose read times out is retried by urllib3 up to 3 times
 (then ``MaxRetryError``); a PATCH is sent once (``ReadTimeoutError``). Count requests with
-that in mind. Watches are not supported (400).
+that in mind. Watches of Nodes are not supported (400).
+
+List + watch collections (``_WATCHABLE``; Pods at ``/api/v1/pods``): list and ``watch=true`` with
+``fieldSelector`` on any dotted path (``spec.nodeName=...``), ``labelSelector``, ``resourceVersion``
+(none or ``0``: the current objects as ADDED first) and ``timeoutSeconds``; events are chunked JSON
+lines. :meth:`~FakeKubeAPI.add_pod`, :meth:`~FakeKubeAPI.delete_pod`, :meth:`~FakeKubeAPI.put_object`,
+:meth:`~FakeKubeAPI.delete_object`; :meth:`~FakeKubeAPI.expire_watches` ends open watches and
+answers older resourceVersions with 410 Expired.
 """
 
 from __future__ import annotations
@@ -138,12 +145,16 @@ class RecordedRequest:
         """``nodes``, ``leases``, ``events`` or the path."""
         if self.path == "/api/v1/nodes" or _NODE_PATH.match(self.path):
             return "nodes"
+        if self.path in _WATCHABLE:
+            return self.path.rsplit("/", 1)[1]
         m = _NAMESPACED.match(self.path)
         return m.group("res") if m else self.path
 
     @property
     def verb(self) -> str:
         """The RBAC verb of this request (get, list, create, update, patch, delete)."""
+        if self.path in _WATCHABLE and self.method == "GET":
+            return "watch" if self.query.get("watch") in ("true", "1") else "list"
         one = self.path != "/api/v1/nodes" and not (
             (m := _NAMESPACED.match(self.path)) is not None and m.group("name") is None)
         return {"GET": "get" if one else "list", "POST": "create", "PUT": "update", "PATCH": "patch",
@@ -401,6 +412,10 @@ class FakeKubeAPI:
         self._rv = 0
         self._requests: list[RecordedRequest] = []
         self._injections: list[_Injection] = []
+        self._watched: dict[str, dict[str, JsonObj]] = {p: {} for p in _WATCHABLE}  # list path -> uid -> obj
+        self._watch_log: list[tuple[int, str, str, JsonObj]] = []  # (rv, list path, event type, object)
+        self._compacted = 0  # watches from a resourceVersion below this get 410 Expired
+        self._changed = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -631,7 +646,9 @@ class FakeKubeAPI:
             self._objects[key] = new
             return copy.deepcopy(new)
 
-    def _dispatch(self, method: str, path: str, query: Mapping[str, str], ctype: str | None, body: Any) -> JsonObj:
+    def _dispatch(self, method: str, path: str, query: Mapping[str, str], ctype: str | None, body: Any) -> Any:
+        if path in _WATCHABLE:
+            return self._watchable(method, path, query)
         nm = _NAMESPACED.match(path)
         if nm is not None:
             return self._namespaced(method, nm, ctype, body)
@@ -730,6 +747,134 @@ class FakeKubeAPI:
             items = [copy.deepcopy(n) for n in items]
         return {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items}
 
+    # ---- list + watch collections (_WATCHABLE): Pods ----
+
+    def put_object(self, path: str, obj: JsonObj) -> JsonObj:
+        """Create or replace an object of the list+watch collection ``path`` (keyed by metadata.uid,
+        made up if absent); watchers get ADDED or MODIFIED. Returns the stored copy."""
+        kind, api_version = _WATCHABLE[path]
+        new = copy.deepcopy(obj)
+        new["kind"], new["apiVersion"] = kind, api_version
+        meta = new.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        with self._lock:
+            store = self._watched[path]
+            event = "MODIFIED" if meta["uid"] in store else "ADDED"
+            meta["resourceVersion"] = self._next_rv()
+            store[meta["uid"]] = new
+            self._record_event(path, event, new)
+            return copy.deepcopy(new)
+
+    def delete_object(self, path: str, uid: str) -> None:
+        """Delete an object of ``path`` by uid; watchers get DELETED."""
+        with self._lock:
+            obj = self._watched[path].pop(uid)
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            self._record_event(path, "DELETED", obj)
+
+    def add_pod(self, name: str, namespace: str = "default", node: str = "node-1", uid: str | None = None,
+                containers: Mapping[str, str] | None = None, init_containers: Mapping[str, str] | None = None
+                ) -> JsonObj:
+        """A Pod bound to ``node``; ``containers`` maps container name to its status containerID
+        (``containerd://<64 hex>``, ``cri-o://...``; empty: not started yet)."""
+        ctrs = dict(containers or {"main": ""})
+        inits = dict(init_containers or {})
+        status: JsonObj = {"phase": "Running"}
+        for fld, src in (("containerStatuses", ctrs), ("initContainerStatuses", inits)):
+            if src:
+                status[fld] = [{"name": n, "containerID": cid, "ready": True, "restartCount": 0, "image": "x",
+                                "imageID": ""} if cid else {"name": n, "ready": False, "restartCount": 0,
+                                                            "image": "x", "imageID": ""} for n, cid in src.items()]
+        pod: JsonObj = {
+            "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4())},
+            "spec": {"nodeName": node, "containers": [{"name": n, "image": "x"} for n in ctrs],
+                     **({"initContainers": [{"name": n, "image": "x"} for n in inits]} if inits else {})},
+            "status": status,
+        }
+        return self.put_object("/api/v1/pods", pod)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        with self._lock:
+            uid = next(u for u, o in self._watched["/api/v1/pods"].items()
+                       if o["metadata"]["namespace"] == namespace and o["metadata"]["name"] == name)
+        self.delete_object("/api/v1/pods", uid)
+
+    def expire_watches(self) -> None:
+        """Compact the event history (a later watch from an older resourceVersion gets 410 Expired)
+        and end every open watch, as an API server restart or etcd compaction does."""
+        with self._lock:
+            self._compacted = self._rv + 1
+            self._watch_log.clear()
+            self._changed.notify_all()
+
+    def _record_event(self, path: str, event: str, obj: JsonObj) -> None:
+        self._watch_log.append((int(obj["metadata"]["resourceVersion"]), path, event, copy.deepcopy(obj)))
+        self._changed.notify_all()
+
+    def _watchable(self, method: str, path: str, query: Mapping[str, str]) -> Any:
+        if method != "GET":
+            raise ApiError(405, f"fake API server: {method} {path} is not supported")
+        match = _object_selector(query.get("fieldSelector", ""), query.get("labelSelector", ""))
+        if query.get("watch") in ("true", "1"):
+            return _Stream(path, query, match)
+        kind, api_version = _WATCHABLE[path]
+        with self._lock:
+            items = [copy.deepcopy(o) for _, o in sorted(self._watched[path].items()) if match(o)]
+            return {"kind": kind + "List", "apiVersion": api_version,
+                    "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    def _stream(self, handler: http.server.BaseHTTPRequestHandler, s: _Stream) -> None:
+        """A watch: chunked JSON lines until timeoutSeconds, expire_watches() or stop()."""
+        deadline = time.monotonic() + float(s.query.get("timeoutSeconds") or 1800)
+        since = s.query.get("resourceVersion") or ""
+        with self._lock:
+            compacted = self._compacted
+            if since and since != "0" and int(since) < compacted:
+                lines = [{"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                      "status": "Failure", "reason": "Expired", "code": 410,
+                                                      "message": f"too old resource version: {since}"}}]
+                cursor, done = self._rv, True
+            else:
+                done = False
+                if since and since != "0":
+                    cursor = int(since)
+                    lines = []
+                else:  # no resourceVersion: the current state as ADDED, then changes
+                    cursor = self._rv
+                    lines = [{"type": "ADDED", "object": copy.deepcopy(o)}
+                             for _, o in sorted(self._watched[s.path].items()) if s.match(o)]
+        try:
+            handler.send_response(200, "OK")
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            while True:
+                for ev in lines:
+                    data = json.dumps(ev).encode() + b"\n"
+                    handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                handler.wfile.flush()
+                if done:
+                    break
+                with self._lock:
+                    while True:
+                        if self._compacted != compacted:  # expire_watches(): end now, send nothing more
+                            new = []
+                            break
+                        new = [(rv, t, o) for rv, p, t, o in self._watch_log if p == s.path and rv > cursor]
+                        left = deadline - time.monotonic()
+                        if new or left <= 0 or self._stopping.is_set():
+                            break
+                        self._changed.wait(min(left, 0.1))
+                    if not new:
+                        break
+                    cursor = new[-1][0]
+                    lines = [{"type": t, "object": copy.deepcopy(o)} for _, t, o in new if s.match(o)]
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except OSError:
+            pass
+        handler.close_connection = True
+
     def _handler_class(self) -> type[http.server.BaseHTTPRequestHandler]:
         api = self
 
@@ -803,6 +948,10 @@ class FakeKubeAPI:
                     if bad_json:
                         raise ApiError(400, f"request body is not valid JSON: {str(body)[:80]!r}")
                     code, doc = 200, api._dispatch(self.command, url.path, query, rec.content_type, body)
+                    if isinstance(doc, _Stream):
+                        rec.status = 200
+                        api._stream(self, doc)
+                        return
                 except ApiError as e:
                     code, doc = e.code, e.status()
                 except Exception as e:  # noqa: BLE001 - a bug in the fake must still answer
@@ -821,6 +970,37 @@ class FakeKubeAPI:
                     self.close_connection = True  # the client gave up (timeout) or we are stopping
 
         return Handler
+
+
+# ---- list + watch collections -------------------------------------------------------------
+# list path -> (kind, apiVersion). Add a row for another resource served with list and watch.
+_WATCHABLE: dict[str, tuple[str, str]] = {"/api/v1/pods": ("Pod", "v1")}
+
+
+@dataclass
+class _Stream:
+    path: str
+    query: Mapping[str, str]
+    match: Callable[[JsonObj], bool]
+
+
+def _dotted(obj: Any, path: str) -> str:
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return "" if obj is None else str(obj)
+
+
+def _object_selector(fields: str, labels: str) -> Callable[[JsonObj], bool]:
+    """Field selector over any dotted path (``spec.nodeName=n``, ``metadata.namespace!=x``) and label selector."""
+    reqs: list[tuple[str, str, bool]] = []
+    for term in filter(None, (t.strip() for t in fields.split(","))):
+        m = re.fullmatch(r"([A-Za-z][\w.]*)\s*(==|!=|=)\s*(.*)", term)
+        if not m:
+            raise ApiError(400, f'invalid field selector: "{term}"')
+        reqs.append((m[1], m[3], m[2] == "!="))
+    sel = label_selector(labels)
+    return lambda o: (all((_dotted(o, p) == want) != neg for p, want, neg in reqs)
+                      and sel(o.get("metadata", {}).get("labels") or {}))
 
 
 __all__ = ["TOKEN", "ApiError", "FakeKubeAPI", "RecordedRequest", "json_patch", "label_selector", "merge_patch"]
