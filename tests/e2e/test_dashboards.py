@@ -661,7 +661,7 @@ def test_rules_and_every_dashboard_query_against_real_prometheus(tmp_path: Path)
     make_sysfs(tmp_path / "sys", [(sysfs_address(g["bus_id"]), 0x10DE, 0x030200) for g in fleet.gpus]
                + [("0000:5d:00.0", 0x10DE, 0x030200)])
     rules = _strip_for(tmp_path)
-    dead = free_port()  # a target nobody listens on: GpuExporterDown
+    dead = free_port()  # a target nobody listens on: GPUExporterDown
     prof_port = free_port()
 
     with contextlib.ExitStack() as stack:
@@ -726,23 +726,23 @@ def test_rules_and_every_dashboard_query_against_real_prometheus(tmp_path: Path)
         # -- alerts: exactly the injected faults fire, nothing on the healthy simulated node ---------
         nv_gpu = {"node": "nv-node", "job": "gpu-exporter"}
         expected = [
-            {"alertname": "GpuExporterDown", "node": "dead-node"},
-            {"alertname": "GpuLost", **nv_gpu, "gpu": "2"},
-            {"alertname": "GpuFellOffTheBus", **nv_gpu, "vendor": "nvidia"},
-            {"alertname": "GpuTemperatureHigh", **nv_gpu, "gpu": "0", "sensor": "gpu"},
-            {"alertname": "GpuThermalThrottling", **nv_gpu, "gpu": "0", "reason": "sw_thermal_slowdown"},
-            {"alertname": "GpuHardwareSlowdown", **nv_gpu, "gpu": "0", "reason": "hw_power_brake_slowdown"},
-            {"alertname": "GpuPowerCapped", **nv_gpu, "gpu": "1", "reason": "sw_power_cap"},
-            {"alertname": "GpuUncorrectableEccErrors", **nv_gpu, "gpu": "0"},
-            {"alertname": "GpuRowRemapPending", **nv_gpu, "gpu": "0"},
-            {"alertname": "GpuRowRemapFailed", **nv_gpu, "gpu": "0"},
-            {"alertname": "GpuCriticalXid", **nv_gpu, "gpu": "0", "xid": "79"},
-            {"alertname": "GpuMemoryNearlyFull", **nv_gpu, "gpu": "0"},
+            {"alertname": "GPUExporterDown", "node": "dead-node"},
+            {"alertname": "GPULost", **nv_gpu, "gpu": "2"},
+            {"alertname": "GPUFellOffTheBus", **nv_gpu, "vendor": "nvidia"},
+            {"alertname": "GPUTemperatureHigh", **nv_gpu, "gpu": "0", "sensor": "gpu"},
+            {"alertname": "GPUThermalThrottling", **nv_gpu, "gpu": "0", "reason": "sw_thermal_slowdown"},
+            {"alertname": "GPUHardwareSlowdown", **nv_gpu, "gpu": "0", "reason": "hw_power_brake_slowdown"},
+            {"alertname": "GPUPowerCapped", **nv_gpu, "gpu": "1", "reason": "sw_power_cap"},
+            {"alertname": "GPUUncorrectableEccErrors", **nv_gpu, "gpu": "0"},
+            {"alertname": "GPURowRemapPending", **nv_gpu, "gpu": "0"},
+            {"alertname": "GPURowRemapFailed", **nv_gpu, "gpu": "0"},
+            {"alertname": "GPUCriticalXid", **nv_gpu, "gpu": "0", "xid": "79"},
+            {"alertname": "GPUMemoryNearlyFull", **nv_gpu, "gpu": "0"},
         ]
         if attributed:
-            expected += [{"alertname": "GpuAllocatedButIdle", **nv_gpu, "gpu": "1", "pod": p}
+            expected += [{"alertname": "GPUAllocatedButIdle", **nv_gpu, "gpu": "1", "pod": p}
                          for p in ("infer-a", "infer-b")]
-        # Settle: the profiler's target is down until its process listens (GpuProfilerDown, rightly).
+        # Settle: the profiler's target is down until its process listens (GPUProfilerDown, rightly).
         prom.wait_for_up("gpu-exporter-profiler")
         with contextlib.suppress(AssertionError):  # the assertion below says what differs
             wait_until(lambda: _match(expected, _firing(prom)) == ([], []), timeout=30, interval=0.2)
@@ -774,9 +774,9 @@ def test_rules_and_every_dashboard_query_against_real_prometheus(tmp_path: Path)
 
         # -- finally the driver goes away: the collection fails and says so -------------------------
         fleet.fail("nvmlDeviceGetCount_v2", UNINITIALIZED)
-        prom.wait_for('ALERTS{alertname="GpuExporterCollectionFailing", alertstate="firing", node="nv-node"}',
+        prom.wait_for('ALERTS{alertname="GPUExporterCollectionFailing", alertstate="firing", node="nv-node"}',
                       timeout=20)
-        assert not prom.query('ALERTS{alertname="GpuExporterCollectionFailing", node="sim-node"}')
+        assert not prom.query('ALERTS{alertname="GPUExporterCollectionFailing", node="sim-node"}')
 
 
 if __name__ == "__main__":

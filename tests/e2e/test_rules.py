@@ -284,8 +284,12 @@ def test_amtool_rejects_a_broken_config(tmp_path: Path) -> None:
     assert _run_amtool("check-config", str(bad)).returncode != 0
 
 
+# Alerts about a workload's use of a GPU go to its owners, whatever their severity.
+WORKLOAD_ALERTS = {"GPUAllocatedButIdle", "GPUAllocatedIdlePattern"}
+
+
 def _expected_receiver(rule: dict[str, Any]) -> str:
-    if rule["alert"] == "GpuAllocatedButIdle":
+    if rule["alert"] in WORKLOAD_ALERTS:
         return "workload-owners"
     return {"critical": "gpu-oncall-pager", "warning": "gpu-team-chat", "info": "gpu-team-queue"}[
         rule["labels"]["severity"]
@@ -309,3 +313,44 @@ if __name__ == "__main__":
         sys.exit("usage: python -m tests.e2e.test_rules --write   (regenerates deploy/base/prometheusrule.yaml)")
     PROMETHEUSRULE.write_text(render_prometheusrule())
     print(f"wrote {PROMETHEUSRULE.relative_to(ROOT)}")
+
+
+def test_alert_names_use_one_casing() -> None:
+    """Issue 28, finding 2: GpuAllocatedButIdle and GPUAllocatedButIdle differed only in case, and a
+    route matched one of them. Every alert is GPU… and no two names differ only in case."""
+    names = [rule["alert"] for rule in alerts()]
+    assert all(re.fullmatch(r"GPU[A-Z][A-Za-z]+", n) for n in names), [n for n in names if not n.startswith("GPU")]
+    assert len({n.lower() for n in names}) == len(names), sorted(names)
+
+
+def _routes(route: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for child in route.get("routes", []) for r in (child, *_routes(child))]
+
+
+def test_every_route_and_inhibition_names_shipped_alerts() -> None:
+    """Each alertname matcher of alertmanager.yaml matches a shipped alert, and every route is the
+    receiver of at least one of them (amtool config routes test): a renamed alert leaves no route
+    or inhibition behind that nothing reaches any more."""
+    config = yaml.safe_load(ALERTMANAGER.read_text())
+    names = {rule["alert"] for rule in alerts()}
+    matchers = [m for r in _routes(config["route"]) for m in r.get("matchers", [])]
+    matchers += [m for rule in config.get("inhibit_rules", [])
+                 for m in (*rule.get("source_matchers", []), *rule.get("target_matchers", []))]
+    stale = []
+    for m in matchers:
+        found = re.fullmatch(r'alertname(=~|=)"(.*)"', m)
+        if found:
+            op, value = found.groups()
+            # Each alternative of a regex matcher must still match a shipped alert.
+            parts = value.split("|") if op == "=~" else [re.escape(value)]
+            if not all(any(re.fullmatch(part, n) for n in names) for part in parts):
+                stale.append(m)
+    assert not stale, f"matchers that name no shipped alert: {stale}"
+    reached = set()
+    for rule in alerts():
+        labels = [f"alertname={rule['alert']}", f"severity={rule['labels']['severity']}"]
+        proc = _run_amtool("config", "routes", "test", f"--config.file={ALERTMANAGER}", *labels)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        reached.add(proc.stdout.strip())
+    receivers = {r["receiver"] for r in _routes(config["route"])}
+    assert receivers <= reached, f"routes no shipped alert reaches: {sorted(receivers - reached)}"

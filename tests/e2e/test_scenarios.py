@@ -48,49 +48,49 @@ TARGET = {"job": "gpu-exporter", "instance": "127.0.0.1:9400", "node": "sim-node
 GPUS = {"mixed": 9}  # every other scenario: the default 4 GPUs
 
 # scenario -> eval time -> the (alertname, gpu) pairs firing then; gpu "" for a node-level alert.
-LOST = {("GpuLost", "0"), ("GpuFellOffTheBus", "")}
-ECC = {("GpuUncorrectableEccErrors", "0"), ("GpuRowRemapPending", "0"), ("GpuRowRemapFailed", "0"),
-       ("GpuCriticalXid", "0")}  # XID 64: row remapping failure
+LOST = {("GPULost", "0"), ("GPUFellOffTheBus", "")}
+ECC = {("GPUUncorrectableEccErrors", "0"), ("GPURowRemapPending", "0"), ("GPURowRemapFailed", "0"),
+       ("GPUCriticalXid", "0")}  # XID 64: row remapping failure
 EXPECTED: dict[str, dict[str, set[tuple[str, str]]]] = {
     "healthy": {"6m": set(), "36m": set()},
-    "lost": {"6m": LOST | {("GpuCriticalXid", "0")}, "36m": LOST},  # XID 79 once: critical for 10 minutes
+    "lost": {"6m": LOST | {("GPUCriticalXid", "0")}, "36m": LOST},  # XID 79 once: critical for 10 minutes
     "mig": {"6m": set(), "36m": set()},
     "ecc": {"6m": ECC, "36m": ECC},
-    "xid": {"6m": {("GpuCriticalXid", "0")}, "36m": {("GpuCriticalXid", "0")}},  # XID 119 every 10 minutes
-    "throttle": {"6m": {("GpuHardwareSlowdown", "0")},  # for: 5m
-                 "36m": {("GpuHardwareSlowdown", "0"), ("GpuTemperatureHigh", "0"), ("GpuThermalThrottling", "0"),
-                         ("GpuPowerCapped", "1")}},  # 10m, 10m, 30m
-    "leak": {"6m": set(), "36m": {("GpuMemoryNearlyFull", "0")}},  # under 5 % free after ~5 min, for: 15m
+    "xid": {"6m": {("GPUCriticalXid", "0")}, "36m": {("GPUCriticalXid", "0")}},  # XID 119 every 10 minutes
+    "throttle": {"6m": {("GPUHardwareSlowdown", "0")},  # for: 5m
+                 "36m": {("GPUHardwareSlowdown", "0"), ("GPUTemperatureHigh", "0"), ("GPUThermalThrottling", "0"),
+                         ("GPUPowerCapped", "1")}},  # 10m, 10m, 30m
+    "leak": {"6m": set(), "36m": {("GPUMemoryNearlyFull", "0")}},  # under 5 % free after ~5 min, for: 15m
     "mixed": {  # mig, ecc, thermal, lost, xid, leak, power_cap, starved, healthy
-        "6m": {(a, "1") for a, _ in ECC} | {("GpuHardwareSlowdown", "2"), ("GpuLost", "3"), ("GpuFellOffTheBus", ""),
-                                             ("GpuCriticalXid", "3"), ("GpuCriticalXid", "4")},
-        "36m": {(a, "1") for a, _ in ECC} | {("GpuHardwareSlowdown", "2"), ("GpuTemperatureHigh", "2"),
-                                              ("GpuThermalThrottling", "2"), ("GpuLost", "3"),
-                                              ("GpuFellOffTheBus", ""), ("GpuCriticalXid", "4"),
-                                              ("GpuMemoryNearlyFull", "5"), ("GpuPowerCapped", "6"),
+        "6m": {(a, "1") for a, _ in ECC} | {("GPUHardwareSlowdown", "2"), ("GPULost", "3"), ("GPUFellOffTheBus", ""),
+                                             ("GPUCriticalXid", "3"), ("GPUCriticalXid", "4")},
+        "36m": {(a, "1") for a, _ in ECC} | {("GPUHardwareSlowdown", "2"), ("GPUTemperatureHigh", "2"),
+                                              ("GPUThermalThrottling", "2"), ("GPULost", "3"),
+                                              ("GPUFellOffTheBus", ""), ("GPUCriticalXid", "4"),
+                                              ("GPUMemoryNearlyFull", "5"), ("GPUPowerCapped", "6"),
                                               ("GPUBusyButStarved", "7")}},  # for: 30m
     # the driver stops answering at 2 s: the collection fails (for: 5m) and every GPU it knew is down (for: 1m)
-    "driver": {t: {("GpuExporterCollectionFailing", "")} | {("GpuLost", str(g)) for g in range(4)}
+    "driver": {t: {("GPUExporterCollectionFailing", "")} | {("GPULost", str(g)) for g in range(4)}
                for t in ("6m", "36m")},
 }
 PROFILER_TARGET = {"job": "gpu-exporter-profiler", "instance": "127.0.0.1:9401"}
 FAULT_AT = 6  # steps: the process fault of a stack scenario starts at minute 3
 # stack scenario -> eval time -> (alertname, gpu) firing; the exporter underneath is "healthy"
 STACK: dict[str, dict[str, set[tuple[str, str]]]] = {
-    "exporter-killed": {"6m": set(), "36m": {("GpuExporterDown", "")}},  # up 0 from 3m, for: 5m
+    "exporter-killed": {"6m": set(), "36m": {("GPUExporterDown", "")}},  # up 0 from 3m, for: 5m
     "exporter-absent": {"6m": set(), "36m": {("GPUExporterAbsent", "")}},  # no target at all, for: 15m
     # background collection (COLLECTION_INTERVAL > 0) hung at 3m: scrapes serve the last bytes
-    "collection-hung": {"6m": set(), "36m": {("GpuExporterCollectionStale", "")}},
-    "profiler-killed": {"6m": set(), "36m": {("GpuProfilerDown", "")}},  # for: 10m
-    "profiler-failing": {"6m": set(), "36m": {("GpuProfilerFailing", "")}},  # every cycle fails, for: 10m
-    "profiler-hung": {"6m": set(), "36m": {("GpuProfilerStale", "")}},  # its first cycle never ends
+    "collection-hung": {"6m": set(), "36m": {("GPUExporterCollectionStale", "")}},
+    "profiler-killed": {"6m": set(), "36m": {("GPUProfilerDown", "")}},  # for: 10m
+    "profiler-failing": {"6m": set(), "36m": {("GPUProfilerFailing", "")}},  # every cycle fails, for: 10m
+    "profiler-hung": {"6m": set(), "36m": {("GPUProfilerStale", "")}},  # its first cycle never ends
 }
 # A pod holds healthy GPU 0 (the idle one) from the start, through the kubelet's pod-resources
 # and serve's own attribution wiring; the profiler, run on that history in a real Prometheus,
-# calls it allocated-idle. GpuAllocatedButIdle is for: 1h, GPUAllocatedButIdle for: 10m.
+# calls it allocated-idle. GPUAllocatedButIdle is for: 1h, GPUAllocatedIdlePattern for: 10m.
 ALLOC_STEPS = 72 * 2
 ALLOCATED: dict[str, set[tuple[str, str]]] = {
-    "36m": set(), "72m": {("GpuAllocatedButIdle", "0"), ("GPUAllocatedButIdle", "0")}}
+    "36m": set(), "72m": {("GPUAllocatedButIdle", "0"), ("GPUAllocatedIdlePattern", "0")}}
 VERDICT_FROM = 40 * 2  # steps: the profiler's verdict is published from minute 40 (its window is 30)
 # GPU alerts no scenario raises, with why and the GpuReading field whose arrival ends the excuse
 NOT_SIMULATED: dict[str, tuple[str, str | None]] = {}
@@ -348,13 +348,13 @@ def test_the_profiler_frames_are_the_real_profilers() -> None:
 @pytest.mark.prometheus
 def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
     """Guards the test above: an alert that does not fire, or one that fires unexpectedly, fails it."""
-    code, out = run_promtool(tmp_path, [firing_test("healthy", {"2m": {("GpuLost", "0")}}, steps=8)])
-    assert code != 0 and "GpuLost" in out, out[-2000:]
+    code, out = run_promtool(tmp_path, [firing_test("healthy", {"2m": {("GPULost", "0")}}, steps=8)])
+    assert code != 0 and "GPULost" in out, out[-2000:]
     code, out = run_promtool(tmp_path, [firing_test("lost", {"2m": set()}, steps=8)])
-    assert code != 0 and "GpuLost" in out, out[-2000:]
+    assert code != 0 and "GPULost" in out, out[-2000:]
     code, out = run_promtool(tmp_path, [firing_test("exporter-killed", {"36m": set()},
                                                     series=stack_series("exporter-killed"))])
-    assert code != 0 and "GpuExporterDown" in out, out[-2000:]
+    assert code != 0 and "GPUExporterDown" in out, out[-2000:]
 
 
 # What the scenarios add to a healthy fleet: every dashboard target reading one of these must have data.
