@@ -164,7 +164,8 @@ def test_a_conversion_error_is_inside_the_funnel() -> None:
     assert b.drain_errors() == {"bad_value": 1}
 
 
-@pytest.mark.parametrize("value", [0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, -1, float("nan"), float("inf"), "N/A", "[N/A]"])
+@pytest.mark.parametrize("value", [0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 0x7FFFFFFFFFFFFFFF, -1, float("nan"), float("inf"),
+                                   "N/A", "[N/A]"])
 def test_sentinels_are_no_value(value: object) -> None:
     with pytest.raises(NoValue):
         si(value)

@@ -240,3 +240,41 @@ def test_gpu_lost_before_its_first_read_keeps_real_labels(fleet: FakeNvml, sysfs
         s = ex.scrape()
     assert sample(s, "gpu_up", gpu="2", uuid=fleet.gpus[2]["uuid"]) == 0.0
     assert sample(s, "gpu_info", gpu="2", pci_bus_id=bus, uuid=fleet.gpus[2]["uuid"]) == 1.0
+
+
+# NVML_VALUE_NOT_AVAILABLE of a 64-bit counter, unsigned and signed, and of a 32-bit one
+NO_VALUE_64 = (0xFFFF_FFFF_FFFF_FFFF, 0x7FFF_FFFF_FFFF_FFFF, 0xFFFF_FFFF)
+
+
+@pytest.mark.parametrize("sentinel", NO_VALUE_64, ids=hex)
+def test_an_nvlink_error_counter_answering_a_sentinel_is_absent(fleet: FakeNvml, sysfs: Path, sentinel: int) -> None:
+    """One link's counter answers "no value": that series is absent, its neighbours stay."""
+    fleet.set(0, nvlink_err={(3, 1): sentinel, (3, 2): 5, (4, 1): 6})
+    with start(fleet, sysfs) as ex:
+        s = ex.scrape()
+    errs = {(dict(ls)["link"], dict(ls)["counter"]): v for (n, ls), v in s.items()
+            if n == "gpu_link_errors_total" and ("gpu", "0") in ls}
+    assert ("3", "recovery") not in errs, f"sentinel {sentinel:#x} published as {errs.get(('3', 'recovery'))}"
+    assert errs[("3", "crc_flit")] == 5.0 and errs[("4", "recovery")] == 6.0 and errs[("2", "recovery")] == 0.0
+    assert len(errs) == 18 * 4 - 1
+    assert all(v < 2**31 for v in errs.values())
+
+
+@pytest.mark.parametrize("omit", [[], ["nvmlDeviceGetComputeRunningProcesses_v3",
+                                      "nvmlDeviceGetComputeRunningProcesses_v2"]], ids=["v3", "v1"])
+def test_a_process_whose_memory_is_not_available_is_counted_but_not_summed(tmp_path: Path, omit: list[str]) -> None:
+    """usedGpuMemory "not available" (ULLONG_MAX; pynvml's v3 wrapper turns it into None, the v1
+    structs keep it raw): the process counts, its memory is absent, and so is the per-GPU sum,
+    which would otherwise under-report; another GPU's processes are untouched."""
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=2, omit=omit)
+    fleet.set(0, procs=[(1234, 2 * 2**30), (5678, None)])
+    fleet.set(1, procs=[(4321, 2**30)])
+    with ExporterProcess(["--backend", "nvml", "--cache-ttl", "0", "--sysfs-root", str(tmp_path / "sys"),
+                          "--per-process"], env=fleet.env()) as ex:
+        s = ex.scrape()
+    assert sample(s, "gpu_processes", gpu="0") == 2.0
+    assert sample(s, "gpu_processes_memory_used_bytes", gpu="0") is None
+    per_pid = {(dict(ls)["gpu"], dict(ls)["pid"]): v for (n, ls), v in s.items()
+               if n == "gpu_process_memory_used_bytes"}
+    assert per_pid == {("0", "1234"): 2 * 2**30, ("1", "4321"): 2**30}
+    assert sample(s, "gpu_processes_memory_used_bytes", gpu="1") == 2**30

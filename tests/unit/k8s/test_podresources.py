@@ -155,6 +155,31 @@ def test_gke_nvidia_n_ids_and_time_sharing(kubelet: FakeKubelet, attribution: Ma
     }
 
 
+def test_gke_time_sharing_replica_is_the_whole_gpu_and_a_partition_is_a_slice(
+        kubelet: FakeKubelet, attribution: Make) -> None:
+    """``nvidiaN/vgpuK`` is a time-sharing replica of all of GPU N: alone on it (or with another
+    replica of the same container), a pod owns the GPU's series; next to another pod it shares
+    them. ``nvidiaN/<partition>`` is a fraction of GPU N: never the pod's labels, even alone."""
+    gpus = nvidia(U0, U1, U2, "GPU-1f2e3d4c-0000-4a5b-8c9d-00000000000d")
+    kubelet.set_response(response([
+        pod("team", "alone", {"c": [("nvidia.com/gpu", ["nvidia2/vgpu1"])]}),
+        pod("team", "twice", {"c": [("nvidia.com/gpu", ["nvidia3/vgpu0", "nvidia3/vgpu7"])]}),
+        pod("team", "s1", {"c": [("nvidia.com/gpu", ["nvidia0/vgpu0"])]}),
+        pod("team", "s2", {"d": [("nvidia.com/gpu", ["nvidia0/vgpu1"])]}),
+        pod("team", "part", {"c": [("nvidia.com/gpu", ["nvidia1/1g.5gb"])]}),
+    ]))
+    a = attribution(kubelet.path)
+    assert wait_until(lambda: a.labels_for(gpus[2]), what="GPU 2 via nvidia2/vgpu1") == who("team", "alone", "c")
+    assert a.labels_for(gpus[3]) == who("team", "twice", "c")
+    assert a.labels_for(gpus[0]) == {}, "two pods time-share GPU 0"
+    assert a.labels_for(gpus[1]) == {}, "a GKE partition is a slice of GPU 1, not the whole GPU"
+    a.update_gpus(gpus)
+    shared = {(t[0], t[3], t[6]): t[7] for t in allocations(a)}
+    assert shared == {("2", "alone", "nvidia2/vgpu1"): "1", ("3", "twice", "nvidia3/vgpu0"): "2",
+                      ("3", "twice", "nvidia3/vgpu7"): "2", ("0", "s1", "nvidia0/vgpu0"): "2",
+                      ("0", "s2", "nvidia0/vgpu1"): "2", ("1", "part", "nvidia1/1g.5gb"): "1"}
+
+
 def test_mig_slices_map_to_parent_and_never_label_the_gpu(
         kubelet: FakeKubelet, attribution: Make, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)

@@ -105,6 +105,25 @@ def test_period_and_growth_numbers_and_their_dead_bands() -> None:
     assert p[P + "gpu-0.period-seconds"] is None and a[P + "gpu-0.pattern"] == "steady"
 
 
+@pytest.mark.parametrize(("cfg", "period_band", "growth_band"), [
+    (CFG, 0.10, 0.25), (PlanConfig(period_deadband=0.02, growth_deadband=0.5), 0.02, 0.5)])
+def test_relative_dead_bands_hold_inside_and_write_outside(cfg: PlanConfig, period_band: float,
+                                                           growth_band: float) -> None:
+    """A published number is kept while the new one is within the relative dead band of it, in
+    either direction, and replaced as soon as it is outside (bands: the config's, 10% and 25% by
+    default); the band scales with the published value, it is not an absolute distance."""
+    for period0, growth0 in ((100.0, 1_000_000.0), (5000.0, 40_000_000.0)):
+        _, a = apply({}, {"0": gpu(PERIODIC, period=period0), "1": gpu(GROWING, growth=growth0)}, cfg)
+        for side in (1, -1):
+            inside = {"0": gpu(PERIODIC, period=period0 * (1 + side * period_band * 0.9)),
+                      "1": gpu(GROWING, growth=growth0 * (1 + side * growth_band * 0.9))}
+            assert apply(a, inside, cfg)[0] == {}, f"rewrote inside the band ({side=}, {period0=})"
+            period, growth = period0 * (1 + side * period_band * 1.1), growth0 * (1 + side * growth_band * 1.1)
+            p, _ = apply(a, {"0": gpu(PERIODIC, period=period), "1": gpu(GROWING, growth=growth)}, cfg)
+            assert p == {P + "gpu-0.period-seconds": f"{period:.0f}",
+                         P + "gpu-1.memory-growth-bytes-per-second": f"{growth:.0f}"}, f"{side=}, {period0=}"
+
+
 def test_best_gpu_and_score_dead_band() -> None:
     _, a = apply({}, {"0": gpu(STEADY, score=0.50), "1": gpu(STEADY, score=0.52)})
     assert (a[P + "best-gpu"], a[P + "best-gpu-score"]) == ("1", "0.52")

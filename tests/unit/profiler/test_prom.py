@@ -340,10 +340,11 @@ def test_same_origin_308_is_followed_with_the_token(tmp_path: Path) -> None:
 class Trickler:
     """Sends a valid header, then one body byte every ``every`` s, forever."""
 
-    def __init__(self, every: float = 0.2) -> None:
+    def __init__(self, every: float = 0.2, length: int = 100000) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.every = every
+        self.length = length
         self.stop = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -359,7 +360,7 @@ class Trickler:
         with conn:
             try:
                 conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.length)
                 while not self.stop.wait(self.every):
                     conn.sendall(b" ")
             except OSError:
@@ -395,6 +396,26 @@ def test_answers_over_the_cap_are_refused_unread(api_factory: Any) -> None:
     assert len(api.seen) == 1  # not retried: the same query would be as large again
     ok = PromClient(url, max_response_bytes=size)
     assert len(ok.query("up", 1.0)) == 2000 and ok.largest_response_bytes == size
+
+
+def test_an_announced_length_over_the_cap_is_refused_before_the_body() -> None:
+    """The cap is enforced on the Content-Length header, not only on what arrives: a server that
+    announces more than the cap and then trickles is refused at once, not read until the timeout."""
+    import time
+
+    server = Trickler(every=0.2, length=10 * 2**30)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PromError) as exc:
+            PromClient(f"http://127.0.0.1:{server.port}", timeout=5.0, retries=0,
+                       max_response_bytes=1000).query("up", 1.0)
+        took = time.monotonic() - t0
+    finally:
+        server.stop.set()
+        server.sock.close()
+    assert exc.value.kind == "prometheus_response_too_large", str(exc.value)
+    assert f"announces {10 * 2**30} bytes" in str(exc.value)
+    assert took < 2.5, f"read for {took:.1f}s before refusing"
 
 
 def test_answer_without_length_is_capped_while_read() -> None:

@@ -209,6 +209,25 @@ def test_basic_auth_without_tls(pki: Path) -> None:
         assert ex.get("/metrics", auth("prometheus", PASSWORD, "Bearer"))[0] == 401
 
 
+def test_passwords_longer_than_bcrypt_reads_are_refused(pki: Path) -> None:
+    """bcrypt reads 72 bytes: a longer password whose first 72 bytes are right must not pass (it
+    would make every longer variant of the password valid). 72 bytes exactly, in ASCII or in
+    multi-byte UTF-8, is a password like any other."""
+    ascii72 = "p" * 71 + "!"
+    utf72 = "é" * 36  # 72 bytes
+    cfg = pki / "web-72.yml"
+    cfg.write_text(f"basic_auth_users:\n  a: {hashed(ascii72)}\n  u: {hashed(utf72)}\n")
+    with ExporterProcess(["--backend", "simulated", "--web.config.file", str(cfg)]) as ex:
+        assert get(ex.url + "/metrics", None, "a", ascii72) == 200
+        assert get(ex.url + "/metrics", None, "u", utf72) == 200
+        assert get(ex.url + "/metrics", None, "a", ascii72 + "x") == 401
+        assert get(ex.url + "/metrics", None, "a", ascii72 + "!" * 100) == 401
+        assert get(ex.url + "/metrics", None, "u", utf72 + "é") == 401
+        assert get(ex.url + "/metrics", None, "a", ascii72[:71]) == 401
+        # the refusals are not cached as successes: the right password still works after them
+        assert get(ex.url + "/metrics", None, "a", ascii72) == 200
+
+
 def test_unknown_user_costs_as_much_as_a_wrong_password(pki: Path) -> None:
     """Timing must not tell whether a user exists: both run one bcrypt check of the same cost."""
     cfg = pki / "web-cost10.yml"

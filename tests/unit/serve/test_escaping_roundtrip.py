@@ -1,0 +1,55 @@
+"""Label escaping, as a property: any string we put in a label comes back exactly from
+prometheus_client's parsers, in both formats, and never breaks the line it sits on.
+
+The values go through the real renderer (a GPU's name on ``gpu_info``, a pod's labels from the
+label hook on every per-GPU series), not through the escaping function alone.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from exporter.core.options import FieldFilter
+from exporter.core.readings import Collection, GpuReading, HostInfo
+from exporter.core.snapshot import BackendStats, Snapshot
+from exporter.serve.render import render
+
+# any text that UTF-8 can carry (a lone surrogate cannot be encoded at all)
+ANY = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+# the characters the formats give a meaning to, so that every combination of them turns up
+SPECIAL = st.lists(st.sampled_from(["\\", '"', "\n", "n", "\\n", "\r", "#", "{", "}", "=", ",", " ", "☃"]),
+                   max_size=12).map("".join)
+VALUES = ANY | SPECIAL
+
+
+def _snapshot(name: str, pod: str) -> Snapshot:
+    gpu = GpuReading(index=0, uuid="GPU-0", vendor="nvidia", name=name, power_watts=42.0)
+    return Snapshot([Collection("nvml", [gpu])], HostInfo("node-a", "cpu", "6.1"),
+                    {"nvml": BackendStats(success=True, gpus=1)}, created=0.0,
+                    gpu_labels=lambda r: {"pod": pod, "namespace": "ns", "container": "c"})
+
+
+def _labels(families: object, metric: str) -> list[dict[str, str]]:
+    return [dict(s.labels) for fam in families for s in fam.samples  # type: ignore[attr-defined]
+            if s.name == metric]
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=VALUES, pod=VALUES)
+def test_any_label_value_round_trips_through_both_parsers(name: str, pod: str) -> None:
+    snap = _snapshot(name, pod)
+    fields = FieldFilter()
+    text = render(snap, fields).decode()
+    om = render(snap, fields, openmetrics=True).decode()
+    for fmt, families in (("text", list(parse_text(text))), ("OpenMetrics", list(parse_openmetrics(om)))):
+        info = _labels(families, "gpu_info")
+        assert [d["name"] for d in info] == [name], fmt
+        power = _labels(families, "gpu_power_watts")
+        assert len(power) == 1 and power[0]["pod"] == pod, fmt
+    # one sample per line: no value starts a line of its own
+    for body in (text, om):
+        samples = [ln for ln in body.splitlines() if ln.startswith("gpu_power_watts")]
+        assert len(samples) == 1, samples
