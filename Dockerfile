@@ -55,7 +55,8 @@ EXPOSE 9400
 # No HEALTHCHECK: one image serves two commands on different ports (serve :9400,
 # profile :9401), and Kubernetes ignores HEALTHCHECK in favour of the manifests' probes.
 ENTRYPOINT ["gpu-exporter"]
-CMD ["serve"]
+# serve listens on 127.0.0.1 by default; in a container the scrapes arrive on its own address.
+CMD ["serve", "--address=0.0.0.0"]
 
 # ---- rocm: source of the AMD SMI libraries (only pulled for --target runtime-rocm) ----
 FROM ${ROCM_IMAGE} AS rocm

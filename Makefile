@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
-ADDRESS ?= 0.0.0.0
+ADDRESS ?= 127.0.0.1
 PORT ?= 9400
 
 .PHONY: run test lint bench gpu-check demo reliability clean golden image .apt-test-deps
@@ -64,7 +64,10 @@ ROCM_IMAGE_NAME ?= $(IMAGE)-rocm
 image:
 	@./scripts/build-image "$(IMAGE):$(TAG)" "$(ROCM_IMAGE_NAME):$(TAG)"
 
+# Serving needs only the base package (no kubernetes client: that is the k8s extra). It listens on
+# this machine only unless ADDRESS says otherwise.
 run: $(VENV)/.installed
+	@[ "$(ADDRESS)" != 127.0.0.1 ] || echo "make run: http://127.0.0.1:$(PORT)/metrics, this machine only; make run ADDRESS=0.0.0.0 (or ::) listens on all addresses"
 	$(VENV)/bin/gpu-exporter serve --backend auto --allow-simulated --address $(ADDRESS) --port $(PORT)
 
 test: $(VENV)/.installed-test .apt-test-deps $(TOOLS)/.installed

@@ -18,7 +18,7 @@ from exporter.core import schema
 class Settings:
     backend: str = "auto"
     allow_simulated: bool = False
-    address: str = "0.0.0.0"
+    address: str = "127.0.0.1"
     port: int = 9400
     metrics_path: str = "/metrics"
     collection_interval: float = 0.0

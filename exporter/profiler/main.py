@@ -21,6 +21,7 @@ from types import FrameType
 from typing import IO, Any, NoReturn
 
 from exporter.core import logs
+from exporter.core.extras import MissingExtra, require
 from exporter.profiler.annotate import KubeError, NodeStore, build_api_client
 from exporter.profiler.classify import Thresholds
 from exporter.profiler.events import EventRecorder
@@ -364,6 +365,11 @@ def run(argv: list[str], out: IO[str] | None = None,
         s = parse_args(argv)
     except UsageError as exc:
         sys.stderr.write(f"{PROG}: {exc}\n")
+        return 2
+    try:
+        require("kubernetes", PROG)  # an extra since issue 28: `make run` does not install it
+    except MissingExtra as exc:
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2
     logs.setup(s.log_level, s.log_format)
     try:

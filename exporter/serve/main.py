@@ -118,6 +118,17 @@ def limit_malloc_arenas(environ: dict[str, str] | None = None) -> bool:
     return bool(mallopt(-8, 2))  # M_ARENA_MAX
 
 
+def loopback_hint(address: str) -> str:
+    """A note for a listener only this machine can reach (the default, 127.0.0.1)."""
+    import ipaddress
+
+    try:
+        loopback = ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        loopback = address == "localhost"
+    return "; this machine only: --address 0.0.0.0 (or ::) listens on all addresses" if loopback else ""
+
+
 def main(argv: Sequence[str]) -> int:
     limit_malloc_arenas()  # before any thread allocates
     try:
@@ -180,8 +191,9 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGHUP, hangup)  # the default action would kill the exporter silently (exit 129)
     names = ",".join(b.name for b in chosen) or "none"
     scheme = "https" if web is not None and web.ssl_context is not None else "http"
-    log.info("serving %s://%s:%d%s (backend %s%s)", scheme, settings.address, server.server_address[1],
-             settings.metrics_path, names, ", basic auth" if web is not None and web.users else "")
+    log.info("serving %s://%s:%d%s (backend %s%s)%s", scheme, settings.address, server.server_address[1],
+             settings.metrics_path, names, ", basic auth" if web is not None and web.users else "",
+             loopback_hint(settings.address))
     try:
         server.serve_forever(poll_interval=0.5)
     finally:

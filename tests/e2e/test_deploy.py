@@ -394,6 +394,8 @@ def test_exporter_backend_is_explicit_and_never_simulated(rendered: dict[str, li
     text = json.dumps(c).lower()
     assert "simulated" not in text, "the simulated backend has no place in a deployment"
     assert "EXPORTER_BACKEND" not in env, "the backend is set once, by the --backend flag"
+    # serve listens on 127.0.0.1 by default (issue 28): the DaemonSet names its address.
+    assert "--address=0.0.0.0" in args, args
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
@@ -814,7 +816,8 @@ def test_dockerfile_runtime_stages(target: str) -> None:
         f"run as a numeric non-root UID (runAsNonRoot needs it), not {user!r}"
     )
     assert json.loads(_last(instrs, "ENTRYPOINT") or "null") == ["gpu-exporter"]
-    assert json.loads(_last(instrs, "CMD") or "null") == ["serve"]
+    # serve listens on 127.0.0.1 by default (issue 28): in a container the scrapes arrive on its address.
+    assert json.loads(_last(instrs, "CMD") or "null") == ["serve", "--address=0.0.0.0"]
     assert str(EXPORTER_PORT) in (_last(instrs, "EXPOSE") or "").split()
     runs = " ".join(arg for i, arg in instrs if i == "RUN")
     assert "pip install" not in runs, "runtime stages copy the built venv, they install no Python packages"

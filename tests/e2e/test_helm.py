@@ -180,6 +180,8 @@ def test_both_vendors_get_one_daemonset_each() -> None:
     assert nv["spec"]["selector"]["matchLabels"] != amd["spec"]["selector"]["matchLabels"]
     assert nv["spec"]["template"]["spec"]["containers"][0]["args"][1] == "--backend=nvml"
     assert amd["spec"]["template"]["spec"]["containers"][0]["args"][1] == "--backend=amdsmi"
+    for d in (nv, amd):  # serve listens on 127.0.0.1 by default (issue 28)
+        assert "--address=0.0.0.0" in d["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "-rocm:" in amd["spec"]["template"]["spec"]["containers"][0]["image"]
     svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "gpu-exporter")
     for d in (nv, amd):

@@ -20,7 +20,7 @@ def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 def test_defaults() -> None:
     s = config.load([], environ={})
-    assert (s.port, s.address, s.metrics_path, s.backend, s.collection_interval) == (9400, "0.0.0.0", "/metrics",
+    assert (s.port, s.address, s.metrics_path, s.backend, s.collection_interval) == (9400, "127.0.0.1", "/metrics",
                                                                                       "auto", 0.0)
 
 
