@@ -9,6 +9,7 @@ is a real exporter with a web config that turns on basic auth (and TLS where the
 from __future__ import annotations
 
 import http.client
+import itertools
 import ssl
 import subprocess
 from pathlib import Path
@@ -30,8 +31,14 @@ def exporter_probes(docs: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> 
     ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
     probes = {k: container[k]["httpGet"] for k in ("livenessProbe", "readinessProbe") if k in container}
     assert set(probes) == {"livenessProbe", "readinessProbe"}, container
+    # the port the exporter listens on: --port (either spelling) or the default
+    args = [*container.get("command", []), *container.get("args", [])]
+    listen = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--port=")),
+                  next((int(b) for a, b in itertools.pairwise(args) if a == "--port"), 9400))
     for p in probes.values():
-        assert p["port"] in ports or isinstance(p["port"], int)
+        # a named port must be one the container declares; either way it must be the listening port
+        port = ports[p["port"]] if isinstance(p["port"], str) else p["port"]
+        assert port == listen, (p, ports, listen)
     return probes
 
 

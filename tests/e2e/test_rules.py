@@ -86,10 +86,20 @@ def test_promtool_check_rules() -> None:
 
 
 def test_promtool_check_rules_rejects_a_broken_rule(tmp_path: Path) -> None:
-    """Guards the test above: promtool runs and fails on a bad expression."""
+    """Guards the test above: promtool runs, fails on the bad expression and says why, where; the
+    same file with the expression completed passes."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("groups:\n  - name: x\n    rules:\n      - alert: X\n        expr: gpu_up ==\n")
-    assert promtool("check", "rules", str(bad)).returncode != 0
+    proc = promtool("check", "rules", str(bad))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "FAILED" in out and "SUCCESS" not in out, out
+    assert re.search(rf'{re.escape(str(bad))}: 5:\d+: group "x", rule 1, "X": could not parse expression: '
+                     r".*parse error", out), out
+    good = tmp_path / "good.yaml"
+    good.write_text(bad.read_text().replace("gpu_up ==", "gpu_up == 0"))
+    proc = promtool("check", "rules", str(good))
+    assert proc.returncode == 0 and "SUCCESS: 1 rules found" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_promtool_unit_tests_pass() -> None:

@@ -62,19 +62,25 @@ def test_bad_values_exit_2_with_one_line(args: list[str], env: dict[str, str], m
     assert res.stdout == ""
 
 
-def test_bad_config_files(tmp_path: Path) -> None:
-    bad_yaml = tmp_path / "bad.yaml"
-    bad_yaml.write_text("port: [1,\n")
-    unknown = tmp_path / "unknown.yaml"
-    unknown.write_text("prot: 9400\n")
-    wrong_type = tmp_path / "wrong.yaml"
-    wrong_type.write_text("port: true\n")
-    for path, expect in ((bad_yaml, "not valid YAML"), (unknown, "unknown setting 'prot'"),
-                         (wrong_type, "invalid port"), (tmp_path / "missing.yaml", "cannot read config file")):
-        res = run_serve("--config", str(path), "--check-config")
-        assert res.returncode == 2
-        assert (expect in res.stderr and str(path) in res.stderr) or "invalid port" in res.stderr
-        assert len(res.stderr.strip().splitlines()) == 1
+@pytest.mark.parametrize(("name", "content", "expect"), [
+    ("bad.yaml", "port: [1,\n", ["config file {path} line 2: not valid YAML"]),
+    ("unknown.yaml", "prot: 9400\n", ["config file {path}: unknown setting 'prot'; known: ", "port"]),
+    ("wrong.yaml", "port: true\n", ["invalid port (config {path}) = True", "1..65535"]),
+    ("missing.yaml", None, ["cannot read config file {path}: No such file or directory"]),
+])
+def test_bad_config_files(tmp_path: Path, name: str, content: str | None, expect: list[str]) -> None:
+    """Each broken file gets its own message naming the file (and the line, the setting or the
+    value), on one line, with exit status 2."""
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    res = run_serve("--config", str(path), "--check-config")
+    assert res.returncode == 2, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu-exporter: error: "), res.stderr
+    for part in expect:
+        assert part.format(path=path) in lines[0], (part, lines[0])
+    assert res.stdout == ""
 
 
 def test_check_config_prints_effective_settings() -> None:
