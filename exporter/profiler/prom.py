@@ -97,15 +97,23 @@ def _float(v: Any) -> float:
 
 
 def _pair(p: Any) -> tuple[float, float]:
-    """``[unix seconds, "value"]`` -> (t, v); a string or an object is not a pair."""
+    """``[unix seconds, "value"]`` -> (t, v); a string or an object is not a pair, and a time
+    must be finite (a value may be NaN or infinite: Prometheus sends them as strings)."""
     if not isinstance(p, list) or len(p) != 2:
         raise TypeError(f"sample {p!r:.80} is not a [time, value] pair")
-    return _float(p[0]), _float(p[1])
+    t = _float(p[0])
+    if not -_MAX_TIME < t < _MAX_TIME:
+        raise ValueError(f"timestamp {p[0]!r:.80} is not a finite time")
+    return t, _float(p[1])
+
+
+_MAX_TIME = 1e12  # unix seconds (year 33658): NaN and infinities fail the comparison too
 
 
 def _value(p: Any) -> float:
     """The value of an instant sample; the common shape (a number and a string) checked inline."""
-    if type(p) is list and len(p) == 2 and type(p[1]) is str and type(p[0]) in (int, float):
+    if type(p) is list and len(p) == 2 and type(p[1]) is str and type(p[0]) in (int, float) \
+            and -_MAX_TIME < p[0] < _MAX_TIME:
         try:
             return float(p[1])
         except ValueError:
@@ -121,7 +129,7 @@ def _points(points: list[Any]) -> list[tuple[float, float]]:
     for p in points:
         if type(p) is list and len(p) == 2:
             t, v = p
-            if type(v) is str and type(t) in (int, float):
+            if type(v) is str and type(t) in (int, float) and -_MAX_TIME < t < _MAX_TIME:
                 try:
                     append((float(t), float(v)))
                     continue
@@ -263,7 +271,7 @@ class PromClient:
                 raise PromError(BAD_QUERY, f"{where}: HTTP {status}: {detail}")
             raise PromError(BAD_RESPONSE, f"{where}: HTTP {status}: {detail}")
         try:
-            doc = json.loads(raw)
+            doc = json.loads(raw, parse_constant=_no_constant)
         except ValueError as exc:
             raise PromError(BAD_RESPONSE, f"{where}: answer is not JSON ({printable(str(exc))})") from None
         except RecursionError:
@@ -318,23 +326,31 @@ class PromClient:
         else:
             conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=remaining)
         expired = threading.Event()
+        # the socket, kept once connected: http.client drops conn.sock when the answer will
+        # end at close (HTTP/1.0 without a length) while the answer still reads from it
+        held: list[socket.socket] = []
 
         def cut() -> None:
             # one deadline for the whole exchange: a server trickling bytes resets every
             # per-read timeout, so the socket is shut down when the deadline passes
             expired.set()
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            for sock in (conn.sock, *held):
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
 
         watchdog = threading.Timer(remaining, cut)
         watchdog.daemon = True
         watchdog.start()
+        resp: http.client.HTTPResponse | None = None
         try:
             conn.request("POST", target, body=body, headers=headers)
+            if conn.sock is not None:
+                held.append(conn.sock)
+            if expired.is_set():  # cut while connecting: the socket may have escaped the cut
+                raise TimeoutError
             resp = conn.getresponse()
             length = resp.getheader("Content-Length")
             if length is not None and length.strip().isdigit() and int(length) > self.max_response_bytes:
@@ -349,6 +365,8 @@ class PromClient:
                 if size > self.max_response_bytes:
                     raise PromError(TOO_LARGE, self._too_large(where, "is longer"))
                 chunks.append(chunk)
+            if expired.is_set():  # the cut ends an answer without a length like a close would
+                raise TimeoutError
             if resp.length:  # reads of a given size stop at EOF without raising IncompleteRead
                 raise http.client.IncompleteRead(b"", resp.length)
             self.largest_response_bytes = max(self.largest_response_bytes, size)
@@ -370,6 +388,8 @@ class PromClient:
             raise PromError(UNREACHABLE, f"{where}: {printable(str(exc))}") from None
         finally:
             watchdog.cancel()
+            if resp is not None:
+                resp.close()  # an answer read to its close holds the socket, not conn
             conn.close()
 
     def _too_large(self, where: str, what: str) -> str:
@@ -379,6 +399,11 @@ class PromClient:
 
 MAX_REDIRECTS = 3
 _MAX_WARNINGS_LOGGED = 3
+
+
+def _no_constant(name: str) -> Any:
+    """JSON has no NaN or Infinity (Prometheus writes them as strings); Python's json would take them."""
+    raise ValueError(f"{name} is not JSON")
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

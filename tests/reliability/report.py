@@ -76,6 +76,25 @@ EXTERNAL = [
         "figures": {},
         "test": "tests/e2e/test_deploy.py::test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events",
         "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "Prometheus answers with NaN or infinite timestamps (profiler)",
+        "done": "range and instant answers whose timestamps are bare JSON NaN/Infinity/-Infinity, 1e999, or"
+            " the strings \"NaN\", \"+Inf\", \"-inf\", \"Inf\"; a bare NaN as a value",
+        "happened": "each is prometheus_bad_response with one line (before issue 26: handed on, then an "
+            "`internal` error with a traceback); NaN and ±Inf values sent as strings, as Prometheus "
+            "does, are kept",
+        "test": "tests/unit/profiler/test_prom.py::test_non_finite_timestamps_are_bad_responses, "
+            "::test_non_finite_instant_timestamps_are_bad_responses",
+        "figures": {"cases": 11, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "Prometheus answer trickling past the deadline (profiler)",
+        "done": "a valid JSON start, then a byte every 0.2 s without end, framed as HTTP/1.0 without a "
+            "length and as chunked; client timeout 1 s",
+        "happened": "prometheus_timeout at the deadline (before issue 26: the HTTP/1.0 answer escaped the "
+            "deadline's cut, since http.client drops the connection's socket for an answer read to its "
+            "close, and an answer cut short was parsed and counted as bad_response)",
+        "test": "tests/unit/profiler/test_prom.py::test_trickling_answer_at_the_deadline_is_a_timeout",
+        "figures": {"cases": 2, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [

@@ -451,3 +451,90 @@ def test_server_text_is_escaped_and_cut_in_logs(api_factory: Any, caplog: pytest
 def test_bad_extra_headers_are_refused(name: str, value: str) -> None:
     with pytest.raises(ValueError):
         PromClient("http://127.0.0.1:9", headers={name: value})
+
+
+@pytest.mark.parametrize("body", [
+    # bare JSON constants Python's json accepts but Prometheus never sends
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[NaN,"1"]]}]}}',
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[Infinity,"1"]]}]}}',
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[-Infinity,"1"]]}]}}',
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,NaN]]}]}}',
+    # a number beyond float range is infinity to Python's json
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1e999,"1"]]}]}}',
+    # timestamps as strings that float() takes
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[["NaN","1"]]}]}}',
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[["+Inf","1"]]}]}}',
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,"1"],["-inf","2"]]}]}}',
+])
+def test_non_finite_timestamps_are_bad_responses(api_factory: Any, body: bytes) -> None:
+    """Issue 26: a NaN or infinite timestamp was handed on and failed later as an internal error."""
+    api = api_factory([(200, body)])
+    with pytest.raises(PromError) as exc:
+        PromClient(f"http://127.0.0.1:{api.port}", retries=0).query_range("up", 0, 60, 15)
+    assert exc.value.kind == BAD_RESPONSE and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[NaN,"1"]}]}}',
+    b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":["Inf","1"]}]}}',
+    b'{"status":"success","data":{"resultType":"scalar","result":[Infinity,"1"]}}',
+])
+def test_non_finite_instant_timestamps_are_bad_responses(api_factory: Any, body: bytes) -> None:
+    api = api_factory([(200, body)])
+    with pytest.raises(PromError) as exc:
+        PromClient(f"http://127.0.0.1:{api.port}", retries=0).query("up", 1.0)
+    assert exc.value.kind == BAD_RESPONSE
+
+
+def test_nan_values_as_prometheus_sends_them_are_kept(api_factory: Any) -> None:
+    doc = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {}, "values": [[1, "NaN"], [2.5, "+Inf"], [4, "-Inf"], [5, "0.5"]]}]}}
+    api = api_factory([(200, doc)])
+    got = PromClient(f"http://127.0.0.1:{api.port}", retries=0).query_range("up", 0, 60, 15)
+    pts = got[0].points
+    assert [t for t, _ in pts] == [1.0, 2.5, 4.0, 5.0]
+    assert pts[0][1] != pts[0][1] and pts[1][1] == float("inf") and pts[2][1] == float("-inf") and pts[3][1] == 0.5
+
+
+class BodyTrickler(Trickler):
+    """A valid JSON start, then a space every ``every`` s, without a Content-Length
+    (``http10``: read until close) or chunked: only the deadline ends the answer."""
+
+    def __init__(self, framing: str, every: float = 0.2) -> None:
+        self.framing = framing
+        super().__init__(every)
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                start = b'{"status":"success","data":{"resultType":"vector","result":['
+                if self.framing == "http10":
+                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + start)
+                    while not self.stop.wait(self.every):
+                        conn.sendall(b" ")
+                else:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                 + b"%x\r\n" % len(start) + start + b"\r\n")
+                    while not self.stop.wait(self.every):
+                        conn.sendall(b"1\r\n \r\n")
+            except OSError:
+                return
+
+
+@pytest.mark.parametrize("framing", ["http10", "chunked"])
+def test_trickling_answer_at_the_deadline_is_a_timeout(framing: str) -> None:
+    """Issue 26: an answer cut at the deadline was parsed as if complete (bad_response)."""
+    import time
+
+    server = BodyTrickler(framing)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PromError) as exc:
+            PromClient(f"http://127.0.0.1:{server.port}", timeout=1.0, retries=0).query("up", 1.0)
+        took = time.monotonic() - t0
+    finally:
+        server.stop.set()
+        server.sock.close()
+    assert exc.value.kind == "prometheus_timeout", str(exc.value)
+    assert took < 3.0
