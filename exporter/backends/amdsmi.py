@@ -37,6 +37,7 @@ import contextlib
 import ctypes
 import io
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -328,6 +329,7 @@ class AmdSmiBackend(Backend):
         super().__init__(options)
         self._smi: ModuleType | None = None
         self._ready = False
+        self._gfx_prev: dict[int, tuple[int, dict[int, float]]] = {}  # GPU -> (monotonic ns, pid -> gfx ns)
         self._devices: list[_Device] = []
         self._peers: list[PeerReading] = []
         self._rocm_version: str | None = None
@@ -649,18 +651,27 @@ class AmdSmiBackend(Backend):
         if any(self._want(a) for a in _ACTIVITY_ATTRS):
             self._read_activity(d, r, gpu)
 
-        if self._want("process_count") or self._want("process_memory_used_bytes") or \
+        per_pod = self.options.per_process and self.any_enabled("gpu_pod_utilization_ratio",
+                                                                "gpu_pod_memory_used_bytes")
+        if self._want("process_count") or self._want("process_memory_used_bytes") or per_pod or \
                 (self.options.per_process and self._want("process_memory_by_pid")):
             procs = call(gpu, "process_count", smi.amdsmi_get_gpu_process_list, h)
             if isinstance(procs, list):
                 by_pid: dict[int, float] = {}
+                gfx_ns: dict[int, float] = {}
                 for p in procs:
                     used = _num((p.get("memory_usage") or {}).get("vram_mem"))
                     by_pid[int(p["pid"])] = by_pid.get(int(p["pid"]), 0.0) + (used or 0.0)
+                    busy = _num((p.get("engine_usage") or {}).get("gfx"))
+                    if busy is not None:
+                        gfx_ns[int(p["pid"])] = gfx_ns.get(int(p["pid"]), 0.0) + busy
                 r.process_count = float(len(by_pid))
                 r.process_memory_used_bytes = sum(by_pid.values())
                 if self.options.per_process:
                     r.process_memory_by_pid = by_pid
+                if per_pod:
+                    r.process_pids = tuple(by_pid)
+                    r.process_utilization_by_pid = self._process_rates(d, gfx_ns)
 
         if d.compute_partition is not None:
             # AMD partitions in the style of MIG: SPX is "off"; in DPX/QPX/CPX each partition is
@@ -673,6 +684,24 @@ class AmdSmiBackend(Backend):
                                         memory_total_bytes=r.memory_total_bytes,
                                         memory_used_bytes=r.memory_used_bytes,
                                         utilization_ratio=r.utilization_ratio))
+
+    def _process_rates(self, d: _Device, gfx_ns: dict[int, float]) -> dict[int, float] | None:
+        """Per-process GFX engine share since the last collection: the growth of each process's
+        cumulative engine time (``engine_usage.gfx``, ns, from the kernel's fdinfo) over the
+        wall time between the two reads. A process seen for the first time has no rate yet
+        (absent); the GPU's first collection gives None. O(processes)."""
+        now = time.monotonic_ns()
+        prev = self._gfx_prev.get(d.index)
+        self._gfx_prev[d.index] = (now, gfx_ns)
+        if prev is None or now <= prev[0]:
+            return None
+        span = float(now - prev[0])
+        out: dict[int, float] = {}
+        for pid, ns in gfx_ns.items():
+            before = prev[1].get(pid)
+            if before is not None and ns >= before:
+                out[pid] = min((ns - before) / span, 1.0)
+        return out
 
     def _read_pcie(self, h: Any, r: GpuReading, gpu: Device) -> None:
         smi = self._smi

@@ -721,9 +721,16 @@ class NvmlBackend(Backend):
             v = call(gpu, "gpu_decoder_utilization_ratio", self._d.decoder, h, convert=_codec)
             if v is not MISSING:
                 r.decoder_utilization_ratio = v
-        per_pid = self.options.per_process and en("gpu_process_memory_used_bytes")
+        per_pod = self.options.per_process and self.any_enabled("gpu_pod_utilization_ratio",
+                                                                "gpu_pod_memory_used_bytes")
+        per_pid = per_pod or (self.options.per_process and en("gpu_process_memory_used_bytes"))
         if per_pid or self.any_enabled("gpu_processes", "gpu_processes_memory_used_bytes"):
             self._read_processes(gpu, r, h, per_pid)
+        mps: frozenset[int] = frozenset()
+        if per_pod and r.process_pids is not None:
+            mps = self._read_mps_clients(gpu, r, h)
+        if per_pod and r.process_pids and en("gpu_pod_utilization_ratio"):
+            self._read_process_utilization(gpu, r, h, mps)
         if self.any_enabled("gpu_mig_mode_enabled", "gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes",
                             "gpu_mig_utilization_ratio"):
             self._read_mig(gpu, r, h)
@@ -759,7 +766,7 @@ class NvmlBackend(Backend):
         """Compute processes: ``_v3``, ``_v2``, then v1, probed once per GPU."""
         nv = self._nv
 
-        def convert(procs: Any) -> tuple[float, float | None, dict[int, float]]:
+        def convert(procs: Any) -> tuple[float, float | None, dict[int, float], tuple[int, ...]]:
             used: dict[int, float] = {}
             for p in procs:
                 mem = p.usedGpuMemory
@@ -767,7 +774,7 @@ class NvmlBackend(Backend):
                 if isinstance(mem, int) and mem not in (0xFFFF_FFFF_FFFF_FFFF,):
                     used[int(p.pid)] = float(mem)
             total = float(sum(used.values())) if len(used) == len(procs) else None
-            return float(len(procs)), total, used
+            return float(len(procs)), total, used, tuple(int(p.pid) for p in procs)
 
         res = self.probe(gpu, "gpu_processes", (
             ("nvmlDeviceGetComputeRunningProcesses_v3", lambda x: nv.nvmlDeviceGetComputeRunningProcesses_v3(x)),
@@ -776,9 +783,78 @@ class NvmlBackend(Backend):
         ), h, convert=convert)
         if res is MISSING:
             return
-        r.process_count, r.process_memory_used_bytes, by_pid = res
+        r.process_count, r.process_memory_used_bytes, by_pid, pids = res
         if per_pid:
             r.process_memory_by_pid = by_pid
+            r.process_pids = pids
+
+    def _read_mps_clients(self, gpu: _Gpu, r: GpuReading, h: Any) -> frozenset[int]:
+        """MPS clients (``nvmlDeviceGetMPSComputeRunningProcesses_v3``/``_v2``): on an MPS GPU the
+        compute list has only the MPS server; the clients, with their memory, are here. Added to
+        the reading's PIDs; returns their PIDs."""
+        nv = self._nv
+        procs = self.probe(gpu, "gpu_pod_memory_used_bytes:mps", (
+            ("nvmlDeviceGetMPSComputeRunningProcesses_v3", lambda x: nv.nvmlDeviceGetMPSComputeRunningProcesses_v3(x)),
+            ("nvmlDeviceGetMPSComputeRunningProcesses_v2", lambda x: nv.nvmlDeviceGetMPSComputeRunningProcesses_v2(x)),
+        ), h)
+        if procs is MISSING or not procs:
+            return frozenset()
+        pids = list(r.process_pids or ())
+        for p in procs:
+            pid, mem = int(p.pid), p.usedGpuMemory
+            if pid in pids:
+                continue
+            pids.append(pid)
+            if isinstance(mem, int) and mem != 0xFFFF_FFFF_FFFF_FFFF:
+                r.process_memory_by_pid[pid] = float(mem)
+        r.process_pids = tuple(pids)
+        return frozenset(int(p.pid) for p in procs)
+
+    def _read_process_utilization(self, gpu: _Gpu, r: GpuReading, h: Any, mps: frozenset[int]) -> None:
+        """Per-process SM utilisation: ``nvmlDeviceGetProcessesUtilizationInfo`` (R550+), else
+        ``nvmlDeviceGetProcessUtilization``, probed once per GPU (nvidia-smi pmon -s u: sm).
+
+        Asked for the samples newer than the last one seen on this GPU; each process's latest
+        sample is its reading. A running compute process with no new sample ran no kernel since
+        the last collection: 0. ``NOT_FOUND`` is NVML's "no sample since then": every process 0.
+        An MPS client (``mps``) gets a reading only from its own sample: the driver may count its
+        work under the MPS server. Unsupported (MIG, vGPU, old drivers): absent, never 0.
+        """
+        nv = self._nv
+        since = int(gpu.static.get("proc_util_seen", 0))
+
+        def newest(get: Callable[[Any, int], Any]) -> Callable[[Any], Any]:
+            def read(x: Any) -> Any:
+                try:
+                    return get(x, since)
+                except nv.NVMLError as exc:
+                    if getattr(exc, "value", None) == NOT_FOUND:
+                        return []
+                    raise
+            return read
+
+        def convert(samples: Any) -> tuple[dict[int, float], int]:
+            latest: dict[int, tuple[int, float]] = {}
+            seen = since
+            for smp in samples:
+                ts, pid, sm = int(smp.timeStamp), int(smp.pid), int(smp.smUtil)
+                seen = max(seen, ts)
+                if sm > 100:  # a sentinel or a corrupt sample: not a reading
+                    continue
+                if pid not in latest or ts >= latest[pid][0]:
+                    latest[pid] = (ts, sm / 100.0)
+            return {pid: v for pid, (_, v) in latest.items()}, seen
+
+        res = self.probe(gpu, "gpu_pod_utilization_ratio", (
+            ("nvmlDeviceGetProcessesUtilizationInfo",
+             newest(lambda x, t: nv.nvmlDeviceGetProcessesUtilizationInfo(x, t))),
+            ("nvmlDeviceGetProcessUtilization", newest(lambda x, t: nv.nvmlDeviceGetProcessUtilization(x, t))),
+        ), h, convert=convert)
+        if res is MISSING:
+            return
+        by_pid, gpu.static["proc_util_seen"] = res
+        r.process_utilization_by_pid = {pid: by_pid.get(pid, 0.0) for pid in r.process_pids or ()
+                                        if pid in by_pid or pid not in mps}
 
     def _read_throttle(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """Clock event (throttle) reasons, decoded into one 0/1 value per supported reason.

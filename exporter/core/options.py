@@ -33,6 +33,7 @@ class Settings:
     simulated_gpus: int = 4
     simulated_scenario: str = "healthy"
     per_process: bool = False
+    proc_root: str = "/proc"
     pcie_throughput: bool = False
     rocm_smi_path: str | None = None
     command_timeout: float = 5.0

@@ -111,6 +111,10 @@ class GpuReading:
     process_memory_used_bytes: float | None = None
     # opt-in per-PID: pid -> bytes used
     process_memory_by_pid: dict[int, float] = field(default_factory=dict)
+    # opt-in (--per-process), for the per-pod families: the compute processes' PIDs (None: not read)
+    # and pid -> share of time the process ran kernels, 0-1 (None: the driver cannot say)
+    process_pids: tuple[int, ...] | None = None
+    process_utilization_by_pid: dict[int, float] | None = None
 
     # MIG / partitions
     mig_mode_enabled: float | None = None

@@ -320,6 +320,19 @@ FAMILIES: tuple[Family, ...] = (
            ("gpu", "uuid", "pod", "namespace", "container", "resource", "device", "shared"),
            backends=REAL, when="pod attribution on", smi="(kubelet pod-resources API)",
            amd="(kubelet pod-resources API)"),
+    Family("gpu_pod_utilization_ratio", GAUGE, "ratio",
+           "Share of time the pod's processes ran kernels on this GPU (0-1): the sum over its compute processes, "
+           "capped at 1; pod empty: processes outside any pod. container is set when one container holds them.",
+           "attribution", "pod", ("gpu", "uuid", "pod", "namespace", "container"), backends=("nvml", "amdsmi"),
+           when="--per-process, where the driver gives per-process utilisation (AMD: from the second collection)",
+           nvml="nvmlDeviceGetProcessesUtilizationInfo (R550+) or nvmlDeviceGetProcessUtilization: smUtil (%)",
+           smi="nvidia-smi pmon -s u: sm", amd="amd-smi process: engine_usage gfx (ns, as a rate)"),
+    Family("gpu_pod_memory_used_bytes", GAUGE, "bytes",
+           "Device memory used by the pod's compute processes on this GPU, in bytes (pod empty: processes outside "
+           "any pod).", "attribution", "pod", ("gpu", "uuid", "pod", "namespace", "container"),
+           backends=("nvml", "amdsmi"), when="--per-process, where the driver gives every process's memory",
+           nvml="nvmlDeviceGetComputeRunningProcesses.usedGpuMemory", smi="--query-compute-apps=pid,used_memory",
+           amd="amd-smi process: memory_usage vram_mem"),
     Family("gpu_exporter_pod_attribution_up", GAUGE, "1",
            "1 when pod labels come from a kubelet pod-resources List younger than the staleness limit.",
            "self", "self", backends=REAL, when="pod attribution on", filterable=False),
@@ -336,6 +349,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpu_exporter_pod_resources_list_duration_seconds", GAUGE, "seconds",
            "Duration of the last successful pod-resources List call in seconds.", "self", "self", backends=REAL,
            when="pod attribution on", filterable=False),
+    Family("gpu_exporter_pod_processes", GAUGE, "1",
+           "GPU processes at the last per-pod build by status: in_pod (mapped), outside_pod (no pod cgroup), "
+           "unknown_pod (a pod cgroup this node's pod watch does not know), gone (no /proc entry).", "self", "self",
+           ("status",), backends=("nvml", "amdsmi"), when="--per-process", filterable=False),
     # --- the exporter itself (node_exporter's scrape_collector_*) --------------------------------------
     Family("gpu_exporter_build_info", GAUGE, "1", "gpu-exporter build; value is always 1.", "self", "self",
            ("version", "python_version"), backends=ALL, filterable=False),

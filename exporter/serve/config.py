@@ -223,7 +223,10 @@ SPECS: tuple[Spec, ...] = (
          "state the simulated GPUs show: healthy | lost | mig | ecc | xid | throttle | leak | mixed "
          "(default healthy; docs/cli.md)"),
     Spec("per_process", "--per-process", "EXPORTER_PER_PROCESS", _bool,
-         "emit per-PID memory series (unbounded cardinality; default false)"),
+         "per-process readings: per-pod utilisation and memory on shared GPUs (needs --proc-root and a "
+         "pods watch), and per-PID memory series (unbounded cardinality; default false)"),
+    Spec("proc_root", "--proc-root", "PROC_ROOT", _file,
+         "the host's /proc, mounted read-only, for --per-process's PID-to-pod mapping (default /proc)"),
     Spec("pcie_throughput", "--pcie-throughput", "EXPORTER_PCIE_THROUGHPUT", _bool,
          "read PCIe TX/RX throughput (about 20 ms per GPU per read on NVIDIA; default false)"),
     Spec("rocm_smi_path", "--rocm-smi-path", "ROCM_SMI_PATH", _file,

@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from exporter import backends
 from exporter.backends.base import Backend
@@ -88,6 +88,43 @@ def start_attribution(settings: config.Settings, engine: Engine) -> PodAttributi
     attribution.start()
     log.info("pod attribution from %s every %gs", sock, settings.pod_resources_interval)
     return attribution
+
+
+def start_process_attribution(settings: config.Settings, engine: Engine) -> tuple[Any, Any] | None:
+    """Per-pod readings on shared GPUs (``--per-process``): the background builder and the pods watch.
+
+    Raises ``MissingClient`` (the kubernetes package is not installed) or ``ConfigError`` (a bad
+    ``--proc-root``) before anything starts. Without an API configuration (not in a pod, no
+    ``KUBECONFIG``) it runs without the watch: only processes outside any pod are attributed.
+    """
+    if not settings.per_process:
+        return None
+    from exporter.k8s import watch
+
+    watch.import_client()
+    if not os.path.isdir(os.path.join(settings.proc_root, "self")):
+        raise config.ConfigError(f"--proc-root {settings.proc_root}: not a proc filesystem (no self/ in it); "
+                                 "mount the host's /proc read-only there")
+    from exporter.core.host import node_name
+    from exporter.k8s.processes import ProcessAttribution
+
+    attribution = ProcessAttribution(settings.proc_root)
+    engine.observers.append(attribution.observe)
+    engine.family_sources.append(attribution.families)
+    attribution.start()
+    try:
+        api = watch.api_client()
+    except RuntimeError as exc:
+        log.warning("per-process attribution without pod names: %s; processes in pods are left out", exc)
+        return attribution, None
+    from kubernetes import client
+
+    node = node_name()
+    pods = watch.Watcher("pods", client.CoreV1Api(api).list_pod_for_all_namespaces, attribution.pods_changed,
+                         field_selector=f"spec.nodeName={node}")
+    pods.start()
+    log.info("per-process attribution: PIDs from %s, pods of node %s from a watch", settings.proc_root, node)
+    return attribution, pods
 
 
 def reload_web_config(server: GpuHTTPServer) -> None:
@@ -167,6 +204,14 @@ def main(argv: Sequence[str]) -> int:
                     settings.collection_timeout, settings.cache_ttl)
     for name in ready:
         engine.mark_initialised(name)
+    from exporter.k8s.watch import MissingClient
+
+    try:
+        per_pod = start_process_attribution(settings, engine)
+    except (MissingClient, config.ConfigError) as exc:
+        engine.stop()
+        sys.stderr.write(f"gpu-exporter: error: {exc}\n")
+        return 2
     attribution = start_attribution(settings, engine)
     try:
         server = build_server(engine, settings.address, settings.port, settings.metrics_path,
@@ -200,5 +245,8 @@ def main(argv: Sequence[str]) -> int:
         server.server_close()
         if attribution is not None:
             attribution.stop()
+        for part in per_pod or ():
+            if part is not None:
+                part.stop()
         engine.stop()
     return 0

@@ -32,7 +32,7 @@ field>`` (the fields ``amdsmi_get_gpu_metrics_info`` fills: throttle status and 
 ``xgmi_read/write_data_acc`` (KB) as comma lists, ``-`` for an unused slot, ``pcie_bandwidth_acc``,
 ``firmware_timestamp`` (10 ns), ``system_clock_counter`` (ns); others read as all ones),
 ``compute_partition``, ``memory_partition``, ``partition_id``, ``numa_node``, ``processes``
-(``pid:vram_bytes:name,...``), ``fail.<call>``/``fail.all`` (status codes).
+(``pid:vram_bytes:name[:gfx_engine_ns],...``), ``fail.<call>``/``fail.all`` (status codes).
 Pair keys: ``link.<i>.<j>.type`` (``xgmi``/``pcie``), ``link.<i>.<j>.hops``, ``p2p.<i>.<j>``.
 A key left out makes that call return AMDSMI_STATUS_NOT_SUPPORTED (2).
 """

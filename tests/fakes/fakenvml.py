@@ -118,7 +118,7 @@ _GIB = 1 << 30
 
 # Per-GPU keys whose values are not scalars.
 _COMPOUND = {"violation", "nvlink_active", "nvlink_err", "retired_sbe", "retired_dbe", "procs",
-             "graphics_procs", "mig", "unsupported", "gpm", "gpm_fail"}
+             "graphics_procs", "mig", "unsupported", "gpm", "gpm_fail", "proc_util", "mps_procs"}
 _GLOBAL_KEYS = {"driver_version", "nvml_version", "cuda_version"}
 
 
@@ -294,6 +294,9 @@ def _default_gpu(i: int, n: int) -> dict[str, Any]:
                 GPM_NVLINK_TOTAL_RX_PER_SEC: 1000.0 * (i + 1),
                 GPM_NVLINK_TOTAL_TX_PER_SEC: 1500.0 * (i + 1)},
         "gpm_fail": {},                   # {metric id: nvmlReturn of that metric alone}
+        # shared GPUs (time-slicing, MPS): see time_slicing() and mps() below
+        "proc_util": [],                  # [(pid, sm_percent[, mem, enc, dec[, timestamp_us]])] samples
+        "mps_procs": [],                  # [(pid, used_bytes | None)] MPS clients
     }
 
 
@@ -330,7 +333,9 @@ def _gpu_lines(i: int, g: dict[str, Any]) -> Iterable[str]:
             yield from (f"{pre}gpm.{m}={float(x)!r}" for m, x in sorted(val.items()))
         elif key == "gpm_fail":
             yield from (f"{pre}gpm_fail.{m}={code}" for m, code in sorted(val.items()))
-        elif key in ("procs", "graphics_procs"):
+        elif key == "proc_util":
+            yield f"{pre}{key}=" + ",".join(":".join(str(int(x)) for x in smp) for smp in val)
+        elif key in ("procs", "graphics_procs", "mps_procs"):
             yield f"{pre}{key}=" + ",".join(_proc(p) for p in val)
         elif key in ("retired_sbe", "retired_dbe"):
             yield f"{pre}{key}=" + ",".join(f"{a}@{t}" for a, t in val)
@@ -607,6 +612,20 @@ class FakeNvml:
         yield from (f"xid.{seq}={gpu}:{xid}" for seq, gpu, xid in self.events)
         for i, g in enumerate(self.gpus):
             yield from _gpu_lines(i, g)
+
+
+def time_slicing(fake: FakeNvml, gpu: int, procs: Sequence[tuple[int, int | None, int | None]]) -> None:
+    """GPU ``gpu`` shared by time-slicing: ``procs`` are (pid, used bytes, SM percent or None for
+    no utilisation sample); every process is in the compute list and has its own samples."""
+    fake.set(gpu, procs=[(pid, used) for pid, used, _ in procs],
+             proc_util=[(pid, sm) for pid, _, sm in procs if sm is not None], mps_procs=[])
+
+
+def mps(fake: FakeNvml, gpu: int, server: int, clients: Sequence[tuple[int, int | None, int | None]]) -> None:
+    """GPU ``gpu`` shared through MPS: the compute list holds the MPS server ``server``; the
+    clients (pid, used bytes, SM percent or None) are in the MPS list, with samples where given."""
+    fake.set(gpu, procs=[(server, 0)], mps_procs=[(pid, used) for pid, used, _ in clients],
+             proc_util=[(pid, sm) for pid, _, sm in clients if sm is not None])
 
 
 def make_sysfs(root: Path, devices: list[tuple[str, int, int]]) -> Path:

@@ -564,7 +564,7 @@ status_t amdsmi_get_gpu_metrics_info(void *handle, void *out) {
     return AMDSMI_STATUS_SUCCESS;
 }
 
-/* "processes=pid:vram_bytes:name,..." */
+/* "processes=pid:vram_bytes:name[:gfx_ns],..."  gfx_ns: cumulative GFX engine time (engine_usage.gfx) */
 status_t amdsmi_get_gpu_process_list(void *handle, uint32_t *max, void *list) {
     GPU_CALL(handle, "get_gpu_process_list");
     const char *v = gkv(gpu, "processes");
@@ -577,9 +577,9 @@ status_t amdsmi_get_gpu_process_list(void *handle, uint32_t *max, void *list) {
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         unsigned pid;
-        unsigned long long vram;
+        unsigned long long vram, gfx = 0;
         char name[128] = "";
-        if (sscanf(tok, "%u:%llu:%127s", &pid, &vram, name) < 2) continue;
+        if (sscanf(tok, "%u:%llu:%127[^:]:%llu", &pid, &vram, name, &gfx) < 2) continue;
         if (list && n < *max) {
             char *rec = (char *)list + (size_t)n * SIZEOF_amdsmi_proc_info_t;
             memset(rec, 0, SIZEOF_amdsmi_proc_info_t);
@@ -587,6 +587,7 @@ status_t amdsmi_get_gpu_process_list(void *handle, uint32_t *max, void *list) {
             PUT(rec, amdsmi_proc_info_t, pid, pid);
             PUT(rec, amdsmi_proc_info_t, mem, vram);
             PUT(rec, amdsmi_proc_info_t, memory_usage__vram_mem, vram);
+            PUT(rec, amdsmi_proc_info_t, engine_usage__gfx, gfx);
             PUT(rec, amdsmi_proc_info_t, cu_occupancy, UINT32_MAX);
         }
         n++;

@@ -184,7 +184,9 @@ enum {
     X(nvmlEventSetWait) X(nvmlEventSetWait_v2) X(nvmlEventSetFree) \
     X(nvmlGpmQueryDeviceSupport) X(nvmlGpmSampleAlloc) X(nvmlGpmSampleFree) \
     X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet) \
-    X(nvmlGpmSetStreamingEnabled) X(nvmlGpmQueryIfStreamingEnabled)
+    X(nvmlGpmSetStreamingEnabled) X(nvmlGpmQueryIfStreamingEnabled) \
+    X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetProcessesUtilizationInfo) \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v2) X(nvmlDeviceGetMPSComputeRunningProcesses_v3)
 
 #define AS_ENUM(n) F_##n,
 enum { FAKE_FUNCS(AS_ENUM) F_COUNT };
@@ -465,6 +467,9 @@ static int parse_procs(char *val, struct proc *procs)
     return n;
 }
 
+static int parse_shared_key(int gpu, const char *key, char *val); /* per-process block, at the end */
+static void reset_shared(void);
+
 static void parse_gpu_key(struct gpu *g, const char *key, char *val, int lineno)
 {
     for (size_t i = 0; i < sizeof gpu_scalars / sizeof gpu_scalars[0]; i++) {
@@ -512,6 +517,8 @@ static void parse_gpu_key(struct gpu *g, const char *key, char *val, int lineno)
         g->n_procs = parse_procs(val, g->procs);
     } else if (!strcmp(key, "graphics_procs")) {
         g->n_gprocs = parse_procs(val, g->gprocs);
+    } else if (parse_shared_key((int)(g - cfg.gpus), key, val)) {
+        /* proc_util, mps_procs */
     } else if (!strncmp(key, "mig.", 4) && parse_indices(key + 4, idx, 1, &rest) == 1 && idx[0] < MAX_MIG) {
         struct mig *m = &g->mig[idx[0]];
         m->present = 1;
@@ -532,6 +539,7 @@ static void parse_gpu_key(struct gpu *g, const char *key, char *val, int lineno)
 static void set_defaults(void)
 {
     memset(&cfg, 0, sizeof cfg);
+    reset_shared();
     copy_str(cfg.driver_version, sizeof cfg.driver_version, "550.54.15");
     copy_str(cfg.nvml_version, sizeof cfg.nvml_version, "12.550.54.15");
     cfg.cuda_version = 12040;
@@ -2054,5 +2062,152 @@ API nvmlReturn_t nvmlGpmQueryIfStreamingEnabled(nvmlDevice_t dev, unsigned int *
     NEED(state);
     *state = __atomic_load_n(&gpm_streaming[gidx], __ATOMIC_RELAXED);
     OUT(NVML_SUCCESS);
+}
+#endif
+
+/* ================= per-process utilisation and MPS clients (shared GPUs, issue 25) =================
+ * Fleet keys, per GPU:
+ *   gpu.<i>.proc_util=<pid>:<sm>[:<mem>:<enc>:<dec>[:<ts_us>]],...  utilisation samples (percent).
+ *        Without ts a sample is stamped "now" at each call, so it is always newer than the caller's
+ *        lastSeenTimeStamp; with ts it is returned only while ts > lastSeenTimeStamp. No sample left:
+ *        NVML_ERROR_NOT_FOUND, as NVML answers when no sample is newer.
+ *   gpu.<i>.mps_procs=<pid>:<bytes>,...   MPS client processes (nvmlDeviceGetMPSComputeRunningProcesses_v3/_v2);
+ *        on an MPS GPU the compute list holds the MPS server (nvidia-cuda-mps-server) only.
+ * Utilisation samples on a MIG handle, or on a GPU in MIG mode: NOT_SUPPORTED.
+ * Size query: a NULL array (or a count too small) gets INSUFFICIENT_SIZE and the count needed.
+ */
+struct putil { uint32_t pid, sm, mem, enc, dec; uint64_t ts; };
+static struct putil putils[MAX_GPUS][MAX_PROCS];
+static int n_putils[MAX_GPUS];
+static struct proc mps[MAX_GPUS][MAX_PROCS];
+static int n_mps[MAX_GPUS];
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+typedef struct {
+    unsigned int version, processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_t;
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t layout");
+_Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == 40, "nvmlProcessUtilizationInfo_v1_t layout");
+_Static_assert(sizeof(nvmlProcessesUtilizationInfo_t) == 0x18, "nvmlProcessesUtilizationInfo_t layout");
+#define PROCESSES_UTILIZATION_INFO_V1 ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_t) | (1u << 24)))
+
+static void reset_shared(void)
+{
+    memset(n_putils, 0, sizeof n_putils);
+    memset(n_mps, 0, sizeof n_mps);
+}
+
+static int parse_shared_key(int gpu, const char *key, char *val)
+{
+    if (gpu < 0 || gpu >= MAX_GPUS) return 0;
+    if (!strcmp(key, "mps_procs")) {
+        n_mps[gpu] = parse_procs(val, mps[gpu]);
+        return 1;
+    }
+    if (strcmp(key, "proc_util")) return 0;
+    int n = 0;
+    char *save, *tok;
+    for (tok = strtok_r(val, ",", &save); tok && n < MAX_PROCS; tok = strtok_r(NULL, ",", &save)) {
+        unsigned long long f[6] = { 0, 0, 0, 0, 0, 0 };
+        char *s2, *p;
+        int k = 0;
+        for (p = strtok_r(tok, ":", &s2); p && k < 6; p = strtok_r(NULL, ":", &s2)) f[k++] = strtoull(p, NULL, 0);
+        if (k < 2) continue;
+        putils[gpu][n++] = (struct putil){ (uint32_t)f[0], (uint32_t)f[1], (uint32_t)f[2], (uint32_t)f[3],
+                                           (uint32_t)f[4], k > 5 ? f[5] : 0 };
+    }
+    n_putils[gpu] = n;
+    return 1;
+}
+
+static unsigned long long now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000ull;
+}
+
+/* The samples of GPU gidx newer than `since` (each stamped), at most MAX_PROCS. */
+static int newer_samples(int gidx, unsigned long long since, struct putil *out)
+{
+    unsigned long long now = now_us();
+    int k = 0;
+    for (int i = 0; i < n_putils[gidx]; i++) {
+        struct putil u = putils[gidx][i];
+        if (!u.ts) u.ts = now;
+        if (u.ts > since) out[k++] = u;
+    }
+    return k;
+}
+
+#ifndef OMIT_nvmlDeviceGetProcessUtilization
+API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *utilization,
+                                                 unsigned int *processSamplesCount,
+                                                 unsigned long long lastSeenTimeStamp)
+{
+    DEV(nvmlDeviceGetProcessUtilization, dev, 0);
+    NEED(processSamplesCount);
+    if (g->mig_mode) OUT(NVML_ERROR_NOT_SUPPORTED);
+    struct putil got[MAX_PROCS];
+    int n = newer_samples(gidx, lastSeenTimeStamp, got);
+    if (!n) OUT(NVML_ERROR_NOT_FOUND);
+    if (!utilization || *processSamplesCount < (unsigned int)n) {
+        *processSamplesCount = (unsigned int)n;
+        OUT(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (int i = 0; i < n; i++)
+        utilization[i] = (nvmlProcessUtilizationSample_t){ got[i].pid, got[i].ts, got[i].sm, got[i].mem,
+                                                           got[i].enc, got[i].dec };
+    *processSamplesCount = (unsigned int)n;
+    OUT(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetProcessesUtilizationInfo
+API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t dev, nvmlProcessesUtilizationInfo_t *info)
+{
+    DEV(nvmlDeviceGetProcessesUtilizationInfo, dev, 0);
+    NEED(info);
+    if (info->version != PROCESSES_UTILIZATION_INFO_V1) OUT(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (g->mig_mode) OUT(NVML_ERROR_NOT_SUPPORTED);
+    struct putil got[MAX_PROCS];
+    int n = newer_samples(gidx, info->lastSeenTimeStamp, got);
+    if (!n) OUT(NVML_ERROR_NOT_FOUND);
+    if (!info->procUtilArray || info->processSamplesCount < (unsigned int)n) {
+        info->processSamplesCount = (unsigned int)n;
+        OUT(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (int i = 0; i < n; i++)
+        info->procUtilArray[i] = (nvmlProcessUtilizationInfo_v1_t){ got[i].ts, got[i].pid, got[i].sm, got[i].mem,
+                                                                    got[i].enc, got[i].dec, 0, 0 };
+    info->processSamplesCount = (unsigned int)n;
+    OUT(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetMPSComputeRunningProcesses_v2
+API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count,
+                                                            nvmlProcessInfo_t *infos)
+{
+    DEV(nvmlDeviceGetMPSComputeRunningProcesses_v2, dev, MIG_OK);
+    OUT(proc_list(mps[gidx], n_mps[gidx], m, count, infos));
+}
+#endif
+#ifndef OMIT_nvmlDeviceGetMPSComputeRunningProcesses_v3
+API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count,
+                                                            nvmlProcessInfo_t *infos)
+{
+    DEV(nvmlDeviceGetMPSComputeRunningProcesses_v3, dev, MIG_OK);
+    OUT(proc_list(mps[gidx], n_mps[gidx], m, count, infos));
 }
 #endif

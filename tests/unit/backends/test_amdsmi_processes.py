@@ -1,0 +1,61 @@
+"""amdsmi per-process readings for the per-pod families (--per-process): the real amdsmi over the fake libamd_smi."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from exporter.backends import create
+from exporter.backends.amdsmi import AmdSmiBackend
+from exporter.core.options import BackendOptions
+from exporter.core.readings import Collection
+from tests.fakes.fakeamdsmi import FakeAmdSmi, two_gpu_fleet
+from tests.unit.backends.test_amdsmi import fake, fake_rocm  # noqa: F401 - fixtures
+
+GIB = 2**30
+
+
+@pytest.fixture
+def per_process(fake: FakeAmdSmi) -> Iterator[AmdSmiBackend]:  # noqa: F811 - the fixture above
+    b = create("amdsmi", BackendOptions(per_process=True))
+    assert isinstance(b, AmdSmiBackend)
+    b.init()
+    yield b
+    b.shutdown()
+
+
+def _write(fake: FakeAmdSmi, processes: str) -> None:  # noqa: F811
+    gpus = two_gpu_fleet()
+    gpus[0]["processes"] = processes
+    fake.write(gpus, rocm_version="6.2.1")
+
+
+def _collect(b: AmdSmiBackend) -> Collection:
+    out = Collection("amdsmi")
+    b.collect(out)
+    return out
+
+
+def test_memory_at_once_engine_share_from_the_second_collection(fake: FakeAmdSmi,  # noqa: F811
+                                                                per_process: AmdSmiBackend) -> None:
+    _write(fake, f"4242:{8 * GIB}:python3:1000000000,4343:{GIB}:rccl-tests:5000")
+    g0 = _collect(per_process).gpus[0]
+    assert g0.process_pids == (4242, 4343)
+    assert g0.process_memory_by_pid == {4242: 8.0 * GIB, 4343: 1.0 * GIB}
+    assert g0.process_utilization_by_pid is None  # one sample of a cumulative counter: no rate yet
+    # 4242 ran 10^15 ns more (capped: the share of wall time is at most 1), 4343 nothing, 4444 is new
+    _write(fake, f"4242:{8 * GIB}:python3:1000001000000000,4343:{GIB}:rccl-tests:5000,4444:{GIB}:new:7")
+    g0 = _collect(per_process).gpus[0]
+    assert g0.process_utilization_by_pid == {4242: 1.0, 4343: 0.0}  # 4444: no rate yet, absent
+
+
+def test_off_without_per_process(fake: FakeAmdSmi, fake_rocm: object) -> None:  # noqa: F811
+    b = create("amdsmi", BackendOptions())
+    b.init()
+    try:
+        _write(fake, f"4242:{GIB}:python3:10")
+        g0 = _collect(b).gpus[0]  # type: ignore[arg-type]
+        assert g0.process_pids is None and g0.process_utilization_by_pid is None
+    finally:
+        b.shutdown()

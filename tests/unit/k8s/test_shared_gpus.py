@@ -1,0 +1,238 @@
+"""Per-pod utilisation and memory on shared GPUs (--per-process): the real exporter over the fake
+NVML (time-slicing and MPS fleets), a fake host /proc with real cgroup path formats, and the real
+kubernetes client watching this node's Pods on the fake API server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.core.readings import GpuReading
+from exporter.k8s import cgroup
+from exporter.k8s.processes import EMPTY_INDEX, build, index_pods, render
+from tests.fakes.fakenvml import FakeNvml, mps, time_slicing
+from tests.harness.exporter import ExporterProcess, sample
+from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.poll import wait_until
+from tests.harness.prom import check_metrics
+
+GIB = 1 << 30
+U = {k: f"{k:08x}-1a4d-4b7e-9c0f-2d5e8a1b3c4d" for k in range(1, 8)}  # pod UIDs
+C = {k: f"{k:02x}" * 32 for k in range(1, 12)}  # container IDs
+
+
+def _systemd_v2(uid: str, cid: str, runtime: str = "cri-containerd") -> str:
+    u = uid.replace("-", "_")
+    return f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/{runtime}-{cid}.scope\n"
+
+
+def _cgroupfs_v1(uid: str, cid: str) -> str:
+    return "".join(f"{i}:{c}:/kubepods/besteffort/pod{uid}/crio-{cid}\n"
+                   for i, c in ((4, "memory"), (3, "cpu,cpuacct"), (2, "devices"), (1, "name=systemd")))
+
+
+# pid -> /proc/<pid>/cgroup
+CGROUPS = {
+    1001: _systemd_v2(U[1], C[1]), 1002: _systemd_v2(U[1], C[1]),          # train-a/trainer (containerd, v2)
+    2001: _cgroupfs_v1(U[2], C[2]), 2002: _cgroupfs_v1(U[2], C[3]),        # train-b: two containers (CRI-O, v1)
+    3001: "0::/system.slice/jupyter.service\n",                             # a host process
+    4001: _systemd_v2(U[4], C[4]),                                          # a pod the API does not know
+    5001: _systemd_v2(U[5], C[5], "crio"), 5002: _systemd_v2(U[5], C[5], "crio"),  # hog (CRI-O, v2)
+    6000: "0::/system.slice/nvidia-mps.service\n",                          # the MPS server, on the host
+    6001: _systemd_v2(U[6], C[6]), 6002: _systemd_v2(U[7], C[7]),           # MPS clients
+}
+
+
+def make_proc(root: Path) -> Path:
+    (root / "self").mkdir(parents=True)
+    for pid, text in CGROUPS.items():
+        (root / str(pid)).mkdir()
+        (root / str(pid) / "cgroup").write_text(text)
+    return root
+
+
+def add_pods(api: FakeKubeAPI) -> None:
+    api.add_pod("train-a", "ml", uid=U[1], containers={"trainer": f"containerd://{C[1]}"})
+    api.add_pod("train-b", "ml", uid=U[2], containers={"worker": f"cri-o://{C[2]}", "sidecar": f"cri-o://{C[3]}"})
+    api.add_pod("hog", "batch", uid=U[5], containers={"main": f"cri-o://{C[5]}"})
+    api.add_pod("mps-a", "ml", uid=U[6], containers={"infer": f"containerd://{C[6]}"})
+    api.add_pod("mps-b", "ml", uid=U[7], containers={"infer": f"containerd://{C[7]}"})
+    api.add_pod("elsewhere", "ml", node="node-2", containers={"x": f"containerd://{C[9]}"})
+
+
+def shared_fleet(fleet: FakeNvml) -> None:
+    time_slicing(fleet, 0, [(1001, 2 * GIB, 40), (1002, GIB, 30), (2001, 4 * GIB, 50), (2002, GIB, 45),
+                            (3001, GIB // 2, 5), (4001, GIB, 10)])
+    mps(fleet, 1, server=6000, clients=[(6001, 3 * GIB, 20), (6002, 2 * GIB, None)])
+    time_slicing(fleet, 2, [(5001, GIB, 80), (5002, GIB, 70)])
+
+
+@pytest.fixture
+def proc_root(tmp_path: Path) -> Path:
+    return make_proc(tmp_path / "proc")
+
+
+def start(fleet: FakeNvml, proc_root: Path, kubeconfig: Path | None, *args: str) -> ExporterProcess:
+    env = {**fleet.env(), "PROC_ROOT": str(proc_root), "NODE_NAME": "node-1",
+           "KUBECONFIG": str(kubeconfig) if kubeconfig else "/nonexistent"}
+    return ExporterProcess(["--backend", "nvml", "--cache-ttl", "0", "--per-process", "--pod-attribution", "off",
+                            *args], env=env)
+
+
+@pytest.fixture
+def exporter(tmp_path: Path, kubeapi: FakeKubeAPI, proc_root: Path) -> Iterator[tuple[FakeNvml, ExporterProcess]]:
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=4)
+    shared_fleet(fleet)
+    add_pods(kubeapi)
+    with start(fleet, proc_root, kubeapi.kubeconfig(tmp_path / "kubeconfig")) as ex:
+        yield fleet, ex
+
+
+def pod_series(samples: dict, name: str) -> dict[tuple[str, str, str, str], float]:
+    out = {}
+    for (metric, labels), v in samples.items():
+        if metric == name:
+            d = dict(labels)
+            out[(d["gpu"], d["namespace"], d["pod"], d["container"])] = v
+    return out
+
+
+def wait_pods(ex: ExporterProcess, n: int) -> dict:
+    return wait_until(lambda: (s := ex.scrape()) and len(pod_series(s, "gpu_pod_memory_used_bytes")) >= n and s,
+                      timeout=20, what=f"{n} per-pod memory series")
+
+
+def test_time_slicing_and_mps_pods_get_their_own_readings(exporter: tuple[FakeNvml, ExporterProcess]) -> None:
+    _, ex = exporter
+    s = wait_pods(ex, 7)
+    util = pod_series(s, "gpu_pod_utilization_ratio")
+    mem = pod_series(s, "gpu_pod_memory_used_bytes")
+    assert util == pytest.approx({
+        ("0", "ml", "train-a", "trainer"): 0.70,   # two processes of one container: summed
+        ("0", "ml", "train-b", ""): 0.95,          # two containers: one series, no container label
+        ("0", "", "", ""): 0.05,                   # outside any pod: empty labels, not made up
+        ("1", "", "", ""): 0.0,                    # the MPS server (no sample: it ran nothing)
+        ("1", "ml", "mps-a", "infer"): 0.20,
+        ("2", "batch", "hog", "main"): 1.0,        # 0.8 + 0.7, capped at 1
+    })
+    assert ("1", "ml", "mps-b", "infer") not in util  # an MPS client without a sample: absent, never 0
+    assert mem == {
+        ("0", "ml", "train-a", "trainer"): 3.0 * GIB, ("0", "ml", "train-b", ""): 5.0 * GIB,
+        ("0", "", "", ""): 0.5 * GIB, ("1", "", "", ""): 0.0, ("1", "ml", "mps-a", "infer"): 3.0 * GIB,
+        ("1", "ml", "mps-b", "infer"): 2.0 * GIB, ("2", "batch", "hog", "main"): 2.0 * GIB,
+    }
+    assert not any(p == "unknown" or "4001" in p for _, _, p, _ in mem)  # the unknown pod's process: left out
+    assert sample(s, "gpu_exporter_pod_processes", status="unknown_pod") == 1
+    assert sample(s, "gpu_exporter_pod_processes", status="in_pod") == 8
+    assert not [k for k in s if k[0] == "gpu_pod_memory_used_bytes" and dict(k[1])["gpu"] == "3"]
+    check_metrics(ex.scrape_text())
+
+
+def test_pods_come_and_go_through_the_watch(exporter: tuple[FakeNvml, ExporterProcess],
+                                            kubeapi: FakeKubeAPI) -> None:
+    fleet, ex = exporter
+    wait_pods(ex, 7)
+    kubeapi.add_pod("late", "ml", uid=U[4], containers={"main": f"containerd://{C[4]}"})
+    fleet.write()  # a new collection (the fleet is unchanged)
+    s = wait_until(lambda: (s := ex.scrape()) and ("0", "ml", "late", "main") in
+                   pod_series(s, "gpu_pod_memory_used_bytes") and s, timeout=20, what="the new pod")
+    assert pod_series(s, "gpu_pod_utilization_ratio")[("0", "ml", "late", "main")] == pytest.approx(0.10)
+    reqs = [r for r in kubeapi.requests if r.resource == "pods"]
+    assert reqs and all(r.query.get("fieldSelector") == "spec.nodeName=node-1" for r in reqs)
+    assert {r.verb for r in reqs} <= {"list", "watch"}
+
+
+@pytest.mark.parametrize("omit", [("nvmlDeviceGetProcessesUtilizationInfo",), ()],
+                         ids=["R535-set", "R550-set"])
+def test_process_utilisation_probes_the_newest_function(tmp_path: Path, proc_root: Path, kubeapi: FakeKubeAPI,
+                                                        omit: tuple[str, ...]) -> None:
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=1, omit=omit)
+    time_slicing(fleet, 0, [(1001, GIB, 40)])
+    if not omit:  # the R550+ call is used: the old one failing changes nothing
+        fleet.fail("nvmlDeviceGetProcessUtilization", FakeNvml.UNKNOWN)
+    add_pods(kubeapi)
+    with start(fleet, proc_root, kubeapi.kubeconfig(tmp_path / "kc")) as ex:
+        s = wait_pods(ex, 1)
+        assert pod_series(s, "gpu_pod_utilization_ratio") == pytest.approx({("0", "ml", "train-a", "trainer"): 0.4})
+
+
+def test_no_utilisation_function_leaves_utilisation_absent(tmp_path: Path, proc_root: Path,
+                                                           kubeapi: FakeKubeAPI) -> None:
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=1,
+                     omit=("nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization"))
+    time_slicing(fleet, 0, [(1001, GIB, 40)])
+    add_pods(kubeapi)
+    with start(fleet, proc_root, kubeapi.kubeconfig(tmp_path / "kc")) as ex:
+        s = wait_pods(ex, 1)
+        assert pod_series(s, "gpu_pod_memory_used_bytes") == {("0", "ml", "train-a", "trainer"): GIB}
+        assert pod_series(s, "gpu_pod_utilization_ratio") == {}
+
+
+def test_without_an_api_processes_in_pods_are_left_out(tmp_path: Path, proc_root: Path) -> None:
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=1)
+    time_slicing(fleet, 0, [(1001, GIB, 40), (3001, GIB, 5)])
+    with start(fleet, proc_root, None) as ex:
+        s = wait_pods(ex, 1)
+        assert pod_series(s, "gpu_pod_memory_used_bytes") == {("0", "", "", ""): GIB}
+        assert sample(s, "gpu_exporter_pod_processes", status="unknown_pod") == 1
+        assert "without pod names" in ex.log()
+
+
+def test_bad_proc_root_exits_2(tmp_path: Path) -> None:
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=1)
+    bad = ExporterProcess(["--backend", "nvml", "--per-process", "--proc-root", str(tmp_path / "nope")],
+                          env=fleet.env(), wait=False)
+    assert bad.proc.wait(20) == 2
+    log = bad.log().strip().splitlines()
+    assert len(log) == 1 and "--proc-root" in log[0] and "Traceback" not in bad.log()
+
+
+# --- the per-pod build itself ------------------------------------------------------------------------
+
+
+def _reading(pids: dict[int, tuple[float | None, float | None]], index: int = 0) -> GpuReading:
+    r = GpuReading(index=index, uuid=f"GPU-{index}", vendor="nvidia")
+    r.process_pids = tuple(pids)
+    r.process_memory_by_pid = {p: m for p, (m, _) in pids.items() if m is not None}
+    r.process_utilization_by_pid = {p: u for p, (_, u) in pids.items() if u is not None}
+    return r
+
+
+def test_build_rules(proc_root: Path) -> None:
+    objects = {U[1]: {"metadata": {"name": "a", "namespace": "n", "uid": U[1]},
+                      "status": {"containerStatuses": [{"name": "c", "containerID": f"containerd://{C[1]}"}]}}}
+    index = index_pods(objects)
+    r = _reading({1001: (1.0, 0.5), 1002: (None, 0.2), 3001: (2.0, None), 999999: (5.0, 0.9)})
+    view = build([r], index, str(proc_root))
+    (_, _, rows), = view.gpus
+    got = dict(rows)
+    assert got[("n", "a", "c")].utilization == pytest.approx(0.7)
+    assert got[("n", "a", "c")].memory is None  # one process without memory: the pod's memory is absent
+    assert got[("", "", "")].utilization is None and got[("", "", "")].memory == 2.0
+    assert view.processes == {"in_pod": 2, "outside_pod": 1, "unknown_pod": 0, "gone": 1}
+    assert build([r], EMPTY_INDEX, str(proc_root)).processes["unknown_pod"] == 2
+    names = {m.name for m in render(view)}
+    assert names == {"gpu_pod_utilization_ratio", "gpu_pod_memory_used_bytes", "gpu_exporter_pod_processes"}
+
+
+def test_static_pod_found_by_its_mirror_annotation() -> None:
+    h = "6d5e0f3c9a8b7c6d5e4f3a2b1c0d9e8f"
+    index = index_pods({"m": {"metadata": {"name": "etcd-node-1", "namespace": "kube-system", "uid": "m",
+                                           "annotations": {"kubernetes.io/config.mirror": h}}}})
+    ref = cgroup.parse(f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{h}.slice/"
+                       f"cri-containerd-{C[1]}.scope\n")
+    assert ref is not None and index.holder(ref) == ("kube-system", "etcd-node-1", "")
+
+
+def test_without_the_kubernetes_package_exits_2_naming_the_extra(tmp_path: Path, proc_root: Path) -> None:
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "kubernetes.py").write_text("raise ImportError('No module named kubernetes')\n")
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=1)
+    bad = ExporterProcess(["--backend", "nvml", "--per-process", "--proc-root", str(proc_root)],
+                          env={**fleet.env(), "PYTHONPATH": str(shim)}, wait=False)
+    assert bad.proc.wait(20) == 2
+    lines = bad.log().strip().splitlines()
+    assert len(lines) == 1 and "gpu-exporter[k8s]" in lines[0]
