@@ -57,6 +57,10 @@ KUSTOMIZATIONS: dict[str, dict[str, Any]] = {
         "path": "deploy/overlays/amd-attribution", "backend": "amdsmi", "vendor": "amd", "root": True,
         "privileged": True, "runtime_class": None, "image": "gpu-exporter-rocm",
     },
+    "nvidia-per-process": {
+        "path": "deploy/overlays/nvidia-per-process", "backend": "nvml", "vendor": "nvidia", "root": True,
+        "privileged": False, "runtime_class": "nvidia", "image": "gpu-exporter", "per_process": True,
+    },
 }  # fmt: skip
 
 # The plain label docs/deploy.md tells operators to set where no discovery tool labels GPU nodes;
@@ -82,6 +86,9 @@ HOST_PATHS = {
     "amd": {"/dev/kfd": "CharDevice", "/dev/dri": "Directory"},
 }
 ATTRIBUTION_HOST_PATHS = {POD_RESOURCES_DIR: "Directory"}
+# --per-process reads each GPU process's cgroup from the host's /proc (read-only, at /host/proc).
+PER_PROCESS_HOST_PATHS = {"/proc": "Directory"}
+PER_PROCESS_MOUNTS = {"/proc": "/host/proc"}
 
 # ---- rendering ------------------------------------------------------------------------------
 
@@ -428,10 +435,11 @@ def test_exporter_security_settings(rendered: dict[str, list[dict[str, Any]]], n
     c = _container(ds, "gpu-exporter")
     psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
 
-    # No API credentials: the exporter never talks to the API server.
-    assert pod["automountServiceAccountToken"] is False
+    # No API credentials unless --per-process watches this node's pods (then a token, nothing more).
+    assert pod["automountServiceAccountToken"] is bool(spec.get("per_process"))
     sa = _one(rendered[name], "ServiceAccount", pod["serviceAccountName"])
     assert sa.get("automountServiceAccountToken") is False
+    assert (_env(c).get("EXPORTER_PER_PROCESS") == "true") is bool(spec.get("per_process"))
 
     assert csc["readOnlyRootFilesystem"] is True
     assert csc["capabilities"] == {"drop": ["ALL"]}, "drop every capability, add none"
@@ -478,13 +486,16 @@ def test_exporter_host_mounts_are_minimal_and_read_only(rendered: dict[str, list
     c = _container(ds, "gpu-exporter")
     host = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
     want = HOST_PATHS[spec["vendor"]] | (ATTRIBUTION_HOST_PATHS if spec["root"] else {})
+    want |= PER_PROCESS_HOST_PATHS if spec.get("per_process") else {}
     assert {h["path"]: h.get("type") for h in host.values()} == want
 
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     for vol, hp in host.items():
         assert vol in mounts, f"hostPath volume {vol} is not mounted"
         assert mounts[vol].get("readOnly") is True, f"{hp['path']} must be mounted read-only"
-        assert mounts[vol]["mountPath"] == hp["path"]
+        assert mounts[vol]["mountPath"] == PER_PROCESS_MOUNTS.get(hp["path"], hp["path"])
+    if spec.get("per_process"):
+        assert _env(c)["PROC_ROOT"] == PER_PROCESS_MOUNTS["/proc"]
 
     # The socket the exporter dials lies in the mounted directory.
     socket = _env(c).get("POD_RESOURCES_SOCKET", f"{POD_RESOURCES_DIR}/kubelet.sock")
@@ -592,8 +603,10 @@ def test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events(rendered: di
                                                                    name: str) -> None:
     docs = rendered[name]
     roles = _objs(docs, "ClusterRole") + _objs(docs, "Role")
+    exporter = [("ClusterRole", "gpu-exporter-pods")] if KUSTOMIZATIONS[name].get("per_process") else []
     assert sorted((r["kind"], r["metadata"]["name"]) for r in roles) == [
-        ("ClusterRole", "gpu-exporter-profiler"), ("Role", "gpu-exporter-profiler")], "no other role is granted"
+        *exporter, ("ClusterRole", "gpu-exporter-profiler"), ("Role", "gpu-exporter-profiler")], \
+        "no other role is granted (the exporter's: test_exporter_may_watch_pods_only_with_per_process)"
     (rule,) = _one(docs, "ClusterRole", "gpu-exporter-profiler")["rules"]
     assert rule == {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
     # exactly get/update on the one Lease (create cannot be limited by name), create/patch on events
@@ -608,7 +621,8 @@ def test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events(rendered: di
 
     dep = _one(docs, "Deployment", "gpu-exporter-profiler")
     sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
-    bindings = _objs(docs, "ClusterRoleBinding") + _objs(docs, "RoleBinding")
+    bindings = [b for b in _objs(docs, "ClusterRoleBinding") + _objs(docs, "RoleBinding")
+                if b["metadata"]["name"] != "gpu-exporter-pods"]  # the exporter's (per-process) is tested apart
     assert sorted(b["kind"] for b in bindings) == ["ClusterRoleBinding", "RoleBinding"]
     for b in bindings:
         kind = "ClusterRole" if b["kind"] == "ClusterRoleBinding" else "Role"
@@ -1061,3 +1075,31 @@ def test_make_image_skips_a_docker_without_daemon_and_builds_both_targets(tmp_pa
         f"podman build --tag reg.example/gpu-exporter:1.0 {ROOT}",
         f"podman build --target runtime-rocm --tag reg.example/gpu-exporter-rocm:1.0 {ROOT}",
     ]
+
+
+# ---- --per-process: the exporter's only API rights (issue 25) --------------------------------
+
+
+def exporter_rbac(docs: list[dict[str, Any]]) -> list[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    """The rules bound to the exporter's ServiceAccount: (kind, apiGroups, resources, verbs)."""
+    ds = next(d for d in docs if d.get("kind") == "DaemonSet")
+    sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d.get("kind") in ("ClusterRole", "Role")}
+    out = []
+    for b in docs:
+        if b.get("kind") not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == sa for s in b.get("subjects", [])):
+            continue
+        role = roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]
+        out += [(role["kind"], tuple(r.get("apiGroups", ())), tuple(r.get("resources", ())), tuple(r["verbs"]))
+                for r in role["rules"]]
+    return sorted(out)
+
+
+PODS_WATCH = [("ClusterRole", ("",), ("pods",), ("get", "list", "watch"))]
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_exporter_may_watch_pods_only_with_per_process(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    assert exporter_rbac(rendered[name]) == (PODS_WATCH if KUSTOMIZATIONS[name].get("per_process") else [])

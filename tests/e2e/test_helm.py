@@ -157,6 +157,7 @@ RENDERS = {
     "both": (("vendor=both", "namespace.create=true"), OLD_NAMESPACE),
     "other-namespace": (("vendor=both", "namespace.create=true", "webConfig.secretName=web", "webConfig.tls=true"),
                         OTHER_NAMESPACE),
+    "per-process": (("vendor=both", "namespace.create=true", "exporter.perProcess=true"), OLD_NAMESPACE),
 }
 
 
@@ -507,3 +508,37 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python -m tests.e2e.test_helm --write   (refreshes deploy/helm/gpu-exporter/files/)")
     write()
+
+
+# ---- --per-process: token, pods RBAC and /proc only while it is on, as kustomize (issue 25) -------
+
+
+def _per_process_parts(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> list[Any]:
+    """Per DaemonSet: token, per-process env, the /proc volume and mount; and the exporter's RBAC rules."""
+    from tests.e2e.test_deploy import exporter_rbac
+
+    out: list[Any] = []
+    for ds in (d for d in docs if d["kind"] == "DaemonSet"):
+        pod = ds["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in c["env"] if e["name"] in ("EXPORTER_PER_PROCESS", "PROC_ROOT")}
+        vols = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/proc"]
+        mounts = [m for m in c["volumeMounts"] if m["name"] in {v["name"] for v in vols}]
+        out.append((pod["automountServiceAccountToken"], env, vols, mounts))
+    return [out, exporter_rbac(list(docs))]
+
+
+def test_per_process_privileges_only_while_on_and_as_kustomize() -> None:
+    from tests.e2e.test_deploy import PODS_WATCH, _render
+
+    off = _per_process_parts(render(("vendor=both",)))
+    assert off == [[(False, {}, [], [])] * 2, []]
+    on = _per_process_parts(render(("vendor=nvidia", "exporter.perProcess=true")))
+    (token, env, vols, mounts), = on[0]
+    assert token is True and env == {"EXPORTER_PER_PROCESS": "true", "PROC_ROOT": "/host/proc"}
+    assert [v["hostPath"] for v in vols] == [{"path": "/proc", "type": "Directory"}]
+    assert [(m["mountPath"], m["readOnly"]) for m in mounts] == [("/host/proc", True)]
+    assert on[1] == PODS_WATCH
+    assert on == _per_process_parts(_render("deploy/overlays/nvidia-per-process"))  # the same in both installs
+    both = _per_process_parts(render(("vendor=both", "exporter.perProcess=true")))
+    assert both[0] == on[0] * 2 and both[1] == PODS_WATCH
