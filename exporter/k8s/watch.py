@@ -24,22 +24,19 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from exporter.core.extras import require
+
 log = logging.getLogger(__name__)
 
 JsonObj = dict[str, Any]
-EXTRA = "k8s"  # the pyproject extra that brings the kubernetes client
 
 
-class MissingClient(RuntimeError):
-    """The ``kubernetes`` package is not installed (one line naming the extra)."""
+def import_client(who: str = "the Kubernetes API") -> Any:
+    """The ``kubernetes`` package, imported lazily, or :class:`~exporter.core.extras.MissingExtra`
+    (one line naming the ``k8s`` extra)."""
+    require("kubernetes", who)
+    import kubernetes
 
-
-def import_client() -> Any:
-    """The ``kubernetes`` package, imported lazily, or :class:`MissingClient`."""
-    try:
-        import kubernetes
-    except ImportError:
-        raise MissingClient(f"the kubernetes client is not installed: pip install 'gpu-exporter[{EXTRA}]'") from None
     return kubernetes
 
 
@@ -47,7 +44,7 @@ def api_client() -> Any:
     """An ``ApiClient``: the in-cluster service account in a pod, else ``$KUBECONFIG`` (or
     ``~/.kube/config``) as ``kubectl`` does. The package's global configuration is left alone.
 
-    Raises :class:`MissingClient` or ``RuntimeError`` (one line) when neither works.
+    Raises :class:`~exporter.core.extras.MissingExtra` or ``RuntimeError`` (one line) when neither works.
     """
     import_client()
     from kubernetes import client, config
@@ -235,4 +232,4 @@ def wait_synced(w: Watcher, timeout: float) -> bool:
     return w.synced.wait(timeout) if timeout > 0 else w.synced.is_set()
 
 
-__all__ = ["EXTRA", "MissingClient", "Watcher", "api_client", "import_client", "wait_synced"]
+__all__ = ["Watcher", "api_client", "import_client", "wait_synced"]

@@ -93,7 +93,7 @@ def start_attribution(settings: config.Settings, engine: Engine) -> PodAttributi
 def start_process_attribution(settings: config.Settings, engine: Engine) -> tuple[Any, Any] | None:
     """Per-pod readings on shared GPUs (``--per-process``): the background builder and the pods watch.
 
-    Raises ``MissingClient`` (the kubernetes package is not installed) or ``ConfigError`` (a bad
+    Raises ``MissingExtra`` (the kubernetes package is not installed) or ``ConfigError`` (a bad
     ``--proc-root``) before anything starts. Without an API configuration (not in a pod, no
     ``KUBECONFIG``) it runs without the watch: only processes outside any pod are attributed.
     """
@@ -101,7 +101,7 @@ def start_process_attribution(settings: config.Settings, engine: Engine) -> tupl
         return None
     from exporter.k8s import watch
 
-    watch.import_client()
+    watch.import_client("--per-process")
     if not os.path.isdir(os.path.join(settings.proc_root, "self")):
         raise config.ConfigError(f"--proc-root {settings.proc_root}: not a proc filesystem (no self/ in it); "
                                  "mount the host's /proc read-only there")
@@ -204,11 +204,11 @@ def main(argv: Sequence[str]) -> int:
                     settings.collection_timeout, settings.cache_ttl)
     for name in ready:
         engine.mark_initialised(name)
-    from exporter.k8s.watch import MissingClient
+    from exporter.core.extras import MissingExtra
 
     try:
         per_pod = start_process_attribution(settings, engine)
-    except (MissingClient, config.ConfigError) as exc:
+    except (MissingExtra, config.ConfigError) as exc:
         engine.stop()
         sys.stderr.write(f"gpu-exporter: error: {exc}\n")
         return 2
