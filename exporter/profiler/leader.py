@@ -154,9 +154,12 @@ class LeaderElector:
                 level = logging.WARNING if self._errors == 1 else logging.DEBUG
                 log.log(level, "leader election: %s", printable(f"{type(exc).__name__}: {exc}", 300))
             if not self.leading.is_set() and self._observed is not None:
-                # wake exactly when the current holder's lease runs out
+                # wake exactly when the current holder's lease runs out; once it has run out (the
+                # attempt just made failed), the retry period again: a failing API server must
+                # not be asked every 10 ms
                 expiry = self._observed_at + self._duration(self._observed[2]) - self.clock()
-                wait = max(0.01, min(wait, expiry))
+                if 0 < expiry < wait:
+                    wait = max(0.01, expiry)
             self.is_leader()  # drop leadership on time even while a request hangs
             stop.wait(wait)
         self.release()

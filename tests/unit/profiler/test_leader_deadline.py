@@ -107,7 +107,8 @@ def test_leader_stops_writing_within_the_renew_deadline_of_its_last_renewal_star
         return ok
 
     elector.step = step  # type: ignore[method-assign]
-    stop = FakeTimeStop(clock, tick, until=clock.now + 60.0)
+    until = clock.now + 40.0
+    stop = FakeTimeStop(clock, tick, until=until)
     elector.run(stop)  # type: ignore[arg-type]
 
     assert failing_from, "the API never started failing"
@@ -124,5 +125,9 @@ def test_leader_stops_writing_within_the_renew_deadline_of_its_last_renewal_star
     assert late == [], (f"wrote {late} s after its last renewal started (renewal took {renewal_takes:g}s; "
                         f"renew deadline {CFG.renew_deadline_s:g}s, lease {CFG.lease_duration_s:g}s)")
     assert not elector.leading.is_set()
+    # while the API fails, and after the lease it last wrote has run out, it asks once per retry
+    # period: a failing API server is not hammered (it once retried every 10 ms)
+    asked = len([r for r in api.requests if r.resource == "leases" and r.injected])
+    assert asked <= (until - failing_from[0]) / CFG.retry_period_s + 2, f"{asked} Lease requests while failing"
     # the Lease on the server still names it: the deadline is the leader's own, not the record's
     assert api.objects("leases", NS)[0]["spec"]["holderIdentity"] == "prof-a"
