@@ -118,6 +118,7 @@ class GpuStats:
     holders: dict[str, float] | None = None  # "namespace/pod" -> samples of the window it held the GPU
     sm_mean: float | None = None  # window mean of the whole GPU's SM activity (GPM); None: no series
     sm_count: float | None = None  # its samples in the window
+    health: dict[str, float] | None = None  # health fields read for the GPUHealthy condition (health.py)
 
 
 @dataclass(frozen=True, slots=True)

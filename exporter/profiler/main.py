@@ -22,6 +22,7 @@ from typing import IO, Any, NoReturn
 
 from exporter.core import logs
 from exporter.core.extras import MissingExtra, require
+from exporter.profiler import sources
 from exporter.profiler.annotate import KubeError, NodeStore, build_api_client
 from exporter.profiler.classify import Thresholds
 from exporter.profiler.events import EventRecorder
@@ -133,13 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prometheus-header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="extra request header, repeatable (e.g. 'X-Scope-OrgID: team-a' for Mimir or Cortex)")
     g.add_argument("--prometheus-retries", default="2", help="extra attempts after a transient failure (default 2)")
+    g.add_argument("--source", default=env("PROFILER_SOURCE", "auto"),
+                   help="whose GPU series to read: gpu-exporter, dcgm (NVIDIA dcgm-exporter), amd (ROCm "
+                        "device-metrics-exporter), or auto: whichever Prometheus holds, ours first on a node "
+                        "with both (env PROFILER_SOURCE, default auto)")
     g.add_argument("--node-label", default="node",
                    help="label holding the Kubernetes node name on GPU series (default node; series "
                         "without it are joined to gpu_host_info on instance)")
     c = p.add_argument_group("classification")
     c.add_argument("--window", default="30m", help="history each classification looks at (default 30m)")
     c.add_argument("--step", default="auto",
-                   help="resolution of the utilisation range; auto: the median scrape interval (default)")
+                   help="resolution of the utilisation range; auto: each GPU's own scrape interval (default)")
     c.add_argument("--hysteresis", default="2",
                    help="consecutive evaluations a new classification must hold before it is written (default 2)")
     c.add_argument("--idle-util", default="0.30",
@@ -273,6 +278,8 @@ def parse_args(argv: list[str]) -> Settings:
     if not valid_prefix(a.annotation_prefix):
         raise UsageError(f"--annotation-prefix {a.annotation_prefix!r}: must be a lowercase DNS subdomain "
                          "such as gpu-exporter.io (at most 253 characters)")
+    if a.source not in sources.CHOICES:
+        raise UsageError(f"--source {a.source!r}: must be one of {', '.join(sources.CHOICES)}")
     level = a.log_level.lower()
     if level not in ("debug", "info", "warning", "error"):
         raise UsageError(f"--log-level {a.log_level!r}: must be one of debug, info, warning, error")
@@ -289,7 +296,7 @@ def parse_args(argv: list[str]) -> Settings:
         timeout_s=parse_duration("--prometheus-timeout", a.prometheus_timeout, 0.1, 600),
         retries=_int("--prometheus-retries", a.prometheus_retries, 0, 10),
         query=QueryConfig(window_s=window, step_s=step, node_label=a.node_label, thresholds=th,
-                          fresh_s=min(300.0, window / 2)),
+                          fresh_s=min(300.0, window / 2), source=a.source),
         plan=PlanConfig(prefix=a.annotation_prefix, hysteresis=_int("--hysteresis", a.hysteresis, 1, 100),
                         thresholds=th),
         kubeconfig=a.kubeconfig,

@@ -35,6 +35,14 @@ shard or batch in two and asks again (down to one node or one GPU). Each shard i
 into compact per-GPU results before the next is read, so memory follows the shard, not
 the fleet.
 
+Sources: the metric names, units and identity labels come from a :class:`Source`
+(sources.py): ours, dcgm-exporter's or AMD's. Values are scaled to SI and labels mapped
+to (node, gpu, uuid) here, after the answers arrive, so the classification never sees which
+exporter spoke. With ``source=auto`` the nodes query asks every source at once and a node
+published by ours is read from ours. Each GPU's range step is its own scrape interval
+(:meth:`Reader._step`), never one shared by its shard: a GPU's pattern must not depend on
+which GPUs share its shard, that is on the fleet's size.
+
 Queries 4 and 5 select raw series and the per-GPU folding is done here: Prometheus 2.x
 evaluates an aggregation in a range query at every step, which measured five times slower
 than selecting the series.
@@ -54,15 +62,16 @@ from __future__ import annotations
 import logging
 import math
 import re
-import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+from exporter.profiler import sources
 from exporter.profiler.classify import GpuStats, Thresholds, finite
 from exporter.profiler.prom import BAD_RESPONSE, TOO_LARGE, PromClient, PromError, RangeSeries, Sample, printable
+from exporter.profiler.sources import Source
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +85,10 @@ HOST_INFO = "gpu_host_info"
 ALLOCATION = "gpu_allocation_info"
 # every metric a shard's aggregates select: series of any of them without the node label need the join
 JOINED_METRICS = (UTIL, SM_ACTIVE, MEM_USED, MEM_FREE, MEM_TOTAL, UP, ALLOCATION)
+
+# the health fields' stats (health.py reads them from GpuStats.health)
+HEALTH_STATS = frozenset(("up", "xid", "xid_min", "xid_max", "xid_last", "xid_changes", "xid_before", "ecc", "remap",
+                          "retire", "width", "width_max"))
 
 EMPTY = "prometheus_empty"  # error kind: every query answered, none had a GPU series
 
@@ -95,7 +108,7 @@ class QueryConfig:
 
     window_s: float = 1800.0
     fresh_s: float = 300.0  # a GPU with no sample this recent is gone
-    step_s: float | None = None  # utilisation range step; None: the median scrape interval
+    step_s: float | None = None  # utilisation range step; None: each GPU's own scrape interval
     min_step_s: float = 5.0
     max_points: int = 500  # cap on points per utilisation range series
     mem_points: int = 30  # points of the memory range (Theil-Sen is O(N^2))
@@ -103,20 +116,32 @@ class QueryConfig:
     thresholds: Thresholds = field(default_factory=Thresholds)
     shard_gpus: int = 2000  # GPUs per shard of the aggregate queries (about 2-3 MB per answer)
     range_gpus: int = 1000  # GPUs per range query (500 points each: about 15 MB at most)
+    source: str = sources.AUTO  # gpu-exporter, dcgm, amd, or auto: whichever Prometheus holds, per node
+    health: bool = False  # also read the health fields (the GPUHealthy condition)
+    critical_xids: tuple[int, ...] = sources.CRITICAL_XIDS
 
     def __post_init__(self) -> None:
         if not _LABEL_RE.match(self.node_label):
             raise ValueError(f"node label {self.node_label!r} is not a valid Prometheus label name")
+        if self.source not in sources.CHOICES:
+            raise ValueError(f"source {self.source!r} is not one of {', '.join(sources.CHOICES)}")
 
 
 class QueryBuilder:
-    """Builds the PromQL text for a :class:`QueryConfig` (pure, testable)."""
+    """Builds the PromQL text for a :class:`QueryConfig` and one :class:`Source` (pure, testable)."""
 
-    def __init__(self, cfg: QueryConfig) -> None:
+    def __init__(self, cfg: QueryConfig, source: Source | None = None) -> None:
         self.cfg = cfg
+        self.source = source or sources.gpu_exporter(cfg.node_label)
+        self.ours = self.source.name == sources.OURS
         nl = cfg.node_label
-        self.by = f"{nl}, gpu, uuid"
-        self.join = True  # include the gpu_host_info join for series without the node label
+        self.by = f"{nl}, gpu, uuid" if self.ours else ", ".join(self.source.identity)
+        self.join = self.ours  # include the gpu_host_info join for series without the node label
+        # node labels the shards select on: those that named a node in the last discovery
+        self.node_labels: tuple[str, ...] = self.source.node_labels
+
+    def sel(self, metric: str, matchers: str) -> str:
+        return self.source.selector(metric, matchers)
 
     def _host(self, at: str, nodes: str | None = None) -> str:
         nl = self.cfg.node_label
@@ -133,8 +158,12 @@ class QueryBuilder:
         pins the join too, so that Prometheus evaluates the whole expression once per range
         query instead of once per step (step-invariant expressions). ``nodes``: a
         :func:`name_regex` limiting both branches to a shard; ``by``: labels kept besides
-        (node, gpu, uuid).
+        (node, gpu, uuid). Another exporter's series: one branch per label that may name the
+        node (``Hostname``, ``hostname``, ...), every identity label kept.
         """
+        if not self.ours:
+            branches = [fn(f"{lab}=~{nodes}" if nodes else f'{lab}!=""') for lab in self.node_labels]
+            return f"max by ({self.by}{by}) ({' or '.join(branches)})"
         nl = self.cfg.node_label
         has_node = f"{nl}=~{nodes}" if nodes else nl + '!=""'
         no_node = nl + '=""'
@@ -154,14 +183,31 @@ class QueryBuilder:
         return " + ".join(f'(count(last_over_time({name}{{{nl}=""}}[{w}])) or vector(0))'
                           for name in JOINED_METRICS)
 
-    def nodes(self) -> str:
-        """GPUs per node with a ``gpu_up`` sample in the window: the shards are cut from this.
+    def presence(self) -> str:
+        """The series whose presence in the window makes a GPU part of the fleet."""
+        s = self.source
+        if self.ours:
+            return UP
+        return f"{s.util}/{s.mem_used}" + (" (any name prefix)" if s.any_prefix else "")
 
-        The exporter publishes ``gpu_up`` for every GPU it lists, lost ones included; asking
-        for it alone costs a third of asking for every metric the statistics read.
+    def nodes(self) -> str:
+        """GPUs per node with a sample in the window: the shards are cut from this.
+
+        Ours: ``gpu_up``, which the exporter publishes for every GPU it lists, lost ones
+        included; asking for it alone costs a third of asking for every metric the statistics
+        read. Another exporter: its utilisation or memory-used series. Tagged with the source
+        (``source`` label), so that :func:`discovery` asks every source in one query.
         """
         w = duration(self.cfg.window_s)
-        return f"count by ({self.cfg.node_label}) ({self.per_gpu(lambda m: f'last_over_time({UP}{{{m}}}[{w}])')})"
+        s = self.source
+        if self.ours:
+            inner = self.per_gpu(lambda m: f"last_over_time({UP}{{{m}}}[{w}])")
+            by = self.cfg.node_label
+        else:
+            inner = self.per_gpu(lambda m: f"last_over_time({self.sel(s.util, m)}[{w}]) or "
+                                           f"last_over_time({self.sel(s.mem_used, m)}[{w}])")
+            by = ", ".join(self.node_labels)
+        return f'label_replace(count by ({by}) ({inner}), "source", "{s.name}", "", "")'
 
     @staticmethod
     def tag(expr: str, stat: str) -> str:
@@ -171,48 +217,116 @@ class QueryBuilder:
         w = duration(self.cfg.window_s)
         half = duration(self.cfg.window_s / 2)
         f = duration(self.cfg.fresh_s)
-        parts = {
-            "mean": lambda m: f"avg_over_time({UTIL}{{{m}}}[{w}])",
-            "std": lambda m: f"stddev_over_time({UTIL}{{{m}}}[{w}])",
-            "p95": lambda m: f"quantile_over_time(0.95, {UTIL}{{{m}}}[{w}])",
-            "count": lambda m: f"count_over_time({UTIL}{{{m}}}[{w}])",
-            "early": lambda m: f"count_over_time({UTIL}{{{m}}}[{half}] offset {half})",
-            "fresh": lambda m: f"count_over_time({UTIL}{{{m}}}[{f}])",
-            # whole GPUs only (a MIG instance has its own series): underused where the series exists
-            "sm_mean": lambda m: f'avg_over_time({SM_ACTIVE}{{{m}, gpu_instance=""}}[{w}])',
-            "sm_count": lambda m: f'count_over_time({SM_ACTIVE}{{{m}, gpu_instance=""}}[{w}])',
+        s = self.source
+        u = s.util
+        sel = self.sel
+        parts: dict[str, Callable[[str], str]] = {
+            "mean": lambda m: f"avg_over_time({sel(u, m)}[{w}])",
+            "std": lambda m: f"stddev_over_time({sel(u, m)}[{w}])",
+            "p95": lambda m: f"quantile_over_time(0.95, {sel(u, m)}[{w}])",
+            "count": lambda m: f"count_over_time({sel(u, m)}[{w}])",
+            "early": lambda m: f"count_over_time({sel(u, m)}[{half}] offset {half})",
+            "fresh": lambda m: f"count_over_time({sel(u, m)}[{f}])",
         }
+        if s.sm:
+            # whole GPUs only (a MIG instance has its own series): underused where the series exists
+            parts["sm_mean"] = lambda m: f"avg_over_time({sel(s.sm, m + ', ' + s.sm_whole)}[{w}])"
+            parts["sm_count"] = lambda m: f"count_over_time({sel(s.sm, m + ', ' + s.sm_whole)}[{w}])"
         return " or ".join(self.tag(self.per_gpu(fn, nodes=nodes), stat) for stat, fn in parts.items())
 
     def mem_stats(self, nodes: str | None = None) -> str:
         w = duration(self.cfg.window_s)
         half = duration(self.cfg.window_s / 2)
         f = duration(self.cfg.fresh_s)
-        parts = {
-            "used": lambda m: f"avg_over_time({MEM_USED}{{{m}}}[{w}])",
-            "free": lambda m: f"avg_over_time({MEM_FREE}{{{m}}}[{w}])",
-            "total": lambda m: f"max_over_time({MEM_TOTAL}{{{m}}}[{w}])",
-            "count": lambda m: f"count_over_time({MEM_USED}{{{m}}}[{w}])",
-            "early": lambda m: f"count_over_time({MEM_USED}{{{m}}}[{half}] offset {half})",
-            "fresh": lambda m: f"count_over_time({MEM_USED}{{{m}}}[{f}])",
-            "deriv": lambda m: f"deriv({MEM_USED}{{{m}}}[{w}])",
-            "up": lambda m: f"last_over_time({UP}{{{m}}}[{f}])",
+        s = self.source
+        used = s.mem_used
+        sel = self.sel
+        parts: dict[str, Callable[[str], str]] = {
+            "used": lambda m: f"avg_over_time({sel(used, m)}[{w}])",
+            "count": lambda m: f"count_over_time({sel(used, m)}[{w}])",
+            "early": lambda m: f"count_over_time({sel(used, m)}[{half}] offset {half})",
+            "fresh": lambda m: f"count_over_time({sel(used, m)}[{f}])",
+            "deriv": lambda m: f"deriv({sel(used, m)}[{w}])",
         }
+        if s.mem_free:
+            parts["free"] = lambda m: f"avg_over_time({sel(s.mem_free, m)}[{w}])"
+        if s.mem_total:
+            parts["total"] = lambda m: f"max_over_time({sel(s.mem_total, m)}[{w}])"
+        if s.health.up:
+            parts["up"] = lambda m: f"last_over_time({sel(s.health.up, m)}[{f}])"
+        if self.cfg.health:
+            parts.update(self._health_parts())
         return " or ".join(self.tag(self.per_gpu(fn, nodes=nodes), stat) for stat, fn in parts.items())
 
-    def allocation(self, nodes: str | None = None) -> str:
-        """Samples of the window in which each (namespace, pod) held each GPU."""
+    def _health_parts(self) -> dict[str, Callable[[str], str]]:
+        """Health fields, read in the memory query (no query of their own): see health.py."""
         w = duration(self.cfg.window_s)
-        return self.per_gpu(lambda m: f"count_over_time({ALLOCATION}{{{m}}}[{w}])", nodes=nodes,
-                            by=", namespace, pod")
+        f = duration(self.cfg.fresh_s)
+        h = self.source.health
+        sel = self.sel
+        parts: dict[str, Callable[[str], str]] = {}
 
-    def util_range(self, uuids: Iterable[str]) -> str:
+        def rise(metric: str, extra: str) -> Callable[[str], str]:
+            # a counter's rise in the window; a series born in the window counts whole (its
+            # first sample is an error already counted: increase() would not see it)
+            def fn(m: str) -> str:
+                s = sel(metric, m + extra)
+                return (f"(max_over_time({s}[{w}]) - last_over_time({s}[{w}] offset {w})) or "
+                        f"(max_over_time({s}[{w}]) unless last_over_time({s}[{w}] offset {w}))")
+            return fn
+
+        codes = "|".join(str(c) for c in self.cfg.critical_xids)
+        if h.xid_counter:
+            parts["xid"] = rise(h.xid_counter, f', xid=~"{codes}"')
+        if h.xid_last:
+            x = h.xid_last
+            parts["xid_min"] = lambda m: f"min_over_time({sel(x, m)}[{w}])"
+            parts["xid_max"] = lambda m: f"max_over_time({sel(x, m)}[{w}])"
+            parts["xid_last"] = lambda m: f"last_over_time({sel(x, m)}[{w}])"
+            parts["xid_changes"] = lambda m: f"changes({sel(x, m)}[{w}])"
+            parts["xid_before"] = lambda m: f"last_over_time({sel(x, m)}[{w}] offset {w})"
+        if h.ecc_uncorrectable:
+            parts["ecc"] = rise(h.ecc_uncorrectable, ", " + h.ecc_matcher if h.ecc_matcher else "")
+        if h.remap_failed:
+            parts["remap"] = lambda m: f"last_over_time({sel(h.remap_failed, m)}[{f}])"
+        if h.retire_pending:
+            parts["retire"] = lambda m: f"last_over_time({sel(h.retire_pending, m)}[{f}])"
+        if h.pcie_width:
+            parts["width"] = lambda m: f"last_over_time({sel(h.pcie_width, m)}[{f}])"
+            parts["width_max"] = lambda m: f"last_over_time({sel(h.pcie_width_max, m)}[{f}])"
+        return parts
+
+    def allocation(self, nodes: str | None = None) -> str:
+        """Samples of the window in which each (namespace, pod) held each GPU.
+
+        Ours: ``gpu_allocation_info``; another exporter: its utilisation series, which carry
+        the workload's ``pod``/``namespace`` while a pod holds the GPU. A scrape that does not
+        honour the exporter's labels renames them ``exported_pod``/``exported_namespace`` and
+        puts the exporter's own pod in ``pod``: those are read first, and a ``pod`` that is a
+        scrape target of the same job (``up``: the exporter itself) is never a workload.
+        """
+        w = duration(self.cfg.window_s)
+        s = self.source
+        metric = ALLOCATION if self.ours else s.util
+        exported_sel = ', exported_pod!=""'
+        plain_sel = ', exported_pod="", pod!=""'
+        exported = self.per_gpu(lambda m: f"count_over_time({self.sel(metric, m + exported_sel)}[{w}])",
+                                nodes=nodes, by=", exported_namespace, exported_pod")
+        if self.ours:
+            plain = self.per_gpu(lambda m: f"count_over_time({self.sel(metric, m + plain_sel)}[{w}])",
+                                 nodes=nodes, by=", namespace, pod")
+            return f"{exported} or {plain}"
+        plain = self.per_gpu(lambda m: f"count_over_time({self.sel(metric, m + plain_sel)}[{w}])",
+                             nodes=nodes, by=", namespace, pod, job")
+        return f"{exported} or ({plain} unless on (namespace, pod, job) group by (namespace, pod, job) (up))"
+
+    def util_range(self, uuids: Iterable[str], label: str = "uuid") -> str:
         """Raw utilisation series of the GPUs with these UUIDs (a query_range)."""
-        return f"{UTIL}{{uuid=~{uuid_regex(uuids)}}}"
+        return self.sel(self.source.util, f"{label}=~{uuid_regex(uuids)}")
 
-    def mem_range(self, uuids: Iterable[str]) -> str:
+    def mem_range(self, uuids: Iterable[str], label: str = "uuid") -> str:
         """Raw memory-used series of the GPUs with these UUIDs (a query_range)."""
-        return f"{MEM_USED}{{uuid=~{uuid_regex(uuids)}}}"
+        return self.sel(self.source.mem_used, f"{label}=~{uuid_regex(uuids)}")
 
 
 def uuid_regex(uuids: Iterable[str]) -> str:
@@ -256,11 +370,6 @@ def _key(labels: dict[str, str], node_label: str) -> tuple[str, str, str] | None
     return node, gpu, labels.get("uuid", "")
 
 
-def _median_interval(counts: list[float], window_s: float) -> float | None:
-    good = [window_s / c for c in counts if c and c > 1 and math.isfinite(c)]
-    return statistics.median(good) if good else None
-
-
 def plan_shards(gpus_per_node: dict[str, int], shard_gpus: int) -> list[list[str]]:
     """Consecutive (sorted) nodes packed into shards of at most ``shard_gpus`` GPUs (a node
     with more GPUs than that is a shard of its own)."""
@@ -285,11 +394,15 @@ class Reader:
     def __init__(self, client: PromClient, cfg: QueryConfig) -> None:
         self.client = client
         self.cfg = cfg
-        self.builder = QueryBuilder(cfg)
+        names = (sources.OURS, sources.DCGM, sources.AMD) if cfg.source == sources.AUTO else (cfg.source,)
+        # one builder per source; ``builder`` is ours (or the one source asked for)
+        self.builders = {n: QueryBuilder(cfg, sources.make(n, cfg.node_label)) for n in names}
+        self.builder = self.builders.get(sources.OURS) or self.builders[names[0]]
         self.queries_sent = 0  # logical queries, cumulative (HTTP retries not counted)
         # a shard's 3 aggregates, the next shard's 3 (prefetched) and 2 range batches
         self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="promql")
         self.last: Snapshot | None = None  # bookkeeping of the last read (gpus empty when streamed)
+        self.picked: dict[str, int] = {}  # source -> nodes, as last discovered (logged when it changes)
 
     def read(self, at: float) -> Snapshot:
         """All queries evaluated at unix time ``at``, every GPU kept; raises PromError on any failure."""
@@ -297,6 +410,57 @@ class Reader:
         snap = self.read_shards(at, gpus.update)
         snap.gpus = gpus
         return snap
+
+    def discover(self, at: float) -> dict[str, dict[str, int]]:
+        """GPUs per node, per source, from one query over every source asked for.
+
+        A node whose GPUs our exporter publishes is read from our series even where another
+        exporter runs too. Raises ``prometheus_empty`` naming what was looked for.
+        """
+        cfg = self.cfg
+        if sources.OURS in self.builders:
+            self.queries_sent += 1
+            counts = self.client.query(self.builder.unlabelled(), at)
+            # anything but a clean 0 (no answer, NaN, garbage) keeps the join: never drop data
+            self.builder.join = not (len(counts) == 1 and counts[0].value == 0)
+        for b in self.builders.values():
+            b.node_labels = b.source.node_labels  # every candidate, to find which are in use
+        self.queries_sent += 1
+        expr = " or ".join(b.nodes() for b in self.builders.values())
+        found: dict[str, dict[str, int]] = {n: {} for n in self.builders}
+        used: dict[str, set[str]] = {n: set() for n in self.builders}
+        bad_names = 0
+        for s in self.client.query(expr, at):
+            found_by = self.builders.get(s.labels.get("source", ""))
+            if found_by is None:
+                continue
+            b = found_by
+            label = next((n for n in b.node_labels if s.labels.get(n)), "")
+            node = s.labels.get(label, "")
+            if node and selectable(node):
+                # the count only sizes the shards: a garbage value must not drop the node
+                n = int(s.value) if math.isfinite(s.value) and 0 < s.value < 1e6 else 8
+                found[b.source.name][node] = found[b.source.name].get(node, 0) + n
+                used[b.source.name].add(label)
+            else:
+                bad_names += 1
+        if bad_names:
+            log.warning("%d nodes have a name that cannot be selected in PromQL; skipped", bad_names)
+        for name, b in self.builders.items():
+            b.node_labels = tuple(n for n in b.source.node_labels if n in used[name]) or b.source.node_labels
+        taken: set[str] = set()
+        for name in self.builders:  # ours first
+            found[name] = {n: c for n, c in found[name].items() if n not in taken}
+            taken.update(found[name])
+        if not taken:
+            looked = "; ".join(f"{b.presence()} ({name})" for name, b in self.builders.items())
+            raise PromError(EMPTY, f"no GPU series in Prometheus for the last {duration(cfg.window_s)}: looked for "
+                                   f"{looked}; check --prometheus-url, --source and the scrape config")
+        picked = {n: len(v) for n, v in found.items() if v}
+        if picked != self.picked:
+            log.info("source %s: %s", cfg.source, ", ".join(f"{n} for {c} nodes" for n, c in picked.items()))
+            self.picked = picked
+        return found
 
     def read_shards(self, at: float, consume: Callable[[dict[tuple[str, str], GpuStats]], None]) -> Snapshot:
         """Read shard by shard, handing each shard's GPUs to ``consume`` before the next is read.
@@ -306,40 +470,24 @@ class Reader:
         look unknown, for instance). Returns the bookkeeping, with ``gpus`` empty.
         """
         cfg = self.cfg
-        self.queries_sent += 1
-        counts = self.client.query(self.builder.unlabelled(), at)
-        # anything but a clean 0 (no answer, NaN, garbage) keeps the join: never drop data
-        self.builder.join = not (len(counts) == 1 and counts[0].value == 0)
-        per_node: dict[str, int] = {}
-        bad_names = 0
-        self.queries_sent += 1
-        for s in self.client.query(self.builder.nodes(), at):
-            node = s.labels.get(cfg.node_label, "")
-            if node and selectable(node):
-                # the count only sizes the shards: a garbage value must not drop the node
-                per_node[node] = int(s.value) if math.isfinite(s.value) and 0 < s.value < 1e6 else 8
-            else:
-                bad_names += 1
-        if bad_names:
-            log.warning("%d nodes have a name that cannot be selected in PromQL; skipped", bad_names)
-        if not per_node:
-            raise PromError(EMPTY, f"no GPU series ({UTIL}, {MEM_USED}) in Prometheus for the last "
-                                   f"{duration(cfg.window_s)}: check --prometheus-url and the scrape config")
-        queries = 2
+        before = self.queries_sent
+        found = self.discover(at)
+        queries = self.queries_sent - before
         dropped = 0
-        steps: list[float] = []
+        steps: Counter[float] = Counter()
         mem_step = float(max(1, math.ceil(cfg.window_s / cfg.mem_points)))
-        todo = plan_shards(per_node, cfg.shard_gpus)
+        todo = [(name, nodes) for name, per_node in found.items() for nodes in plan_shards(per_node, cfg.shard_gpus)]
         done = 0
-        prefetched: dict[tuple[str, ...], list[Future[list[Sample]]]] = {}
+        prefetched: dict[tuple[str, tuple[str, ...]], list[Future[list[Sample]]]] = {}
         while todo:
-            nodes = todo.pop(0)
-            stats = prefetched.pop(tuple(nodes), None) or self._stats(nodes, at)
-            if todo and tuple(todo[0]) not in prefetched:
+            name, nodes = todo.pop(0)
+            b = self.builders[name]
+            stats = prefetched.pop((name, tuple(nodes)), None) or self._stats(b, nodes, at)
+            if todo and (todo[0][0], tuple(todo[0][1])) not in prefetched:
                 # Prometheus computes the next shard while this one is parsed and classified
-                prefetched[tuple(todo[0])] = self._stats(todo[0], at)
+                prefetched[(todo[0][0], tuple(todo[0][1]))] = self._stats(self.builders[todo[0][0]], todo[0][1], at)
             try:
-                gpus, q, d, step = self._read_shard(nodes, at, mem_step, stats)
+                gpus, q, d, shard_steps = self._read_shard(b, nodes, at, mem_step, stats)
             except PromError as exc:
                 if exc.kind != TOO_LARGE or len(nodes) == 1:
                     for futures in prefetched.values():
@@ -348,81 +496,118 @@ class Reader:
                 half = len(nodes) // 2
                 log.info("an answer for %d nodes was over the size cap: asking for %d and %d", len(nodes), half,
                          len(nodes) - half)
-                todo[:0] = [nodes[:half], nodes[half:]]
+                todo[:0] = [(name, nodes[:half]), (name, nodes[half:])]
                 queries += 3
                 continue
             queries += q
             dropped += d
-            steps.append(step)
+            steps.update(shard_steps)
             done += 1
             consume(gpus)
         if dropped:
-            log.warning("%d aggregate series had no %r or 'gpu' label; ignored", dropped, cfg.node_label)
-        self.last = Snapshot(at=at, gpus={}, queries=queries, util_step=steps[0] if steps else 0.0,
+            log.warning("%d aggregate series had no node or GPU label; ignored", dropped)
+        self.last = Snapshot(at=at, gpus={}, queries=queries,
+                             util_step=steps.most_common(1)[0][0] if steps else 0.0,
                              mem_step=mem_step, dropped_series=dropped, shards=done)
         return self.last
 
-    def _stats(self, nodes: list[str], at: float) -> list[Future[list[Sample]]]:
+    def _stats(self, b: QueryBuilder, nodes: list[str], at: float) -> list[Future[list[Sample]]]:
         """The shard's three aggregate queries, submitted to run side by side."""
         sel = name_regex(nodes)
         self.queries_sent += 3
         return [self._pool.submit(self.client.query, expr, at) for expr in
-                (self.builder.util_stats(sel), self.builder.mem_stats(sel), self.builder.allocation(sel))]
+                (b.util_stats(sel), b.mem_stats(sel), b.allocation(sel))]
 
-    def _read_shard(self, nodes: list[str], at: float, mem_step: float,
-                    futures: list[Future[list[Sample]]]) -> tuple[dict[tuple[str, str], GpuStats], int, int, float]:
-        """(GPUs of these nodes, queries sent, series dropped, utilisation step)."""
+    def _step(self, v: dict[str, float]) -> float:
+        """This GPU's utilisation range step: ``--step``, else its own scrape interval.
+
+        From its own samples, never from other GPUs' (a shard's median made the step, and so
+        the patterns, depend on which GPUs shared the shard, that is on the fleet's size). The
+        denser half of the window gives the interval, so a gap or a GPU that appeared
+        mid-window does not stretch it; rounded to a whole second: a step even slightly
+        longer than the scrape interval skips a sample now and then, and that beat looks
+        like a period of its own.
+        """
         cfg = self.cfg
+        step = cfg.step_s
+        if step is None:
+            count, early = finite(v.get("util_count")), finite(v.get("util_early"))
+            step = 15.0
+            if count is not None and early is not None:
+                dense = max(early, count - early)
+                if dense > 1:
+                    step = cfg.window_s / 2 / dense
+        return float(max(1, round(max(step, cfg.min_step_s, cfg.window_s / cfg.max_points))))
+
+    def _read_shard(self, b: QueryBuilder, nodes: list[str], at: float, mem_step: float,
+                    futures: list[Future[list[Sample]]]
+                    ) -> tuple[dict[tuple[str, str], GpuStats], int, int, Counter[float]]:
+        """(GPUs of these nodes, queries sent, series dropped, utilisation steps used)."""
+        cfg = self.cfg
+        src = b.source
+        key_of = _ours_key(cfg.node_label) if b.ours else src.key
+        in_shard = set(nodes)
         util, mem, alloc = _settle(futures)
         queries = 3
         stats: dict[tuple[str, str, str], dict[str, float]] = {}
+        uuid_labels: dict[str, str] = {}
         dropped = 0
         for prefix, samples in (("util_", util), ("mem_", mem)):
             for s in samples:
-                k = _key(s.labels, cfg.node_label)
+                k = key_of(s.labels)
                 stat = s.labels.get("stat")
                 if stat is None:
                     raise PromError(BAD_RESPONSE, "aggregate series without its 'stat' label")
                 if k is None:
                     dropped += 1
                     continue
-                stats.setdefault(k, {})[prefix + stat] = s.value
+                if k[0] not in in_shard:
+                    continue  # named by a label of higher rank than the one that selected it
+                v = stats.setdefault(k, {})
+                name = prefix + stat
+                old = v.get(name)
+                # one GPU scraped by several jobs (or named by several labels): the larger value
+                v[name] = s.value if old is None or not s.value <= old else old
+                if k[2] and k[2] not in uuid_labels:
+                    uuid_labels[k[2]] = "uuid" if b.ours else src.uuid_label(s.labels)
         del util, mem
         holders: dict[tuple[str, str, str], dict[str, float]] = {}
         for s in alloc:
-            k = _key(s.labels, cfg.node_label)
-            ns, pod = s.labels.get("namespace", ""), s.labels.get("pod", "")
+            k = key_of(s.labels)
+            ns = s.labels.get("exported_namespace") or s.labels.get("namespace", "")
+            pod = s.labels.get("exported_pod") or s.labels.get("pod", "")
             if k is not None and ns and pod and math.isfinite(s.value):
-                holders.setdefault(k, {})[f"{ns}/{pod}"] = s.value
+                held = holders.setdefault(k, {})
+                held[f"{ns}/{pod}"] = max(s.value, held.get(f"{ns}/{pod}", 0.0))
         del alloc
 
-        step = cfg.step_s
-        if step is None:
-            counts = [v["util_count"] for v in stats.values() if "util_count" in v]
-            step = _median_interval(counts, cfg.window_s) or 15.0
-        # nearest whole second: a step even slightly longer than the scrape interval skips a
-        # sample now and then, and that beat looks like a period of its own
-        step = float(max(1, round(max(step, cfg.min_step_s, cfg.window_s / cfg.max_points))))
-
+        us, ms = src.util_scale, src.mem_scale
         gpus: dict[tuple[str, str], GpuStats] = {}
         raw: dict[tuple[str, str], dict[str, float]] = {}
         for (node, gpu, uuid), v in stats.items():
             fresh = any(v.get(s, 0.0) > 0 for s in ("util_fresh", "mem_fresh"))
             fresh = fresh or math.isfinite(v.get("mem_up", math.nan))
+            total = v.get("mem_total")
+            if total is None and "mem_used" in v and "mem_free" in v:
+                total = v["mem_used"] + v["mem_free"]  # no total series (dcgm): used + free
             st = GpuStats(
                 node=node, gpu=gpu, uuid=uuid, window_s=cfg.window_s, fresh=fresh,
                 up=v.get("mem_up"),
-                util_mean=v.get("util_mean"), util_std=v.get("util_std"), util_p95=v.get("util_p95"),
+                util_mean=_scaled(v.get("util_mean"), us), util_std=_scaled(v.get("util_std"), us),
+                util_p95=_scaled(v.get("util_p95"), us),
                 util_count=v.get("util_count"), util_early=v.get("util_early"),
-                mem_used_mean=v.get("mem_used"), mem_total=v.get("mem_total"), mem_free_mean=v.get("mem_free"),
+                mem_used_mean=_scaled(v.get("mem_used"), ms), mem_total=_scaled(total, ms),
+                mem_free_mean=_scaled(v.get("mem_free"), ms),
                 mem_count=v.get("mem_count"), mem_early=v.get("mem_early"),
                 util_fresh=v.get("util_fresh", 0.0), mem_fresh=v.get("mem_fresh", 0.0),
-                util_step=step, mem_step=mem_step,
+                util_step=self._step(v), mem_step=mem_step,
                 sm_mean=v.get("util_sm_mean"), sm_count=v.get("util_sm_count"),
             )  # fmt: skip
-            held = holders.get((node, gpu, uuid))
-            if held:
-                st.holders = held
+            if cfg.health:
+                st.health = {k[4:]: x for k, x in v.items() if k[4:] in HEALTH_STATS}
+            holder = holders.get((node, gpu, uuid))
+            if holder:
+                st.holders = holder
             prev = gpus.get((node, gpu))
             # a GPU replaced at the same index: the fresh one (then the one with more data) wins
             if prev is None or (st.fresh, st.util_count or 0) > (prev.fresh, prev.util_count or 0):
@@ -434,51 +619,58 @@ class Reader:
         # UUID seen on one GPU only: simulated or cloned GPUs can share a UUID across nodes
         seen = Counter(st.uuid for st in gpus.values())
         by_uuid: dict[str, tuple[str, str]] = {}
-        want_util: list[str] = []
-        want_mem: list[str] = []
+        want_util: dict[tuple[float, str], list[str]] = {}
+        want_mem: dict[str, list[str]] = {}
+        steps: Counter[float] = Counter()
         for key, st in gpus.items():
-            if not st.fresh or not selectable(st.uuid):
+            label = uuid_labels.get(st.uuid, "")
+            if not st.fresh:
+                continue
+            steps[st.util_step] += 1
+            if not label or not selectable(st.uuid):
                 continue
             if seen[st.uuid] == 1:
                 by_uuid[st.uuid] = key
             if self._wants_util_range(st):
-                want_util.append(st.uuid)
-            if self._wants_mem_range(st, raw[key].get("mem_deriv")):
-                want_mem.append(st.uuid)
+                want_util.setdefault((st.util_step, label), []).append(st.uuid)
+            if self._wants_mem_range(st, _scaled(raw[key].get("mem_deriv"), ms)):
+                want_mem.setdefault(label, []).append(st.uuid)
         del raw
         dup = sorted(u for u, c in seen.items() if c > 1 and u)
         if dup:
             log.warning("%d GPU UUIDs appear on more than one node (%s...): their range series are matched by "
-                        "the %r label only", len(dup), printable(dup[0], 80), cfg.node_label)
+                        "the node label only", len(dup), printable(dup[0], 80))
 
         start = at - cfg.window_s
         mem_start = start + mem_step / 2  # one point per half-open interval of the window
-        batches = [(u, "util_range", start, step, self.builder.util_range) for u in _batches(want_util, cfg.range_gpus)]
-        batches += [(u, "mem_range", mem_start, mem_step, self.builder.mem_range)
-                    for u in _batches(want_mem, cfg.range_gpus)]
+        batches: list[_Batch] = []
+        for (step, label), uuids in sorted(want_util.items()):
+            batches += [_Batch(u, "util_range", start, step, label, us) for u in _batches(uuids, cfg.range_gpus)]
+        for label, uuids in sorted(want_mem.items()):
+            batches += [_Batch(u, "mem_range", mem_start, mem_step, label, ms)
+                        for u in _batches(uuids, cfg.range_gpus)]
         while batches:
             pair = batches[:2]
             del batches[:2]
-            calls = [self._range_call(b, at) for b in pair]
+            calls = [self._range_call(b, bt, at) for bt in pair]
             results = self._all(*calls)
             queries += len(pair)
-            for (uuids, attr, t0, st_, fn), res in zip(pair, results, strict=True):
+            for bt, res in zip(pair, results, strict=True):
                 if isinstance(res, PromError):
-                    if res.kind != TOO_LARGE or len(uuids) == 1:
+                    if res.kind != TOO_LARGE or len(bt.uuids) == 1:
                         raise res
-                    half = len(uuids) // 2  # too large: ask for it in two halves
-                    batches[:0] = [(uuids[:half], attr, t0, st_, fn), (uuids[half:], attr, t0, st_, fn)]
+                    half = len(bt.uuids) // 2  # too large: ask for it in two halves
+                    batches[:0] = [replace(bt, uuids=bt.uuids[:half]), replace(bt, uuids=bt.uuids[half:])]
                     continue
-                self._attach(gpus, by_uuid, res, t0, at, st_, attr)
-        return gpus, queries, dropped, step
+                self._attach(gpus, by_uuid, res, bt, at, key_of)
+        return gpus, queries, dropped, steps
 
-    def _range_call(self, batch: tuple[list[str], str, float, float, Callable[[Iterable[str]], str]],
-                    at: float) -> Callable[[], list[RangeSeries] | PromError]:
-        uuids, _attr, t0, step, fn = batch
+    def _range_call(self, b: QueryBuilder, bt: _Batch, at: float) -> Callable[[], list[RangeSeries] | PromError]:
+        fn = b.util_range if bt.attr == "util_range" else b.mem_range
 
         def call() -> list[RangeSeries] | PromError:
             try:
-                return self.client.query_range(fn(uuids), t0, at, step)
+                return self.client.query_range(fn(bt.uuids, bt.label), bt.start, at, bt.step)
             except PromError as exc:
                 if exc.kind == TOO_LARGE:
                     return exc  # the caller splits the batch
@@ -522,14 +714,15 @@ class Reader:
         return out
 
     def _attach(self, gpus: dict[tuple[str, str], GpuStats], by_uuid: dict[str, tuple[str, str]],
-                series: list[RangeSeries], start: float, end: float, step: float, attr: str) -> None:
+                series: list[RangeSeries], bt: _Batch, end: float,
+                key_of: Callable[[dict[str, str]], tuple[str, str, str] | None]) -> None:
         """Put range points on their GPU; several series of one GPU (pods, jobs) fold by max."""
+        start, step, attr, scale = bt.start, bt.step, bt.attr, bt.scale
         n = math.floor((end - start) / step + 1e-9)
-        nl = self.cfg.node_label
         for rs in series:
-            uuid = rs.labels.get("uuid", "")
-            node = rs.labels.get(nl)
-            key = (node, rs.labels.get("gpu", "")) if node else by_uuid.get(uuid)
+            k = key_of(rs.labels)
+            uuid = rs.labels.get(bt.label, "")
+            key = (k[0], k[1]) if k is not None else by_uuid.get(uuid)
             if key is None or key not in gpus or gpus[key].uuid != uuid:
                 continue
             st = gpus[key]
@@ -540,8 +733,29 @@ class Reader:
             for t, v in rs.points:
                 i = round((t - start) / step)
                 if 0 <= i <= n and math.isfinite(v):
+                    v *= scale
                     old = vals[i]
                     vals[i] = v if old is None or v > old else old
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One range query's GPUs and how to read them."""
+
+    uuids: list[str]
+    attr: str  # util_range or mem_range
+    start: float
+    step: float
+    label: str  # the label selecting them (uuid, UUID, gpu_uuid, serial_number)
+    scale: float  # to SI
+
+
+def _scaled(x: float | None, scale: float) -> float | None:
+    return None if x is None else x * scale
+
+
+def _ours_key(node_label: str) -> Callable[[dict[str, str]], tuple[str, str, str] | None]:
+    return lambda labels: _key(labels, node_label)
 
 
 def _settle(futures: list[Future[T]]) -> list[T]:

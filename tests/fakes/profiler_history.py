@@ -304,6 +304,97 @@ def write_openmetrics(writer: object, histories: Iterable[GpuHistory], node_labe
         add("gpu_host_info", labels, [(t, 1.0) for t in sorted(set(times))])
 
 
+MIB = 1024.0 * 1024.0
+
+
+def _points(h: GpuHistory, vals: Sequence[float | None], scale: float) -> list[tuple[float, float]]:
+    return [(t, v * scale) for t, v in zip(h.times, vals, strict=True) if v is not None]
+
+
+def write_dcgm(writer: object, histories: Iterable[GpuHistory], node_label: str = "Hostname",
+               job: str = "dcgm-exporter", scrape_pod: str | None = None) -> None:
+    """The same histories as NVIDIA dcgm-exporter publishes them.
+
+    Names, types and units from dcgm-exporter's etc/default-counters.csv
+    (https://github.com/NVIDIA/dcgm-exporter/blob/main/etc/default-counters.csv):
+    ``DCGM_FI_DEV_GPU_UTIL`` gauge "GPU utilization (in %)", ``DCGM_FI_DEV_FB_USED`` /
+    ``DCGM_FI_DEV_FB_FREE`` gauges "Framebuffer memory used/free (in MiB)"; no total and no
+    up series. Labels as its collector writes them: ``gpu``, ``UUID``, ``device``,
+    ``modelName``, ``pci_bus_id`` and the node in ``Hostname`` (every release; main renames it
+    ``hostname``, NVIDIA/dcgm-exporter#655, hence ``node_label``). ``extra_labels`` (pod
+    attribution: ``pod``/``namespace``/``container``) go on every series. ``scrape_pod``: the
+    series were scraped through a ServiceMonitor that does not honour labels: the exporter's
+    ``pod``/``namespace`` become ``exported_pod``/``exported_namespace`` and ``pod`` is the
+    exporter's own pod, which also gets its ``up`` series.
+    """
+    add = writer.add  # type: ignore[attr-defined]
+    for i, h in enumerate(histories):
+        labels = {"gpu": h.gpu, "UUID": h.uuid, "device": f"nvidia{h.gpu}", "modelName": "NVIDIA H100 80GB HBM3",
+                  "pci_bus_id": f"00000000:{i % 256:02X}:00.0", node_label: h.node, "job": job,
+                  "instance": f"{h.node}:9400", **h.extra_labels}
+        if scrape_pod is not None:
+            labels = _scraped(labels, f"{scrape_pod}-{h.node}", "gpu-operator")
+        util = _points(h, h.util, 100.0)
+        used = _points(h, h.mem_used, 1 / MIB)
+        if util:
+            add("DCGM_FI_DEV_GPU_UTIL", labels, util)
+        if used:
+            add("DCGM_FI_DEV_FB_USED", labels, used)
+            add("DCGM_FI_DEV_FB_FREE", labels, [(t, h.mem_total / MIB - v) for t, v in used])
+
+
+def write_amd(writer: object, histories: Iterable[GpuHistory], prefix: str = "", job: str = "amd-metrics-exporter",
+              with_uuid: bool = False, scrape_pod: str | None = None) -> None:
+    """The same histories as ROCm device-metrics-exporter publishes them.
+
+    Names from its exporter (pkg/amdgpu/gpuagent/gpuagent_gpu_metrics.go, fields
+    ``GPU_GFX_ACTIVITY``, ``GPU_USED_VRAM``, ``GPU_FREE_VRAM``, ``GPU_TOTAL_VRAM`` of
+    pkg/exporter/proto/exporterconfig.proto, https://github.com/ROCm/device-metrics-exporter):
+    ``gpu_gfx_activity`` "Graphics engine usage in Percentage (0-100)", ``gpu_used_vram`` /
+    ``gpu_free_vram`` / ``gpu_total_vram`` "(in MB)", which amd-smi counts in MiB. Every name
+    carries ``CommonConfig.MetricsFieldPrefix`` when one is configured (``prefix``). Labels:
+    the mandatory ``gpu_id``, ``serial_number``, ``card_model``, ``gpu_partition_id``,
+    ``hostname``; ``gpu_uuid`` only when enabled (``with_uuid``); pod attribution in
+    ``pod``/``namespace``/``container`` (``extra_labels``).
+    """
+    add = writer.add  # type: ignore[attr-defined]
+    for h in histories:
+        labels = {"gpu_id": h.gpu, "serial_number": "SN" + h.uuid[4:].upper(), "card_model": "0x74a1",
+                  "gpu_partition_id": "0", "gpu_compute_partition_type": "spx", "gpu_memory_partition_type": "nps1",
+                  "deployment_mode": "baremetal", "hostname": h.node, "job": job, "instance": f"{h.node}:5000",
+                  **h.extra_labels}
+        if with_uuid:
+            labels["gpu_uuid"] = h.uuid
+        if scrape_pod is not None:
+            labels = _scraped(labels, f"{scrape_pod}-{h.node}", "kube-amd-gpu")
+        util = _points(h, h.util, 100.0)
+        used = _points(h, h.mem_used, 1 / MIB)
+        if util:
+            add(prefix + "gpu_gfx_activity", labels, util)
+        if used:
+            add(prefix + "gpu_used_vram", labels, used)
+            add(prefix + "gpu_free_vram", labels, [(t, h.mem_total / MIB - v) for t, v in used])
+            add(prefix + "gpu_total_vram", labels, [(t, h.mem_total / MIB) for t, _ in used])
+
+
+def _scraped(labels: dict[str, str], pod: str, namespace: str) -> dict[str, str]:
+    """Labels after a scrape that does not honour the exporter's labels (Prometheus'
+    ``honor_labels: false``): clashing ones are renamed ``exported_*`` and the target's win."""
+    out = dict(labels)
+    for name in ("pod", "namespace", "container"):
+        if name in out:
+            out["exported_" + name] = out.pop(name)
+    out.update(pod=pod, namespace=namespace, container="exporter")
+    return out
+
+
+def write_up(writer: object, pods: dict[str, tuple[str, str, str]], times: Sequence[float]) -> None:
+    """``up`` of scrape targets: instance -> (job, namespace, pod), as a ServiceMonitor labels them."""
+    for instance, (job, ns, pod) in pods.items():
+        writer.add("up", {"instance": instance, "job": job, "namespace": ns, "pod": pod},  # type: ignore[attr-defined]
+                   [(t, 1.0) for t in times])
+
+
 # ---- what PromQL would compute (pure tests) --------------------------------------------------
 
 

@@ -1,0 +1,140 @@
+"""Where the profiler's GPU series come from: our exporter, dcgm-exporter, or AMD's device-metrics-exporter.
+
+A :class:`Source` names, for one exporter, the metric of each quantity the profiler reads,
+the factor that brings it to SI (ratio 0-1, bytes), and the labels that identify a GPU's
+node, index and UUID. The queries select raw series by these names and keep every identity
+label (``max by``); this module turns an answer's labels into the profiler's (node, gpu, uuid)
+and scales its values, so the classification never sees which exporter spoke. The mappings,
+with their sources, are in docs/profiler.md ("Sources").
+
+Health (the ``GPUHealthy`` Node condition) reads each source's health fields where they exist
+(:class:`Health`); a missing field is never taken for a healthy reading of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIB = 1024.0 * 1024.0
+
+# XID codes that mean the GPU needs attention (reset, drain or service), from NVIDIA's XID
+# catalogue: 48 double-bit ECC, 63/64 row-remap (retirement) event or failure, 74 NVLink
+# error, 79 fallen off the bus, 92 high single-bit ECC rate, 94/95 contained/uncontained
+# ECC error, 119/120 GSP RPC timeout / GSP error. docs/annotations.md lists them.
+CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+
+
+@dataclass(frozen=True)
+class Health:
+    """A source's health fields (metric names; empty: the source has none)."""
+
+    up: str = ""  # 1 answered / 0 lost (a gauge)
+    xid_counter: str = ""  # a counter per XID code, label ``xid`` (ours)
+    xid_last: str = ""  # a gauge holding the last XID code (dcgm)
+    ecc_uncorrectable: str = ""  # a counter of uncorrectable errors
+    ecc_matcher: str = ""  # extra matcher for ecc_uncorrectable (ours: error_type="uncorrected")
+    remap_failed: str = ""  # 1 when a row remap failed
+    retire_pending: str = ""  # > 0 when a page retirement is pending
+    pcie_width: str = ""  # current PCIe link width (lanes)
+    pcie_width_max: str = ""  # its maximum
+
+
+@dataclass(frozen=True)
+class Source:
+    """The names one exporter gives to what the profiler reads (see the module docstring)."""
+
+    name: str
+    util: str  # utilisation gauge
+    util_scale: float  # to a ratio 0-1
+    mem_used: str
+    mem_free: str  # "" where the exporter has none
+    mem_total: str  # "": total = used + free
+    mem_scale: float  # to bytes
+    node_labels: tuple[str, ...]  # the first non-empty one names the node
+    gpu_labels: tuple[str, ...]
+    uuid_labels: tuple[str, ...]  # the first non-empty one identifies the GPU (falls back to node/gpu)
+    sm: str = ""  # whole-GPU SM activity ratio, where the exporter publishes one
+    sm_whole: str = ""  # matcher keeping whole GPUs only (MIG instances have their own series)
+    allocation: str = ""  # a series per (GPU, pod) holding it; "": the pod labels are on the util series
+    any_prefix: bool = False  # the exporter may prefix every name (AMD's MetricsFieldPrefix)
+    health: Health = field(default_factory=Health)
+
+    def selector(self, metric: str, matchers: str) -> str:
+        """``metric{matchers}``; with ``any_prefix`` the name is matched as a suffix, so
+        ``amd_gpu_gfx_activity`` is found as well as ``gpu_gfx_activity``."""
+        if self.any_prefix:
+            return f'{{__name__=~".*{metric}", {matchers}}}' if matchers else f'{{__name__=~".*{metric}"}}'
+        return f"{metric}{{{matchers}}}"
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """Every label that identifies a GPU, kept by the queries' ``max by``."""
+        return tuple(dict.fromkeys((*self.node_labels, *self.gpu_labels, *self.uuid_labels)))
+
+    def key(self, labels: dict[str, str]) -> tuple[str, str, str] | None:
+        """(node, gpu, uuid) of an answer's series, or None without a node or a GPU index."""
+        node = next((labels[n] for n in self.node_labels if labels.get(n)), "")
+        gpu = next((labels[n] for n in self.gpu_labels if labels.get(n)), "")
+        if not node or not gpu:
+            return None
+        uuid = next((labels[n] for n in self.uuid_labels if labels.get(n)), "")
+        return node, gpu, uuid
+
+    def uuid_label(self, labels: dict[str, str]) -> str:
+        """The label that gave this series its UUID ("" when none did)."""
+        return next((n for n in self.uuid_labels if labels.get(n)), "")
+
+
+OURS = "gpu-exporter"
+DCGM = "dcgm"
+AMD = "amd"
+AUTO = "auto"
+CHOICES = (AUTO, OURS, DCGM, AMD)
+
+
+def gpu_exporter(node_label: str = "node") -> Source:
+    """Our exporter: SI units already; the node label is ``--node-label`` (joined on ``instance``
+    with ``gpu_host_info`` where missing, see queries.py)."""
+    return Source(
+        name=OURS, util="gpu_utilization_ratio", util_scale=1.0, mem_used="gpu_memory_used_bytes",
+        mem_free="gpu_memory_free_bytes", mem_total="gpu_memory_total_bytes", mem_scale=1.0,
+        node_labels=(node_label,), gpu_labels=("gpu",), uuid_labels=("uuid",),
+        sm="gpu_sm_active_ratio", sm_whole='gpu_instance=""', allocation="gpu_allocation_info",
+        health=Health(up="gpu_up", xid_counter="gpu_xid_errors_total", ecc_uncorrectable="gpu_ecc_errors_total",
+                      ecc_matcher='error_type="uncorrected"', remap_failed="gpu_remapped_rows_failed",
+                      retire_pending="gpu_retired_pages_pending", pcie_width="gpu_pcie_link_width",
+                      pcie_width_max="gpu_pcie_link_width_max"),
+    )
+
+
+def dcgm(node_label: str = "node") -> Source:
+    """NVIDIA dcgm-exporter (etc/default-counters.csv): utilisation in percent, framebuffer in
+    MiB. The node is ``Hostname`` (every release to date), ``hostname`` (main renames it,
+    NVIDIA/dcgm-exporter#655), ``kubernetes_node``, then the scrape's node label."""
+    return Source(
+        name=DCGM, util="DCGM_FI_DEV_GPU_UTIL", util_scale=0.01, mem_used="DCGM_FI_DEV_FB_USED",
+        mem_free="DCGM_FI_DEV_FB_FREE", mem_total="", mem_scale=MIB,
+        node_labels=tuple(dict.fromkeys(("Hostname", "hostname", "kubernetes_node", node_label))),
+        gpu_labels=("gpu",), uuid_labels=("UUID",),
+        sm="DCGM_FI_PROF_SM_ACTIVE", sm_whole='GPU_I_ID=""',
+        health=Health(xid_last="DCGM_FI_DEV_XID_ERRORS", ecc_uncorrectable="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                      remap_failed="DCGM_FI_DEV_ROW_REMAP_FAILURE", retire_pending="DCGM_FI_DEV_RETIRED_PENDING"),
+    )
+
+
+def amd(node_label: str = "node") -> Source:
+    """ROCm device-metrics-exporter (pkg/amdgpu/gpuagent/gpuagent_gpu_metrics.go): graphics
+    activity in percent, VRAM in "MB" that are MiB, any configured name prefix. The node is
+    ``hostname`` (a mandatory label); the GPU is ``gpu_id``; ``gpu_uuid`` is opt-in, so the
+    mandatory ``serial_number`` identifies a GPU without it."""
+    return Source(
+        name=AMD, util="gpu_gfx_activity", util_scale=0.01, mem_used="gpu_used_vram", mem_free="gpu_free_vram",
+        mem_total="gpu_total_vram", mem_scale=MIB,
+        node_labels=tuple(dict.fromkeys(("hostname", "kubernetes_node", node_label))),
+        gpu_labels=("gpu_id",), uuid_labels=("gpu_uuid", "serial_number"), any_prefix=True,
+        health=Health(ecc_uncorrectable="gpu_ecc_uncorrect_total"),
+    )
+
+
+def make(name: str, node_label: str = "node") -> Source:
+    return {OURS: gpu_exporter, DCGM: dcgm, AMD: amd}[name](node_label)
