@@ -18,6 +18,11 @@ what happens then is decided here, the same for every vendor:
     kind; counted as ``reading_error`` (a vendor status), ``bad_value`` (a value we cannot
     trust: malformed, out of range, a wrapper exception) or ``no_value`` (a sentinel such as
     ``0xFFFFFFFF`` or "N/A"). One failed reading never removes another reading or another GPU.
+``suspect`` (:attr:`Outcome.SUSPECT`: a status that one function returns for its own reasons as
+    well as for a sick device, NVML ``UNKNOWN`` (999))
+    The backend's cheap identity calls on the same GPU decide (:meth:`Backend.identity_fault`,
+    made at most once per GPU and collection): they answer, so it is an ``error`` of that reading
+    (``reading_error``); they fail too, so the GPU is ``down``. A call outside any GPU is ``down``.
 ``down`` (:attr:`Outcome.DOWN`: NVML ``GPU_IS_LOST`` and device faults; amdsmi device faults)
     The GPU is published with ``gpu_up 0`` and no other reading; counted as ``gpu_lost`` or
     ``gpu_error``; logged once per outage. A GPU whose first :attr:`Backend.DOWN_AFTER` vendor
@@ -89,6 +94,7 @@ class NoValue(ValueError):
 class Outcome(enum.Enum):
     UNSUPPORTED = "unsupported"
     ERROR = "error"
+    SUSPECT = "suspect"
     DOWN = "down"
     DRIVER = "driver"
 
@@ -116,11 +122,15 @@ class Device:
     answered: int = 0  # this collection: calls that succeeded
     failed: int = 0  # this collection: vendor errors
     first_error: str = ""
+    identity_checked: bool = False  # this collection: the identity calls were made
+    identity_fault: Verdict | None = None  # and what their failure meant (None: they answered)
 
     def begin(self) -> None:
         """A new collection of this GPU starts."""
         self.answered = self.failed = 0
         self.first_error = ""
+        self.identity_checked = False
+        self.identity_fault = None
 
 
 def si(value: Any, factor: float = 1.0, sentinels: frozenset[int] = SENTINELS) -> float:
@@ -264,8 +274,36 @@ class Backend(ABC):
             verdict = Verdict(Outcome.ERROR, BAD_VALUE, f"{type(exc).__name__} ({type(inner).__name__})")
         return self._apply(dev, reading, where, verdict)
 
+    def identity_fault(self, dev: Device, where: str) -> Verdict | None:
+        """Call the GPU's cheap identity functions (not ``where``, the one that just failed):
+        None when they answer, else what their failure means. A backend without such calls
+        cannot tell a suspect status from a device fault: down."""
+        return Verdict(Outcome.DOWN, GPU_ERROR, "no identity call to tell a reading fault from a device fault")
+
+    def _suspect(self, dev: Device | None, where: str, v: Verdict) -> Verdict:
+        """A suspect status: a reading error while the GPU's identity answers, else down."""
+        if dev is None:
+            return Verdict(Outcome.DOWN, v.kind, v.detail)
+        if not dev.identity_checked:
+            dev.identity_checked = True
+            try:
+                dev.identity_fault = self.identity_fault(dev, where)
+            except Exception as exc:  # noqa: BLE001 - a checker bug must not escape the funnel
+                dev.identity_fault = Verdict(Outcome.DOWN, GPU_ERROR, f"identity check: {type(exc).__name__}")
+            if dev.identity_fault is None:
+                dev.answered += 1  # the GPU answered its identity: it is not silent
+        fault = dev.identity_fault
+        if fault is None:
+            return Verdict(Outcome.ERROR, READING_ERROR, v.detail)
+        if fault.outcome is Outcome.DRIVER:
+            return fault
+        return Verdict(Outcome.DOWN, fault.kind if fault.outcome is Outcome.DOWN else v.kind,
+                       f"{v.detail}, and the identity call failed too: {fault.detail}")
+
     def _apply(self, dev: Device | None, reading: str, where: str, v: Verdict) -> Any:
         gpu = "-" if dev is None else str(dev.index)
+        if v.outcome is Outcome.SUSPECT:
+            v = self._suspect(dev, where, v)
         if v.outcome is Outcome.DRIVER:
             raise BackendError(f"{self.name}: {where} failed: {v.detail}", kind=v.kind)
         if v.outcome is Outcome.DOWN:

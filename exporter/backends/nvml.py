@@ -6,9 +6,13 @@ backend's meaning of NVML's statuses (:meth:`NvmlBackend.classify`):
 - ``NOT_SUPPORTED`` / ``FUNCTION_NOT_FOUND`` / ``NO_PERMISSION`` / ``ARGUMENT_VERSION_MISMATCH``,
   and a function the ``pynvml`` binding lacks or cannot version (``NVMLLibraryMismatchError``):
   unsupported, absent, logged once, not asked again until NVML is initialised again;
-- ``GPU_IS_LOST`` (``gpu_lost``) and the device faults ``UNKNOWN``, ``IRQ_ISSUE``,
-  ``CORRUPTED_INFOROM``, ``RESET_REQUIRED``, ``GPU_NOT_FOUND`` (``gpu_error``): that GPU is
-  ``gpu_up 0`` with no other reading this cycle, and is retried on the next;
+- ``GPU_IS_LOST`` (``gpu_lost``) and the device faults ``IRQ_ISSUE``, ``CORRUPTED_INFOROM``,
+  ``RESET_REQUIRED``, ``GPU_NOT_FOUND`` (``gpu_error``): that GPU is ``gpu_up 0`` with no other
+  reading this cycle, and is retried on the next;
+- ``UNKNOWN`` (999), which single functions return in the field (virtualised and containerised
+  setups) as well as sick GPUs: suspect. The GPU's identity calls (``nvmlDeviceGetUUID``,
+  ``nvmlDeviceGetPciInfo``, once per collection) decide: they answer, so only that reading is
+  absent (``reading_error``); they fail too, so the GPU is down (``gpu_error``);
 - ``UNINITIALIZED`` / ``DRIVER_NOT_LOADED`` / ``LIBRARY_NOT_FOUND`` / ``LIB_RM_VERSION_MISMATCH``:
   the whole collection fails (kind ``driver``) and NVML is initialised again next time;
 - anything else (``TIMEOUT``, ``INVALID_ARGUMENT``, a ctypes error, a malformed value, a
@@ -75,8 +79,9 @@ UNKNOWN = 999
 _ABSENT_CODES = {NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION, 22, 24, ARGUMENT_VERSION_MISMATCH, 26}
 # the driver itself is gone: the whole collection fails and NVML is initialised again
 _DRIVER_CODES = {UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH}
-# the device is unusable (IRQ_ISSUE, CORRUPTED_INFOROM, RESET_REQUIRED, GPU_NOT_FOUND, UNKNOWN)
-_DOWN_CODES = {11, 14, 16, 28, UNKNOWN}
+# the device is unusable (IRQ_ISSUE, CORRUPTED_INFOROM, RESET_REQUIRED, GPU_NOT_FOUND); UNKNOWN only when
+# the GPU's identity call fails too (Outcome.SUSPECT)
+_DOWN_CODES = {11, 14, 16, 28}
 
 CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))
 _U32, _U64 = ctypes.c_uint, ctypes.c_ulonglong
@@ -375,6 +380,8 @@ class NvmlBackend(Backend):
                 return Verdict(Outcome.DRIVER, DRIVER, self._err(exc))
             if code == GPU_IS_LOST:
                 return Verdict(Outcome.DOWN, GPU_LOST, "GPU is lost")
+            if code == UNKNOWN:
+                return Verdict(Outcome.SUSPECT, GPU_ERROR, self._err(exc))
             if code in _DOWN_CODES:
                 return Verdict(Outcome.DOWN, GPU_ERROR, self._err(exc))
             return Verdict(Outcome.ERROR, READING_ERROR, self._err(exc))
@@ -382,6 +389,24 @@ class NvmlBackend(Backend):
         if mismatch is not None and isinstance(exc, mismatch):  # an unversioned call the library cannot serve
             return Verdict(Outcome.UNSUPPORTED, UNSUPPORTED, f"{type(exc).__name__}: {exc}"[:200])
         return super().classify(exc)
+
+    def identity_fault(self, dev: Device, where: str) -> Verdict | None:
+        """The GPU's UUID and PCI info, read again (cheap: no hardware query), except the one that
+        just failed: None when both answer (or cannot be asked), else what the failure means."""
+        nv = self._nv
+        h = getattr(dev, "handle", None)
+        if h is None or nv is None:  # a MIG slot or no handle yet: nothing of the GPU to ask
+            return Verdict(Outcome.DOWN, GPU_ERROR, "no GPU handle to check the identity with")
+        for name in ("nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo"):
+            if name == where:
+                continue
+            try:
+                getattr(nv, name)(h)
+            except Exception as exc:  # noqa: BLE001 - classified: unsupported is no verdict on the GPU
+                v = self.classify(exc)
+                if v.outcome is not Outcome.UNSUPPORTED:
+                    return Verdict(v.outcome, v.kind, f"{name}: {v.detail}")
+        return None
 
     def _system(self, reading: str, candidates: tuple[tuple[str, Callable[..., Any]], ...],
                 convert: Callable[[Any], Any]) -> Any:
@@ -754,6 +779,7 @@ class NvmlBackend(Backend):
                if ret == 0 and v not in SENTINELS}
         if len(out) < len(rets):
             failed = [ret for ret in rets if ret != 0]
+            # UNKNOWN on one link is that link's: only all links failing goes to the funnel (suspect)
             fatal = next((ret for ret in failed if ret in _DRIVER_CODES or ret in _DOWN_CODES or ret == GPU_IS_LOST),
                          None)
             if fatal is not None:

@@ -95,6 +95,18 @@ EXTERNAL = [
             "close, and an answer cut short was parsed and counted as bad_response)",
         "test": "tests/unit/profiler/test_prom.py::test_trickling_answer_at_the_deadline_is_a_timeout",
         "figures": {"cases": 2, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "NVML UNKNOWN (999) from one function",
+        "done": "999 from each of the 20 direct-call NVML functions and the processes call on one GPU in "
+            "turn, then with its UUID or PCI-info call failing too (fake libnvidia-ml through real "
+            "pynvml); the core functions of every driver generation R470-R615",
+        "happened": "one 999 loses only that reading (`reading_error`), the GPU stays `gpu_up 1` with its other"
+            " readings (before issue 26: the whole GPU was down); with the identity call failing too "
+            "the GPU is `gpu_up 0` (`gpu_error`), the other GPU untouched",
+        "test": "tests/unit/backends/test_nvml.py::test_unknown_error_from_one_call_loses_that_reading_only"
+            ", tests/unit/backends/test_nvml_generations.py::test_unknown_error_loses_one_reading_on_ev"
+            "ery_branch",
+        "figures": {"cases": 78, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [

@@ -262,7 +262,7 @@ def test_transient_field_error_loses_one_reading_not_the_gpu(fleet: FakeNvml, tm
         fleet.clear_fail("nvmlDeviceGetClockInfo")
         s = ex.scrape()  # asked again next time: a transient error is not "unsupported"
         assert sample(s, "gpu_clock_hertz", gpu="1", clock="sm") == fleet.gpus[1]["clock_sm"] * 1e6
-        for code, kind in ((999, "gpu_error"), (14, "gpu_error")):
+        for code, kind in ((14, "gpu_error"),):  # IRQ_ISSUE: a device fault whatever else answers
             fleet.fail("nvmlDeviceGetPowerUsage", code, gpu=0)
             s = ex.scrape()
             assert sample(s, "gpu_up", gpu="0") == 0.0
@@ -295,6 +295,40 @@ DIRECT_CALLS = (
     ("nvmlDeviceGetNvLinkState", "gpu_link_up", {"link": "17"}),
     ("nvmlDeviceGetNvLinkErrorCounter", "gpu_link_errors_total", {"link": "17", "counter": "crc_flit"}),
 )
+
+
+@pytest.mark.parametrize("identity", ["nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo_v3"])
+def test_unknown_error_from_one_call_loses_that_reading_only(tmp_path: Path, identity: str) -> None:
+    """Issue 26: NVML_ERROR_UNKNOWN (999) from one function is a reading error while the GPU's
+    identity call answers (seen on virtualised and containerised setups); the GPU is down only when
+    the identity call fails too. Every direct call and a wrapped one (processes), in turn."""
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=2, fans=1, gpm_supported=0)
+    fleet.set(1, retired_sbe=[(0x1000, 1)])
+    calls = (*DIRECT_CALLS, ("nvmlDeviceGetComputeRunningProcesses_v3", "gpu_processes", {}))
+    with start(fleet, tmp_path, "--fields-exclude", "gpu_p2p_supported,gpu_topology_level") as ex:
+        before = ex.scrape()
+        for function, family, labels in calls:
+            fleet.fail(function, 999, gpu=1)
+            s = ex.scrape()
+            assert sample(s, "gpu_up", gpu="1") == 1.0, function
+            assert sample(s, family, gpu="1", **labels) is None, (function, family)
+            other = "gpu_power_watts" if family != "gpu_power_watts" else "gpu_utilization_ratio"
+            assert sample(s, other, gpu="1") is not None, function
+            assert sample(s, family, gpu="0", **labels) is not None, (function, family)
+            fleet.clear_fail(function)
+        errors = sample(ex.scrape(), "gpu_exporter_collection_errors_total", backend="nvml", kind="reading_error")
+        assert errors is not None and errors >= len(calls)
+        assert sample(before, "gpu_exporter_collection_errors_total", backend="nvml", kind="gpu_error") in (None, 0.0)
+        # the identity call fails as well: now it is the GPU
+        fleet.fail("nvmlDeviceGetPowerUsage", 999, gpu=1)
+        fleet.fail(identity, 999, gpu=1)
+        s = ex.scrape()
+        assert sample(s, "gpu_up", gpu="1") == 0.0 and sample(s, "gpu_up", gpu="0") == 1.0
+        assert sample(s, "gpu_power_watts", gpu="1") is None and sample(s, "gpu_utilization_ratio", gpu="1") is None
+        assert (sample(s, "gpu_exporter_collection_errors_total", backend="nvml", kind="gpu_error") or 0) >= 1
+        fleet.clear_fail()
+        wait_until(lambda: sample(ex.scrape(), "gpu_power_watts", gpu="1") is not None, 10, what="GPU 1 back")
+        assert "Traceback" not in ex.log()
 
 
 def test_a_failing_direct_call_never_serves_a_reused_value(tmp_path: Path) -> None:

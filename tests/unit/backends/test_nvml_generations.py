@@ -107,6 +107,34 @@ def test_driver_branch(branch: str, tmp_path: Path) -> None:
     assert "Traceback" not in log
 
 
+@pytest.mark.parametrize("branch", BRANCHES)
+def test_unknown_error_loses_one_reading_on_every_branch(branch: str, tmp_path: Path) -> None:
+    """NVML_ERROR_UNKNOWN (999) from one function is that reading's error on every driver generation
+    (issue 26): the GPU stays up with its other readings; it is down only when its identity call
+    (``nvmlDeviceGetUUID``) fails too."""
+    present = branch_symbols(branch) & set(symbols())
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=GPUS, omit=sorted(set(symbols()) - present))
+    with ExporterProcess(["--backend", "nvml", "--cache-ttl", "0", "--collection-timeout", "30",
+                          "--sysfs-root", str(tmp_path / "sys")], env=fleet.env()) as ex:
+        ex.scrape()
+        for family in CORE:
+            function = max(next(iter(NEEDS[family])) & present)  # the newest version: the one served
+            fleet.fail(function, 999, gpu=1)
+            per_gpu = families_per_gpu(s := ex.scrape())
+            assert sample(s, "gpu_up", gpu="1") == 1.0, f"{branch}: 999 from {function} took GPU 1 down"
+            one = {"gpu_temperature_celsius": {"sensor": "gpu"}, "gpu_clock_hertz": {"clock": "sm"}}.get(family, {})
+            assert sample(s, family, gpu="1", **one) is None, (branch, function)
+            assert sample(s, family, gpu="0", **one) is not None, (branch, function)
+            assert all("1" in per_gpu.get(f, set()) for f in CORE if f != family), (branch, function)
+            fleet.clear_fail(function)
+        fleet.fail("nvmlDeviceGetPowerUsage", 999, gpu=1)
+        fleet.fail("nvmlDeviceGetUUID", 999, gpu=1)
+        s = ex.scrape()
+        assert sample(s, "gpu_up", gpu="1") == 0.0 and sample(s, "gpu_up", gpu="0") == 1.0, branch
+        assert not {f for f, gpus in families_per_gpu(s).items() if "1" in gpus} & set(CORE), branch
+        assert "Traceback" not in ex.log()
+
+
 def test_r470_uses_the_older_versions(tmp_path: Path) -> None:
     """R470 has no memory ``_v2``, no processes ``_v3`` and no clock event reasons: the older ones serve."""
     present = branch_symbols("R470") & set(symbols())
