@@ -82,10 +82,17 @@ def parse(text: str) -> CgroupRef | None:
 def read(proc_root: str, pid: int) -> CgroupRef | bool | None:
     """``parse`` of ``<proc_root>/<pid>/cgroup``; False when the process cannot be read (gone, or no access)."""
     try:
-        with open(os.path.join(proc_root, str(int(pid)), "cgroup"), encoding="utf-8", errors="replace") as fh:
-            return parse(fh.read(65536))
+        # os.open/os.read: a buffered text file costs four times as much for this one small read
+        fd = os.open(os.path.join(proc_root, str(int(pid)), "cgroup"), os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        data = os.read(fd, 65536)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return parse(data.decode("utf-8", "replace"))
 
 
 def _uid(raw: str) -> str:
