@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import math
 import platform
+import re
 import threading
 from typing import TYPE_CHECKING
 
@@ -284,7 +285,21 @@ def render(snap: Snapshot, fields: FieldFilter, openmetrics: bool = False) -> by
     _self_families(out, snap, fields)
     if openmetrics:
         out.parts.append("# EOF\n")
-    return "".join(out.parts).encode()
+    return utf8("".join(out.parts))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8(text: str) -> bytes:
+    """``text`` as valid UTF-8, whatever a vendor library or CLI handed us: a lone surrogate (an
+    undecodable byte passed on as a surrogate escape, ``\\udcff`` in rocm-smi's JSON) becomes
+    U+FFFD, so one bad string never fails a scrape. Every exposition goes through here, so no
+    backend needs to clean its strings; the check costs nothing unless one is there."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text).encode()
 
 
 class Rendered:

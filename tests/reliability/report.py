@@ -107,6 +107,16 @@ EXTERNAL = [
             ", tests/unit/backends/test_nvml_generations.py::test_unknown_error_loses_one_reading_on_ev"
             "ery_branch",
         "figures": {"cases": 78, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "vendor strings that are not valid Unicode in the exposition",
+        "done": "a rocm-smi card name holding a lone surrogate escape (`\\udcff`, `\\ud800`, `\\udfff`, a "
+            "reversed pair), NUL and terminal escapes, and all of them with quotes, newlines and a "
+            "forged `# HELP` line; the real exporter scraped in both formats",
+        "happened": "every answer 200 and valid UTF-8, `promtool check metrics` clean, each surrogate shown as "
+            "U+FFFD and every other character kept (before issue 26: every /metrics answer was 500 "
+            "while /readyz said ready)",
+        "test": "tests/unit/backends/test_rocm_smi.py::test_a_bad_vendor_string_never_fails_a_scrape",
+        "figures": {"cases": 6, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [

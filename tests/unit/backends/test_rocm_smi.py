@@ -360,3 +360,47 @@ def test_explicit_path_wins_over_path(fake: FakeRocmSmi, tmp_path: Path) -> None
     backend.collect(out)
     assert [r.pci_bus_id for r in out.gpus] == ["0000:04:00.0"]
     assert fake.runs() == [] and len(other.runs()) == 1
+
+
+# ---- strings no vendor should send ----------------------------------------------------------------
+
+# Card names as rocm-smi's own json.dumps writes them (ensure_ascii): an undecodable byte of a
+# sysfs or PCI-ids name arrives as a lone surrogate escape (issue 26); then other lone
+# surrogates, a reversed pair, NUL and other control characters, and a name with every trouble at once.
+HOSTILE_NAMES = ["Vega\\udcff 10", "\\ud800", "x\\udfff", "\\udc80\\ud800", "A\\u0000B\\u001b[31m",
+                 "\\udcff\\\"}\\n# HELP forged\\n\\\\"]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_bad_vendor_string_never_fails_a_scrape(name: str, tmp_path: Path) -> None:
+    """Every /metrics answer was 500 while /readyz said ready: the exposition could not be encoded."""
+    from tests.harness.exporter import ExporterProcess, sample
+    from tests.harness.prom import check_metrics
+
+    doc = json.loads((FIXTURES / "vega-10-XT.json").read_text())
+    card = next(iter(doc))
+    doc[card]["Card series"] = "@NAME@"
+    fixture = tmp_path / "card.json"
+    fixture.write_text(json.dumps(doc).replace('"@NAME@"', f'"{name}"'))
+    assert json.loads(fixture.read_text())[card]["Card series"] == json.loads(f'"{name}"')
+    script = tmp_path / "rocm-smi"
+    script.write_text(f'#!/bin/sh\ncat "{fixture}"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    with ExporterProcess(["--backend", "rocm-smi", "--rocm-smi-path", str(script)]) as ex:
+        for accept in ({}, {"Accept": "application/openmetrics-text; version=1.0.0"}):
+            status, body, _ = ex.get("/metrics", accept)
+            assert status == 200, body[:300]
+            page = body.decode("utf-8")  # strict: valid UTF-8
+            assert "\ud800" not in page and not any(0xD800 <= ord(c) <= 0xDFFF for c in page)
+            if not accept:
+                assert check_metrics(page) == [], check_metrics(page)
+                s = ex.scrape()
+                info = [dict(ls) for (n, ls), _ in s.items() if n == "gpu_info"]
+                assert len(info) == 1 and sample(s, "gpu_up", gpu="0") == 1.0
+                want = json.loads(f'"{name}"')
+                got = info[0].get("name", "")
+                assert len(got) == len(want) and all(
+                    g == w if not 0xD800 <= ord(w) <= 0xDFFF else g == "\ufffd" for g, w in zip(got, want, strict=True))
+        status, body, _ = ex.get("/api/v1/gpus")
+        assert status in (200, 404), body[:300]
+        assert "Traceback" not in ex.log()
