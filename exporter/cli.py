@@ -15,7 +15,7 @@ commands:
   diff       compare two snapshots; non-zero exit when the system changed
   record     run a command and record GPU use while it runs
   pick       print the N least-loaded GPU indices for CUDA_VISIBLE_DEVICES
-  version    print the version
+  version    print the version (also: gpu-exporter --version)
 
 Run 'gpu-exporter <command> --help' for a command's options.
 """
@@ -80,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         return 0 if args else 2
+    if args[0] in ("--version", "-V"):
+        args[0] = "version"
     cmd = COMMANDS.get(args[0])
     if cmd is None:
         sys.stderr.write(f"gpu-exporter: unknown command {args[0]!r}; expected one of: {', '.join(COMMANDS)}\n")

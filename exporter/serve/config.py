@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from exporter.backends.simulated import SCENARIOS  # a light module: the table of scenarios
 from exporter.core.options import FieldFilter, Settings
 
 
@@ -164,12 +165,12 @@ def _backend(v: object) -> str:
         raise ValueError(f"expected auto, or one or more of {', '.join(names[1:])} separated by commas")
     if len(set(parts)) != len(parts):  # two instances of one backend would publish the same series twice
         raise ValueError("each backend at most once")
+    if "simulated" in parts and len(parts) > 1:  # fake GPUs among real ones would pass for real
+        raise ValueError("simulated only on its own (--backend simulated), never mixed with real GPUs")
     return ",".join(parts)
 
 
 def _scenario(v: object) -> str:
-    from exporter.backends.simulated import SCENARIOS  # a light module
-
     return _choice(tuple(SCENARIOS))(v)
 
 
@@ -220,8 +221,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("simulated_gpus", "--simulated-gpus", "SIMULATED_GPUS", _int_range(1, 64),
          "GPU count of the simulated backend (default 4)"),
     Spec("simulated_scenario", "--simulated-scenario", "SIMULATED_SCENARIO", _scenario,
-         "state the simulated GPUs show: healthy | lost | mig | ecc | xid | throttle | leak | mixed "
-         "(default healthy; docs/cli.md)"),
+         "state the simulated GPUs show: " + " | ".join(SCENARIOS) + " (default healthy; docs/cli.md)"),
     Spec("per_process", "--per-process", "EXPORTER_PER_PROCESS", _bool,
          "per-process readings: per-pod utilisation and memory on shared GPUs (needs --proc-root and a "
          "pods watch), and per-PID memory series (unbounded cardinality; default false)"),
@@ -266,7 +266,8 @@ def build_parser(prog: str = "gpu-exporter serve") -> argparse.ArgumentParser:
     for s in SPECS:
         env = f" (env {s.env})" if s.env else ""
         if s.parse is _bool:
-            p.add_argument(s.flag, dest=s.name, nargs="?", const="true", default=None, help=s.help + env)
+            p.add_argument(s.flag, dest=s.name, nargs="?", const="true", default=None, metavar="true|false",
+                           help=s.help + " (a bare flag means true)" + env)
         else:
             p.add_argument(s.flag, dest=s.name, default=None, help=s.help + env)
     return p
@@ -327,7 +328,7 @@ def _load_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        k = str(key).replace("-", "_")
+        k = str(key).replace("-", "_").replace(".", "_")  # the flag's spelling works too (web.config.file)
         if k == "fields" and isinstance(value, dict):  # fields: {include: [...], exclude: [...]}
             for sub, v in value.items():
                 if sub not in ("include", "exclude"):

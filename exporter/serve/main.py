@@ -155,6 +155,21 @@ def limit_malloc_arenas(environ: dict[str, str] | None = None) -> bool:
     return bool(mallopt(-8, 2))  # M_ARENA_MAX
 
 
+def host_port(address: str, port: int) -> str:
+    """``address:port`` as a URL writes it: an IPv6 address in brackets (``[::1]:9400``)."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def check_listen_address(address: str, port: int) -> str | None:
+    """Why ``address`` cannot be listened on (a host name that does not resolve), or None.
+    --check-config runs it so that a setting it passes does not fail the start."""
+    try:
+        socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"invalid address = {address!r}: does not resolve ({getattr(exc, 'strerror', None) or exc})"
+    return None
+
+
 def loopback_hint(address: str) -> str:
     """A note for a listener only this machine can reach (the default, 127.0.0.1)."""
     import ipaddress
@@ -185,6 +200,11 @@ def main(argv: Sequence[str]) -> int:
             return 2
     if settings.check_config:
         from exporter.core.schema import FAMILIES
+
+        problem = check_listen_address(settings.address, settings.port)
+        if problem:
+            sys.stderr.write(f"gpu-exporter: error: {problem}\n")
+            return 2
 
         fields = options_from(settings).fields
         doc = settings.as_dict()
@@ -217,7 +237,7 @@ def main(argv: Sequence[str]) -> int:
         server = build_server(engine, settings.address, settings.port, settings.metrics_path,
                               settings.ready_max_age, settings.max_connections, settings.read_timeout, web)
     except OSError as exc:
-        sys.stderr.write(f"gpu-exporter: error: cannot listen on {settings.address}:{settings.port}: "
+        sys.stderr.write(f"gpu-exporter: error: cannot listen on {host_port(settings.address, settings.port)}: "
                          f"{exc.strerror or exc}\n")
         return 2 if isinstance(exc, socket.gaierror) else 1  # a host name that does not resolve is bad input
     from exporter.serve.api import register
@@ -236,7 +256,7 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGHUP, hangup)  # the default action would kill the exporter silently (exit 129)
     names = ",".join(b.name for b in chosen) or "none"
     scheme = "https" if web is not None and web.ssl_context is not None else "http"
-    log.info("serving %s://%s:%d%s (backend %s%s)%s", scheme, settings.address, server.server_address[1],
+    log.info("serving %s://%s%s (backend %s%s)%s", scheme, host_port(settings.address, server.server_address[1]),
              settings.metrics_path, names, ", basic auth" if web is not None and web.users else "",
              loopback_hint(settings.address))
     try:
