@@ -156,6 +156,10 @@ SIMPLE: tuple[tuple[str, str, str, Any, tuple[int, ...], str, float, str, str | 
      "fan_speed_ratio", None),
     *(("gpu_clock_hertz", f"gpu_clock_hertz:{cname}", "nvmlDeviceGetClockInfo", _U32, (ctype,), "value", 1e6,
        "clock_hertz", cname) for cname, ctype in CLOCKS),  # MHz -> Hz
+    # issue 28: nvidia-smi power.default_limit (mW -> W) and compute_mode (nvmlComputeMode_t, 0-3)
+    ("gpu_power_default_limit_watts", "gpu_power_default_limit_watts", "nvmlDeviceGetPowerManagementDefaultLimit",
+     _U32, (), "value", 1e-3, "power_default_limit_watts", None),
+    ("gpu_compute_mode", "gpu_compute_mode", "nvmlDeviceGetComputeMode", _U32, (), "value", 1.0, "compute_mode", None),
 )
 # nvmlClocksEventReason* bits (nvidia-smi -q -d PERFORMANCE), named as nvidia-smi's clocks_event_reasons.*
 THROTTLE_REASONS = (
@@ -439,6 +443,7 @@ class NvmlBackend(Backend):
                     reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia", up=False,
                                          up_reason=str(down), name=gpu.static.get("name"),
                                          pci_bus_id=gpu.static.get("pci_bus_id"), serial=gpu.static.get("serial"),
+                                         firmware_version=gpu.static.get("vbios_version"),
                                          driver_version=self._driver_version,
                                          cuda_driver_version=self._cuda_version)
                     if not reading.uuid or not reading.pci_bus_id:
@@ -483,6 +488,7 @@ class NvmlBackend(Backend):
         st = gpu.static
         r.uuid = gpu.uuid
         r.name, r.pci_bus_id, r.serial = st.get("name"), st.get("pci_bus_id"), st.get("serial")
+        r.firmware_version = st.get("vbios_version")
         call = self.call
         en = self.enabled
 
@@ -516,6 +522,7 @@ class NvmlBackend(Backend):
                 r.performance_state = float(ps)
 
         self._read_depth(gpu, r, h)
+        self._read_fabric_and_recovery(gpu, r, h)
         r.unsupported = {f.partition(":")[0] for f in gpu.unsupported if f != "handle" and f.startswith("gpu_")}
 
     def _direct(self, symbol: str, out_type: Any, args: tuple[int, ...] = (), member: str = "value",
@@ -621,6 +628,9 @@ class NvmlBackend(Backend):
         st["pci_bus_id"] = pci if pci is not MISSING else None
         serial = call(gpu, "serial", nv.nvmlDeviceGetSerial, h, convert=str)
         st["serial"] = serial if serial is not MISSING else None
+        if self.enabled("gpu_info"):
+            vbios = call(gpu, "vbios_version", nv.nvmlDeviceGetVbiosVersion, h, convert=str)
+            st["vbios_version"] = vbios if vbios is not MISSING and vbios else None
         maxc: dict[str, float] = {}
         if self.enabled("gpu_clock_max_hertz"):
             for cname, ctype in CLOCKS:
@@ -998,6 +1008,43 @@ class NvmlBackend(Backend):
                 return  # a GPU is down: try again next time rather than cache a partial matrix
             self._peers = peers
         out.peers = self._peers  # the same static list object: the renderer caches its text
+
+    # --- issue 28: the NVLink fabric state and the driver's recovery action -------------------------
+
+    def _read_fabric_and_recovery(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
+        """``nvmlDeviceGetGpuFabricInfo`` (R525+; older drivers lack the symbol: absent) and field
+        ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (drivers that do not know it answer the field with
+        an error of its own: absent)."""
+        if self.enabled("gpu_fabric_state"):
+            v = self.call(gpu, "gpu_fabric_state", self._fabric_state, h)
+            if v is not MISSING:
+                r.fabric_state = v
+        if self.enabled("gpu_recovery_action"):
+            v = self._field_value(gpu, h, "gpu_recovery_action", NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+            if v is not None:
+                r.recovery_action = v
+
+    def _fabric_state(self, h: Any) -> float:
+        """The fabric state 1-3; state 0 (NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: no fabric) is
+        NOT_SUPPORTED, so the funnel leaves the family absent and stops asking."""
+        info = _FabricInfo()
+        ret = self._nv._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfo")(h, ctypes.byref(info))
+        if ret:
+            raise self._nv.NVMLError(ret)
+        if not 1 <= info.state <= 3:
+            raise self._nv.NVMLError(NOT_SUPPORTED)
+        return float(info.state)
+
+
+class _FabricInfo(ctypes.Structure):
+    """``nvmlGpuFabricInfo_t`` (nvml.h, R525+): ``state`` is an ``unsigned char``
+    (nvmlGpuFabricState_t), which pynvml's structure declares wider."""
+
+    _fields_ = [("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int), ("cliqueId", ctypes.c_uint),
+                ("state", ctypes.c_ubyte)]
+
+
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 
 
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError

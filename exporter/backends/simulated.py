@@ -40,9 +40,11 @@ Times are seconds since the backend started (``dt``):
   every collection fails as a whole with a ``driver`` error, so the engine publishes
   ``gpu_exporter_collector_success 0`` and the GPUs it knew as ``gpu_up 0``.
 
-In the ``healthy`` scenario the output is what it always was. In every other scenario each
-GPU that answers also reports ECC mode and counters, row remapping, violation time and MIG
-mode, as an NVML datacentre GPU does, and from the second collection GPM SM activity, so a
+In the ``healthy`` scenario the output is what it always was, plus the default power limit
+(700 W) and compute mode (0, default). In every other scenario each GPU that answers also
+reports ECC mode and counters, row remapping, the driver's recovery action (1, GPU reset,
+while a row remap is pending), violation time and MIG mode, as an NVML datacentre GPU does,
+and from the second collection GPM SM activity (MIG instances: tensor activity too), so a
 faulty GPU stands out against healthy neighbours.
 
 Byte values are whole numbers (memory in whole MiB, as drivers report it). :class:`Model`
@@ -363,6 +365,8 @@ class SimulatedBackend(Backend):
         r.temperature_celsius = {"gpu": round(temp, 1), "memory": round(temp + 5.0, 1)}
         r.power_watts = round(power, 3)
         r.power_limit_watts = POWER_MAX_W
+        r.power_default_limit_watts = POWER_MAX_W
+        r.compute_mode = 0.0  # default (shared)
         r.energy_joules = round(self._energy[i], 3)
         r.clock_hertz = {"graphics": sm_clock, "sm": sm_clock, "memory": 2619e6, "video": 1545e6}
         r.clock_max_hertz = {"graphics": 1980e6, "sm": 1980e6, "memory": 2619e6, "video": 1545e6}
@@ -393,12 +397,16 @@ class SimulatedBackend(Backend):
         r.remapped_rows_pending = 1.0 if unc >= 1 else 0.0
         r.remapped_rows_failed = 1.0 if unc >= 2 else 0.0
         r.violation_seconds = {k: round(s, 3) for k, s in violation.items()}
+        # a pending row remap needs a GPU reset (nvmlDeviceGpuRecoveryAction_t 1), as the driver says
+        r.recovery_action = 1.0 if r.remapped_rows_pending else 0.0
         r.mig_mode_enabled = 1.0 if state == MIG else 0.0
         r.mig = self.model.mig_instances(i, now)
         if self._collections > 0:  # GPM is a rate between two samples: absent on the first collection
             if r.mig:
                 r.sm_active_ratio = {str(m.gpu_instance_id): round(0.85 * (m.utilization_ratio or 0.0), 4)
                                      for m in r.mig}
+                r.pipe_active_ratio = {("tensor", str(m.gpu_instance_id)): round(0.4 * (m.utilization_ratio or 0.0), 4)
+                                       for m in r.mig}
             else:
                 load = self.model.load(i, now)
                 r.sm_active_ratio = {"": round(0.12 if state == STARVED else 0.85 * load, 4)}

@@ -116,6 +116,12 @@ class GpuReading:
     process_pids: tuple[int, ...] | None = None
     process_utilization_by_pid: dict[int, float] | None = None
 
+    # state nvidia_gpu_exporter's dashboards read (issue 28); NVML enums as numbers
+    power_default_limit_watts: float | None = None  # nvidia-smi power.default_limit
+    compute_mode: float | None = None  # nvmlComputeMode_t (nvidia-smi compute_mode)
+    fabric_state: float | None = None  # nvmlGpuFabricState_t 1-3 (nvidia-smi fabric.state); absent: no fabric
+    recovery_action: float | None = None  # nvmlDeviceGpuRecoveryAction_t (nvidia-smi gpu_recovery_action)
+
     # MIG / partitions
     mig_mode_enabled: float | None = None
     mig: list[MigReading] = field(default_factory=list)

@@ -81,9 +81,11 @@ def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, backe
 FAMILIES: tuple[Family, ...] = (
     # --- identity and state --------------------------------------------------------------------
     Family("gpu_info", GAUGE, "1", "GPU identity; value is always 1. Join on (gpu, uuid) for names.", "identity",
-           labels=("name", "vendor", "pci_bus_id", "serial", "driver_version", "cuda_version", "backend"),
-           backends=ALL, nvml="nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial",
-           smi="name, uuid, pci.bus_id, serial, driver_version", amd="amd-smi static --asic --board --driver"),
+           labels=("name", "vendor", "pci_bus_id", "serial", "driver_version", "cuda_version", "backend",
+                   "vbios_version"),
+           backends=ALL, nvml="nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial, GetVbiosVersion",
+           smi="name, uuid, pci.bus_id, serial, driver_version, vbios_version",
+           amd="amd-smi static --asic --board --driver --vbios"),
     Family("gpu_up", GAUGE, "1", "1 when the GPU answered this collection, 0 when it is lost or unreadable.",
            "identity", backends=ALL, nvml="NVML_ERROR_GPU_IS_LOST and device faults -> 0",
            smi="(nvidia-smi: 'GPU is lost')", amd="(amd-smi: device errors)"),
@@ -274,6 +276,24 @@ FAMILIES: tuple[Family, ...] = (
        "(opt-in: --per-process).", "processes", "process_memory_by_pid", ("nvml", "amdsmi"),
        "nvmlDeviceGetComputeRunningProcesses", "--query-compute-apps=pid,used_memory", "amd-smi process",
        labels=("pid",), when="--per-process"),
+    # --- state nvidia_gpu_exporter's dashboards read (issue 28) ----------------------------------
+    _g("gpu_power_default_limit_watts", GAUGE, "watts",
+       "Default power limit in watts: the board's limit before an administrator changes it.", "power",
+       "power_default_limit_watts", ("simulated", "nvml"), "nvmlDeviceGetPowerManagementDefaultLimit (mW)",
+       "power.default_limit", "(none)"),
+    _g("gpu_compute_mode", GAUGE, "1",
+       "Compute mode (nvmlComputeMode_t): 0 default (shared), 1 exclusive thread, 2 prohibited, 3 exclusive "
+       "process.", "identity", "compute_mode", ("simulated", "nvml"), "nvmlDeviceGetComputeMode", "compute_mode",
+       "(none)"),
+    _g("gpu_fabric_state", GAUGE, "1",
+       "NVLink fabric (NVSwitch) registration of the GPU (nvmlGpuFabricState_t): 1 not started, 2 in progress, "
+       "3 completed.", "interconnect", "fabric_state", ("nvml",), "nvmlDeviceGetGpuFabricInfo.state (R525+)",
+       "fabric.state", "(none)", when="a GPU on an NVLink fabric (absent when NVML says not supported)"),
+    _g("gpu_recovery_action", GAUGE, "1",
+       "The recovery the driver asks for (nvmlDeviceGpuRecoveryAction_t): 0 none, 1 GPU reset, 2 node reboot, "
+       "3 drain peer-to-peer, 4 drain and reset.", "health", "recovery_action", ("simulated", "nvml"),
+       "nvmlDeviceGetFieldValues NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230)", "gpu_recovery_action", "(none)",
+       when="a driver that reports the field"),
     # --- MIG / partitions ------------------------------------------------------------------------
     _g("gpu_mig_mode_enabled", GAUGE, "1", "1 when MIG (NVIDIA) or a compute partition mode (AMD) is enabled.",
        "mig", "mig_mode_enabled", REAL, "nvmlDeviceGetMigMode", "mig.mode.current",

@@ -320,4 +320,4 @@ def _down_copy(r: GpuReading, reason: str) -> GpuReading:
     """``r``'s identity with ``up=False`` and no readings."""
     return GpuReading(index=r.index, uuid=r.uuid, vendor=r.vendor, up=False, up_reason=reason, name=r.name,
                       pci_bus_id=r.pci_bus_id, serial=r.serial, driver_version=r.driver_version,
-                      cuda_driver_version=r.cuda_driver_version)
+                      cuda_driver_version=r.cuda_driver_version, firmware_version=r.firmware_version)

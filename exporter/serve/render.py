@@ -150,7 +150,7 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
             f'gpu_info{{gpu="{r.index}",uuid="{esc(r.uuid)}",name="{esc(r.name or "")}",vendor="{esc(r.vendor)}",'
             f'pci_bus_id="{esc(r.pci_bus_id or "")}",serial="{esc(r.serial or "")}",'
             f'driver_version="{esc(r.driver_version or "")}",cuda_version="{esc(r.cuda_driver_version or "")}",'
-            f'backend="{esc(c.backend)}"}} 1\n' for c, r, _ in rows))
+            f'backend="{esc(c.backend)}",vbios_version="{esc(r.firmware_version or "")}"}} 1\n' for c, r, _ in rows))
     if fields.exposed("gpu_up"):
         _emit(out, "gpu_up", "".join(f"gpu_up{{{b}}} {1 if r.up else 0}\n" for _, r, b in rows))
 

@@ -55,6 +55,16 @@ _REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowd
             "hw_power_brake_slowdown", "sw_thermal_slowdown", "sync_boost")
 
 
+def _named(names: dict[int, str], v: float | None) -> str | None:
+    """An NVML enum number as nvidia-smi prints it."""
+    return None if v is None else names.get(int(v), f"Unknown({int(v)})")
+
+
+_COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+_FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}
+_RECOVERY_ACTIONS = {0: "None", 1: "GPU Reset", 2: "Node Reboot", 3: "Drain P2P", 4: "Drain and Reset"}
+
+
 def _reason(name: str) -> Field:
     return Field("gpu_throttle_reason_active", f"clocks_event_reasons.{name}",
                  lambda r: r.throttle_reasons.get(name), note="\"Not Active\" also matches a reason the GPU lacks")
@@ -116,6 +126,15 @@ FIELDS: tuple[Field, ...] = (
     Field("gpu_remapped_rows_failed", "remapped_rows.failure", lambda r: r.remapped_rows_failed),
     *(_reason(n) for n in _REASONS),
     Field("gpu_mig_mode_enabled", "mig.mode.current", lambda r: r.mig_mode_enabled),
+    # issue 28: nvidia_gpu_exporter's series; enums compared as nvidia-smi spells them
+    Field(_GPU, "vbios_version", lambda r: r.firmware_version, text=True),
+    Field("gpu_power_default_limit_watts", "power.default_limit", lambda r: r.power_default_limit_watts,
+          tol_abs=0.5),
+    Field("gpu_compute_mode", "compute_mode", lambda r: _named(_COMPUTE_MODES, r.compute_mode), text=True),
+    Field("gpu_fabric_state", "fabric.state", lambda r: _named(_FABRIC_STATES, r.fabric_state), text=True,
+          note="N/A (no fabric): absent"),
+    Field("gpu_recovery_action", "gpu_recovery_action", lambda r: _named(_RECOVERY_ACTIONS, r.recovery_action),
+          text=True, note="only \"None\" is spelling-verified"),
 )
 
 
@@ -185,6 +204,10 @@ VALIDATION: dict[str, Row] = {
     "gpu_mig_memory_used_bytes": Row("bytes (_v2: reserved excluded)",
                                      "per MIG device: nvidia-smi -q -d MEMORY, not --query-gpu"),
     "gpu_mig_utilization_ratio": Row("% / 100", "NVML reports none for MIG devices"),
+    "gpu_power_default_limit_watts": Row("mW / 1000"),
+    "gpu_compute_mode": Row("nvmlComputeMode_t number (nvidia-smi: its name)"),
+    "gpu_fabric_state": Row("nvmlGpuFabricState_t number (nvidia-smi: its name)"),
+    "gpu_recovery_action": Row("nvmlDeviceGpuRecoveryAction_t number (nvidia-smi: its name)"),
     "gpu_p2p_supported": Row("OK -> 1", "compared with nvidia-smi topo -m (NV#: nvlink), not --query-gpu"),
     "gpu_topology_level": Row("NVML level", "compared with nvidia-smi topo -m (PIX/PXB/PHB/NODE/SYS)"),
     "gpu_xid_errors_total": Row("count", "events (dmesg: NVRM: Xid), not a --query-gpu field"),

@@ -297,6 +297,13 @@ def _default_gpu(i: int, n: int) -> dict[str, Any]:
         # shared GPUs (time-slicing, MPS): see time_slicing() and mps() below
         "proc_util": [],                  # [(pid, sm_percent[, mem, enc, dec[, timestamp_us]])] samples
         "mps_procs": [],                  # [(pid, used_bytes | None)] MPS clients
+        # issue 28 (nvidia_gpu_exporter's series)
+        "default_limit_mw": 700_000,      # nvmlDeviceGetPowerManagementDefaultLimit
+        "compute_mode": 0,                # nvmlComputeMode_t: 0 Default ... 3 Exclusive_Process
+        "vbios_version": f"96.00.99.00.{i + 1:02d}",
+        "fabric_state": 3,                # nvmlGpuFabricState_t: 0 not supported ... 3 completed
+        "fabric_status": 0,               # nvmlReturn_t of the fabric registration
+        "recovery_action": 0,             # field 230, nvmlDeviceGpuRecoveryAction_t (0 none)
     }
 
 

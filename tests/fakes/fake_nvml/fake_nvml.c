@@ -186,7 +186,9 @@ enum {
     X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet) \
     X(nvmlGpmSetStreamingEnabled) X(nvmlGpmQueryIfStreamingEnabled) \
     X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetProcessesUtilizationInfo) \
-    X(nvmlDeviceGetMPSComputeRunningProcesses_v2) X(nvmlDeviceGetMPSComputeRunningProcesses_v3)
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v2) X(nvmlDeviceGetMPSComputeRunningProcesses_v3) \
+    X(nvmlDeviceGetPowerManagementDefaultLimit) X(nvmlDeviceGetComputeMode) X(nvmlDeviceGetVbiosVersion) \
+    X(nvmlDeviceGetGpuFabricInfo)
 
 #define AS_ENUM(n) F_##n,
 enum { FAKE_FUNCS(AS_ENUM) F_COUNT };
@@ -298,6 +300,9 @@ struct gpu {
     uint64_t mig_mode, mig_pending, mig_max, supported_events, lost;
     uint64_t delay_ms;  /* every device call on this GPU sleeps this long (a hung driver) */
     uint64_t gpm_supported;
+    /* issue 28: nvidia_gpu_exporter's compat series */
+    uint64_t default_limit_mw, compute_mode, fabric_state, fabric_status, recovery_action;
+    char vbios_version[32];
 
     unsigned int pci_domain, pci_bus, pci_dev, pci_fn; /* parsed from bus_id */
     uint64_t violation[NPOLICY];
@@ -350,6 +355,7 @@ static const struct scalar gpu_scalars[] = {
     U(clocks_event_reasons), U(supported_clocks_event_reasons), U(violation_ref),
     U(nvlinks), U(enc_util), U(enc_period_us), U(dec_util), U(dec_period_us),
     U(mig_mode), U(mig_pending), U(mig_max), U(supported_events), U(lost), U(delay_ms),
+    U(default_limit_mw), U(compute_mode), U(fabric_state), U(fabric_status), U(recovery_action), S(vbios_version),
     U(gpm_supported),
 };
 
@@ -1249,6 +1255,7 @@ static nvmlReturn_t field_value(const struct gpu *g, unsigned int id, unsigned i
     case 145: *type = VT_UINT; *v = g->remap_failure; return NVML_SUCCESS;
     case 185: case 186: *type = VT_UINT; *v = g->power_mw; return NVML_SUCCESS;
     case 190: *type = VT_UINT; *v = g->power_limit_mw; return NVML_SUCCESS;
+    case 230: *type = VT_ULL; *v = g->recovery_action; return NVML_SUCCESS; /* GET_GPU_RECOVERY_ACTION */
     default: return NVML_ERROR_NOT_SUPPORTED;
     }
 }
@@ -2209,5 +2216,50 @@ API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t dev, un
 {
     DEV(nvmlDeviceGetMPSComputeRunningProcesses_v3, dev, MIG_OK);
     OUT(proc_list(mps[gidx], n_mps[gidx], m, count, infos));
+}
+#endif
+
+/* ---- issue 28: default power limit, compute mode, VBIOS version, fabric state ----
+ * (the recovery action is field 230 of nvmlDeviceGetFieldValues, above). */
+#ifndef OMIT_nvmlDeviceGetPowerManagementDefaultLimit
+U32_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, default_limit_mw)
+#endif
+
+#ifndef OMIT_nvmlDeviceGetComputeMode
+API nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, int *mode)  /* nvmlComputeMode_t */
+{
+    DEV(nvmlDeviceGetComputeMode, dev, 0);
+    NEED(mode);
+    *mode = (int)g->compute_mode;
+    OUT(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetVbiosVersion
+API nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t dev, char *version, unsigned int length)
+{
+    DEV(nvmlDeviceGetVbiosVersion, dev, 0);
+    OUT(put_str(version, length, g->vbios_version));
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetGpuFabricInfo
+/* nvmlGpuFabricInfo_t (nvml.h, R525+): nvmlGpuFabricState_t is an unsigned char. */
+typedef struct {
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state;
+} nvmlGpuFabricInfo_t;
+
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info)
+{
+    DEV(nvmlDeviceGetGpuFabricInfo, dev, 0);
+    NEED(info);
+    memset(info, 0, sizeof *info);
+    info->status = (nvmlReturn_t)g->fabric_status;
+    info->cliqueId = 1;
+    info->state = (unsigned char)g->fabric_state;
+    OUT(NVML_SUCCESS);
 }
 #endif

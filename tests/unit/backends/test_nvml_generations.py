@@ -50,6 +50,9 @@ NEEDS: dict[str, list[set[str]]] = {
     "gpu_violation_seconds_total": [{"nvmlDeviceGetViolationStatus"}],
     "gpu_ecc_errors_total": [{"nvmlDeviceGetTotalEccErrors"}],
     "gpu_pcie_link_width": [{"nvmlDeviceGetCurrPcieLinkWidth"}],
+    "gpu_power_default_limit_watts": [{"nvmlDeviceGetPowerManagementDefaultLimit"}],
+    "gpu_compute_mode": [{"nvmlDeviceGetComputeMode"}],
+    "gpu_fabric_state": [{"nvmlDeviceGetGpuFabricInfo"}],  # R525+
 }
 CORE = ("gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_temperature_celsius", "gpu_power_watts",
         "gpu_clock_hertz")
