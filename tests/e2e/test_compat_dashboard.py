@@ -38,6 +38,7 @@ RULES = [ROOT / "dashboards" / "rules" / "compat-dcgm.yaml",
 # file -> (Grafana.com id, git blob id of the published file, panels, exporter)
 DASHBOARDS = {
     "dcgm-12239.json": (12239, "f4fdd174d10a65b1f09b0975aa18ecd481c15353", 8, "dcgm"),
+    "dcgm-12239-current.json": (12239, "c16810412c8f80d23eaea572fd1cfccb82f5977c", 8, "dcgm"),
     "nvidia-gpu-exporter-14574-2024.json": (14574, "a5d821e7a5a2a61c4e6cb7ebfe1d101fb966fc43", 23, "nvidia_smi"),
     "nvidia-gpu-exporter-14574-current.json": (14574, "4cdb58432f63d17517ccb41b3d8da6b2eec7cad1", 40, "nvidia_smi"),
     "nvidia-gpu-exporter-25547.json": (25547, "258f49bb7397a6781106d5874297e72dbd194720", 22, "nvidia_smi"),

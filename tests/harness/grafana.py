@@ -311,8 +311,9 @@ class Grafana:
 
     @property
     def interval_s(self) -> float:
-        """$__interval: the time range over the data points, at least the scrape interval."""
-        return max(self.scrape_interval_s, math.ceil(self.range_s / self.max_data_points))
+        """$__interval: the time range over the data points rounded as Grafana's roundInterval does,
+        at least the scrape interval (the data source's "min interval")."""
+        return max(self.scrape_interval_s, round_interval(self.range_s / self.max_data_points))
 
     def builtins(self) -> dict[str, str]:
         interval = self.interval_s
@@ -362,6 +363,20 @@ class Grafana:
             return self.prom.query(expr, time=self.now)
         step = max(self.interval_s, _seconds(target.get("interval") or "0s"))
         return self.prom.query_range(expr, self.now - self.range_s, self.now, step)
+
+
+# Grafana's rangeutil.roundInterval: (below this many ms, round to this many ms)
+_ROUND = ((15, 10), (35, 20), (75, 50), (150, 100), (350, 200), (750, 500), (1500, 1000), (3500, 2000),
+          (7500, 5000), (12500, 10000), (17500, 15000), (25000, 20000), (45000, 30000), (90000, 60000),
+          (210000, 120000), (450000, 300000), (750000, 600000), (1050000, 900000), (1500000, 1200000),
+          (2700000, 1800000), (5400000, 3600000), (9000000, 7200000), (16200000, 10800000),
+          (32400000, 21600000), (86400000, 43200000), (604800000, 86400000), (1814400000, 604800000),
+          (3628800000, 2592000000))
+
+
+def round_interval(seconds: float) -> float:
+    ms = seconds * 1000
+    return next((to for below, to in _ROUND if ms < below), 31536000000) / 1000
 
 
 def _seconds(text: str) -> float:
