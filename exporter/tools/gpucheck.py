@@ -215,6 +215,10 @@ VALIDATION: dict[str, Row] = {
     "gpu_pci_devices": Row("count", "sysfs (lspci), not NVML"),
     "gpu_visible_devices": Row("count", "a GPU missing from our collection fails every row of it"),
     "gpu_allocation_info": Row(_ONE, "the kubelet's pod-resources API, not NVML"),
+    "gpu_pod_utilization_ratio": Row("% / 100, summed per pod", "per-process samples (nvidia-smi pmon), per pod "
+                                     "through /proc and the API; not a --query-gpu field"),
+    "gpu_pod_memory_used_bytes": Row("bytes, summed per pod", "nvidia-smi --query-compute-apps per process, summed "
+                                     "per pod through /proc and the API"),
 }
 
 NA = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", "")
