@@ -11,7 +11,8 @@ series listed below, each with the reason it cannot have data in that scenario.
 
 Scenarios: ``nvml``: the NVML backend over the fake libnvidia-ml (two H100s, GPM, processes with
 ``--per-process``, an XID on each, fans reported). ``mig``: the simulated backend's ``mig``
-scenario, for the panels that read MIG series.
+scenario, and the NVML fake with MIG devices (two compute instances in one GPU instance), for the
+panels that read MIG series.
 """
 
 from __future__ import annotations
@@ -209,3 +210,25 @@ def test_published_mig_panels_show_data_on_the_mig_scenario(tmp_path: Path) -> N
         mem = next(p for p in panels(load("nvidia-gpu-exporter-25547.json")) if p["title"] == "MIG Memory Used")
         got = g.run(targets(mem)[0])
         assert sorted(s["metric"]["profile"] for s in got) == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+
+
+@pytest.mark.prometheus
+def test_published_mig_panels_show_data_on_nvml_mig(tmp_path: Path) -> None:
+    """The same panels over the NVML backend: MIG devices named as NVML names them (compute-instance
+    profiles "1c.2g.20gb" where a GPU instance holds several compute instances), GPM per GPU instance."""
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=2)
+    fleet.add_mig(0, 0, "3g.40gb", gi=1, mem_total=40 * 2**30, mem_used=5 * 2**30)
+    fleet.add_mig(0, 1, "1c.2g.20gb", gi=2, ci=0, mem_total=20 * 2**30, mem_used=2**30)
+    fleet.add_mig(0, 2, "1c.2g.20gb", gi=2, ci=1, mem_total=20 * 2**30, mem_used=2**30)
+    with ExporterProcess(["--backend", "nvml"], env=fleet.env()) as ex, \
+            Prometheus(tmp_path / "prom", scrape_targets=[f"127.0.0.1:{ex.port}"], job_name="gpu-exporter",
+                       rule_files=RULES) as prom:
+        prom.wait_for("nvidia_smi_mig_tensor_activity_ratio", timeout=30)
+        mig_gpu = fleet.gpus[0]["uuid"].removeprefix("GPU-")
+        for name in NVIDIA_SMI:
+            choices: list[Any] = ["default", "all"] if name.endswith("25547.json") else [{"gpu": mig_gpu}]
+            _check(prom, name, choices, {}, only=_mig_panel)
+        used = {s["metric"]["gpu_instance_id"]: float(s["value"][1])
+                for s in prom.query(f'nvidia_smi_mig_memory_used_bytes{{uuid="{mig_gpu}"}}')}
+        assert used == {"1": 5 * 2**30, "2": 2**30}  # per GPU instance, as nvidia_gpu_exporter reports it
+
