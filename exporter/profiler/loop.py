@@ -40,7 +40,16 @@ from exporter.profiler.annotate import Conflict, KubeError, NodeGone, NodeInfo, 
 from exporter.profiler.classify import ALLOCATED_IDLE, GROWING, GpuStats, classify_gpu
 from exporter.profiler.events import EventRecorder
 from exporter.profiler.leader import LeaderElector
-from exporter.profiler.plan import GpuInput, PlanConfig, diff, has_our_keys, plan_node, valid_gpu_id
+from exporter.profiler.plan import (
+    GpuInput,
+    PlanConfig,
+    clean_holders,
+    diff,
+    has_our_keys,
+    plan_node,
+    valid_gpu_id,
+    valid_uuid,
+)
 from exporter.profiler.prom import PromError, printable
 from exporter.profiler.queries import Reader
 
@@ -158,6 +167,11 @@ class ProfilerMetrics:
                                   "Unix time the last cycle completed without error.", registry=r)
         self.gpus = Gauge("gpu_profiler_gpus", "GPUs classified in the last cycle, by pattern.", ["pattern"],
                           registry=r)
+        self.rejected = Counter("gpu_profiler_label_values_rejected", "Label values from Prometheus that do "
+                                "not match their grammar and were not written to a Node (uuid, holder entry).",
+                                ["label"], registry=r)
+        for label in ("uuid", "holder"):
+            self.rejected.labels(label)
         for kind in ERROR_KINDS:
             self.errors.labels(kind)
         for res in ("ok", "failed"):
@@ -292,7 +306,16 @@ class Profiler:
                                 printable(node, 80), printable(repr(gpu), 40))
                     continue
                 prof = classify_gpu(st, self.plan.thresholds)
-                inputs.setdefault(node, {})[gpu] = GpuInput(st.uuid, prof)
+                uuid = st.uuid
+                if uuid and not valid_uuid(uuid):  # 64 KiB with newlines and escapes reached a Node once
+                    self.metrics.rejected.labels("uuid").inc()
+                    log.debug("node %s gpu %s: uuid %s is not a UUID; not written", printable(node, 80),
+                              gpu, printable(repr(uuid), 80))
+                    uuid = ""
+                bad_holders = clean_holders(prof.holder)[1]
+                if bad_holders:
+                    self.metrics.rejected.labels("holder").inc(bad_holders)
+                inputs.setdefault(node, {})[gpu] = GpuInput(uuid, prof)
                 counts[prof.pattern] = counts.get(prof.pattern, 0) + 1
             classify_s += time.monotonic() - c0
 

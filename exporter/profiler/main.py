@@ -154,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     k = p.add_argument_group("Kubernetes")
     k.add_argument("--annotation-prefix", default="gpu-exporter.io",
                    help="annotation key prefix (default gpu-exporter.io)")
+    k.add_argument("--max-gpus-per-node", default="64",
+                   help="GPUs annotated per node, lowest ids first; more are counted in omitted-gpus (default 64)")
+    k.add_argument("--max-annotation-bytes", default="16384",
+                   help="bound on our annotation keys and values per node; GPUs beyond it are left out from the "
+                        "highest id and counted in omitted-gpus (default 16384, 2048 to 131072)")
     k.add_argument("--kubeconfig", help="kubeconfig file; default: in-cluster service account, else $KUBECONFIG")
     k.add_argument("--node-selector", help="label selector limiting the nodes listed and annotated")
     k.add_argument("--dry-run", action="store_true",
@@ -298,7 +303,9 @@ def parse_args(argv: list[str]) -> Settings:
         query=QueryConfig(window_s=window, step_s=step, node_label=a.node_label, thresholds=th,
                           fresh_s=min(300.0, window / 2), source=a.source),
         plan=PlanConfig(prefix=a.annotation_prefix, hysteresis=_int("--hysteresis", a.hysteresis, 1, 100),
-                        thresholds=th),
+                        thresholds=th,
+                        max_gpus_per_node=_int("--max-gpus-per-node", a.max_gpus_per_node, 1, 4096),
+                        max_annotation_bytes=_int("--max-annotation-bytes", a.max_annotation_bytes, 2048, 131072)),
         kubeconfig=a.kubeconfig,
         node_selector=a.node_selector,
         dry_run=a.dry_run,

@@ -47,6 +47,7 @@ IDLE_GPUS = "idle-gpus"
 BEST_GPU = "best-gpu"
 BEST_SCORE = "best-gpu-score"
 ALLOCATED_IDLE_GPUS = "allocated-idle-gpus"
+OMITTED_GPUS = "omitted-gpus"  # GPUs beyond --max-gpus-per-node or the byte bound: counted, not annotated
 GPU_FIELDS = ("pattern", "uuid", "period-seconds", "memory-growth-bytes-per-second", "holder")
 MAX_HOLDER_CHARS = 320  # one "namespace/pod" (63 + 1 + 253); a shared GPU lists what fits
 
@@ -55,6 +56,13 @@ _GPU_ID = re.compile(r"[0-9A-Za-z]([0-9A-Za-z_.-]{0,18}[0-9A-Za-z])?\Z")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?\Z")  # as we write numbers: no exponent, no NaN, ASCII digits
 _COUNT = re.compile(r"(0|[1-9][0-9]{0,8})\Z")  # a count as we write it (below 10^9)
+# what a GPU UUID looks like on every source we read: NVIDIA GPU-<uuid>, MIG-<uuid> and the older
+# MIG-GPU-<uuid>/<gi>/<ci>, AMD's <uuid>, DCGM's and simulated ones alike; printable ASCII, short
+_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,95}\Z")
+# a holder entry: namespace (a DNS-1123 label) / pod (a DNS-1123 subdomain of at most 253 characters)
+_HOLDER = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/"
+                     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_MORE = re.compile(r"\+[1-9][0-9]{0,8}\Z")  # bounded_holder's ",+N"
 
 
 def valid_prefix(prefix: str) -> bool:
@@ -67,6 +75,25 @@ def valid_gpu_id(gpu: str) -> bool:
     return bool(_GPU_ID.match(gpu))
 
 
+def valid_uuid(uuid: str) -> bool:
+    """A ``uuid`` label value we write as it is: printable ASCII of the UUID alphabet, at most 96."""
+    return bool(_UUID.match(uuid))
+
+
+def valid_holder(entry: str) -> bool:
+    """One ``namespace/pod`` as Kubernetes names them (lower-case DNS names, pod name at most 253)."""
+    return len(entry) <= 317 and bool(_HOLDER.match(entry)) and len(entry.partition("/")[2]) <= 253
+
+
+def clean_holders(holder: str | None) -> tuple[str | None, int]:
+    """The entries of a holder list that are Kubernetes names, and how many were not."""
+    if not holder:
+        return None, 0
+    entries = holder.split(",")
+    good = [h for h in entries if valid_holder(h)]
+    return (",".join(good) or None), len(entries) - len(good)
+
+
 @dataclass(frozen=True)
 class PlanConfig:
     prefix: str = "gpu-exporter.io"
@@ -75,12 +102,18 @@ class PlanConfig:
     period_deadband: float = 0.10  # period: relative
     growth_deadband: float = 0.25  # growth rate: relative
     thresholds: Thresholds = field(default_factory=Thresholds)
+    max_gpus_per_node: int = 64  # GPUs annotated per node (lowest ids); the rest are counted in omitted-gpus
+    max_annotation_bytes: int = 16384  # our keys and values on one node (the API server allows 256 KiB in all)
 
     def __post_init__(self) -> None:
         if not valid_prefix(self.prefix):
             raise ValueError(f"annotation prefix {self.prefix!r} is not a lowercase DNS subdomain")
         if self.hysteresis < 1:
             raise ValueError(f"hysteresis {self.hysteresis} must be at least 1")
+        if not 1 <= self.max_gpus_per_node <= 4096:
+            raise ValueError(f"max GPUs per node {self.max_gpus_per_node} must be 1 to 4096")
+        if not 2048 <= self.max_annotation_bytes <= 131072:
+            raise ValueError(f"max annotation bytes {self.max_annotation_bytes} must be 2048 to 131072")
 
 
 @dataclass(frozen=True)
@@ -146,7 +179,12 @@ def _well_formed(name: str, value: str) -> bool:
     if kind in (IDLE_GPUS, ALLOCATED_IDLE_GPUS):
         return bool(_COUNT.match(value))
     if kind == "holder":
-        return 0 < len(value) <= MAX_HOLDER_CHARS
+        entries = value.split(",")
+        if entries and _MORE.match(entries[-1]):
+            entries.pop()
+        return 0 < len(value) <= MAX_HOLDER_CHARS and bool(entries) and all(valid_holder(h) for h in entries)
+    if kind == "uuid":
+        return valid_uuid(value)
     if kind == BEST_SCORE:
         score = _num(value)
         return score is not None and 0.0 <= score <= 1.0
@@ -209,16 +247,17 @@ def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: Pla
         known = sorted({m.group(1) for n in present if (m := _GPU_KEY.match(n))})
         inputs = {g: GpuInput(published.get(f"gpu-{g}.uuid", ""), GpuProfile(UNKNOWN)) for g in known}
 
-    for gpu in sorted(inputs, key=_gpu_sort_key):
-        if not valid_gpu_id(gpu):
-            continue
+    ids = sorted((g for g in inputs if valid_gpu_id(g)), key=_gpu_sort_key)
+    omitted = max(0, len(ids) - cfg.max_gpus_per_node)
+    kept = ids[: cfg.max_gpus_per_node]
+    for gpu in kept:
         gi = inputs[gpu]
         prof = gi.profile
         base = f"gpu-{gpu}."
         name = base + "pattern"
         pattern = hyst(name, prof.pattern if prof.pattern in PATTERNS else UNKNOWN)
         out[name] = pattern
-        if gi.uuid:
+        if gi.uuid and valid_uuid(gi.uuid):
             out[base + "uuid"] = gi.uuid
         held = pattern != prof.pattern  # the hysteresis kept the old pattern
         changed = published.get(name) != pattern
@@ -229,7 +268,7 @@ def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: Pla
             _number(out, published, base + "memory-growth-bytes-per-second",
                     None if held else prof.growth_bytes_per_second, changed, rel=cfg.growth_deadband)
         elif pattern == ALLOCATED_IDLE:
-            holder = published.get(base + "holder") if held else bounded_holder(prof.holder)
+            holder = published.get(base + "holder") if held else bounded_holder(clean_holders(prof.holder)[0])
             if holder:
                 out[base + "holder"] = holder
 
@@ -245,7 +284,8 @@ def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: Pla
     if measured:
         idle = sum(1 for pr in measured if is_idle_for_node(pr, cfg.thresholds))
         out[IDLE_GPUS] = hyst(IDLE_GPUS, str(idle))
-    scores = {g: pr.score for g, pr in profiles.items() if pr.score is not None}
+    shown = set(kept)
+    scores = {g: pr.score for g, pr in profiles.items() if pr.score is not None and g in shown}
     if scores:
         best = max(sorted(scores, key=_gpu_sort_key), key=lambda g: scores[g])
         pub_best = published.get(BEST_GPU)
@@ -259,12 +299,28 @@ def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: Pla
                                                                          absolute=cfg.score_deadband)
         out[BEST_SCORE] = pub_score if keep and pub_score is not None else _fmt_score(new_score)
 
-    if hyst.new_pending:
-        out[PENDING] = format_pending(hyst.new_pending)
-    if not out:
+    desired = _desired(out, hyst.new_pending, omitted, p)
+    # the byte bound: GPUs are left out from the highest id, each counted, until the node fits
+    while kept and annotation_bytes(desired, cfg.prefix) > cfg.max_annotation_bytes:
+        base = f"gpu-{kept.pop()}."
+        out = {n: v for n, v in out.items() if not n.startswith(base)}
+        hyst.new_pending = {n: x for n, x in hyst.new_pending.items() if not n.startswith(base)}
+        omitted += 1
+        desired = _desired(out, hyst.new_pending, omitted, p)
+    return desired
+
+
+def _desired(out: Mapping[str, str], pending: Mapping[str, tuple[str, int]], omitted: int, p: str) -> dict[str, str]:
+    """Full keys: ``out`` plus the pending record, the omitted-GPU count and the owned-keys record."""
+    names = dict(out)
+    if pending:
+        names[PENDING] = format_pending(pending)
+    if omitted:
+        names[OMITTED_GPUS] = str(omitted)
+    if not names:
         return {}  # nothing left to say: diff() then removes the record itself
-    desired = {p + n: v for n, v in out.items()}
-    desired[p + OWNED] = ",".join(sorted(out, key=_name_sort_key))
+    desired = {p + n: v for n, v in names.items()}
+    desired[p + OWNED] = ",".join(sorted(names, key=_name_sort_key))
     return desired
 
 

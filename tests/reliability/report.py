@@ -117,6 +117,23 @@ EXTERNAL = [
             "while /readyz said ready)",
         "test": "tests/unit/backends/test_rocm_smi.py::test_a_bad_vendor_string_never_fails_a_scrape",
         "figures": {"cases": 6, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "label text from Prometheus on Node annotations (profiler)",
+        "done": "uuid labels with newlines, terminal escapes, NUL, spaces, commas, U+2028, non-ASCII, 64 "
+            "KiB and 204 characters; holder entries with a bell, an escape, upper case, a 254-character"
+            " pod, a 64-character namespace, extra or missing parts; 3,000 GPU ids on one node; 200 "
+            "allocated-idle GPUs with full holder lists and MIG uuids under a 253-character prefix; a "
+            "real cycle through a real Prometheus",
+        "happened": "values outside their grammar are not written and are counted "
+            "(`gpu_profiler_label_values_rejected_total`); the node keeps 64 GPUs and one "
+            "`omitted-gpus` count; every node stays within `--max-annotation-bytes` (16 KiB) and every "
+            "value is printable (before issue 26: written verbatim; one 321 KB patch of 6,005 keys)",
+        "test": "tests/unit/profiler/test_plan.py::test_a_uuid_outside_its_grammar_is_not_written, "
+            "::test_holders_outside_their_grammar_are_not_written, "
+            "::test_gpus_per_node_are_capped_with_one_count_annotation, "
+            "::test_worst_case_node_stays_under_the_documented_bound, "
+            "tests/unit/profiler/test_allocated.py::test_hostile_uuid_and_holders_never_reach_the_node",
+        "figures": {"cases": 28, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [

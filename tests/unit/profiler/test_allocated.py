@@ -87,3 +87,40 @@ def test_events_are_rate_limited_and_forbidden_is_one_warning(tmp_path: Path,
             assert [rec.record(f"m{i}", "0", "growing", "m") for i in range(3)] == ["failed", "dropped", "dropped"]
         assert len([r for r in caplog.records if "forbidden" in r.getMessage()]) == 1
         client.close()
+
+
+def test_hostile_uuid_and_holders_never_reach_the_node(tmp_path: Path) -> None:
+    """Issue 26: a 64 KiB uuid with newlines and terminal escapes, and holders with control
+    characters, were written to the Node verbatim. Now each is skipped and counted."""
+    import dataclasses
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    hostile_uuid = "GPU-1\nforged: yes\x1b[31m" + "x" * 65536
+    hist = [h for h in scenario_node(13, "hostile", END) if h.gpu in ("0", "1")]
+    idle = dataclasses.replace(hist[0], uuid=hostile_uuid)
+    other = hist[1]
+    with OpenMetricsWriter(tmp_path / "h.om") as w:
+        write_openmetrics(w, [idle, other])
+        write_allocation(w, idle, "ml", "note\x07book")  # a bell in a pod name: not a Kubernetes name
+        write_allocation(w, idle, "ml", "trainer")
+        write_allocation(w, idle, "ML", "upper")
+    from kubernetes import config
+
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom, FakeKubeAPI() as api:
+        api.add_node("hostile")
+        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kc")))
+        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(client), PlanConfig(),
+                        out=io.StringIO())
+        r1 = prof.run_cycle(at=END)
+        assert r1.ok, r1.errors
+        a = api.node("hostile")["metadata"]["annotations"]
+        assert a[P + "gpu-0.pattern"] == "allocated-idle"
+        assert P + "gpu-0.uuid" not in a and a[P + "gpu-1.uuid"] == other.uuid
+        assert a[P + "gpu-0.holder"] == "ml/trainer"
+        assert all(v.isprintable() and len(v) <= 320 for k, v in a.items() if k.startswith(P) and k != P + "owned-keys")
+        counted = {s.labels["label"]: s.value for f in text_string_to_metric_families(
+            prof.metrics.exposition().decode()) for s in f.samples
+            if s.name == "gpu_profiler_label_values_rejected_total"}
+        assert counted["uuid"] >= 1 and counted["holder"] >= 2
+        client.close()

@@ -34,6 +34,8 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (["--window", "1m"], ["--window", "'1m'", "between 5m and 24h"]),
     (["--interval", "0s"], ["--interval", "'0s'", "between 1s and"]),
     (["--hysteresis", "0"], ["--hysteresis", "'0'", "from 1 to 100"]),
+    (["--max-gpus-per-node", "0"], ["--max-gpus-per-node", "'0'"]),
+    (["--max-annotation-bytes", "100"], ["--max-annotation-bytes", "'100'"]),
     (["--hysteresis", "two"], ["--hysteresis", "'two'", "whole number"]),
     (["--idle-util", "30"], ["--idle-util", "'30'", "ratio"]),
     (["--idle-mem", "-0.1"], ["--idle-mem", "'-0.1'", "ratio"]),

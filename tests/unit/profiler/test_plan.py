@@ -260,3 +260,82 @@ def test_prefix_validation() -> None:
             PlanConfig(prefix=bad)
     with pytest.raises(ValueError):
         PlanConfig(hysteresis=0)
+
+
+# ---- issue 26: label text from Prometheus is checked before it reaches a Node ------------------
+
+HOSTILE_UUIDS = ["GPU-1\nforged: yes", "GPU-\x1b[31mred", "x" * 65536, "GPU-a b", "", "GPU-é", "-GPU", "GPU-a\x00",
+                 "GPU-" + "a" * 200, "GPU-a,b", "GPU-a\u2028b"]
+
+
+@pytest.mark.parametrize("bad", HOSTILE_UUIDS)
+def test_a_uuid_outside_its_grammar_is_not_written(bad: str) -> None:
+    good = "GPU-5140a7ed-0000-4000-8000-000000000001"
+    _, after = apply({}, {"0": gpu(STEADY, uuid=bad), "1": gpu(STEADY, uuid=good)})
+    assert P + "gpu-0.uuid" not in after and after[P + "gpu-0.pattern"] == "steady"
+    assert after[P + "gpu-1.uuid"] == good
+
+
+@pytest.mark.parametrize("good", ["GPU-5140a7ed-0000-4000-8000-000000000001",
+                                  "MIG-5140a7ed-0003-4000-8000-000000000002",
+                                  "MIG-GPU-5140a7ed-0000-4000-8000-000000000001/1/0",
+                                  "79ff738c-0000-1000-80cc-d55167a2124a", "GPU-8f6c"])
+def test_real_uuids_are_written(good: str) -> None:
+    _, after = apply({}, {"0": gpu(STEADY, uuid=good)})
+    assert after[P + "gpu-0.uuid"] == good
+
+
+def held(holder: str) -> GpuInput:
+    return GpuInput("GPU-a", GpuProfile("allocated-idle", util_mean=0.0, mem_used_ratio=0.0, score=1.0, holder=holder))
+
+
+@pytest.mark.parametrize(("holder", "written"), [
+    ("ml/notebook-7f9c", "ml/notebook-7f9c"),
+    ("ml/notebook\n-forged", None),
+    ("ml/a,te\x1bam/b,team/c", "ml/a,team/c"),
+    ("ML/Upper", None),  # namespaces and pod names are lower-case DNS names
+    ("ml/" + "p" * 254, None),  # a pod name is at most 253 characters
+    ("n" * 64 + "/pod", None),  # a namespace at most 63
+    ("ml/pod/extra", None),
+    ("/pod,ml/", None),
+    ("ml/a.b-c,ml/-bad,ml/ok", "ml/a.b-c,ml/ok"),
+])
+def test_holders_outside_their_grammar_are_not_written(holder: str, written: str | None) -> None:
+    _, after = apply({}, {"0": held(holder)})
+    assert after[P + "gpu-0.pattern"] == "allocated-idle"
+    assert after.get(P + "gpu-0.holder") == written
+
+
+def test_gpus_per_node_are_capped_with_one_count_annotation() -> None:
+    """3,000 fake GPU ids on one node gave one 321 KB patch of 6,005 keys (issue 26)."""
+    gpus = {str(i): gpu(STEADY, uuid=f"GPU-5140a7ed-0000-4000-8000-{i:012d}") for i in range(3000)}
+    patch, after = apply({}, gpus)
+    patterns = sorted((k for k in after if k.endswith(".pattern")), key=lambda k: int(k.split("-")[-1].split(".")[0]))
+    assert len(patterns) == 64 and patterns[-1] == P + "gpu-63.pattern"  # the lowest ids, deterministically
+    assert after[P + "omitted-gpus"] == "2936"
+    assert annotation_bytes(after, "gpu-exporter.io") <= CFG.max_annotation_bytes
+    assert len(patch) <= 64 * 2 + 10
+    _, after8 = apply({}, gpus, PlanConfig(max_gpus_per_node=8))
+    assert sum(k.endswith(".pattern") for k in after8) == 8 and after8[P + "omitted-gpus"] == "2992"
+    # back under the cap: the count goes, and so do the keys of GPUs no longer reported
+    patch, again = apply(after, {str(i): gpus[str(i)] for i in range(4)})
+    assert P + "omitted-gpus" not in again and sum(k.endswith(".pattern") for k in again) == 4
+
+
+def test_worst_case_node_stays_under_the_documented_bound() -> None:
+    """Every GPU allocated-idle with a full holder list, a long MIG uuid and a pending change,
+    under a 253-character prefix: the node's keys and values stay within the byte bound."""
+    prefix = ("a" * 62 + ".") * 4
+    prefix = prefix[:253].rstrip(".")
+    cfg = PlanConfig(prefix=prefix)
+    holders = ",".join(f"{'n' * 60}{i}/{'p' * 250}{i:03d}" for i in range(3))
+    gpus = {f"{i:020d}"[-20:].lstrip("0") or "0": GpuInput(
+        f"MIG-GPU-5140a7ed-0000-4000-8000-{i:012d}/13/7",
+        GpuProfile("allocated-idle", util_mean=0.0, mem_used_ratio=0.0, score=1.0, holder=holders))
+        for i in range(200)}
+    _, after = apply({}, gpus, cfg)
+    _, after = apply(after, {g: GpuInput(x.uuid, GpuProfile("bursty", util_mean=0.5, mem_used_ratio=0.5, score=0.5))
+                             for g, x in gpus.items()}, cfg)
+    assert annotation_bytes(after, prefix) <= cfg.max_annotation_bytes
+    assert int(after[prefix + "/omitted-gpus"]) > 0
+    assert all(v.isprintable() for v in after.values())
