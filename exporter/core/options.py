@@ -40,6 +40,7 @@ class Settings:
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     pod_resources_interval: float = 10.0
     pod_attribution: str = "auto"
+    dra_attribution: str = "auto"
     web_config_file: str | None = None
     max_connections: int = 64
     read_timeout: float = 10.0

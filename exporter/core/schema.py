@@ -336,8 +336,10 @@ FAMILIES: tuple[Family, ...] = (
     # --- pod attribution (exporter/k8s) -------------------------------------------------------------
     Family("gpu_allocation_info", GAUGE, "1",
            "One series per device the kubelet allocated to a container on this GPU; value is always 1. "
-           "shared = number of allocations on the GPU (1: exclusive).", "attribution", "pod",
-           ("gpu", "uuid", "pod", "namespace", "container", "resource", "device", "shared"),
+           "shared = number of allocations on the GPU (1: exclusive); claim, claim_namespace: the DRA "
+           "ResourceClaim (empty for device plugins).", "attribution", "pod",
+           ("gpu", "uuid", "pod", "namespace", "container", "resource", "device", "shared", "claim",
+            "claim_namespace"),
            backends=REAL, when="pod attribution on", smi="(kubelet pod-resources API)",
            amd="(kubelet pod-resources API)"),
     Family("gpu_pod_utilization_ratio", GAUGE, "ratio",

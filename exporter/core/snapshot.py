@@ -10,13 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.core.readings import Collection, GpuReading, HostInfo
+from exporter.core.readings import Collection, GpuReading, HostInfo, MigReading
 
 if TYPE_CHECKING:  # plugins hand us prometheus_client Metrics; serving alone never imports it
     from prometheus_client.metrics_core import Metric
 
 # Extra labels for a GPU (pod attribution): reading -> {label: value}
 LabelHook = Callable[[GpuReading], dict[str, str]]
+# Extra labels for one MIG instance of a GPU (the pod holding it): (gpu, instance) -> {label: value}
+MigLabelHook = Callable[[GpuReading, MigReading], dict[str, str]]
 
 
 @dataclass
@@ -40,5 +42,6 @@ class Snapshot:
     gpu_labels: LabelHook | None = None
     extra_families: list[Metric] = field(default_factory=list)
     intervals: dict[str, float] = field(default_factory=dict)  # backend -> seconds between real reads
+    mig_labels: MigLabelHook | None = None
 
 

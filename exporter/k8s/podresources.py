@@ -17,9 +17,16 @@ Device IDs understood (after stripping a time-slicing replica suffix ``::N``):
   ``MIG-GPU-<uuid>/<gi>/<ci>`` -> GPU ``GPU-<uuid>``; index strategy ``<gpu>:<mig>`` and GKE
   ``nvidiaN/<partition>`` -> GPU index N; GKE time-sharing ``nvidiaN/vgpuK`` -> GPU N.
 
+Dynamic Resource Allocation (``ContainerResources.dynamic_resources``): each claimed device
+``(driver, pool, device name)`` of a GPU driver (:data:`~exporter.k8s.resourceslices.GPU_DRIVERS`)
+is looked up in this node's ResourceSlices (:mod:`exporter.k8s.resourceslices`, given as
+``dra``) and keyed like a device plugin ID: by ``uuid``, by MIG ``parentUUID`` + ``profile``,
+or by PCI bus id. Without ``dra`` those devices are counted as ignored.
+
 A GPU gets ``pod``/``namespace``/``container`` labels only when every allocation on it
 belongs to one container and none of them is a MIG slice; otherwise the sharing is
-described by ``gpu_allocation_info`` only (see docs/attribution.md).
+described by ``gpu_allocation_info`` only (see docs/attribution.md). A MIG instance's own
+series get the labels of the one container holding that instance (:meth:`PodAttribution.mig_labels_for`).
 """
 
 from __future__ import annotations
@@ -31,15 +38,19 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from exporter.core.pci import canonical_bus_id
-from exporter.core.readings import GpuReading
+from exporter.core.readings import GpuReading, MigReading
+from exporter.k8s.resourceslices import GPU_DRIVERS
+
+if TYPE_CHECKING:
+    from exporter.k8s.resourceslices import DraDevice
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +100,7 @@ _GKE = re.compile(r"nvidia(\d+)(?:/(.+))?")
 _INDEX = re.compile(r"(\d+)(?::(\d+))?")  # "0", or index-strategy MIG "<gpu>:<mig>"
 
 Key = tuple[str, ...]
+DraResolver = Callable[[str, str, str], "DraDevice | None"]  # (driver, pool, device) -> keys
 
 
 def classify_resource(name: str) -> tuple[str, bool] | None:
@@ -136,6 +148,30 @@ def reading_keys(r: GpuReading) -> list[Key]:
     vendors = (r.vendor,) if r.vendor in _REAL_VENDORS else _REAL_VENDORS
     keys.extend(("index", v, str(r.index)) for v in vendors)
     keys.extend(("mig", m.uuid.lower()) for m in r.mig if m.uuid)
+    keys.extend(_mig_profile_keys(r).values())
+    return keys
+
+
+def _mig_profile_keys(r: GpuReading) -> dict[int, Key]:
+    """``id(mig) -> ("migp", parent uuid, profile)`` for MIG instances whose profile is unique on the GPU.
+
+    A DRA MIG device names its parent GPU and profile; two instances of one profile on one GPU
+    cannot be told apart that way, so neither gets this key (the device's own uuid still maps).
+    """
+    seen: dict[str, list[MigReading]] = {}
+    for m in r.mig:
+        if m.profile:
+            seen.setdefault(m.profile.strip().lower(), []).append(m)
+    parent = r.uuid.lower()
+    return {id(ms[0]): ("migp", parent, p) for p, ms in seen.items() if len(ms) == 1}
+
+
+def mig_keys(r: GpuReading, m: MigReading) -> list[Key]:
+    """The keys of one MIG instance ``m`` of GPU ``r``."""
+    keys: list[Key] = [("mig", m.uuid.lower())] if m.uuid else []
+    migp = _mig_profile_keys(r).get(id(m))
+    if migp is not None:
+        keys.append(migp)
     return keys
 
 
@@ -149,6 +185,8 @@ class Allocation:
     resource: str
     device: str
     slice: bool  # a MIG partition: a fraction of the GPU, never the whole of it
+    claim: str = ""  # DRA: the ResourceClaim's name and namespace; "" for device plugins
+    claim_namespace: str = ""
 
     @property
     def holder(self) -> tuple[str, str, str]:
@@ -168,13 +206,29 @@ class _View:
 _EMPTY = _View(taken=float("-inf"), by_key={}, allocations=(), ignored_devices=0)
 
 
-def _match(view: _View, r: GpuReading) -> list[Allocation]:
+def _lookup(view: _View, keys: Iterable[Key]) -> list[Allocation]:
     out: list[Allocation] = []
-    for key in reading_keys(r):
-        hit = view.by_key.get(key)
-        if hit:
-            out.extend(hit)
+    seen: set[int] = set()
+    for key in keys:
+        for a in view.by_key.get(key, ()):
+            if id(a) not in seen:  # a DRA device may sit under two keys of one GPU
+                seen.add(id(a))
+                out.append(a)
     return out
+
+
+def _match(view: _View, r: GpuReading) -> list[Allocation]:
+    return _lookup(view, reading_keys(r))
+
+
+def _holder_labels(allocs: list[Allocation], slices_ok: bool) -> dict[str, str]:
+    if not allocs:
+        return {}
+    first = allocs[0]
+    for a in allocs:
+        if (a.slice and not slices_ok) or a.holder != first.holder:
+            return {}
+    return {"pod": first.pod, "namespace": first.namespace, "container": first.container}
 
 
 class PodAttribution:
@@ -194,6 +248,7 @@ class PodAttribution:
         timeout: float = 5.0,
         max_message_bytes: int = 64 * 2**20,
         max_backoff: float = 60.0,
+        dra: DraResolver | None = None,
     ) -> None:
         if not socket_path:
             raise ValueError("pod attribution: socket_path is empty")
@@ -226,6 +281,8 @@ class PodAttribution:
         self._socket_ino: int | None = None
         self._unknown_resources: set[str] = set()
         self._unmapped_logged: set[str] = set()
+        self._dra = dra
+        self._known: frozenset[Key] = frozenset()  # keys of the GPUs last given to update_gpus()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -268,18 +325,23 @@ class PodAttribution:
         view = self._view
         if time.monotonic() - view.taken > self.max_age:
             return {}
-        allocs = _match(view, reading)
-        if not allocs:
+        return _holder_labels(_match(view, reading), slices_ok=False)
+
+    def mig_labels_for(self, reading: GpuReading, mig: MigReading) -> dict[str, str]:
+        """``{"pod", "namespace", "container"}`` of the one container holding MIG instance ``mig``, else ``{}``.
+
+        The instance is found by its MIG UUID (device plugin ``MIG-<uuid>``, DRA ``uuid``) or by its
+        parent GPU and profile (DRA ``parentUUID`` + ``profile``). Lock-free.
+        """
+        view = self._view
+        if time.monotonic() - view.taken > self.max_age:
             return {}
-        first = allocs[0]
-        for a in allocs:
-            if a.slice or a.holder != first.holder:
-                return {}
-        return {"pod": first.pod, "namespace": first.namespace, "container": first.container}
+        return _holder_labels(_lookup(view, mig_keys(reading, mig)), slices_ok=True)
 
     def update_gpus(self, readings: Iterable[GpuReading]) -> None:
         """The GPUs of the latest collection (for gpu_allocation_info); call before :meth:`families`."""
         self._gpus = list(readings)
+        self._known = frozenset(k for r in self._gpus for k in reading_keys(r))
 
     def families(self) -> list[Metric]:
         """``gpu_allocation_info`` for the GPUs last given to :meth:`update_gpus`, plus self-metrics."""
@@ -293,8 +355,10 @@ class PodAttribution:
         info = GaugeMetricFamily(
             "gpu_allocation_info",
             "One series per device the kubelet allocated to a container on this GPU; value is always 1. "
-            "shared = number of allocations on the GPU (1: exclusive).",
-            labels=["gpu", "uuid", "pod", "namespace", "container", "resource", "device", "shared"],
+            "shared = number of allocations on the GPU (1: exclusive); claim, claim_namespace: the DRA "
+            "ResourceClaim (empty for device plugins).",
+            labels=["gpu", "uuid", "pod", "namespace", "container", "resource", "device", "shared", "claim",
+                    "claim_namespace"],
         )
         devices = GaugeMetricFamily(
             "gpu_exporter_pod_resources_devices",
@@ -313,7 +377,7 @@ class PodAttribution:
                     for a in allocs:
                         matched.add(id(a))
                         info.add_metric([str(r.index), r.uuid, a.pod, a.namespace, a.container, a.resource,
-                                         a.device, shared], 1.0)
+                                         a.device, shared, a.claim, a.claim_namespace], 1.0)
                 unmapped = [a for a in view.allocations if id(a) not in matched]
                 devices.add_metric(["allocated"], float(len(view.allocations) - len(unmapped)))
                 devices.add_metric(["unmapped"], float(len(unmapped)))
@@ -477,14 +541,40 @@ class PodAttribution:
                         a = Allocation(pod.namespace, pod.name, ctr.name, resource, device, is_slice or mig)
                         by_key.setdefault(key, []).append(a)
                         allocations.append(a)
+                ignored += self._index_dra(pod, ctr, by_key, allocations)
         return _View(taken=time.monotonic(), by_key={k: tuple(v) for k, v in by_key.items()},
                      allocations=tuple(allocations), ignored_devices=ignored)
 
-    def _note_unknown(self, resource: str) -> None:
+    def _index_dra(self, pod: Any, ctr: Any, by_key: dict[Key, list[Allocation]],
+                   allocations: list[Allocation]) -> int:
+        """Index one container's DRA devices; returns how many were ignored (not GPUs, or DRA off)."""
+        ignored = 0
+        for claim in ctr.dynamic_resources:
+            for cr in claim.claim_resources:
+                driver = cr.driver_name
+                if driver not in GPU_DRIVERS or self._dra is None:
+                    ignored += 1
+                    self._note_unknown(driver if driver in GPU_DRIVERS else f"{driver} (DRA driver)",
+                                       "DRA attribution is off" if driver in GPU_DRIVERS else None)
+                    continue
+                dev = self._dra(driver, cr.pool_name, cr.device_name)
+                keys: tuple[Key, ...] = (("dra", driver, cr.pool_name, cr.device_name),)
+                if dev is not None and dev.keys:
+                    # the first key a GPU read here answers to (uuid before PCI bus id), else all of them
+                    known = [k for k in dev.keys if k in self._known]
+                    keys = tuple(known[:1]) or dev.keys
+                a = Allocation(pod.namespace, pod.name, ctr.name, driver, f"{cr.pool_name}/{cr.device_name}",
+                               dev is not None and dev.slice, claim.claim_name, claim.claim_namespace)
+                for key in keys:
+                    by_key.setdefault(key, []).append(a)
+                allocations.append(a)
+        return ignored
+
+    def _note_unknown(self, resource: str, why: str | None = None) -> None:
         if resource in self._unknown_resources or len(self._unknown_resources) >= _REMEMBER:
             return
         self._unknown_resources.add(resource)
-        log.info("pod attribution: ignoring resource %r (not a GPU resource name we know)", resource)
+        log.info("pod attribution: ignoring resource %r (%s)", resource, why or "not a GPU resource name we know")
 
     def _log_unmapped(self, unmapped: list[Allocation]) -> None:
         for a in unmapped:

@@ -239,6 +239,9 @@ SPECS: tuple[Spec, ...] = (
          "seconds between pod-resources List calls (default 10)"),
     Spec("pod_attribution", "--pod-attribution", "POD_ATTRIBUTION", _choice(("auto", "on", "off")),
          "auto (when the socket exists) | on | off (default auto)"),
+    Spec("dra_attribution", "--dra-attribution", "DRA_ATTRIBUTION", _choice(("auto", "on", "off")),
+         "map DRA-claimed GPUs to pods through this node's ResourceSlices (needs NODE_NAME and RBAC): "
+         "auto (on when the API server answers) | on | off (default auto)"),
     Spec("web_config_file", "--web.config.file", "WEB_CONFIG_FILE", _file,
          "exporter-toolkit web config (TLS, basic auth)"),
     Spec("max_connections", "--max-connections", "EXPORTER_MAX_CONNECTIONS", _int_range(1, 10000),
@@ -368,4 +371,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
             settings.backend == "auto" and settings.allow_simulated):
         raise ConfigError(f"invalid simulated_scenario = {settings.simulated_scenario!r}: only the simulated "
                           "backend has scenarios; add --backend simulated")
+    if settings.dra_attribution == "on" and settings.pod_attribution == "off":
+        raise ConfigError("invalid dra_attribution = 'on' with pod_attribution = 'off': DRA devices are found "
+                          "through the kubelet's pod-resources API; set --pod-attribution auto or on")
     return settings

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from exporter.backends.base import Backend, BackendError, BackendUnavailable
 from exporter.core.options import DEFAULTS, FieldFilter
-from exporter.core.readings import Collection, GpuReading, HostInfo
-from exporter.core.snapshot import BackendStats, LabelHook, Snapshot
+from exporter.core.readings import Collection, GpuReading, HostInfo, MigReading
+from exporter.core.snapshot import BackendStats, LabelHook, MigLabelHook, Snapshot
 from exporter.serve.render import Rendered
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class Engine:
         self._last_done = 0.0
         self.stats: dict[str, BackendStats] = {b.name: BackendStats() for b in backends}
         self.gpu_labels: LabelHook | None = None
+        self.mig_labels: MigLabelHook | None = None
         self.family_sources: list[FamilySource] = []
         # called with every reading of a finished collection, before its snapshot is built
         self.observers: list[Callable[[list[GpuReading]], None]] = []
@@ -235,8 +236,15 @@ class Engine:
             def hook(r: GpuReading) -> dict[str, str]:
                 return frozen.get(id(r), {})
 
+        mig_hook = None
+        if self.mig_labels is not None:
+            mig_frozen = {(id(r), id(m)): self.mig_labels(r, m) for c in collections for r in c.gpus for m in r.mig}
+
+            def mig_hook(r: GpuReading, m: MigReading) -> dict[str, str]:
+                return mig_frozen.get((id(r), id(m)), {})
+
         return Snapshot(collections=collections, host=self.host, stats=stats, created=time.time(),
-                        gpu_labels=hook, extra_families=extra, intervals=intervals)
+                        gpu_labels=hook, extra_families=extra, intervals=intervals, mig_labels=mig_hook)
 
     # --- one backend -----------------------------------------------------------------------
 

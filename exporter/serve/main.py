@@ -21,6 +21,7 @@ from exporter.serve import config
 
 if TYPE_CHECKING:
     from exporter.k8s.podresources import PodAttribution
+    from exporter.k8s.resourceslices import ResourceSliceWatch
     from exporter.serve.engine import Engine
     from exporter.serve.http import GpuHTTPServer
 
@@ -68,21 +69,66 @@ def choose_backends(settings: config.Settings, options: BackendOptions) -> tuple
     return chosen, ready
 
 
-def start_attribution(settings: config.Settings, engine: Engine) -> PodAttribution | None:
+def _pod_attribution_starts(settings: config.Settings) -> bool:
+    mode = settings.pod_attribution
+    sock = settings.pod_resources_socket
+    return mode == "on" or (mode == "auto" and os.path.isdir(os.path.dirname(sock) or "."))
+
+
+def start_dra(settings: config.Settings, environ: dict[str, str] | None = None) -> ResourceSliceWatch | None:
+    """This node's ResourceSlices, for DRA-claimed GPUs (``--dra-attribution``).
+
+    ``on`` without what it needs (NODE_NAME, the kubernetes package, an API configuration) is a
+    :class:`config.ConfigError`; ``auto`` then stays off and says so once. The API server itself
+    is asked in the background: ``auto`` turns off for good when it serves no ResourceSlices or
+    forbids them, ``on`` keeps asking.
+    """
+    mode = settings.dra_attribution
+    if mode == "off" or not _pod_attribution_starts(settings):
+        return None
+    env = os.environ if environ is None else environ
+    node = env.get("NODE_NAME", "").strip()
+    from exporter.core.extras import MissingExtra
+    from exporter.k8s import watch
+
+    problem = None
+    api_client = None
+    try:
+        if not node:
+            raise RuntimeError("NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")
+        watch.import_client("--dra-attribution")  # lazy: only DRA attribution loads the client
+        api_client = watch.api_client()
+    except (MissingExtra, RuntimeError) as exc:
+        problem = str(exc)
+    if problem is not None:
+        if mode == "on":
+            raise config.ConfigError(f"--dra-attribution on: {problem}")
+        log.info("DRA attribution off (auto): %s", problem)
+        return None
+    from exporter.k8s.resourceslices import ResourceSliceWatch
+
+    slices = ResourceSliceWatch(api_client, node, auto=mode == "auto")
+    slices.start()
+    return slices
+
+
+def start_attribution(settings: config.Settings, engine: Engine,
+                      dra: ResourceSliceWatch | None = None) -> PodAttribution | None:
     """Pod attribution from the kubelet's pod-resources socket (``--pod-attribution``).
 
     ``auto`` starts when the socket's directory exists (the kubelet may still be starting:
     the thread waits for the socket itself), so plain hosts never load gRPC.
     """
-    mode = settings.pod_attribution
     sock = settings.pod_resources_socket
-    if mode == "off" or (mode == "auto" and not os.path.isdir(os.path.dirname(sock) or ".")):
+    if not _pod_attribution_starts(settings):
         return None
     from exporter.k8s.podresources import PodAttribution
 
     attribution = PodAttribution(sock, interval=settings.pod_resources_interval,
-                                 timeout=min(5.0, settings.pod_resources_interval))
+                                 timeout=min(5.0, settings.pod_resources_interval),
+                                 dra=dra.resolve if dra is not None else None)
     engine.gpu_labels = attribution.labels_for
+    engine.mig_labels = attribution.mig_labels_for
     engine.observers.append(attribution.update_gpus)
     engine.family_sources.append(attribution.families)
     attribution.start()
@@ -218,6 +264,11 @@ def main(argv: Sequence[str]) -> int:
     from exporter.serve.engine import Engine
     from exporter.serve.http import build_server
 
+    try:
+        dra = start_dra(settings)  # before any backend: a bad setting is the only line printed
+    except config.ConfigError as exc:
+        sys.stderr.write(f"gpu-exporter: error: {exc}\n")
+        return 2
     options = options_from(settings)
     chosen, ready = choose_backends(settings, options)
     engine = Engine(chosen, host_info(), options.fields, settings.collection_interval,
@@ -232,7 +283,7 @@ def main(argv: Sequence[str]) -> int:
         engine.stop()
         sys.stderr.write(f"gpu-exporter: error: {exc}\n")
         return 2
-    attribution = start_attribution(settings, engine)
+    attribution = start_attribution(settings, engine, dra)
     try:
         server = build_server(engine, settings.address, settings.port, settings.metrics_path,
                               settings.ready_max_age, settings.max_connections, settings.read_timeout, web)
@@ -268,5 +319,7 @@ def main(argv: Sequence[str]) -> int:
         for part in per_pod or ():
             if part is not None:
                 part.stop()
+        if dra is not None:
+            dra.stop()
         engine.stop()
     return 0

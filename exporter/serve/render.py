@@ -177,6 +177,7 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
                     lines.append(f"{name}{{{b},{pairs}}} {num(v)}\n")
         out.family(name, fam.kind, fam.help, "".join(lines))
 
+    mig_hook = snap.mig_labels
     for fam in MIG_FAMILIES:
         if not fields.exposed(fam.name):
             continue
@@ -187,7 +188,12 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
                 if v is None:
                     continue
                 ci = "" if mig.compute_instance_id is None else str(mig.compute_instance_id)
-                lines.append(f'{fam.name}{{{b},gpu_instance="{mig.gpu_instance_id}",compute_instance="{ci}",'
+                mb = b
+                if mig_hook is not None and not (hook is not None and hook(r)):
+                    held = mig_hook(r, mig)  # the container holding this instance (the GPU has no one holder)
+                    if held:
+                        mb = f"{b},{labelstr(held)}"
+                lines.append(f'{fam.name}{{{mb},gpu_instance="{mig.gpu_instance_id}",compute_instance="{ci}",'
                              f'mig_profile="{esc(mig.profile or "")}",mig_uuid="{esc(mig.uuid or "")}"}} {num(v)}\n')
         out.family(fam.name, fam.kind, fam.help, "".join(lines))
 

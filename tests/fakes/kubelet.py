@@ -5,7 +5,9 @@ misbehave the way a real kubelet does: hang (answer nothing until released), die
 and remove the socket, or leave a stale socket file nobody listens on) and come back.
 
 The canned answer is either a ``ListPodResourcesResponse`` or raw bytes (to send fields a
-newer kubelet has and our trimmed .proto lacks).
+newer kubelet has and our trimmed .proto lacks). Devices allocated through Dynamic Resource
+Allocation go into ``ContainerResources.dynamic_resources`` (``claims=`` of :func:`pod`), as a
+1.34+ kubelet with ``KubeletPodResourcesDynamicResources`` sends them.
 """
 
 from __future__ import annotations
@@ -29,19 +31,36 @@ SERVICE = "v1.PodResourcesLister"
 
 # container name -> [(resource name, [device IDs])]
 Containers = Mapping[str, Sequence[tuple[str, Sequence[str]]]]
+# one DRA device of a claim: (driver, pool, device name), or with a share id as a fourth item
+ClaimDevice = tuple[str, str, str] | tuple[str, str, str, str]
+# container name -> [(claim name, claim namespace, [devices])]
+Claims = Mapping[str, Sequence[tuple[str, str, Sequence[ClaimDevice]]]]
 
 
-def pod(namespace: str, name: str, containers: Containers) -> pb.PodResources:
-    """One pod entry of a List answer."""
+def claim_resource(dev: ClaimDevice) -> pb.ClaimResource:
+    cr = pb.ClaimResource(driver_name=dev[0], pool_name=dev[1], device_name=dev[2])
+    if len(dev) == 4:
+        cr.share_id = dev[3]
+    return cr
+
+
+def pod(namespace: str, name: str, containers: Containers, claims: Claims | None = None) -> pb.PodResources:
+    """One pod entry of a List answer; ``claims`` adds DRA devices (``dynamic_resources``)."""
+    claims = claims or {}
     return pb.PodResources(
         name=name,
         namespace=namespace,
         containers=[
             pb.ContainerResources(
                 name=cname,
-                devices=[pb.ContainerDevices(resource_name=res, device_ids=list(ids)) for res, ids in devs],
+                devices=[pb.ContainerDevices(resource_name=res, device_ids=list(ids))
+                         for res, ids in containers.get(cname, ())],
+                dynamic_resources=[
+                    pb.DynamicResource(claim_name=cn, claim_namespace=cns,
+                                       claim_resources=[claim_resource(d) for d in devs])
+                    for cn, cns, devs in claims.get(cname, ())],
             )
-            for cname, devs in containers.items()
+            for cname in dict.fromkeys([*containers, *claims])
         ],
     )
 

@@ -42,6 +42,13 @@ List + watch collections (``_WATCHABLE``; Pods at ``/api/v1/pods``): list and ``
 lines. :meth:`~FakeKubeAPI.add_pod`, :meth:`~FakeKubeAPI.delete_pod`, :meth:`~FakeKubeAPI.put_object`,
 :meth:`~FakeKubeAPI.delete_object`; :meth:`~FakeKubeAPI.expire_watches` ends open watches and
 answers older resourceVersions with 410 Expired.
+
+DRA ResourceSlices are list + watch collections too, one per ``resource.k8s.io`` version
+(``/apis/resource.k8s.io/{v1,v1beta2,v1beta1}/resourceslices``):
+:meth:`~FakeKubeAPI.put_resource_slice` (v1 shape) stores a slice in every version's shape
+(v1beta1 wraps device fields in ``basic``), :meth:`~FakeKubeAPI.delete_resource_slice` removes it;
+only the versions in :attr:`~FakeKubeAPI.slice_versions` are served (others 404, as on a
+1.32 server with ``("v1beta1",)``).
 """
 
 from __future__ import annotations
@@ -413,6 +420,7 @@ class FakeKubeAPI:
         self._requests: list[RecordedRequest] = []
         self._injections: list[_Injection] = []
         self._watched: dict[str, dict[str, JsonObj]] = {p: {} for p in _WATCHABLE}  # list path -> uid -> obj
+        self.slice_versions: tuple[str, ...] = ("v1", "v1beta1")  # resource.k8s.io versions served
         self._watch_log: list[tuple[int, str, str, JsonObj]] = []  # (rv, list path, event type, object)
         self._compacted = 0  # watches from a resourceVersion below this get 410 Expired
         self._changed = threading.Condition(self._lock)
@@ -648,6 +656,8 @@ class FakeKubeAPI:
 
     def _dispatch(self, method: str, path: str, query: Mapping[str, str], ctype: str | None, body: Any) -> Any:
         if path in _WATCHABLE:
+            if path.startswith(_SLICES) and path[len(_SLICES):].split("/")[0] not in self.slice_versions:
+                raise ApiError(404, f"the server could not find the requested resource ({method} {path})")
             return self._watchable(method, path, query)
         nm = _NAMESPACED.match(path)
         if nm is not None:
@@ -798,6 +808,26 @@ class FakeKubeAPI:
             uid = next(u for u, o in self._watched["/api/v1/pods"].items()
                        if o["metadata"]["namespace"] == namespace and o["metadata"]["name"] == name)
         self.delete_object("/api/v1/pods", uid)
+
+    def put_resource_slice(self, obj: JsonObj) -> None:
+        """Create or replace a ResourceSlice (v1 shape, tests/fakes/dra_slices.py) in every version."""
+        from tests.fakes.dra_slices import as_version
+
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        with self._lock:
+            old = next((o for o in self._watched[_SLICES + "v1/resourceslices"].values()
+                        if o["metadata"]["name"] == meta["name"]), None)
+            meta["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
+            for version in _SLICE_VERSIONS:
+                self.put_object(f"{_SLICES}{version}/resourceslices", as_version(obj, version))
+
+    def delete_resource_slice(self, name: str) -> None:
+        with self._lock:
+            uid = next(u for u, o in self._watched[_SLICES + "v1/resourceslices"].items()
+                       if o["metadata"]["name"] == name)
+            for version in _SLICE_VERSIONS:
+                self.delete_object(f"{_SLICES}{version}/resourceslices", uid)
 
     def expire_watches(self) -> None:
         """Compact the event history (a later watch from an older resourceVersion gets 410 Expired)
@@ -975,6 +1005,9 @@ class FakeKubeAPI:
 # ---- list + watch collections -------------------------------------------------------------
 # list path -> (kind, apiVersion). Add a row for another resource served with list and watch.
 _WATCHABLE: dict[str, tuple[str, str]] = {"/api/v1/pods": ("Pod", "v1")}
+_SLICES = "/apis/resource.k8s.io/"
+_SLICE_VERSIONS = ("v1", "v1beta2", "v1beta1")
+_WATCHABLE.update({f"{_SLICES}{v}/resourceslices": ("ResourceSlice", f"resource.k8s.io/{v}") for v in _SLICE_VERSIONS})
 
 
 @dataclass

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,29 +31,6 @@ MIG_B = "MIG-7c1d2e3f-1111-5a6b-9c8d-0000000000b2"
 def nvidia(*uuids: str) -> list[GpuReading]:
     return [GpuReading(index=i, uuid=u, vendor="nvidia", pci_bus_id=f"0000:{0x3b + i:02x}:00.0")
             for i, u in enumerate(uuids)]
-
-
-@pytest.fixture
-def kubelet() -> Iterator[FakeKubelet]:
-    with FakeKubelet() as k:
-        yield k
-
-
-@pytest.fixture
-def attribution() -> Iterator[Callable[..., PodAttribution]]:
-    """Factory: a started PodAttribution with test-sized intervals; stopped at teardown."""
-    made: list[PodAttribution] = []
-
-    def make(path: str, **kw: Any) -> PodAttribution:
-        opts: dict[str, Any] = {"interval": 0.1, "timeout": 0.5, "max_backoff": 0.4, **kw}
-        a = PodAttribution(path, **opts)
-        made.append(a)
-        a.start()
-        return a
-
-    yield make
-    for a in made:
-        a.stop()
 
 
 Make = Callable[..., PodAttribution]

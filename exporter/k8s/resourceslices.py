@@ -1,0 +1,283 @@
+"""DRA devices of this node, from its ResourceSlices (``resource.k8s.io``), mapped to GPU lookup keys.
+
+The kubelet's pod-resources API names a device allocated through Dynamic Resource Allocation
+only by ``(driver, pool, device name)``. What that device *is* lives in the ResourceSlice the
+driver published: its attributes. A background thread lists this node's slices and then
+watches them (field selector ``spec.nodeName=<node>``), so a scrape never waits for the API
+server; :meth:`ResourceSliceWatch.resolve` is one dict lookup.
+
+A device is identified by the attributes its driver really publishes, never by its name (NVIDIA
+names a GPU ``gpu-<minor>``, and the minor number is not the NVML index; neither driver publishes
+an index):
+
+- ``gpu.nvidia.com`` (NVIDIA/k8s-dra-driver-gpu, cmd/gpu-kubelet-plugin/deviceinfo.go and mig.go):
+  a full GPU has ``uuid`` (``GPU-...``); a MIG device has ``uuid`` (``MIG-...``), ``parentUUID``
+  and ``profile`` (``1g.10gb``). The PCI bus id is ``resource.kubernetes.io/pciBusID`` since
+  v25.12, an unqualified ``pcieBusID`` before.
+- ``gpu.amd.com`` (ROCm/k8s-gpu-dra-driver, cmd/gpu-kubeletplugin/deviceinfo.go): a full GPU
+  has ``pciAddr``; a compute partition has ``parentPciAddr`` and ``partitionProfile``. Its first
+  release published a ``uuid`` computed by the driver itself (not amd-smi's), so the PCI address
+  decides for AMD.
+
+Order: ``uuid``, then for MIG ``parentUUID`` + ``profile``, then the PCI bus id (either
+spelling). ``resource.k8s.io/v1beta1`` wraps a device's fields in ``basic``; ``v1beta2`` and
+``v1`` do not. The newest version the API server serves is used: v1 (Kubernetes 1.34+),
+v1beta2 (1.33), v1beta1 (1.32).
+
+RBAC: ``get``, ``list`` and ``watch`` on ``resourceslices`` (cluster scope), nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.core.pci import canonical_bus_id
+
+log = logging.getLogger(__name__)
+
+GROUP = "resource.k8s.io"
+VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first; the client class of each is below
+_API_CLASSES = {"v1": "ResourceV1Api", "v1beta2": "ResourceV1beta2Api", "v1beta1": "ResourceV1beta1Api"}
+# DRA drivers whose devices are GPUs. Devices of other drivers (NICs, compute domains) are not
+# ours to map: they are counted as ignored, like non-GPU device plugin resources.
+GPU_DRIVERS = ("gpu.nvidia.com", "gpu.amd.com")
+PCI_ATTRIBUTES = ("resource.kubernetes.io/pciBusID", "pcieBusID", "pciAddr")  # newest spelling first
+
+Key = tuple[str, ...]
+DeviceId = tuple[str, str, str]  # (driver, pool, device name)
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """What one published device is, as GPU lookup keys in order of preference."""
+
+    keys: tuple[Key, ...]
+    slice: bool  # a MIG instance or partition: a fraction of a GPU
+
+
+def _attr_value(v: Any) -> str | None:
+    if not isinstance(v, Mapping):
+        return None
+    for kind in ("string", "version", "int", "bool"):
+        if kind in v and v[kind] is not None:
+            return str(v[kind])
+    return None
+
+
+def device_attributes(device: Mapping[str, Any], driver: str) -> dict[str, str]:
+    """A slice device's attributes as ``name -> value`` (any API version).
+
+    Names qualified with the driver's own domain (``gpu.nvidia.com/uuid``) are the same
+    attribute as the bare name and are stored bare.
+    """
+    fields = device.get("basic") if isinstance(device.get("basic"), Mapping) else device  # v1beta1
+    attrs = fields.get("attributes") if isinstance(fields, Mapping) else None
+    out: dict[str, str] = {}
+    if not isinstance(attrs, Mapping):
+        return out
+    own = driver + "/"
+    for name, v in attrs.items():
+        value = _attr_value(v)
+        if value is None or not isinstance(name, str):
+            continue
+        out[name[len(own):] if name.startswith(own) else name] = value
+    return out
+
+
+def identify(attrs: Mapping[str, str]) -> DraDevice | None:
+    """Lookup keys for a device from its attributes; None when nothing identifies a GPU."""
+    keys: list[Key] = []
+    uuid = attrs.get("uuid", "").strip().lower()
+    parent = attrs.get("parentUUID", "").strip().lower()
+    if parent:  # NVIDIA MIG device
+        if uuid:
+            keys.append(("mig", uuid))
+        profile = attrs.get("profile", "").strip()
+        if profile:
+            keys.append(("migp", parent, profile))
+        return DraDevice(tuple(keys), True) if keys else None
+    parent_pci = canonical_bus_id(attrs.get("parentPciAddr", "").strip())
+    if parent_pci is not None:  # AMD compute partition: the parent GPU, as a slice
+        return DraDevice((("pci", parent_pci),), True)
+    if uuid:
+        keys.append(("uuid", uuid))
+    for name in PCI_ATTRIBUTES:
+        pci = canonical_bus_id(attrs.get(name, "").strip())
+        if pci is not None:
+            keys.append(("pci", pci))
+            break
+    return DraDevice(tuple(keys), False) if keys else None
+
+
+def index_slice(obj: Mapping[str, Any]) -> dict[DeviceId, DraDevice | None]:
+    """The devices of one ResourceSlice object (any version); None for an unidentifiable device."""
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return {}
+    driver = spec.get("driver")
+    pool = spec.get("pool")
+    pool_name = pool.get("name") if isinstance(pool, Mapping) else None
+    devices = spec.get("devices")
+    if not isinstance(driver, str) or not isinstance(pool_name, str) or not isinstance(devices, list):
+        return {}
+    out: dict[DeviceId, DraDevice | None] = {}
+    for dev in devices:
+        if isinstance(dev, Mapping) and isinstance(dev.get("name"), str):
+            out[(driver, pool_name, dev["name"])] = identify(device_attributes(dev, driver))
+    return out
+
+
+class DraUnavailable(Exception):
+    """The API server does not serve ResourceSlices to us (no config, no group, forbidden).
+
+    ``final``: asking again will not help (no version served, or RBAC forbids it).
+    """
+
+    def __init__(self, message: str, final: bool = False) -> None:
+        super().__init__(message)
+        self.final = final
+
+
+class ResourceSliceWatch:
+    """This node's ResourceSlice devices, kept current in the background.
+
+    A thread finds the newest served version (:meth:`probe`, one list each), then hands over to
+    :class:`exporter.k8s.watch.Watcher` (list, then watch from its resourceVersion, relist after
+    410). ``api_client``: a ``kubernetes.client.ApiClient``; ``timeout``: seconds per request;
+    ``watch_seconds``: server-side length of one watch request; ``auto``: give up quietly when
+    the API server serves no ResourceSlices or forbids them (``--dra-attribution auto``).
+    """
+
+    def __init__(self, api_client: Any, node: str, timeout: float = 10.0, watch_seconds: int = 300,
+                 max_backoff: float = 60.0, auto: bool = False) -> None:
+        if not node:
+            raise ValueError("DRA attribution: the node name is empty (set NODE_NAME)")
+        self.node = node
+        self.timeout = float(timeout)
+        self.watch_seconds = int(watch_seconds)
+        self.max_backoff = float(max_backoff)
+        self.auto = auto
+        self.version: str | None = None
+        self.synced = threading.Event()  # set after the first complete list
+        self._client = api_client
+        self._devices: dict[DeviceId, DraDevice | None] = {}
+        self._probe_errors = 0
+        self._watcher: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def errors(self) -> int:
+        """Failed requests: version probes, then the watcher's lists and watches."""
+        return self._probe_errors + (self._watcher.errors if self._watcher is not None else 0)
+
+    # --- scrape side -----------------------------------------------------------------------
+
+    def resolve(self, driver: str, pool: str, device: str) -> DraDevice | None:
+        """The device's lookup keys, or None when no slice of this node publishes it (yet). Lock-free."""
+        return self._devices.get((driver, pool, device))
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="resourceslices-probe", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout + 1.0)
+            self._thread = None
+        if self._watcher is not None:
+            self._watcher.stop()
+
+    def probe(self) -> str:
+        """The newest served version, found by one list each (the list fills the index); raises DraUnavailable."""
+        from kubernetes.client.exceptions import ApiException
+
+        reasons = []
+        for version in VERSIONS:
+            try:
+                resp = self._list_call(version)(field_selector=self._selector(), _preload_content=False,
+                                                _request_timeout=(self.timeout, self.timeout))
+                try:
+                    doc = json.loads(resp.data)
+                finally:
+                    resp.release_conn()
+            except ApiException as exc:
+                status = int(exc.status or 0)
+                if status == 404:
+                    reasons.append(f"{GROUP}/{version}: not served")
+                    continue
+                if status in (401, 403):
+                    raise DraUnavailable(
+                        f"{GROUP}/{version} resourceslices: HTTP {status}; the exporter's service account needs "
+                        "get, list and watch on resourceslices (deploy with DRA attribution on)", final=True) from None
+                raise DraUnavailable(f"{GROUP}/{version} resourceslices: HTTP {status}") from None
+            except DraUnavailable as exc:
+                reasons.append(str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - connection refused, DNS, TLS, not JSON
+                raise DraUnavailable(f"the API server does not answer: {type(exc).__name__}: {exc}") from None
+            items = doc.get("items") if isinstance(doc, dict) else None
+            if not isinstance(items, list):
+                raise DraUnavailable(f"{GROUP}/{version} resourceslices: the answer has no items")
+            self._changed({str(i): obj for i, obj in enumerate(items)})
+            self.version = version
+            return version
+        raise DraUnavailable("; ".join(reasons) or "no ResourceSlice version served", final=True)
+
+    # --- background ------------------------------------------------------------------------
+
+    def _selector(self) -> str:
+        return f"spec.nodeName={self.node}"
+
+    def _list_call(self, version: str) -> Any:
+        client = importlib.import_module("kubernetes.client")
+        cls = getattr(client, _API_CLASSES[version], None)
+        if cls is None:
+            raise DraUnavailable(f"{GROUP}/{version}: the installed kubernetes client lacks {_API_CLASSES[version]}")
+        return cls(self._client).list_resource_slice
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                version = self.probe()
+                break
+            except DraUnavailable as exc:
+                if exc.final and self.auto:
+                    log.info("DRA attribution off (auto): %s", exc)
+                    return
+                failures += 1
+                self._probe_errors += 1
+                log.log(logging.WARNING if failures == 1 else logging.DEBUG,
+                        "DRA attribution: %s; retrying with backoff", exc)
+                self._stop.wait(min(self.max_backoff, 0.5 * 2 ** min(failures, 8)))
+        else:
+            return
+        from exporter.k8s.watch import Watcher
+
+        log.info("DRA attribution: watching this node's ResourceSlices (%s/%s, node %s)", GROUP, version, self.node)
+        self._watcher = Watcher("resourceslices", self._list_call(version), self._changed,
+                                field_selector=self._selector(), timeout_seconds=self.watch_seconds,
+                                request_timeout=self.timeout, max_backoff=self.max_backoff)
+        if not self._stop.is_set():
+            self._watcher.start()
+
+    def _changed(self, objects: Mapping[str, Any]) -> None:
+        """The whole set of this node's slices changed: rebuild the index (replaced whole)."""
+        merged: dict[DeviceId, DraDevice | None] = {}
+        for obj in objects.values():
+            spec = obj.get("spec") if isinstance(obj, Mapping) else None
+            if isinstance(spec, Mapping) and spec.get("nodeName") == self.node:  # the selector, checked again
+                merged.update(index_slice(obj))
+        self._devices = merged
+        self.synced.set()

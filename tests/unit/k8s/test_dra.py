@@ -1,0 +1,329 @@
+"""DRA attribution: a real gRPC kubelet serving dynamic_resources, the real kubernetes client
+watching ResourceSlices on the HTTP fake API server (tests/harness/kubeapi.py).
+
+Slices carry the attribute sets NVIDIA's and AMD's DRA drivers publish (tests/fakes/dra_slices.py
+cites the sources).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.core.readings import GpuReading, MigReading
+from exporter.k8s.podresources import PodAttribution
+from exporter.k8s.resourceslices import ResourceSliceWatch, identify, index_slice
+from tests.fakes import dra_slices as ds
+from tests.fakes.kubelet import FakeKubelet, pod, response
+from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.poll import wait_until
+
+NODE = "gpu-node-7"
+U0 = "GPU-8d1e5a4c-7f3b-4b2a-9c1d-3e5f7a9b0c10"
+U1 = "GPU-8d1e5a4c-7f3b-4b2a-9c1d-3e5f7a9b0c11"
+MIG_A = "MIG-0c8e2f1a-5b6d-5e7f-8a9b-1c2d3e4f5a60"  # 3g.20gb
+MIG_B = "MIG-0c8e2f1a-5b6d-5e7f-8a9b-1c2d3e4f5a61"  # 1g.5gb
+MIG_C = "MIG-0c8e2f1a-5b6d-5e7f-8a9b-1c2d3e4f5a62"  # 1g.5gb
+PCI0, PCI1 = "0000:07:00.0", "0000:0f:00.0"
+AMD_PCI = "0000:c1:00.0"
+AMD_UUID = "5f0074a1-0000-1000-80c1-c1c1c1c1c1c1"
+
+
+def nvidia_gpus(mig: bool = False) -> list[GpuReading]:
+    g0 = GpuReading(index=0, uuid=U0, vendor="nvidia", pci_bus_id="00000000:07:00.0")
+    g1 = GpuReading(index=1, uuid=U1, vendor="nvidia", pci_bus_id="00000000:0F:00.0")
+    if mig:
+        g1.mig = [MigReading(1, 0, MIG_A, "3g.20gb"), MigReading(5, 0, MIG_B, "1g.5gb"),
+                  MigReading(6, 0, MIG_C, "1g.5gb")]
+    return [g0, g1]
+
+
+def amd_gpu() -> GpuReading:
+    return GpuReading(index=0, uuid=AMD_UUID, vendor="amd", pci_bus_id=AMD_PCI)
+
+
+# --- the attributes of each driver, in each API version ------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2", "v1beta1"])
+def test_each_driver_generation_is_identified_by_what_it_publishes(version: str) -> None:
+    nv_now = ds.resource_slice("a", NODE, ds.NVIDIA, [
+        ds.nvidia_gpu(3, U0, PCI0), ds.nvidia_mig(4, U1, MIG_B, "1g.5gb", 19, 2, PCI1)])
+    nv_old = ds.resource_slice("b", NODE, ds.NVIDIA, [
+        ds.nvidia_gpu(3, U0, PCI0, legacy_pci=True), ds.nvidia_mig(4, U1, None, "1g.5gb", 19, 2, PCI1, True)])
+    amd = ds.resource_slice("c", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI, driver_uuid="x-made-up"),
+                                                 ds.amd_partition(2, 129, AMD_PCI)])
+    got = {**index_slice(ds.as_version(nv_now, version)), **index_slice(ds.as_version(nv_old, version)),
+           **index_slice(ds.as_version(amd, version))}
+    pool = NODE
+    # full GPU: uuid first, then the PCI bus id in either spelling
+    assert got[(ds.NVIDIA, pool, "gpu-3")] is not None
+    assert got[(ds.NVIDIA, pool, "gpu-3")].keys == (("uuid", U0.lower()), ("pci", PCI0))  # type: ignore[union-attr]
+    mig_now = got[(ds.NVIDIA, pool, "gpu-4-mig-1g5gb-19-2")]
+    assert mig_now is not None and mig_now.slice
+    assert mig_now.keys == (("mig", MIG_B.lower()), ("migp", U1.lower(), "1g.5gb"))
+    mig_old = got[(ds.NVIDIA, pool, "gpu-4-mig-19-2-1")]
+    assert mig_old is not None and mig_old.keys == (("migp", U1.lower(), "1g.5gb"),)  # no uuid yet
+    amd_full = got[(ds.AMD, pool, "gpu-1-128")]
+    assert amd_full is not None and ("pci", AMD_PCI) in amd_full.keys and not amd_full.slice
+    part = got[(ds.AMD, pool, "gpu-2-129")]
+    assert part is not None and part.keys == (("pci", AMD_PCI),) and part.slice
+
+
+def test_a_device_without_identifying_attributes_is_not_guessed_from_its_name() -> None:
+    # a device named like GPU 0 with nothing but a type and an index-like name
+    assert identify({"type": "gpu", "productName": "NVIDIA H100"}) is None
+    assert identify({"type": "gpu", "pcieBusID": "not-a-bus-id"}) is None
+    # qualified with the driver's own domain is the same attribute
+    dev = {"name": "gpu-0", "attributes": {"gpu.nvidia.com/uuid": {"string": U0}}}
+    assert index_slice(ds.resource_slice("q", NODE, ds.NVIDIA, [dev]))[(ds.NVIDIA, NODE, "gpu-0")] is not None
+
+
+# --- the watch -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeAPI]:
+    with FakeKubeAPI() as a:
+        yield a
+
+
+@pytest.fixture
+def client(api: FakeKubeAPI, tmp_path: Path) -> Any:
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
+
+
+@pytest.fixture
+def watch(client: Any) -> Iterator[Callable[..., ResourceSliceWatch]]:
+    made: list[ResourceSliceWatch] = []
+
+    def make(node: str = NODE, **kw: Any) -> ResourceSliceWatch:
+        w = ResourceSliceWatch(client, node, **{"timeout": 5.0, "max_backoff": 0.2, **kw})
+        made.append(w)
+        w.start()
+        return w
+
+    yield make
+    for w in made:
+        w.stop()
+
+
+def slice_requests(api: FakeKubeAPI) -> list[Any]:
+    return [r for r in api.requests if r.resource == "resourceslices"]
+
+
+@pytest.mark.parametrize(("served", "used"), [(("v1", "v1beta1"), "v1"), (("v1beta2", "v1beta1"), "v1beta2"),
+                                               (("v1beta1",), "v1beta1")])
+def test_newest_served_version_is_watched_for_this_node_only(api: FakeKubeAPI, watch: Callable[...,
+                                                             ResourceSliceWatch], served: tuple[str, ...],
+                                                             used: str) -> None:
+    api.slice_versions = served
+    api.put_resource_slice(ds.resource_slice("mine", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)]))
+    api.put_resource_slice(ds.resource_slice("other", "gpu-node-8", ds.NVIDIA, [ds.nvidia_gpu(0, U1, PCI1)],
+                                             pool="gpu-node-8"))
+    w = watch()
+    assert wait_until(lambda: w.resolve(ds.NVIDIA, NODE, "gpu-0"), 10).keys[0] == ("uuid", U0.lower())
+    assert w.version == used
+    assert w.resolve(ds.NVIDIA, "gpu-node-8", "gpu-0") is None
+    # a slice published later arrives through the watch, and a deleted one goes
+    api.put_resource_slice(ds.resource_slice("mine-2", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI)]))
+    wait_until(lambda: w.resolve(ds.AMD, NODE, "gpu-1-128") is not None, 10, what="the added slice")
+    api.delete_resource_slice("mine")
+    wait_until(lambda: w.resolve(ds.NVIDIA, NODE, "gpu-0") is None, 10, what="the deleted slice gone")
+    reqs = slice_requests(api)
+    assert {r.verb for r in reqs} <= {"get", "list", "watch"}
+    assert "watch" in {r.verb for r in reqs}
+    for r in reqs:
+        assert r.query.get("fieldSelector") == f"spec.nodeName={NODE}", r.query
+        if r.status == 200:
+            assert r.path == f"/apis/resource.k8s.io/{used}/resourceslices"
+
+
+def test_watch_recovers_from_expired_resource_version_and_closed_streams(
+        api: FakeKubeAPI, watch: Callable[..., ResourceSliceWatch]) -> None:
+    api.put_resource_slice(ds.resource_slice("s", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)]))
+    w = watch()
+    wait_until(lambda: w.resolve(ds.NVIDIA, NODE, "gpu-0") is not None, 10, what="first list")
+    lists = sum(1 for r in slice_requests(api) if r.verb == "list")
+    api.expire_watches()  # open watches end; the next, from the old resourceVersion, gets 410: relist
+    wait_until(lambda: sum(1 for r in slice_requests(api) if r.verb == "list") > lists, 15, what="a relist")
+    api.put_resource_slice(ds.resource_slice("s", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U1, PCI1)]))
+    wait_until(lambda: (d := w.resolve(ds.NVIDIA, NODE, "gpu-0")) is not None and d.keys[0] == ("uuid", U1.lower()),
+               15, what="the slice after a relist")
+
+
+def test_auto_gives_up_when_forbidden_and_on_keeps_asking(api: FakeKubeAPI,
+                                                          watch: Callable[..., ResourceSliceWatch],
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    api.inject("GET", r"/resourceslices", status=403, times=1000)
+    caplog.set_level(logging.INFO, "exporter.k8s.resourceslices")
+    auto = watch(auto=True)
+    wait_until(lambda: auto._thread is not None and not auto._thread.is_alive(), 10, what="auto gives up")
+    assert any("DRA attribution off (auto)" in r.getMessage() and "resourceslices" in r.getMessage()
+               for r in caplog.records)
+    on = watch(auto=False)
+    wait_until(lambda: on.errors >= 2, 10, what="on retries")
+    assert on._thread is not None and on._thread.is_alive()
+    api.clear_injections()
+    api.put_resource_slice(ds.resource_slice("s", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)]))
+    wait_until(lambda: on.resolve(ds.NVIDIA, NODE, "gpu-0") is not None, 10, what="on recovers")
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "403" in r.getMessage()]
+    assert len(warnings) == 1  # logged once per outage
+
+
+# --- kubelet + slices -> labels --------------------------------------------------------------------
+
+
+def who(ns: str, p: str, c: str) -> dict[str, str]:
+    return {"pod": p, "namespace": ns, "container": c}
+
+
+def info(a: PodAttribution) -> list[dict[str, str]]:
+    return [s.labels for f in a.families() for s in f.samples if s.name == "gpu_allocation_info"]
+
+
+def devices(a: PodAttribution, status: str) -> float | None:
+    for f in a.families():
+        for s in f.samples:
+            if s.name == "gpu_exporter_pod_resources_devices" and s.labels["status"] == status:
+                return s.value
+    return None
+
+
+def start(api: FakeKubeAPI, client: Any, slices: list[dict[str, Any]]) -> ResourceSliceWatch:
+    for s in slices:
+        api.put_resource_slice(s)
+    w = ResourceSliceWatch(client, NODE, timeout=5.0, max_backoff=0.2)
+    w.start()
+    assert w.synced.wait(10)
+    return w
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+@pytest.mark.parametrize("legacy_pci", [False, True])
+def test_dra_full_gpus_get_pod_labels_by_uuid_not_by_name(api: FakeKubeAPI, client: Any, kubelet: FakeKubelet,
+                                                          attribution: Callable[..., PodAttribution],
+                                                          version: str, legacy_pci: bool) -> None:
+    api.slice_versions = (version,)
+    # minor numbers are not NVML indexes: gpu-1 is GPU 0 (uuid U0), gpu-0 is GPU 1
+    w = start(api, client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [
+        ds.nvidia_gpu(1, U0, PCI0, legacy_pci), ds.nvidia_gpu(0, U1, PCI1, legacy_pci)])])
+    try:
+        kubelet.set_response(response([
+            pod("ml", "train-0", {}, claims={"main": [("gpu-claim", "ml", [(ds.NVIDIA, NODE, "gpu-1")])]}),
+        ]))
+        gpus = nvidia_gpus()
+        a = attribution(kubelet.path, gpus, dra=w.resolve, timeout=2.0)
+        assert wait_until(lambda: a.labels_for(gpus[0]), 10) == who("ml", "train-0", "main")
+        assert a.labels_for(gpus[1]) == {}
+        (row,) = info(a)
+        assert row["gpu"] == "0" and row["uuid"] == U0
+        assert (row["resource"], row["device"]) == (ds.NVIDIA, f"{NODE}/gpu-1")
+        assert (row["claim"], row["claim_namespace"], row["shared"]) == ("gpu-claim", "ml", "1")
+        assert len(row) <= 12
+    finally:
+        w.stop()
+
+
+def test_dra_gpu_matched_by_pci_bus_id_when_its_uuid_is_unknown(api: FakeKubeAPI, client: Any,
+                                                                kubelet: FakeKubelet,
+                                                                attribution: Callable[..., PodAttribution]) -> None:
+    # AMD: the driver's own made-up uuid matches nothing; pciAddr decides
+    w = start(api, client, [ds.resource_slice("amd", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI, "x-made-up")])])
+    try:
+        kubelet.set_response(response([pod("hpc", "sim", {}, claims={"c": [("cl", "hpc", [(ds.AMD, NODE,
+                                                                                            "gpu-1-128")])]})]))
+        g = amd_gpu()
+        a = attribution(kubelet.path, [g], dra=w.resolve, timeout=2.0)
+        assert wait_until(lambda: a.labels_for(g), 10) == who("hpc", "sim", "c")
+        assert devices(a, "allocated") == 1 and devices(a, "unmapped") == 0
+    finally:
+        w.stop()
+
+
+def test_dra_mig_devices_label_their_own_instance(api: FakeKubeAPI, client: Any, kubelet: FakeKubelet,
+                                                  attribution: Callable[..., PodAttribution]) -> None:
+    w = start(api, client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [
+        ds.nvidia_gpu(0, U0, PCI0),
+        ds.nvidia_mig(1, U1, MIG_B, "1g.5gb", 19, 4, PCI1),  # by its uuid
+        ds.nvidia_mig(1, U1, None, "3g.20gb", 9, 0, PCI1),  # no uuid: parentUUID + profile (unique)
+        ds.nvidia_mig(1, U1, None, "1g.5gb", 19, 6, PCI1),  # no uuid, profile not unique: unmappable
+    ])])
+    try:
+        kubelet.set_response(response([
+            pod("a", "small", {}, claims={"c": [("mig-small", "a", [(ds.NVIDIA, NODE, "gpu-1-mig-1g5gb-19-4")])]}),
+            pod("b", "big", {}, claims={"c": [("mig-big", "b", [(ds.NVIDIA, NODE, "gpu-1-mig-3g20gb-9-0")])]}),
+            pod("c", "lost", {}, claims={"c": [("mig-x", "c", [(ds.NVIDIA, NODE, "gpu-1-mig-1g5gb-19-6")])]}),
+        ]))
+        gpus = nvidia_gpus(mig=True)
+        g1 = gpus[1]
+        a = attribution(kubelet.path, gpus, dra=w.resolve, timeout=2.0)
+        assert wait_until(lambda: a.mig_labels_for(g1, g1.mig[1]), 10) == who("a", "small", "c")
+        assert a.mig_labels_for(g1, g1.mig[0]) == who("b", "big", "c")
+        assert a.mig_labels_for(g1, g1.mig[2]) == {}
+        assert a.labels_for(g1) == {}  # a partitioned GPU has no one holder
+        assert {(r["pod"], r["shared"]) for r in info(a)} == {("small", "2"), ("big", "2")}
+        assert devices(a, "unmapped") == 1
+    finally:
+        w.stop()
+
+
+def test_device_plugin_mig_instances_get_pod_labels(kubelet: FakeKubelet,
+                                                    attribution: Callable[..., PodAttribution]) -> None:
+    kubelet.set_response(response([
+        pod("a", "p1", {"c": [("nvidia.com/mig-1g.5gb", [MIG_B])]}),
+        pod("b", "p2", {"c": [("nvidia.com/mig-1g.5gb", [MIG_C])]}),
+        pod("b", "p3", {"x": [("nvidia.com/mig-3g.20gb", [MIG_A])], "y": [("nvidia.com/mig-3g.20gb", [MIG_A])]}),
+    ]))
+    gpus = nvidia_gpus(mig=True)
+    g1 = gpus[1]
+    a = attribution(kubelet.path, gpus, timeout=2.0)
+    assert wait_until(lambda: a.mig_labels_for(g1, g1.mig[1]), 10) == who("a", "p1", "c")
+    assert a.mig_labels_for(g1, g1.mig[2]) == who("b", "p2", "c")
+    assert a.mig_labels_for(g1, g1.mig[0]) == {}  # two containers on one instance: no one holder
+    assert a.labels_for(g1) == {}
+
+
+def test_dra_shared_and_unmapped_devices(api: FakeKubeAPI, client: Any, kubelet: FakeKubelet,
+                                         attribution: Callable[..., PodAttribution],
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    w = start(api, client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)])])
+    try:
+        shared = [(ds.NVIDIA, NODE, "gpu-0", "share-1")]
+        kubelet.set_response(response([
+            pod("t1", "a", {}, claims={"c": [("shared-gpu", "t1", shared)]}),
+            pod("t2", "b", {}, claims={"c": [("shared-gpu-2", "t2", [(ds.NVIDIA, NODE, "gpu-0", "share-2")])]}),
+            pod("t3", "ghost", {}, claims={"c": [("gone", "t3", [(ds.NVIDIA, NODE, "gpu-9")])]}),  # no slice
+            pod("net", "nic", {}, claims={"c": [("nic", "net", [("sriov.example.com", NODE, "vf-0")])]}),
+        ]))
+        gpus = nvidia_gpus()
+        caplog.set_level(logging.INFO, "exporter.k8s.podresources")
+        a = attribution(kubelet.path, gpus, dra=w.resolve, timeout=2.0)
+        wait_until(lambda: len(info(a)) == 2, 10, what="two claims on GPU 0")
+        assert a.labels_for(gpus[0]) == {}
+        assert {(r["pod"], r["claim"], r["shared"]) for r in info(a)} == {("a", "shared-gpu", "2"),
+                                                                          ("b", "shared-gpu-2", "2")}
+        assert devices(a, "unmapped") == 1
+        assert devices(a, "ignored") == 1
+        for _ in range(3):
+            a.families()
+        logged = [r for r in caplog.records if f"{NODE}/gpu-9" in r.getMessage()]
+        assert len(logged) == 1
+    finally:
+        w.stop()
+
+
+def test_without_dra_claimed_gpus_are_ignored_not_unmapped(kubelet: FakeKubelet,
+                                                           attribution: Callable[..., PodAttribution]) -> None:
+    kubelet.set_response(response([pod("ml", "x", {"c": [("nvidia.com/gpu", [U1])]},
+                                       claims={"c": [("cl", "ml", [(ds.NVIDIA, NODE, "gpu-0")])]})]))
+    gpus = nvidia_gpus()
+    a = attribution(kubelet.path, gpus, timeout=2.0)
+    assert wait_until(lambda: a.labels_for(gpus[1]), 10) == who("ml", "x", "c")
+    assert devices(a, "ignored") == 1 and devices(a, "unmapped") == 0
