@@ -104,6 +104,14 @@ def _r(v: float | None, digits: int = 3) -> float | None:
     return round(float(v), digits)
 
 
+def _int(v: float | None) -> int | None:
+    """A count or a whole number of bytes as a JSON integer (85899345920, not 85899345920.0):
+    typed decoders reject a float where the schema says integer."""
+    if v is None or not math.isfinite(v):
+        return None
+    return round(v)
+
+
 def _ratio(part: float | None, whole: float | None) -> float | None:
     if part is None or whole is None or whole <= 0:
         return None
@@ -131,9 +139,9 @@ def gpu_stats(backend: str, g: GpuReading, power: tuple[float, float] | None) ->
         "serial": g.serial,
         "driver_version": g.driver_version,
         "cuda_version": g.cuda_driver_version,
-        "memory_total_bytes": _r(g.memory_total_bytes, 0),
-        "memory_used_bytes": _r(g.memory_used_bytes, 0),
-        "memory_free_bytes": _r(_free_bytes(g), 0),
+        "memory_total_bytes": _int(g.memory_total_bytes),
+        "memory_used_bytes": _int(g.memory_used_bytes),
+        "memory_free_bytes": _int(_free_bytes(g)),
         "memory_used_ratio": _ratio(g.memory_used_bytes, g.memory_total_bytes),
         "utilization_ratio": _r(g.utilization_ratio, 6),
         "temperature_celsius": _r(g.temperature_celsius.get("gpu"), 2),
@@ -143,10 +151,10 @@ def gpu_stats(backend: str, g: GpuReading, power: tuple[float, float] | None) ->
         "power_limit_watts": _r(g.power_limit_watts),
         "energy_joules": _r(g.energy_joules),
         "pcie": {
-            "generation": _r(g.pcie_link_generation, 0),
-            "generation_max": _r(g.pcie_link_generation_max, 0),
-            "width": _r(g.pcie_link_width, 0),
-            "width_max": _r(g.pcie_link_width_max, 0),
+            "generation": _int(g.pcie_link_generation),
+            "generation_max": _int(g.pcie_link_generation_max),
+            "width": _int(g.pcie_link_width),
+            "width_max": _int(g.pcie_link_width_max),
         },
     }
 

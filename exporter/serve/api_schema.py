@@ -27,6 +27,11 @@ def _num(description: str, minimum: float | None = 0, maximum: float | None = No
     return out
 
 
+def _int(description: str) -> dict[str, Any]:
+    """A whole number (bytes, lanes, a generation) or null: written as a JSON integer, never 5.0."""
+    return {**_num(description), "type": ["integer", "null"]}
+
+
 def _obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False,
             "required": list(properties) if required is None else required, "properties": properties}
@@ -71,9 +76,9 @@ _GPU_STATS = _obj({
     "serial": _STR_OR_NULL,
     "driver_version": _STR_OR_NULL,
     "cuda_version": _STR_OR_NULL,
-    "memory_total_bytes": _num("bytes (nvidia-smi memory.total)"),
-    "memory_used_bytes": _num("bytes (nvidia-smi memory.used)"),
-    "memory_free_bytes": _num("bytes (nvidia-smi memory.free)"),
+    "memory_total_bytes": _int("bytes (nvidia-smi memory.total)"),
+    "memory_used_bytes": _int("bytes (nvidia-smi memory.used)"),
+    "memory_free_bytes": _int("bytes (nvidia-smi memory.free)"),
     "memory_used_ratio": _num("memory used / total, 0-1", 0, 1),
     "utilization_ratio": _num("GPU utilisation, 0-1 (nvidia-smi utilization.gpu / 100)", 0, 1),
     "temperature_celsius": _num("GPU die sensor, celsius", None),
@@ -83,10 +88,10 @@ _GPU_STATS = _obj({
     "power_limit_watts": _num("W (nvidia-smi power.limit)"),
     "energy_joules": _num("energy counter since driver load, J"),
     "pcie": _obj({
-        "generation": _num("current link generation (nvidia-smi pcie.link.gen.current)"),
-        "generation_max": _num("max link generation (nvidia-smi pcie.link.gen.max)"),
-        "width": _num("current link width, lanes (nvidia-smi pcie.link.width.current)"),
-        "width_max": _num("max link width, lanes (nvidia-smi pcie.link.width.max)"),
+        "generation": _int("current link generation (nvidia-smi pcie.link.gen.current)"),
+        "generation_max": _int("max link generation (nvidia-smi pcie.link.gen.max)"),
+        "width": _int("current link width, lanes (nvidia-smi pcie.link.width.current)"),
+        "width_max": _int("max link width, lanes (nvidia-smi pcie.link.width.max)"),
     }),
 })
 
