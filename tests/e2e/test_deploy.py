@@ -556,7 +556,7 @@ def test_service_and_servicemonitor_reach_the_exporter(rendered: dict[str, list[
     assert NAMESPACE in sm["spec"]["namespaceSelector"]["matchNames"]
     (ep,) = sm["spec"]["endpoints"]
     assert ep["port"] == "metrics"
-    assert ep["honorLabels"] is True, "keep the exporter's pod/namespace labels (no exported_pod)"
+    assert ep["honorLabels"] is False, "an exporter's own node label must not win (issue 26)"
     relabel = ep["relabelings"]
     node = [
         r for r in relabel
@@ -726,7 +726,7 @@ def test_scrape_config_example(rendered: dict[str, list[dict[str, Any]]]) -> Non
     cfg = yaml.safe_load((DEPLOY / "prometheus" / "scrape-config.yaml").read_text())
     (job,) = cfg["scrape_configs"]
     assert set(job) <= _SCRAPE_KEYS, f"unknown scrape_config keys: {set(job) - _SCRAPE_KEYS}"
-    assert job["honor_labels"] is True, "keep the exporter's pod/namespace labels (no exported_pod)"
+    assert job["honor_labels"] is False, "an exporter's own node label must not win (issue 26)"
     (sd,) = job["kubernetes_sd_configs"]
     assert sd["role"] in ("pod", "endpoints", "endpointslice")
     assert sd["namespaces"]["names"] == [NAMESPACE]

@@ -134,6 +134,17 @@ EXTERNAL = [
             "::test_worst_case_node_stays_under_the_documented_bound, "
             "tests/unit/profiler/test_allocated.py::test_hostile_uuid_and_holders_never_reach_the_node",
         "figures": {"cases": 28, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "an exporter serving its own node, job and instance labels",
+        "done": "each shipped scrape configuration (deploy/prometheus/scrape-config.yaml, the kustomize "
+            "ServiceMonitor, the Helm chart's, run as prometheus-operator generates it) in a real "
+            "Prometheus against a target whose series say node=\"victim-node\", job, instance, and carry "
+            "a workload's pod/namespace/container",
+        "happened": "the scrape's node, job and instance win (the exporter's arrive as exported_*); pod, "
+            "namespace and container keep their names (before issue 26: with honor_labels the "
+            "exporter's node won, so the profiler would annotate another Node)",
+        "test": "tests/e2e/test_scrape_labels.py::test_the_scrape_sets_node_whatever_the_exporter_says",
+        "figures": {"cases": 3, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [
