@@ -21,20 +21,19 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from exporter.platform.http import GpuHTTPServer, Handler, Response
 from exporter.profiler import annotate, prom, queries
 from exporter.profiler.annotate import Conflict, KubeError, NodeGone, NodeInfo, NodeStore
 from exporter.profiler.classify import ALLOCATED_IDLE, GROWING, GpuStats, classify_gpu
@@ -52,6 +51,9 @@ from exporter.profiler.plan import (
 )
 from exporter.profiler.prom import PromError, printable
 from exporter.profiler.queries import Reader
+
+if TYPE_CHECKING:
+    from exporter.platform.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -529,97 +531,37 @@ _LANDING = b"""<html><head><title>gpu-exporter profiler</title></head><body>
 """
 
 
-SERVER_READ_TIMEOUT_S = 5.0  # per read on a connection of the profiler's own endpoint
-SERVER_REQUEST_DEADLINE_S = 10.0  # whole connection, however slowly the client trickles
-SERVER_MAX_CONNECTIONS = 32  # more are closed at once: /healthz stays answerable
-
-
-class _BoundedServer(ThreadingHTTPServer):
-    """A threading server with a bound on open connections and no tracebacks on stderr."""
-
-    daemon_threads = True
-    request_queue_size = 64
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 max_connections: int = SERVER_MAX_CONNECTIONS,
-                 deadline_s: float = SERVER_REQUEST_DEADLINE_S) -> None:
-        super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self.deadline_s = deadline_s
-        self.refused = 0
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            log.debug("http: connection limit reached, refusing one from %s", client_address)
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        # the deadline shuts the socket down: a client trickling one byte per read timeout
-        # cannot hold a slot longer than this
-        timer = threading.Timer(self.deadline_s, _shut, (request,))
-        timer.daemon = True
-        timer.start()
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            timer.cancel()
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        exc = sys.exc_info()[1]
-        log.debug("http: connection from %s ended: %s", client_address, printable(repr(exc)))
-
-
-def _shut(sock: Any) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
+SERVER_READ_TIMEOUT_S = 5.0  # a request (or taking an answer) on the profiler's own endpoint
+SERVER_REQUEST_DEADLINE_S = 10.0  # at most this, whatever the read timeout
+SERVER_MAX_CONNECTIONS = 32  # /metrics answered at once; /healthz has its own lane
 
 
 def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Health,
                 read_timeout_s: float = SERVER_READ_TIMEOUT_S, deadline_s: float = SERVER_REQUEST_DEADLINE_S,
-                max_connections: int = SERVER_MAX_CONNECTIONS) -> ThreadingHTTPServer:
+                max_connections: int = SERVER_MAX_CONNECTIONS, web: WebConfig | None = None) -> GpuHTTPServer:
     """The profiler's HTTP server (not started): ``/metrics``, ``/healthz``, ``/``.
 
-    Reads time out after SERVER_READ_TIMEOUT_S, each connection ends after
-    SERVER_REQUEST_DEADLINE_S, at most SERVER_MAX_CONNECTIONS are open at once, and a
-    failing connection is logged at debug in one line, never as a traceback.
+    The exporter's server (exporter/platform/http.py), so the same fairness, limits, TLS and basic
+    auth (``--web.config.file``): a request, or taking its answer, ends after
+    ``min(read_timeout_s, deadline_s)``; ``/healthz`` is answered in the probe lane, never behind a
+    scrape, and is open under basic auth (saying only ok / not ok to an anonymous probe).
     """
+    srv = GpuHTTPServer((address, port), max_connections=max_connections,
+                        read_timeout=min(read_timeout_s, deadline_s), web=web, probe_paths=frozenset({"/healthz"}))
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = read_timeout_s
+    def metrics_route(h: Handler, path: str, query: str) -> Response:
+        return Response(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._send(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
-            elif path == "/healthz":
-                ok, why = health.check()
-                self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
-            elif path == "/":
-                self._send(200, _LANDING, "text/html; charset=utf-8")
-            else:
-                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+    def healthz(h: Handler, path: str, query: str) -> Response:
+        ok, why = health.check()
+        if not h.authorized:  # an anonymous probe under basic auth learns up or down, nothing else
+            why = "ok" if ok else "not ok"
+        return Response(200 if ok else 503, (why + "\n").encode())
 
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+    def landing(h: Handler, path: str, query: str) -> Response:
+        return Response(200, _LANDING, "text/html; charset=utf-8")
 
-        do_HEAD = do_GET
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: %s", printable(format % args))
-
-    return _BoundedServer((address, port), Handler, max_connections=max_connections, deadline_s=deadline_s)
+    srv.route("/metrics", metrics_route)
+    srv.route("/healthz", healthz, "probe")
+    srv.route("/", landing, "inline")
+    return srv

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from exporter.core import logs
 from exporter.core.extras import MissingExtra, require
@@ -31,6 +31,9 @@ from exporter.profiler.loop import Health, Profiler, make_server
 from exporter.profiler.plan import PlanConfig, valid_prefix
 from exporter.profiler.prom import PromClient, printable, valid_header
 from exporter.profiler.queries import QueryConfig, Reader
+
+if TYPE_CHECKING:
+    from exporter.platform.webconfig import WebConfig
 
 log = logging.getLogger("exporter.profiler")
 
@@ -189,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--listen-address", default="0.0.0.0", help="address of /metrics and /healthz (default 0.0.0.0)")
     r.add_argument("--listen-port", default=env("PROFILER_PORT", "9401"),
                    help="port of /metrics and /healthz (env PROFILER_PORT, default 9401)")
+    r.add_argument("--web.config.file", dest="web_config_file", default=env("PROFILER_WEB_CONFIG_FILE"),
+                   help="TLS and basic auth of /metrics and /healthz, in the exporter-toolkit format, as for "
+                        "gpu-exporter serve (env PROFILER_WEB_CONFIG_FILE; docs/security.md)")
     r.add_argument("--log-level", default=env("LOG_LEVEL", "info"),
                    help="debug, info, warning or error (env LOG_LEVEL, default info)")
     r.add_argument("--log-format", default=env("LOG_FORMAT", "text"),
@@ -220,6 +226,7 @@ class Settings:
     election: ElectionConfig | None = None
     events: bool = True
     events_per_minute: int = 30
+    web: WebConfig | None = None  # --web.config.file: TLS and basic auth of /metrics and /healthz
 
 
 def _namespace(flag_value: str | None) -> str:
@@ -319,7 +326,21 @@ def parse_args(argv: list[str]) -> Settings:
         election=_election(a),
         events=_on_off("--events", a.events),
         events_per_minute=_int("--events-per-minute", a.events_per_minute, 1, 6000),
+        web=_web_config(a.web_config_file),
     )
+
+
+def _web_config(path: str | None) -> WebConfig | None:
+    """``--web.config.file``, loaded and checked now: a bad one is a usage error, never a server without auth."""
+    if not path:
+        return None
+    from exporter.platform.configfile import ConfigError
+    from exporter.platform.webconfig import load
+
+    try:
+        return load(path)
+    except ConfigError as exc:
+        raise UsageError(f"--web.config.file: {exc}") from None
 
 
 def _at(value: str | None, once: bool) -> float | None:
@@ -404,7 +425,7 @@ def run(argv: list[str], out: IO[str] | None = None,
                                     daemon=True)
     health = Health(prof, s.interval_s, stall_after_s=max(120.0, 2 * s.interval_s), thread=thread)
     try:
-        server = make_server(s.listen_address, s.listen_port, prof.metrics, health)
+        server = make_server(s.listen_address, s.listen_port, prof.metrics, health, web=s.web)
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", s.listen_address, s.listen_port, exc)
         return 1

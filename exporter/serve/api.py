@@ -21,8 +21,8 @@ from exporter.core.options import FieldFilter
 from exporter.core.schema import FAMILIES
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import MIB, PowerTracker, iso_time, numbered, stats_view
+from exporter.platform.http import GpuHTTPServer, Handler, Response
 from exporter.serve.engine import Engine
-from exporter.serve.http import GpuHTTPServer, Handler, Response
 
 GPU_METRICS_PATH = "/api/v1/monitoring/gpu-metrics"
 STATS_PATH = "/stats"
@@ -123,4 +123,6 @@ def register(server: GpuHTTPServer, engine: Engine, metrics_path: str = "/metric
             families.append(json.dumps(families_view(engine.fields), separators=(",", ":")).encode())
         return Response(200, families[0], JSON_TYPE, dict(_NO_STORE))
 
-    server.routes.update({GPU_METRICS_PATH: gpu_metrics, STATS_PATH: stats, FAMILIES_PATH: schema, "/": index})
+    for path, route in ((GPU_METRICS_PATH, gpu_metrics), (STATS_PATH, stats), (FAMILIES_PATH, schema)):
+        server.route(path, route)
+    server.route("/", index, "inline")  # fixed bytes: answered on the I/O thread

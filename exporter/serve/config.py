@@ -16,28 +16,7 @@ from typing import Any, NoReturn
 
 from exporter.backends.simulated import SCENARIOS  # a light module: the table of scenarios
 from exporter.core.options import FieldFilter, Settings
-
-
-class ConfigError(Exception):
-    """A setting has a bad value. ``str()`` is the one-line message for the user.
-
-    Control characters from the bad input itself (a newline in a flag or a path) are shown
-    escaped, so the message stays one line.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
-
-
-def shown_value(value: object) -> str:
-    """``repr(value)`` for an error message, cut to a readable length (a YAML file can hold anything)."""
-    if isinstance(value, int) and value.bit_length() > 256:  # repr() of 5,000 digits raises
-        return f"<an integer of {value.bit_length()} bits>"
-    try:
-        shown = repr(value)
-    except (ValueError, RecursionError):
-        shown = f"<a {type(value).__name__}>"
-    return shown if len(shown) <= 120 else shown[:100] + "..."
+from exporter.platform.configfile import ConfigError, read_yaml, shown_value
 
 
 def _fail(setting: str, source: str, value: object, allowed: str) -> NoReturn:
@@ -274,53 +253,6 @@ def build_parser(prog: str = "gpu-exporter serve") -> argparse.ArgumentParser:
         else:
             p.add_argument(s.flag, dest=s.name, default=None, help=s.help + env)
     return p
-
-
-MAX_YAML_BYTES = 1 << 20
-MAX_YAML_DEPTH = 32
-
-
-def read_yaml(path: str, what: str) -> Any:
-    """The document in the YAML file ``path``, or :class:`ConfigError` naming ``what`` and ``path``.
-
-    Hostile or broken files end in one line, never a traceback: a leading BOM is dropped, bytes that
-    are not UTF-8, more than 1 MiB, nesting deeper than 32 levels, aliases (billion laughs) and
-    values PyYAML cannot build (a 5,000-digit integer, a bad ``!!timestamp``) are errors. Dates stay
-    strings: no setting is a date.
-    """
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        yaml_implicit_resolvers = {k: [r for r in v if r[0] != "tag:yaml.org,2002:timestamp"]
-                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_YAML_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise ConfigError(f"{what} {path}: larger than {MAX_YAML_BYTES >> 20} MiB")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{what} {path}: not UTF-8 (byte {exc.start})") from None
-    try:
-        depth = 0  # checked on the event stream, before PyYAML recurses into the nodes
-        for event in yaml.parse(text, Loader=Loader):
-            if isinstance(event, yaml.AliasEvent):
-                raise ConfigError(f"{what} {path}: YAML aliases (*name) are not supported")
-            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
-            if depth > MAX_YAML_DEPTH:
-                raise ConfigError(f"{what} {path}: nested deeper than {MAX_YAML_DEPTH} levels")
-        return yaml.load(text, Loader=Loader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{what} {path}{where}: not valid YAML") from None
-    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
-        # PyYAML's constructors raise these for values such as a 5,000-digit integer or "!!timestamp x"
-        raise ConfigError(f"{what} {path}: a value cannot be read ({type(exc).__name__}: {str(exc)[:80]})") from None
 
 
 def _load_yaml(path: str) -> dict[str, Any]:

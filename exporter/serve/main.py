@@ -22,8 +22,8 @@ from exporter.serve import config
 if TYPE_CHECKING:
     from exporter.k8s.podresources import PodAttribution
     from exporter.k8s.resourceslices import ResourceSliceWatch
+    from exporter.platform.http import GpuHTTPServer
     from exporter.serve.engine import Engine
-    from exporter.serve.http import GpuHTTPServer
 
 log = logging.getLogger("exporter")
 
@@ -237,7 +237,7 @@ def main(argv: Sequence[str]) -> int:
     logs.setup(settings.log_level, settings.log_format)
     web = None
     if settings.web_config_file:
-        from exporter.serve import webconfig
+        from exporter.platform import webconfig
 
         try:
             web = webconfig.load(settings.web_config_file)

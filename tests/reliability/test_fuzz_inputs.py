@@ -23,9 +23,9 @@ import pytest
 import yaml
 from hypothesis import strategies as st
 
+from exporter.platform import http as exporter_http
+from exporter.platform import webconfig
 from exporter.serve import config as exporter_config
-from exporter.serve import http as exporter_http
-from exporter.serve import webconfig
 from tests.harness.exporter import REPO
 from tests.reliability.support import Result
 from tests.reliability.test_fuzz import NASTY, one_line, run, text, values

@@ -15,11 +15,12 @@ PACKAGE = Path(__file__).resolve().parents[3] / "exporter"
 # Which top-level folders of exporter/ each folder may import (besides itself).
 ALLOWED = {
     "core": set(),
+    "platform": {"core"},
     "backends": {"core"},
     "k8s": {"core"},
-    "serve": {"core", "backends", "k8s"},
-    "profiler": {"core"},
-    "tools": {"core", "backends", "serve"},
+    "serve": {"core", "platform", "backends", "k8s"},
+    "profiler": {"core", "platform"},
+    "tools": {"core", "platform", "backends", "serve"},
 }
 
 

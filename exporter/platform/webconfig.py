@@ -31,7 +31,8 @@ be silently ineffective (``client_ca_file`` without ``client_auth_type``, ``min_
 
 The file and the certificates it names are re-read when they change (checked on every connection
 and request, like the toolkit's per-connection reload), so rotated certificates take effect
-without a restart; a change that does not load is logged and the previous config stays in force.
+without a restart; a change that does not load, or that would drop basic auth or TLS, is logged and the previous
+config stays in force (issue 26: a half-written file must never turn auth off).
 Passwords are checked with bcrypt in constant time whether or not the user exists (an unknown user
 is checked against a dummy hash of the same cost); successful checks are cached by a SHA-256 of the
 credentials, never the password itself, because bcrypt costs ~100 ms by design.
@@ -51,7 +52,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.serve.config import ConfigError, read_yaml, shown_value
+from exporter.platform.configfile import ConfigError, read_yaml, shown_value
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "sec
 HEADERS: dict[str, tuple[str, ...] | None] = {
     "Strict-Transport-Security": None, "X-Content-Type-Options": ("nosniff",),
     "X-Frame-Options": ("deny", "sameorigin"), "X-XSS-Protection": None, "Content-Security-Policy": None}
-BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|1[0-6])\$[./A-Za-z0-9]{53}")  # cost 4..16: 17+ takes seconds per check
+BCRYPT_HASH = re.compile(r"\$2[aby]\$[0-9]{2}\$[./A-Za-z0-9]{53}")
+MAX_COST = 14  # 15 is ~2 s of CPU per check, 16 ~5 s: a few wrong passwords would hold the server (docs/security.md)
 _DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ns|us|µs|ms|s|m|h))+")
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -149,7 +151,9 @@ class WebConfig:
         return ok
 
     def _key(self, user: str, password: bytes) -> bytes:
-        return hashlib.sha256(user.encode() + b"\0" + password + b"\0" + self.users.get(user, b"")).digest()
+        # surrogateescape: a user name that is not UTF-8 is a failed login like any other, never an error
+        raw = user.encode("utf-8", "surrogateescape")
+        return hashlib.sha256(raw + b"\0" + password + b"\0" + self.users.get(user, b"")).digest()
 
     def client_allowed(self, cert: dict[str, Any] | None) -> bool:
         """``client_allowed_sans``: the verified client certificate (``getpeercert()``) names one of them."""
@@ -225,7 +229,12 @@ def _users(path: str, users: Any, cfg: WebConfig) -> None:
         if not isinstance(hashed, str) or not BCRYPT_HASH.fullmatch(hashed):
             # a hash cut short used to be accepted, and every request then got 401 with nothing logged
             raise ConfigError(f"web config {path}: basic_auth_users.{name}: expected a whole bcrypt hash "
-                              "($2y$10$ and 53 characters, from htpasswd -nBC 10; cost 4..16)")
+                              f"($2y$10$ and 53 characters, from htpasswd -nBC 10; cost 4..{MAX_COST})")
+        cost = int(hashed[4:6])
+        if not 4 <= cost <= MAX_COST:
+            raise ConfigError(f"web config {path}: basic_auth_users.{name}: bcrypt cost {cost} is outside "
+                              f"4..{MAX_COST} (each check of cost 15 takes seconds of CPU: a few wrong passwords "
+                              "would hold the server; htpasswd -nBC 10)")
         cfg.users[name] = hashed.encode()
     try:
         import bcrypt
@@ -425,12 +434,32 @@ def _stamp(files: tuple[str, ...]) -> tuple[tuple[int, int, int, int] | None, ..
     return tuple(out)
 
 
+def _weakens(old: WebConfig, new: WebConfig) -> str:
+    """Why ``new`` would serve with less protection than ``old`` ("" when it does not).
+
+    A reload never fails open: ``cat > web.yml`` leaves an empty or cut file for a moment, which
+    parses as "no auth" or "no TLS". Dropping them, or lowering the client-certificate check, needs
+    a restart, where the operator sees the new config start.
+    """
+    if old.users and not new.users:
+        return "drops basic_auth_users"
+    if (new.ssl_context is None) != (old.ssl_context is None):
+        return "switches between http and https, which needs a restart"
+    if old.ssl_context is not None and new.ssl_context is not None:
+        if new.ssl_context.verify_mode < old.ssl_context.verify_mode:
+            return "lowers client_auth_type"
+        if old.allowed_sans is not None and new.allowed_sans is None:
+            return "drops client_allowed_sans"
+    return ""
+
+
 class LiveWebConfig:
     """The web config in force: re-loaded when its file or a certificate it names changes.
 
     ``current()`` costs a few ``stat`` calls. A change that does not load (a half-written
-    certificate, a bad edit) is logged once and the previous config stays in force; switching
-    between http and https needs a restart (the listening socket's kind is fixed).
+    certificate, a bad edit) or that would weaken protection (no basic_auth_users, no TLS, a lower
+    client-certificate check: see :func:`_weakens`) is logged once, as one error line, and the
+    previous config stays in force.
     """
 
     def __init__(self, cfg: WebConfig) -> None:
@@ -462,9 +491,10 @@ class LiveWebConfig:
                     log.error("web config %s (%s) cannot be used, keeping the previous one: %s", old.path, why, exc)
                 self._stamp = stamp
                 return False
-            if (new.ssl_context is None) != (old.ssl_context is None):
-                log.error("web config %s (%s): switching between http and https needs a restart; keeping the "
-                          "previous one", old.path, why)
+            weaker = _weakens(old, new)
+            if weaker:
+                log.error("web config %s (%s) %s: keeping the previous one (a half-written file looks the same; "
+                          "to change this on purpose, restart)", old.path, why, weaker)
                 self._stamp = stamp
                 return False
             self._cfg, self._stamp = new, _stamp(new.files)

@@ -1,0 +1,847 @@
+"""The one HTTP/1.1 server of every daemon (``gpu-exporter serve`` and ``gpu-exporter profile``).
+
+TLS, client certificates and basic auth come from ``--web.config.file`` (``webconfig.py``). The
+server is small on purpose: ``http.server`` pulls in ``http.client``, ``ssl`` and ``email`` (about
+8 MiB of RSS) and gives a thread to each connection. It serves GET and HEAD only.
+
+Fair by construction (issue 26: twice, a few greedy but legal connections took every answer slot):
+
+* **One I/O thread owns every socket**, non-blocking, in one selector: it accepts, handshakes,
+  reads requests and writes answers. No thread ever blocks on a client, so a client that does not
+  read, trickles or idles costs a file descriptor and a buffer, never a thread or a slot.
+* **One request per connection at a time.** The next pipelined request of a connection is parsed
+  only once the previous answer is written, so its requests are answered in order and its buffers
+  are bounded: ``MAX_HEAD + MAX_BODY`` bytes in, one answer out (whose body is the shared rendered
+  bytes, not a copy).
+* **Round robin.** Each turn of the loop gives every connection at most one read, one write and
+  one parsed request, and accepts new connections; a connection with more pipelined requests waits
+  for the next turn. A greedy connection cannot delay another one's first byte.
+* **Lanes.** An answer is made in one of three places: ``inline`` on the I/O thread (microseconds:
+  ``/healthz``, errors, 401/429), the ``probe`` lane (``/readyz``: its own threads, never behind a
+  scrape), or the ``work`` lane (scrapes and the API: at most ``--max-connections`` requests waiting
+  or being answered; beyond that, 503 at once, never a queue without bound). A request holds its slot
+  only while its answer is made, never while it is written.
+* **bcrypt** runs in a lane of its own (one thread, at most ``BCRYPT_WAITING`` waiting: beyond, 503).
+  The per-address failure limiter is charged *before* the check (and refunded when it passes), so
+  concurrent guesses cannot all get a check; credentials that passed are cached (``webconfig.py``).
+
+Waiting connections (TLS handshake, request bytes arriving, idle keep-alive) live under a deadline
+of ``--read-timeout`` for the whole handshake plus request; an answer must be taken within the
+same time. When more than ``max_waiting`` are open, the oldest that never completed a request is
+closed first, then the oldest idle keep-alive.
+
+``/healthz`` and ``/readyz`` (``probe_paths``) are open under basic auth (kubelet probes send
+none) and then say only ``ok`` / ``not ready``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import queue
+import re
+import selectors
+import socket
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from exporter.platform.webconfig import LiveWebConfig, WebConfig
+
+log = logging.getLogger(__name__)
+
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})  # open under basic auth (kubelet probes); say only up/down
+MAX_LINE = 8192
+MAX_HEADERS = 100
+MAX_HEAD = 64 * 1024
+MAX_BODY = 64 * 1024
+FAILURE_BURST = 10  # failed logins an address may make at once ...
+FAILURE_REFILL_S = 1.0  # ... then one more per this many seconds
+BCRYPT_WAITING = 32  # password checks waiting or running at once; more get 503 (bcrypt is ~100 ms of CPU)
+PROBE_THREADS = 4  # /readyz may wait for a collection (collect-on-scrape): a few, separate from scrapes
+SEND_CHUNK = 256 * 1024  # bytes per send(): one connection's turn stays short
+ACCEPT_PER_TURN = 128
+LANE_IDLE_S = 2.0  # a lane's thread with nothing to do for this long ends (a burst leaves no threads behind)
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+           408: "Request Timeout", 413: "Content Too Large", 414: "URI Too Long", 429: "Too Many Requests",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable", 505: "HTTP Version Not Supported"}
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
+_SINGLE = frozenset({"content-length", "host", "authorization", "transfer-encoding"})  # twice: 400 (smuggling)
+_QVALUE = re.compile(r"(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)")
+
+
+class Headers(dict[str, str]):
+    """Request headers, keyed by lower-case name."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(key.lower(), default)
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_request(buf: bytearray | bytes) -> tuple[tuple[str, str, str, Headers], int] | None:
+    """((method, target, version, headers), bytes used incl. any body) once ``buf`` holds a request.
+
+    None while it is incomplete; :class:`_BadRequest` as soon as it cannot become a valid one.
+    """
+    start = 0
+    while buf[start:start + 1] in (b"\r", b"\n") and start < len(buf):  # stray blank lines (RFC 9112 2.2)
+        start += 1
+        if start > MAX_LINE:
+            raise _BadRequest(400, "malformed request line")
+    lines: list[bytes] = []
+    pos = start
+    while True:
+        nl = buf.find(b"\n", pos, pos + MAX_LINE + 2)
+        if nl < 0:
+            if len(buf) - pos > MAX_LINE:
+                raise _BadRequest(431 if lines else 414, "request line or header too long")
+            return None
+        line = bytes(buf[pos:nl])
+        pos = nl + 1
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if len(line) > MAX_LINE:
+            raise _BadRequest(431 if lines else 414, "request line or header too long")
+        if not line:
+            break
+        lines.append(line)
+        if len(lines) > MAX_HEADERS + 1 or pos - start > MAX_HEAD:
+            raise _BadRequest(431, "too many headers")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not parts[1] or any(c < 0x21 or c == 0x7F
+                                                                                   for c in parts[1]):
+        raise _BadRequest(400, "malformed request line")
+    version = _VERSION.fullmatch(parts[2])
+    if version is None:
+        raise _BadRequest(400, "malformed request line")
+    if version.group(1, 2) not in ((b"1", b"1"), (b"1", b"0")):
+        raise _BadRequest(505, "only HTTP/1.0 and HTTP/1.1")
+    headers = Headers()
+    for raw in lines[1:]:
+        name, sep, value = raw.partition(b":")
+        if not sep or not _TOKEN.fullmatch(name):  # also rejects obs-fold and "Name :"
+            raise _BadRequest(400, "malformed header")
+        v = value.strip(b" \t")
+        if any((c < 0x20 and c != 0x09) or c == 0x7F for c in v):
+            raise _BadRequest(400, "malformed header")
+        key, text = name.decode("ascii").lower(), v.decode("latin-1")
+        if key in headers:
+            if key in _SINGLE:
+                raise _BadRequest(400, f"more than one {key} header")
+            text = f"{headers[key]}, {text}"
+        headers[key] = text
+    if "transfer-encoding" in headers:
+        raise _BadRequest(501, "request bodies are not supported")
+    length = headers.get("content-length", "0")
+    if not (length.isascii() and length.isdigit()) or len(length) > 12:
+        raise _BadRequest(400, "bad Content-Length")
+    if int(length) > MAX_BODY:
+        raise _BadRequest(413, "request body too large")
+    if len(buf) < pos + int(length):
+        return None
+    # GET/HEAD bodies carry no meaning: consumed and dropped
+    return (parts[0].decode("ascii"), parts[1].decode("latin-1"), parts[2].decode("ascii"), headers), pos + int(length)
+
+
+def _qvalues(header: str) -> list[tuple[str, float]]:
+    """``Accept``-style header -> [(lower-case value, q)]; a malformed q counts as 0."""
+    out: list[tuple[str, float]] = []
+    for item in header.split(","):
+        value, *params = (p.strip() for p in item.split(";"))
+        q = 1.0
+        for p in params:
+            k, _, v = p.partition("=")
+            if k.strip().lower() == "q":
+                q = float(v.strip()) if _QVALUE.fullmatch(v.strip()) else 0.0
+        if value:
+            out.append((value.lower(), q))
+    return out
+
+
+def _quality(ranges: list[tuple[str, float]], media: str) -> float:
+    """q of ``media`` (type/subtype) under the most specific matching range (RFC 9110 12.5.1)."""
+    kind = media.split("/")[0]
+    best, q = -1, 0.0
+    for value, vq in ranges:
+        rank = 2 if value == media else 1 if value == f"{kind}/*" else 0 if value == "*/*" else -1
+        if rank > best:
+            best, q = rank, vq
+    return q
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """OpenMetrics only when the client ranks it above the text format (ties: text, the classic)."""
+    if not accept:
+        return False
+    ranges = _qvalues(accept)
+    om = _quality(ranges, "application/openmetrics-text")
+    return om > 0 and om > _quality(ranges, "text/plain")
+
+
+def wants_gzip(accept_encoding: str) -> bool:
+    codings = dict(reversed(_qvalues(accept_encoding)))  # the first mention wins
+    return codings.get("gzip", codings.get("*", 0.0)) > 0
+
+
+Lane = str  # "inline" (on the I/O thread: must not block), "probe" or "work"
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: dict[str, str] | None = None
+
+
+@dataclass
+class Handler:
+    """One request, as routes see it."""
+
+    server: GpuHTTPServer
+    client_address: Any
+    command: str
+    path: str
+    request_version: str
+    headers: Headers
+    authorized: bool = True  # basic auth off, or these credentials passed
+    pipelined: bool = False  # sent before the previous answer on its connection was taken
+
+
+# (handler, path, query) -> Response
+Route = Callable[[Handler, str, str], Response]
+
+
+def _head(resp: Response, keep: bool, extra: dict[str, str]) -> bytes:
+    lines = [f"HTTP/1.1 {resp.status} {REASONS.get(resp.status, 'Unknown')}",
+             f"Content-Type: {resp.content_type}", f"Content-Length: {len(resp.body)}"]
+    lines += [f"{k}: {v}" for k, v in {**extra, **(resp.headers or {})}.items()]
+    if not keep:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+class _FailureLimiter:
+    """Failed basic-auth attempts per client address: a token bucket each, bounded in memory.
+
+    A check takes its token *before* bcrypt runs (``charge``) and gives it back when the credentials
+    pass (``refund``): concurrent guesses from one address cannot all get a check.
+    """
+
+    def __init__(self, burst: int = FAILURE_BURST, refill_s: float = FAILURE_REFILL_S) -> None:
+        self.burst, self.refill_s = burst, refill_s
+        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def _tokens(self, addr: str, now: float) -> float:
+        tokens, at = self._buckets.get(addr, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - at) / self.refill_s)
+
+    def charge(self, addr: str) -> int:
+        """Take one attempt: 0 when ``addr`` may try now, else whole seconds to wait (nothing taken)."""
+        with self._lock:
+            now = time.monotonic()
+            tokens = self._tokens(addr, now)
+            if tokens < 1:
+                return max(1, math.ceil((1 - tokens) * self.refill_s))
+            if len(self._buckets) > 10000:  # many addresses: forget the ones back at a full bucket
+                self._buckets = {a: v for a, v in self._buckets.items() if self._tokens(a, now) < self.burst}
+                if len(self._buckets) > 10000:
+                    self._buckets.clear()
+            self._buckets[addr] = (tokens - 1, now)
+        if tokens - 1 < 1:
+            log.warning("basic auth: %d failed attempts from %s; its next attempts get 429 for a while",
+                        self.burst, addr)
+        return 0
+
+    def refund(self, addr: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if addr in self._buckets:
+                self._buckets[addr] = (min(float(self.burst), self._tokens(addr, now) + 1), now)
+
+
+class _Bucket:
+    """The web config's ``rate_limit``: one token per ``interval`` seconds, at most ``burst`` saved."""
+
+    def __init__(self, interval: float, burst: int) -> None:
+        self.interval, self.burst = interval, burst
+        self._tokens, self._at = float(burst), time.monotonic()
+
+    def allow(self) -> bool:  # the I/O thread only
+        now = time.monotonic()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._at) / self.interval)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+class _Lane:
+    """At most ``limit`` daemon threads, started when needed and ended after ``LANE_IDLE_S`` without
+    a job, taking jobs in arrival order.
+
+    ``pending`` counts jobs waiting or running: the work lane's slots. Daemon threads, so that a
+    route stuck in a driver call never holds the process at exit.
+    """
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.name, self.limit = name, limit
+        self.pending = 0
+        self._threads = 0
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            self.pending += 1
+            start = self.pending > self._threads and self._threads < self.limit
+            if start:
+                self._threads += 1
+        self._jobs.put(job)
+        if start:
+            threading.Thread(target=self._run, name=f"http-{self.name}", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=LANE_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self.pending < self._threads:  # more threads than jobs: this one ends
+                        self._threads -= 1
+                        return
+                continue
+            try:
+                job()
+            except Exception:  # a bug in one job must not end the lane
+                log.exception("HTTP %s lane: a job failed", self.name)
+            finally:
+                with self._lock:
+                    self.pending -= 1
+
+
+def _waiting_cap(max_connections: int) -> int:
+    """Connections the I/O thread holds at most: leave file descriptors for the rest of the process."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        soft = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    return max(16, min(max(1024, 4 * max_connections), soft - max_connections - 64))
+
+
+_READ, _BUSY, _WRITE, _CLOSING = "read", "busy", "write", "closing"
+_LISTEN = object()
+
+
+@dataclass(eq=False)
+class _Conn:
+    sock: Any  # socket.socket or ssl.SSLSocket
+    addr: Any
+    deadline: float
+    web: WebConfig | None = None  # the config its TLS handshake used (client_allowed_sans)
+    handshaken: bool = True
+    state: str = _READ
+    served: int = 0
+    eof: bool = False  # the client half-closed: answer what is here, then close
+    queued: bool = False  # in ``_ready``: its next pipelined request is parsed on the next turn
+    events: int = 0  # what the selector waits for on its behalf
+    buf: bytearray = field(default_factory=bytearray)
+    out: list[memoryview] = field(default_factory=list)
+    keep: bool = True  # after ``out`` is written: wait for the next request (or close)
+    drain: bool = False  # an error answer: half-close and read to EOF, so the answer is not lost to a reset
+
+
+class GpuHTTPServer:
+    """The listening socket, the I/O thread (``serve_forever``) and the answering lanes."""
+
+    def __init__(self, addr: tuple[str, int], max_connections: int, read_timeout: float,
+                 web: WebConfig | None = None, probe_paths: frozenset[str] = PROBE_PATHS) -> None:
+        family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind(addr)
+            self.socket.listen(1024)  # the backlog: bursts of scrapers wait in the kernel, not fail
+            self.socket.setblocking(False)
+        except OSError:
+            self.socket.close()
+            raise
+        self.server_address = self.socket.getsockname()
+        self.live: LiveWebConfig | None = None
+        if web is not None:
+            from exporter.platform.webconfig import LiveWebConfig
+
+            self.live = LiveWebConfig(web)
+        self.routes: dict[str, Route] = {}
+        self.lanes: dict[str, Lane] = {}  # path -> lane; "work" when not named
+        self.probe_paths = probe_paths
+        self.read_timeout = read_timeout
+        self.max_connections = max_connections
+        self.max_waiting = _waiting_cap(max_connections)
+        self.failures = _FailureLimiter()
+        self._work = _Lane("work", max_connections)
+        self._probe = _Lane("probe", PROBE_THREADS)
+        self._bcrypt = _Lane("bcrypt", 1)  # checks run one at a time, as in the toolkit: bcrypt is CPU
+        self._rate: tuple[tuple[float, int], _Bucket] | None = None
+        self._inbox: deque[tuple[str, Any, Any]] = deque()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._fresh: OrderedDict[_Conn, None] = OrderedDict()  # never completed a request; deadline order
+        self._idle: OrderedDict[_Conn, None] = OrderedDict()  # keep-alive between requests; deadline order
+        self._writing: OrderedDict[_Conn, None] = OrderedDict()  # an answer being taken; deadline order
+        self._closing: OrderedDict[_Conn, None] = OrderedDict()
+        self._ready: deque[_Conn] = deque()  # more pipelined bytes to parse, next turn
+        self._deferred: deque[tuple[_Conn, Handler, str]] = deque()  # pipelined, waiting for a work slot
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._running = False
+        self._web: WebConfig | None = None
+        self._next_web_check = 0.0
+        self._accept_paused_until = 0.0
+
+    def route(self, path: str, fn: Route, lane: Lane = "work") -> None:
+        """Serve ``path`` with ``fn``: ``inline`` only for answers that never block (microseconds)."""
+        self.routes[path] = fn
+        self.lanes[path] = lane
+
+    @property
+    def web(self) -> WebConfig | None:
+        """The web config in force (re-loaded first if its files changed)."""
+        return self.live.current() if self.live is not None else None
+
+    def _io_web(self) -> WebConfig | None:
+        """The web config for the I/O thread: a change is loaded in the background, never here."""
+        return self.live.current(block=False) if self.live is not None else None
+
+    # --- life cycle --------------------------------------------------------------------------------
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Run the I/O loop in this thread until :meth:`shutdown` (``poll_interval``: unused, kept for
+        the ``socketserver`` signature)."""
+        self._running = True
+        self._web = self._io_web()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._sel.register(self.socket, selectors.EVENT_READ, _LISTEN)
+        try:
+            while not self._stop.is_set():
+                self._turn()
+        except Exception:  # a bug here would stop all serving: make it loud
+            log.exception("HTTP I/O loop failed")
+            raise
+        finally:
+            for d in (self._fresh, self._idle, self._writing, self._closing):
+                for conn in list(d):
+                    self._close(conn)
+            self._sel.close()
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._post("stop", None, None)
+        if self._running:
+            self._stopped.wait()
+
+    def server_close(self) -> None:
+        self._stop.set()
+        self._post("stop", None, None)
+        if self._running:
+            self._stopped.wait(5)
+        for s in (self.socket, self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def _post(self, what: str, a: Any, b: Any) -> None:
+        """From a lane to the I/O thread."""
+        self._inbox.append((what, a, b))
+        with contextlib.suppress(OSError):  # the pipe is full: the loop is awake anyway
+            self._wake_w.send(b"\0")
+
+    # --- the I/O thread ----------------------------------------------------------------------------
+
+    def _turn(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_web_check:  # notice edits and rotations without traffic
+            self._next_web_check = now + 1.0
+            self._web = self._io_web()
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._sel.register(self.socket, selectors.EVENT_READ, _LISTEN)
+        timeout = 0.0 if self._ready or self._inbox else self._next_timeout()  # deferred: woken by an answer
+        for key, mask in self._sel.select(timeout):
+            data = key.data
+            if data is None:
+                with contextlib.suppress(OSError):
+                    while self._wake_r.recv(4096):
+                        pass
+            elif data is _LISTEN:
+                self._accept()
+            elif data.state == _WRITE and mask & selectors.EVENT_WRITE:
+                self._flush(data)
+            elif data.state in (_READ, _CLOSING):
+                self._on_readable(data)
+        while self._inbox:
+            what, conn, payload = self._inbox.popleft()
+            if what == "stop":
+                self._stop.set()
+            elif what == "answer":
+                self._send_answer(conn, *payload)
+            elif what == "authed":
+                self._after_auth(conn, *payload)
+        while self._deferred and self._work.pending < max(1, self.max_connections // 2):
+            conn, h, path = self._deferred.popleft()
+            if conn.state == _BUSY:
+                self._route(conn, h, path)
+        for _ in range(len(self._ready)):  # one request each, then the next connection's turn
+            conn = self._ready.popleft()
+            conn.queued = False
+            if conn.state == _READ:
+                self._parse(conn, pipelined=True)
+        self._expire()
+
+    def _next_timeout(self) -> float:
+        heads = [next(iter(d)).deadline for d in (self._fresh, self._idle, self._writing, self._closing) if d]
+        return max(0.0, min([1.0, *(h - time.monotonic() for h in heads)]))
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for d in (self._fresh, self._idle, self._writing, self._closing):
+            while d:
+                conn = next(iter(d))
+                if conn.deadline > now:
+                    break
+                self._close(conn)  # idle keep-alive, a silent, trickling or not-reading client, a slow handshake
+
+    def _want(self, conn: _Conn, events: int) -> None:
+        if events == conn.events:
+            return
+        try:
+            if not events:
+                self._sel.unregister(conn.sock)
+            elif not conn.events:
+                self._sel.register(conn.sock, events, conn)
+            else:
+                self._sel.modify(conn.sock, events, conn)
+        except (KeyError, ValueError, OSError):
+            self._close(conn)
+            return
+        conn.events = events
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_PER_TURN):
+            try:
+                sock, addr = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and friends: pause accepting instead of spinning
+                log.warning("accept failed: %s", exc)
+                with contextlib.suppress(KeyError, ValueError):
+                    self._sel.unregister(self.socket)
+                self._accept_paused_until = time.monotonic() + 0.1
+                return
+            self._add(sock, addr)
+
+    def _add(self, sock: socket.socket, addr: Any) -> None:
+        while len(self._fresh) + len(self._idle) >= self.max_waiting:
+            victim = next(iter(self._fresh or self._idle))
+            log.debug("evicting a waiting connection from %s: %d open", victim.addr, self.max_waiting)
+            self._close(victim)
+        conn = _Conn(sock, addr, time.monotonic() + self.read_timeout)
+        try:
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            web = self._web
+            if web is not None and web.ssl_context is not None:
+                conn.sock = web.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                conn.web, conn.handshaken = web, False
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                sock.close()
+            return
+        self._fresh[conn] = None
+        self._want(conn, selectors.EVENT_READ)
+
+    def _on_readable(self, conn: _Conn) -> None:
+        if not conn.handshaken and not self._handshake(conn):
+            return
+        try:
+            while True:  # one read, plus what TLS already decrypted
+                room = MAX_HEAD + MAX_BODY + 1 - len(conn.buf)
+                try:
+                    chunk = conn.sock.recv(min(65536, max(room, 1)))
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    if type(exc).__name__ in ("SSLWantReadError", "SSLWantWriteError"):
+                        break
+                    raise
+                if not chunk:
+                    conn.eof = True  # half-closed: a request already here is still answered
+                    break
+                if conn.state == _CLOSING:
+                    continue
+                conn.buf += chunk
+                if len(conn.buf) > MAX_HEAD + MAX_BODY or not getattr(conn.sock, "pending", lambda: 0)():
+                    break
+        except OSError:  # ssl.SSLError included: a reset, a bad record
+            self._close(conn)
+            return
+        if conn.state == _READ and not conn.queued:  # queued: its next request is parsed in its turn
+            self._parse(conn)
+        if conn.eof and conn.state in (_READ, _CLOSING) and not conn.queued:
+            self._close(conn)  # nothing more will come: not waiting for the rest of a request
+
+    def _handshake(self, conn: _Conn) -> bool:
+        import ssl
+
+        try:
+            conn.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._want(conn, selectors.EVENT_READ)
+            return False
+        except ssl.SSLWantWriteError:
+            self._want(conn, selectors.EVENT_WRITE)
+            return False
+        except OSError:  # ssl.SSLError: a failed handshake, a reset
+            self._close(conn)
+            return False
+        conn.handshaken = True
+        self._want(conn, selectors.EVENT_READ)
+        if conn.web is not None and not conn.web.client_allowed(conn.sock.getpeercert()):
+            log.debug("client certificate from %s has none of client_allowed_sans", conn.addr)
+            self._close(conn)
+            return False
+        return True
+
+    def _parse(self, conn: _Conn, pipelined: bool = False) -> None:
+        """The next request of ``conn``, if its bytes are all here: answer it (one at a time).
+
+        ``pipelined``: it was sent before the previous answer was taken (see :meth:`_route`).
+        """
+        try:
+            parsed = parse_request(conn.buf)
+        except _BadRequest as exc:
+            self._error(conn, exc.status, str(exc))
+            return
+        if parsed is None:
+            if len(conn.buf) > MAX_HEAD + MAX_BODY:
+                self._error(conn, 431, "request too large")
+            elif conn.eof:
+                self._close(conn)
+            return
+        (command, target, version, headers), used = parsed
+        del conn.buf[:used]
+        self._fresh.pop(conn, None)
+        self._idle.pop(conn, None)
+        conn.state = _BUSY
+        self._want(conn, 0)  # nothing more is read until this answer is written
+        conn_hdr = headers.get("connection", "").lower()
+        conn.keep = ("keep-alive" in conn_hdr if version == "HTTP/1.0" else "close" not in conn_hdr) and not conn.eof
+        h = Handler(self, conn.addr, command, target, version, headers)
+        h.pipelined = pipelined
+        if command not in ("GET", "HEAD"):
+            self._send_answer(conn, h, Response(405, b"only GET and HEAD\n", headers={"Allow": "GET, HEAD"}))
+            return
+        try:
+            path = urlsplit(target).path
+        except ValueError:
+            self._error(conn, 400, "malformed request target")
+            return
+        web = self._web
+        probe = path in self.probe_paths
+        if web is not None and web.rate_limit is not None and not probe:
+            if self._rate is None or self._rate[0] != web.rate_limit:
+                self._rate = (web.rate_limit, _Bucket(*web.rate_limit))
+            if not self._rate[1].allow():
+                self._send_answer(conn, h, Response(429, b"rate limited\n", headers={"Retry-After": "1"}))
+                return
+        if web is not None and web.users:
+            header = headers.get("authorization")
+            if not web.cached(header):
+                h.authorized = False
+                if header is not None:
+                    self._check_password(conn, h, web, header, path, probe)
+                    return
+                if not probe:
+                    self._send_answer(conn, h, _unauthorized())
+                    return
+        self._route(conn, h, path)
+
+    def _check_password(self, conn: _Conn, h: Handler, web: WebConfig, header: str, path: str, probe: bool) -> None:
+        """bcrypt in its lane, charged to the client's address first; then :meth:`_after_auth`."""
+        addr = _address(conn.addr)
+        wait = self.failures.charge(addr)
+        if wait or self._bcrypt.pending >= BCRYPT_WAITING:
+            if not wait:
+                self.failures.refund(addr)  # not checked: not a failure
+            if probe:  # open: an anonymous probe gets up or down only
+                self._route(conn, h, path)
+            elif wait:
+                self._send_answer(conn, h, Response(429, b"too many failed logins\n",
+                                                    headers={"Retry-After": str(wait)}))
+            else:
+                self._send_answer(conn, h, Response(503, b"too many logins being checked\n",
+                                                    headers={"Retry-After": "1"}))
+            return
+
+        def job() -> None:
+            ok = False
+            try:
+                ok = web.check(header)
+            finally:
+                self._post("authed", conn, (h, path, ok, probe))
+
+        self._bcrypt.submit(job)
+
+    def _after_auth(self, conn: _Conn, h: Handler, path: str, ok: bool, probe: bool) -> None:
+        if ok:
+            self.failures.refund(_address(conn.addr))
+            h.authorized = True
+        if ok or probe:
+            self._route(conn, h, path)
+        else:
+            self._send_answer(conn, h, _unauthorized())
+
+    def _route(self, conn: _Conn, h: Handler, path: str) -> None:
+        route = self.routes.get(path)
+        if route is None:
+            self._send_answer(conn, h, Response(404, b"not found\n"))
+            return
+        lane = self.lanes.get(path, "work")
+        if lane == "inline":
+            self._send_answer(conn, h, _call(route, h))
+            return
+        pool = self._probe if lane == "probe" else self._work
+        if pool is self._work and h.pipelined and pool.pending >= max(1, self.max_connections // 2):
+            # a pipelining client is willing to wait, and may hold half the slots at most: however
+            # many connections pipeline, the other half stays for requests sent one at a time
+            self._deferred.append((conn, h, path))
+            return
+        if pool is self._work and pool.pending >= self.max_connections:  # every slot answering: 503 at once
+            self._error(conn, 503, "too many requests in progress", {"Retry-After": "1"})
+            return
+        pool.submit(lambda: self._post("answer", conn, (h, _call(route, h))))
+
+    def _error(self, conn: _Conn, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        """An error answer, then the connection is closed (after reading what is left, for a second)."""
+        conn.state, conn.keep, conn.drain = _BUSY, False, True
+        self._fresh.pop(conn, None)
+        self._idle.pop(conn, None)
+        self._want(conn, 0)
+        self._send_answer(conn, None, Response(status, (message + "\n").encode(), headers=headers))
+
+    def _send_answer(self, conn: _Conn, h: Handler | None, resp: Response) -> None:
+        if conn.state != _BUSY:  # closed meanwhile (evicted, the loop stopping)
+            return
+        web = self._web
+        head = _head(resp, conn.keep, web.headers if web is not None else {})
+        body = resp.body if h is None or h.command != "HEAD" else b""
+        if len(body) <= 16384:  # small: one send; large: the shared bytes themselves, not a copy
+            conn.out = [memoryview(head + body)]
+        else:
+            conn.out = [memoryview(head), memoryview(body)]
+        conn.state, conn.deadline = _WRITE, time.monotonic() + self.read_timeout
+        self._writing[conn] = None
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        """Write what the client takes now, without waiting; the rest when it is writable again."""
+        try:
+            while conn.out:
+                view = conn.out[0]
+                try:
+                    sent = conn.sock.send(view[:SEND_CHUNK])
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError as exc:
+                    if type(exc).__name__ not in ("SSLWantWriteError", "SSLWantReadError"):
+                        raise
+                    sent = 0
+                if not sent:
+                    self._want(conn, selectors.EVENT_WRITE)
+                    return
+                conn.out[0] = view[sent:]
+                if not conn.out[0]:
+                    conn.out.pop(0)
+                if sent >= SEND_CHUNK:  # a big answer: the rest on a later turn, after the others
+                    self._want(conn, selectors.EVENT_WRITE)
+                    return
+        except OSError:
+            self._close(conn)
+            return
+        self._writing.pop(conn, None)
+        if conn.drain:
+            self._drain(conn)
+        elif not conn.keep:
+            self._close(conn)
+        else:
+            conn.served += 1
+            conn.state, conn.deadline = _READ, time.monotonic() + self.read_timeout
+            self._idle[conn] = None
+            self._want(conn, selectors.EVENT_READ)
+            if (conn.buf or getattr(conn.sock, "pending", lambda: 0)()) and not conn.queued:
+                conn.queued = True
+                self._ready.append(conn)  # pipelined: the next request, on the next turn
+
+    def _drain(self, conn: _Conn) -> None:
+        try:  # half-close and drain, so that the answer is not lost to a reset
+            if hasattr(conn.sock, "unwrap"):
+                raise OSError("TLS: close at once")
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn)
+            return
+        conn.state, conn.deadline = _CLOSING, time.monotonic() + 1.0
+        conn.buf.clear()
+        self._closing[conn] = None
+        self._want(conn, selectors.EVENT_READ)
+
+    def _close(self, conn: _Conn) -> None:
+        for d in (self._fresh, self._idle, self._writing, self._closing):
+            d.pop(conn, None)
+        if conn.events:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(conn.sock)
+            conn.events = 0
+        conn.state, conn.out = _CLOSING, []
+        conn.buf.clear()
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+
+
+def _address(addr: Any) -> str:
+    return str(addr[0]) if isinstance(addr, tuple) else str(addr)
+
+
+def _unauthorized() -> Response:
+    return Response(401, b"unauthorized\n",
+                    headers={"WWW-Authenticate": 'Basic realm="gpu-exporter", charset="UTF-8"'})
+
+
+def _call(route: Route, h: Handler) -> Response:
+    try:
+        parts = urlsplit(h.path)
+        return route(h, parts.path, parts.query)
+    except Exception:  # one bad request must not kill the server
+        log.exception("error serving %r", h.path[:200])
+        return Response(500, b"internal error\n")
