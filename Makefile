@@ -9,7 +9,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u
 ADDRESS ?= 127.0.0.1
 PORT ?= 9400
 
-.PHONY: run test lint bench gpu-check demo reliability clean golden image .apt-test-deps
+.PHONY: run test lint bench gpu-check demo reliability mutation clean golden image .apt-test-deps
 
 # Fresh Debian ships python3 without ensurepip; install python3-venv once if venv fails.
 $(VENV)/bin/python:
@@ -103,6 +103,12 @@ demo: $(VENV)/.installed-test .apt-test-deps
 reliability: $(VENV)/.installed-test .apt-test-deps
 	-$(PY) -m pytest tests/reliability -m "reliability_long or not reliability_long" -q
 	$(PY) -m tests.reliability.report --check
+
+# Mutation testing (mutmut) of the safety-critical modules, each against its own tests; not part of
+# make test (tens of minutes). MODULES=plan leader ... picks some; MUTATION_JOBS=N runs N at once.
+mutation: $(VENV)/.installed-test .apt-test-deps
+	$(PIP) install -e '.[test,k8s,mutation]'
+	$(PY) -m tests.harness.mutation $(MODULES)
 
 # Field-by-field comparison against nvidia-smi on a machine with an NVIDIA GPU.
 gpu-check: $(VENV)/.installed

@@ -7,7 +7,7 @@ label hook on every per-GPU series), not through the escaping function alone.
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
@@ -53,3 +53,25 @@ def test_any_label_value_round_trips_through_both_parsers(name: str, pod: str) -
     for body in (text, om):
         samples = [ln for ln in body.splitlines() if ln.startswith("gpu_power_watts")]
         assert len(samples) == 1, samples
+
+
+@settings(max_examples=100, deadline=None)
+@given(doc=VALUES, value=VALUES)
+def test_any_help_text_and_plugin_label_round_trip(doc: str, value: str) -> None:
+    """A plugin family's HELP text (escaped per format: OpenMetrics also escapes the quote) and
+    its label values come back exactly, and the family stays one family."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    assume(doc == doc.strip())  # prometheus_client's text parser trims the HELP text's outer whitespace
+    fam = GaugeMetricFamily("plugin_thing", doc, labels=["k"])
+    fam.add_metric([value], 1.0)
+    snap = _snapshot("n", "p")
+    snap.extra_families.append(fam)
+    fields = FieldFilter()
+    for fmt, parse, om in (("text", parse_text, False), ("OpenMetrics", parse_openmetrics, True)):
+        body = render(snap, fields, openmetrics=om).decode()
+        got = [f for f in parse(body) if f.name == "plugin_thing"]
+        assert len(got) == 1, fmt
+        assert got[0].documentation == doc, fmt
+        assert [s.labels["k"] for s in got[0].samples] == [value], fmt
+        assert sum(ln.startswith("# HELP plugin_thing ") for ln in body.splitlines()) == 1, fmt

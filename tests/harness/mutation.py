@@ -1,0 +1,195 @@
+"""``make mutation``: mutmut over the safety-critical modules, each with its own tests.
+
+    python -m tests.harness.mutation [--jobs N] [MODULE ...]    (default: every module below)
+
+mutmut (3.x) reads its settings from ``[tool.mutmut]`` in the pyproject.toml of the directory
+it runs in, and mutates and tests a copy of the tree under ``mutants/``. Each module here gets
+its own throw-away tree, ``.mutation/<module>/`` (ignored by git): a copy of the files git
+tracks or would track, whose pyproject.toml gains that module's ``[tool.mutmut]`` table (the file
+to mutate, the test files that judge it). So a clean clone needs nothing but the ``mutation``
+extra, and one module's run never reuses another's stale results.
+
+Only tests that call the module in the pytest process count: mutmut learns which tests reach
+which function by recording calls in that process, so a test that drives the code through a
+subprocess (``python -m exporter``) kills nothing here. Each module's tests are chosen for that.
+
+Scores: detected (killed, or timed out) / all mutants but those mutmut skipped. mutmut's "no tests"
+(no selected test reaches the function) counts against the score, as a survivor. The run is
+niced and uses ``--jobs`` children (default 1): it is a background job, not part of
+``make test``. Results: ``.mutation/<module>/results.txt`` and ``.mutation/summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WORK = REPO / ".mutation"
+TARGET = 0.90
+
+
+@dataclass(frozen=True)
+class Module:
+    path: str  # the file mutmut mutates
+    tests: tuple[str, ...]  # the test files that judge it
+    functions: tuple[str, ...] = ()  # fnmatch patterns of mutant names; empty: every function of the file
+    isolation: str = "fork"  # mutmut's process_isolation: forkserver where the tests start gRPC threads
+    extra_args: tuple[str, ...] = field(default=())  # more pytest arguments
+
+
+def _dotted(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+# the web config's auth moves with the HTTP layer to exporter/platform/ (issue 26): mutate it where it is
+_WEBCONFIG = next((p for p in ("exporter/platform/webconfig.py", "exporter/serve/webconfig.py")
+                   if (REPO / p).is_file()), "exporter/serve/webconfig.py")
+
+MODULES: dict[str, Module] = {
+    "funnel": Module("exporter/backends/base.py", ("tests/unit/backends/test_funnel.py",)),
+    "fields": Module("exporter/core/options.py", ("tests/unit/core/test_fields.py",),
+                     functions=("exporter.core.options.xǁFieldFilterǁ*",)),
+    "escaping": Module("exporter/serve/render.py", ("tests/unit/serve/test_escaping_roundtrip.py",),
+                       functions=("exporter.serve.render.x_esc__*", "exporter.serve.render.x__esc_help__*",
+                                  "exporter.serve.render.x_labelstr__*")),
+    "webconfig-auth": Module(_WEBCONFIG, ("tests/unit/serve/test_webconfig_auth.py",),
+                             functions=tuple(f"{_dotted(_WEBCONFIG)}.{f}__*" for f in (
+                                 "xǁWebConfigǁcached", "xǁWebConfigǁcheck", "xǁWebConfigǁ_key", "x_parse_basic",
+                                 "x__users"))),
+    "classify": Module("exporter/profiler/classify.py", ("tests/unit/profiler/test_classify.py",)),
+    "plan": Module("exporter/profiler/plan.py", ("tests/unit/profiler/test_plan.py",)),
+    "leader": Module("exporter/profiler/leader.py", ("tests/unit/profiler/test_leader_deadline.py",
+                                                     "tests/unit/profiler/test_leader_election.py")),
+    "podresources": Module("exporter/k8s/podresources.py", ("tests/unit/k8s/test_podresources.py",),
+                           isolation="forkserver"),
+    "prom-caps": Module("exporter/profiler/prom.py", ("tests/unit/profiler/test_prom.py",),
+                        functions=("exporter.profiler.prom.xǁPromClientǁ_post__*",
+                                   "exporter.profiler.prom.xǁPromClientǁ_exchange__*",
+                                   "exporter.profiler.prom.xǁPromClientǁ_too_large__*",
+                                   "exporter.profiler.prom.xǁPromClientǁ__init____*")),
+}
+
+STATUSES = ("killed", "survived", "no tests", "timeout", "suspicious", "skipped", "not checked",
+            "segfault", "caught by type check")
+
+
+def _toml_list(items: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join('"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items) + "]"
+
+
+def prepare(name: str, mod: Module) -> Path:
+    """A fresh copy of the tree for ``name``, with its ``[tool.mutmut]`` table."""
+    tree = WORK / name
+    if tree.exists():
+        shutil.rmtree(tree)
+    tree.mkdir(parents=True)
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    for f in (os.fsdecode(x) for x in files if x):
+        src = REPO / f
+        if src.is_file() and not f.startswith(".mutation/"):
+            (tree / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, tree / f)
+    pyproject = (tree / "pyproject.toml").read_text()
+    if "[tool.mutmut]" in pyproject:
+        raise SystemExit("pyproject.toml already has a [tool.mutmut] table: the runner writes it per module")
+    pytest_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-q", *mod.extra_args]
+    (tree / "pyproject.toml").write_text(pyproject + f"""
+[tool.mutmut]
+source_paths = ["exporter"]
+only_mutate = {_toml_list([mod.path])}
+pytest_add_cli_args_test_selection = {_toml_list(list(mod.tests))}
+pytest_add_cli_args = {_toml_list(pytest_args)}
+process_isolation = "{mod.isolation}"
+use_setproctitle = false
+""")
+    return tree
+
+
+def results(tree: Path, mod: Module) -> dict[str, str]:
+    """mutant name -> status, for the mutants of ``mod`` that its patterns select."""
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=tree,
+                         capture_output=True, text=True, check=True).stdout
+    import fnmatch
+
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*(\S+): (.+)$", line)
+        if m and (not mod.functions or any(fnmatch.fnmatch(m.group(1), p) for p in mod.functions)):
+            found[m.group(1)] = m.group(2).strip()
+    return found
+
+
+DETECTED = ("killed", "timeout")  # a mutant that makes its tests hang is caught too (pytest-timeout fails them)
+
+
+def score(found: dict[str, str]) -> tuple[int, int]:
+    """(detected, judged): skipped and caught-by-type-check mutants are left out of both."""
+    judged = [s for s in found.values() if s not in ("skipped", "caught by type check")]
+    return sum(s in DETECTED for s in judged), len(judged)
+
+
+def run(name: str, mod: Module, jobs: int) -> tuple[int, int, list[str]]:
+    tree = prepare(name, mod)
+    argv = ["nice", "-n", "10", sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs),
+            *mod.functions]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "MUTANT_UNDER_TEST")}
+    with open(tree / "mutmut.log", "wb") as log:
+        proc = subprocess.run(argv, cwd=tree, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+    if proc.returncode != 0:
+        tail = (tree / "mutmut.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"mutation: mutmut failed for {name} (exit {proc.returncode}); log {tree / 'mutmut.log'}:\n"
+                         f"{tail}")
+    found = results(tree, mod)
+    killed, judged = score(found)
+    left = sorted(f"{k}: {s}" for k, s in found.items() if s not in (*DETECTED, "skipped", "caught by type check"))
+    lines = [f"{k}: {s}" for k, s in sorted(found.items())]
+    (tree / "results.txt").write_text("\n".join(lines) + "\n")
+    return killed, judged, left
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.harness.mutation", description=__doc__.split("\n\n")[0])
+    p.add_argument("modules", nargs="*", metavar="MODULE", help=f"some of: {', '.join(MODULES)} (default: all)")
+    p.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "1")),
+                   help="mutmut children per module (default 1, or $MUTATION_JOBS)")
+    args = p.parse_args(argv)
+    names = args.modules or list(MODULES)
+    unknown = [n for n in names if n not in MODULES]
+    if unknown:
+        p.error(f"unknown module {unknown[0]!r}; known: {', '.join(MODULES)}")
+    WORK.mkdir(exist_ok=True)
+    rows = []
+    below = []
+    for name in names:
+        mod = MODULES[name]
+        print(f"mutation: {name} ({mod.path}; tests: {', '.join(mod.tests)})", flush=True)
+        killed, judged, left = run(name, mod, args.jobs)
+        pct = 100.0 * killed / judged if judged else 0.0
+        print(f"mutation: {name}: {killed}/{judged} killed ({pct:.1f}%)", flush=True)
+        for s in left:
+            print(f"    {s}")
+        rows.append(f"| {name} | `{mod.path}` | {killed} | {judged} | {pct:.1f}% |")
+        if judged == 0 or killed < TARGET * judged:
+            below.append(name)
+    today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    summary = [f"Mutation scores, {today} (mutmut, `make mutation`)", "",
+               "| module | file | killed | mutants | score |", "|---|---|---|---|---|", *rows]
+    (WORK / "summary.md").write_text("\n".join(summary) + "\n")
+    print("\n".join(summary))
+    if below:
+        print(f"mutation: under {TARGET:.0%} killed: {', '.join(below)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

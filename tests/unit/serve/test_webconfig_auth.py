@@ -1,0 +1,137 @@
+"""Basic auth of the web config, in process: header parsing, bcrypt checks, the success cache and
+the users table. The same rules end to end (through a real server) are in test_webconfig.py;
+these are the tests ``make mutation`` judges the auth code by (mutmut sees only this process)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+try:  # the HTTP layer moves to exporter/platform (issue 26)
+    from exporter.platform import webconfig  # type: ignore[attr-defined,unused-ignore]
+except ImportError:  # pragma: no cover - before the move
+    from exporter.serve import webconfig  # type: ignore[no-redef,unused-ignore]
+
+PASSWORD = "s3cret"
+
+
+def basic(user: str | bytes, password: str | bytes, scheme: str = "Basic") -> str:
+    u = user.encode() if isinstance(user, str) else user
+    p = password.encode() if isinstance(password, str) else password
+    return f"{scheme} " + base64.b64encode(u + b":" + p).decode()
+
+
+def hashed(password: str | bytes = PASSWORD, rounds: int = 4) -> str:
+    p = password.encode() if isinstance(password, str) else password
+    return bcrypt.hashpw(p, bcrypt.gensalt(rounds=rounds)).decode()
+
+
+def load(tmp_path: Path, users: dict[str, str]) -> webconfig.WebConfig:
+    path = tmp_path / "web.yml"
+    path.write_text("basic_auth_users:\n" + "".join(f"  {u}: '{h}'\n" for u, h in users.items()))
+    return webconfig.load(str(path))
+
+
+@pytest.mark.parametrize(("header", "want"), [
+    (basic("prom", "pw"), ("prom", b"pw")),
+    (basic("prom", "pw", "basic"), ("prom", b"pw")),  # the scheme is case-insensitive (RFC 7617 2)
+    (basic("prom", "pw", "BASIC"), ("prom", b"pw")),
+    (basic("prom", "a:b:c"), ("prom", b"a:b:c")),  # the password may hold colons: split at the first
+    (basic("", ""), ("", b"")),
+    ("Basic " + base64.b64encode(b"prom:pw").decode() + "  ", ("prom", b"pw")),
+    (basic(b"\xff\xfe", "pw"), ("\udcff\udcfe", b"pw")),  # not UTF-8: kept apart, never equal to a name
+    ("Basic " + base64.b64encode(b"no-colon").decode(), None),
+    ("Basic !!!not-base64!!!", None),
+    ("Basic " + base64.b64encode(b"prom:pw").decode()[:-2], None),  # padding cut off
+    ("Bearer " + base64.b64encode(b"prom:pw").decode(), None),
+    ("Basic", None),
+    ("Basi", None),
+    ("", None),
+    (None, None),
+])
+def test_parse_basic(header: str | None, want: tuple[str, bytes] | None) -> None:
+    assert webconfig.parse_basic(header) == want
+
+
+def test_no_users_means_no_auth() -> None:
+    cfg = webconfig.WebConfig()
+    assert cfg.check(None) and cfg.check("Bearer x") and cfg.check(basic("anyone", "anything"))
+
+
+def test_right_wrong_unknown_and_missing_credentials(tmp_path: Path) -> None:
+    cfg = load(tmp_path, {"prom": hashed(), "other": hashed("other-pw")})
+    assert cfg.check(basic("prom", PASSWORD))
+    assert cfg.check(basic("other", "other-pw"))
+    assert not cfg.check(basic("prom", "other-pw")), "one user's password must not open another's account"
+    assert not cfg.check(basic("prom", PASSWORD + "x"))
+    assert not cfg.check(basic("prom", PASSWORD[:-1]))
+    assert not cfg.check(basic("prom", ""))
+    assert not cfg.check(basic("nobody", PASSWORD))
+    assert not cfg.check(basic("Prom", PASSWORD)), "user names are case-sensitive"
+    assert not cfg.check(None) and not cfg.check("") and not cfg.check("Bearer " + PASSWORD)
+    assert not cfg.check(basic("prom", PASSWORD, "Digest"))
+
+
+def test_bcrypt_reads_72_bytes_and_longer_passwords_are_refused(tmp_path: Path) -> None:
+    p72 = b"p" * 71 + b"!"
+    cfg = load(tmp_path, {"a": hashed(p72)})
+    assert cfg.check(basic("a", p72))
+    assert not cfg.check(basic("a", p72 + b"x"))
+    assert not cfg.check(basic("a", p72 + b"!" * 200))
+    assert not cfg.check(basic("a", p72[:71]))
+    assert not cfg.cached(basic("a", p72 + b"x"))
+    assert cfg.check(basic("a", p72))
+
+
+def test_the_cache_remembers_only_successes_for_their_exact_credentials(tmp_path: Path) -> None:
+    cfg = load(tmp_path, {"prom": hashed(), "other": hashed()})
+    right = basic("prom", PASSWORD)
+    assert not cfg.cached(right), "nothing is cached before a check"
+    assert not cfg.check(basic("prom", "wrong"))
+    assert not cfg.cached(basic("prom", "wrong")), "a failure is never cached"
+    assert cfg.check(right) and cfg.cached(right)
+    assert cfg.check(right)  # from the cache
+    assert not cfg.cached(basic("other", PASSWORD)), "the cache is per user, not per password"
+    assert not cfg.cached(basic("nobody", PASSWORD))
+    assert not cfg.cached(None) and not cfg.cached("Basic !!") and not cfg.cached(basic("prom", PASSWORD + "x"))
+    # the same user and password under another hash (the file was edited): not a cached success
+    edited = load(tmp_path, {"prom": hashed("new-pw"), "other": hashed()})
+    edited._ok |= cfg._ok
+    assert not edited.cached(right) and not edited.check(right)
+    assert edited.check(basic("prom", "new-pw"))
+
+
+def test_an_unknown_user_is_checked_against_a_dummy_hash_of_the_highest_cost(tmp_path: Path) -> None:
+    cfg = load(tmp_path, {"cheap": hashed(rounds=4), "dear": hashed(rounds=6)})
+    assert cfg._dummy.startswith(b"$2b$06$") and len(cfg._dummy) == 60
+    assert not cfg.check(basic("nobody", PASSWORD))
+    assert not cfg.cached(basic("nobody", PASSWORD))
+
+
+@pytest.mark.parametrize(("users", "expect"), [
+    ("basic_auth_users: []\n", "invalid basic_auth_users = '<hidden>': expected a mapping of user name"),
+    ("basic_auth_users: {}\n", "invalid basic_auth_users = '<hidden>'"),
+    ("basic_auth_users:\n  'a:b': HASH\n", "a user name cannot hold ':' or control characters"),
+    ("basic_auth_users:\n  \"a\\tb\": HASH\n", "a user name cannot hold ':' or control characters"),
+    ("basic_auth_users:\n  a: '$2y$10$short'\n", "basic_auth_users.a: expected a whole bcrypt hash"),
+    ("basic_auth_users:\n  a: 12\n", "basic_auth_users.a: expected a whole bcrypt hash"),
+    ("basic_auth_users:\n  a: CHEAP\n", "basic_auth_users.a: expected a whole bcrypt hash"),
+])
+def test_bad_users_tables_are_refused(tmp_path: Path, users: str, expect: str) -> None:
+    path = tmp_path / "web.yml"
+    cheap = hashed(rounds=4).replace("$04$", "$03$")  # cost 3: under bcrypt's floor
+    path.write_text(users.replace("HASH", hashed()).replace("CHEAP", cheap))
+    with pytest.raises(webconfig.ConfigError) as exc:
+        webconfig.load(str(path))
+    assert expect in str(exc.value) and str(path) in str(exc.value)
+    assert "$2b$" not in str(exc.value), "a hash must never be echoed"
+
+
+def test_numeric_user_names_are_names(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  1234: '{hashed()}'\n")
+    cfg = webconfig.load(str(path))
+    assert list(cfg.users) == ["1234"] and cfg.check(basic("1234", PASSWORD))
