@@ -61,6 +61,10 @@ KUSTOMIZATIONS: dict[str, dict[str, Any]] = {
         "path": "deploy/overlays/nvidia-per-process", "backend": "nvml", "vendor": "nvidia", "root": True,
         "privileged": False, "runtime_class": "nvidia", "image": "gpu-exporter", "per_process": True,
     },
+    "nvidia-dra": {
+        "path": "deploy/overlays/nvidia-dra", "backend": "nvml", "vendor": "nvidia", "root": True,
+        "privileged": False, "runtime_class": "nvidia", "image": "gpu-exporter", "dra": True,
+    },
 }  # fmt: skip
 
 # The plain label docs/deploy.md tells operators to set where no discovery tool labels GPU nodes;
@@ -435,8 +439,10 @@ def test_exporter_security_settings(rendered: dict[str, list[dict[str, Any]]], n
     c = _container(ds, "gpu-exporter")
     psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
 
-    # No API credentials unless --per-process watches this node's pods (then a token, nothing more).
-    assert pod["automountServiceAccountToken"] is bool(spec.get("per_process"))
+    # No API credentials unless --per-process watches this node's pods or --dra-attribution its
+    # ResourceSlices (then a token, nothing more).
+    assert pod["automountServiceAccountToken"] is bool(spec.get("per_process") or spec.get("dra"))
+    assert (_env(c).get("DRA_ATTRIBUTION") == "on") is bool(spec.get("dra"))
     sa = _one(rendered[name], "ServiceAccount", pod["serviceAccountName"])
     assert sa.get("automountServiceAccountToken") is False
     assert (_env(c).get("EXPORTER_PER_PROCESS") == "true") is bool(spec.get("per_process"))
@@ -604,8 +610,9 @@ def test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events(rendered: di
     docs = rendered[name]
     roles = _objs(docs, "ClusterRole") + _objs(docs, "Role")
     exporter = [("ClusterRole", "gpu-exporter-pods")] if KUSTOMIZATIONS[name].get("per_process") else []
-    assert sorted((r["kind"], r["metadata"]["name"]) for r in roles) == [
-        *exporter, ("ClusterRole", "gpu-exporter-profiler"), ("Role", "gpu-exporter-profiler")], \
+    exporter += [("ClusterRole", "gpu-exporter-resourceslices")] if KUSTOMIZATIONS[name].get("dra") else []
+    assert sorted((r["kind"], r["metadata"]["name"]) for r in roles) == sorted([
+        *exporter, ("ClusterRole", "gpu-exporter-profiler"), ("Role", "gpu-exporter-profiler")]), \
         "no other role is granted (the exporter's: test_exporter_may_watch_pods_only_with_per_process)"
     (rule,) = _one(docs, "ClusterRole", "gpu-exporter-profiler")["rules"]
     assert rule == {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
@@ -622,7 +629,7 @@ def test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events(rendered: di
     dep = _one(docs, "Deployment", "gpu-exporter-profiler")
     sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
     bindings = [b for b in _objs(docs, "ClusterRoleBinding") + _objs(docs, "RoleBinding")
-                if b["metadata"]["name"] != "gpu-exporter-pods"]  # the exporter's (per-process) is tested apart
+                if b["metadata"]["name"] not in ("gpu-exporter-pods", "gpu-exporter-resourceslices")]  # tested apart
     assert sorted(b["kind"] for b in bindings) == ["ClusterRoleBinding", "RoleBinding"]
     for b in bindings:
         kind = "ClusterRole" if b["kind"] == "ClusterRoleBinding" else "Role"
@@ -1098,8 +1105,11 @@ def exporter_rbac(docs: list[dict[str, Any]]) -> list[tuple[str, tuple[str, ...]
 
 
 PODS_WATCH = [("ClusterRole", ("",), ("pods",), ("get", "list", "watch"))]
+SLICES_WATCH = [("ClusterRole", ("resource.k8s.io",), ("resourceslices",), ("get", "list", "watch"))]
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
 def test_exporter_may_watch_pods_only_with_per_process(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
-    assert exporter_rbac(rendered[name]) == (PODS_WATCH if KUSTOMIZATIONS[name].get("per_process") else [])
+    spec = KUSTOMIZATIONS[name]
+    want = (PODS_WATCH if spec.get("per_process") else []) + (SLICES_WATCH if spec.get("dra") else [])
+    assert exporter_rbac(rendered[name]) == sorted(want)

@@ -158,6 +158,8 @@ RENDERS = {
     "other-namespace": (("vendor=both", "namespace.create=true", "webConfig.secretName=web", "webConfig.tls=true"),
                         OTHER_NAMESPACE),
     "per-process": (("vendor=both", "namespace.create=true", "exporter.perProcess=true"), OLD_NAMESPACE),
+    "dra": (("vendor=both", "namespace.create=true", "amd.attribution=true", "exporter.draAttribution=true"),
+            OLD_NAMESPACE),
 }
 
 
@@ -542,3 +544,43 @@ def test_per_process_privileges_only_while_on_and_as_kustomize() -> None:
     assert on == _per_process_parts(_render("deploy/overlays/nvidia-per-process"))  # the same in both installs
     both = _per_process_parts(render(("vendor=both", "exporter.perProcess=true")))
     assert both[0] == on[0] * 2 and both[1] == PODS_WATCH
+
+
+# ---- --dra-attribution: token and resourceslices RBAC only while it is on, as kustomize (issue 25) ----
+
+
+def _dra_parts(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> list[Any]:
+    """Per DaemonSet: token and DRA_ATTRIBUTION; and the exporter's RBAC rules."""
+    from tests.e2e.test_deploy import exporter_rbac
+
+    out: list[Any] = []
+    for ds in (d for d in docs if d["kind"] == "DaemonSet"):
+        pod = ds["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"] if e["name"] == "DRA_ATTRIBUTION"}
+        out.append((pod["automountServiceAccountToken"], env))
+    return [out, exporter_rbac(list(docs))]
+
+
+def test_dra_privileges_only_while_on_and_as_kustomize() -> None:
+    from tests.e2e.test_deploy import SLICES_WATCH, _render
+
+    assert _dra_parts(render(("vendor=both",))) == [[(False, {})] * 2, []]
+    on = _dra_parts(render(("vendor=nvidia", "exporter.draAttribution=true")))
+    assert on == [[(True, {"DRA_ATTRIBUTION": "on"})], SLICES_WATCH]
+    assert on == _dra_parts(_render("deploy/overlays/nvidia-dra"))  # the same in both installs
+    # the whole DaemonSet differs from the nvidia install by the token and the one setting only
+    plain = next(d for d in render(("vendor=nvidia",)) if d["kind"] == "DaemonSet")
+    dra = next(d for d in render(("vendor=nvidia", "exporter.draAttribution=true")) if d["kind"] == "DaemonSet")
+    dra_pod = dra["spec"]["template"]["spec"]
+    dra_pod["automountServiceAccountToken"] = False
+    dra_pod["containers"][0]["env"] = [e for e in dra_pod["containers"][0]["env"] if e["name"] != "DRA_ATTRIBUTION"]
+    assert dra == plain
+    # AMD without pod attribution (the default) cannot map claims: no token, no setting, no RBAC there
+    amd = _dra_parts(render(("vendor=amd", "exporter.draAttribution=true")))
+    assert amd == [[(False, {})], []]
+    both = _dra_parts(render(("vendor=both", "amd.attribution=true", "exporter.draAttribution=true")))
+    assert both == [[(True, {"DRA_ATTRIBUTION": "on"})] * 2, SLICES_WATCH]
+    with_pp = _dra_parts(render(("vendor=nvidia", "exporter.draAttribution=true", "exporter.perProcess=true")))
+    from tests.e2e.test_deploy import PODS_WATCH
+
+    assert with_pp[1] == sorted(PODS_WATCH + SLICES_WATCH)
