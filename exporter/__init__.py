@@ -18,6 +18,7 @@ __version__ = VERSION
 __all__ = [
     "Availability",
     "GpuStatus",
+    "GpuUnavailable",
     "InsufficientGpus",
     "Monitor",
     "Recording",
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ below loads
     from exporter.tools.gpus import (
         Availability,
         GpuStatus,
+        GpuUnavailable,
         InsufficientGpus,
         Monitor,
         Recording,

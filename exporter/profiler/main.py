@@ -399,7 +399,7 @@ def run(argv: list[str], out: IO[str] | None = None,
     try:
         s = parse_args(argv)
     except UsageError as exc:
-        sys.stderr.write(f"{PROG}: {exc}\n")
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2
     try:
         require("kubernetes", PROG)  # an extra since issue 28: `make run` does not install it

@@ -41,6 +41,10 @@ KINDS = (UNREACHABLE, TIMEOUT, HTTP_5XX, BAD_QUERY, BAD_RESPONSE, TOO_LARGE)
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
 
+NOT_PROMETHEUS = ("this is not a Prometheus API: point --prometheus-url at Prometheus (e.g. http://prometheus:9090), "
+                  "not at an exporter")
+
+
 class PromError(Exception):
     """A query failed; ``kind`` is one of :data:`KINDS`."""
 
@@ -269,6 +273,8 @@ class PromClient:
                 raise PromError(HTTP_5XX, f"{where}: HTTP {status}: {detail}")
             if status in (400, 422):
                 raise PromError(BAD_QUERY, f"{where}: HTTP {status}: {detail}")
+            if status in (404, 405):  # an exporter, a Grafana or a wrong path prefix: not the query API
+                raise PromError(BAD_RESPONSE, f"{where}: HTTP {status}: {NOT_PROMETHEUS}")
             raise PromError(BAD_RESPONSE, f"{where}: HTTP {status}: {detail}")
         try:
             doc = json.loads(raw, parse_constant=_no_constant)

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 FREE_WEIGHT, IDLE_WEIGHT = 0.6, 0.4  # score = 0.6 x free-memory fraction + 0.4 x (1 - utilisation)
 DEFAULT_MAX_UTILIZATION = 0.5
+# The memory floor of select_gpus/check_availability/wait_for_availability and of `pick --min-free`:
+# one default for both (issue 28); None or 0 asks for no floor.
+DEFAULT_MIN_FREE_BYTES = 8 * 2**30
 MIN_INTERVAL, MAX_INTERVAL = 0.05, 3600.0  # seconds between samples or polls
 MAX_TIMEOUT = 7 * 86400.0  # a wait longer than a week is a mistake, not a plan
 
@@ -318,7 +321,7 @@ def assess(found: Sequence[GpuStatus], count: int, min_free: float, max_util: fl
                         f"found {len(good)}{after}: {reasons}", list(ranked))
 
 
-def check_availability(count: int, min_free_bytes: float | None = None,
+def check_availability(count: int, min_free_bytes: float | None = DEFAULT_MIN_FREE_BYTES,
                        max_utilization: float = DEFAULT_MAX_UTILIZATION, *, backend: str = "auto") -> Availability:
     """Whether ``count`` GPUs each have ``min_free_bytes`` free and at most ``max_utilization`` busy, now."""
     n, free, util = check_count(count), _min_free(min_free_bytes), _max_util(max_utilization)
@@ -326,7 +329,7 @@ def check_availability(count: int, min_free_bytes: float | None = None,
         return assess([s for _, s in statuses(read(engine))], n, free, util)
 
 
-def select_gpus(count: int, min_free_bytes: float | None = None,
+def select_gpus(count: int, min_free_bytes: float | None = DEFAULT_MIN_FREE_BYTES,
                 max_utilization: float = DEFAULT_MAX_UTILIZATION, *, backend: str = "auto") -> list[int]:
     """The indices of the best ``count`` qualifying GPUs, best first (for CUDA_VISIBLE_DEVICES with
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); raises :class:`InsufficientGpus` saying what is missing."""
@@ -363,7 +366,7 @@ def wait(engine: Engine, count: int, min_free: float, max_util: float, timeout: 
         time.sleep(pause)  # the wait between polls is the feature
 
 
-def wait_for_availability(count: int, min_free_bytes: float | None = None, timeout: float = 300.0,
+def wait_for_availability(count: int, min_free_bytes: float | None = DEFAULT_MIN_FREE_BYTES, timeout: float = 300.0,
                           interval: float = 30.0, max_utilization: float = DEFAULT_MAX_UTILIZATION, *,
                           backend: str = "auto") -> Availability:
     """:func:`check_availability` every ``interval`` seconds until it is ok or ``timeout`` seconds

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 
 from exporter.tools import gpus
@@ -43,6 +44,41 @@ def parse_ratio(text: str) -> float:
     return v
 
 
+# Options that take a value: a value such as -1GiB must reach the check (and its message), not
+# argparse's "expected one argument".
+_VALUE_OPTIONS = ("-n", "--min-free", "--max-util", "--wait", "--poll")
+
+
+def _negative_values_attached(argv: list[str]) -> list[str]:
+    """``--min-free -1GiB`` -> ``--min-free=-1GiB`` (argparse reads a leading '-' as an option)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in _VALUE_OPTIONS and i + 1 < len(argv) and re.match(r"-[0-9.]", argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def parse_min_free(text: str) -> float:
+    """``--min-free``: a size with its unit (8GiB, 512MiB, 10GB, 4096B) or 0. A bare number would be
+    bytes, and ``--min-free 8`` meaning 8 bytes is a trap: it is refused."""
+    t = text.strip()
+    if t.startswith("-"):
+        raise ValueError(f"{t[:40]!r} is negative; give a size such as 8GiB, or 0 for no floor")
+    if re.fullmatch(r"[0-9]*\.?[0-9]+", t) and float(t) != 0:
+        raise ValueError(f"{t!r} has no unit; write e.g. {t}GiB or {t}MiB ({t}B if you mean bytes)")
+    return parse_size(t)
+
+
+def seconds_text(s: float) -> str:
+    """A pause as the user set it: 0.5 s stays 0.5 s (not "0 s")."""
+    return f"{s:.0f}" if s >= 10 or s == int(s) else f"{s:.1f}" if s >= 1 else f"{s:.2g}"
+
+
 def parser() -> argparse.ArgumentParser:
     p = ToolParser(
         prog=PROG, description="Print the best N GPU indices, comma-separated (CUDA_VISIBLE_DEVICES / "
@@ -51,8 +87,9 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("-n", type=int, metavar="N", help="how many GPUs")
     n.add_argument("--for", dest="config", metavar="CONFIG.json",
                    help="how many GPUs a parallelism config needs: tp x pp x max(dp, cp, dcp)")
-    p.add_argument("--min-free", default="8GiB", metavar="SIZE",
-                   help="free memory a GPU needs (default 8GiB)")
+    p.add_argument("--min-free", default=f"{gpus.DEFAULT_MIN_FREE_BYTES >> 30}GiB", metavar="SIZE",
+                   help=f"free memory a GPU needs, with its unit: 8GiB, 512MiB, 10GB (default "
+                        f"{gpus.DEFAULT_MIN_FREE_BYTES >> 30}GiB; 0: no floor)")
     p.add_argument("--max-util", default="0.5", metavar="RATIO",
                    help="highest utilisation a GPU may have, 0-1 or a percentage (default 0.5)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
@@ -97,9 +134,9 @@ def _wanted(args: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     try:
-        args = parser().parse_args(argv)
+        args = parser().parse_args(_negative_values_attached(argv))
         want = _wanted(args)
-        min_free = checked(lambda: gpus.check_number(parse_size(args.min_free), "min_free", 0, math.inf),
+        min_free = checked(lambda: gpus.check_number(parse_min_free(args.min_free), "min_free", 0, math.inf),
                            "--min-free")
         max_util = checked(lambda: parse_ratio(args.max_util), "--max-util")
         wait = checked(lambda: gpus.check_timeout(args.wait), "--wait")
@@ -112,8 +149,8 @@ def main(argv: list[str]) -> int:
                     sys.stderr.write(f"  gpu {s.index} score {s.score:.3f}: {state}\n")
 
         def waiting(a: gpus.Availability, pause: float, left: float) -> None:
-            sys.stderr.write(f"waiting: {len(a.gpus)} of {want} GPUs qualify; checking again in {pause:.0f} s "
-                             f"({left:.0f} s left)\n")
+            sys.stderr.write(f"waiting: {len(a.gpus)} of {want} GPUs qualify; checking again in "
+                             f"{seconds_text(pause)} s ({seconds_text(left)} s left)\n")
             sys.stderr.flush()
 
         setup_logging()
@@ -128,4 +165,4 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["main", "parse_ratio"]
+__all__ = ["main", "parse_min_free", "parse_ratio"]

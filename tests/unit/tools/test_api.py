@@ -33,7 +33,7 @@ from tests.fakes.fakenvml import FakeNvml, load_in_process
 from tests.harness.exporter import REPO
 
 GIB = 2**30
-PUBLIC = {"Availability", "GpuStatus", "InsufficientGpus", "Monitor", "Recording", "Requirements",
+PUBLIC = {"Availability", "GpuStatus", "GpuUnavailable", "InsufficientGpus", "Monitor", "Recording", "Requirements",
           "check_availability", "estimate_requirements", "query_gpus", "select_gpus", "wait_for_availability"}
 
 
@@ -108,7 +108,7 @@ def test_select_gpus_ranks_by_score_and_says_what_is_missing(fleet: FakeNvml) ->
     fleet.set(3, util_gpu=1)
     scores = {g.index: g.score for g in exporter.query_gpus(backend="nvml")}
     best = sorted(scores, key=lambda i: (-scores[i], i))
-    assert exporter.select_gpus(4, max_utilization=1.0, backend="nvml") == best
+    assert exporter.select_gpus(4, min_free_bytes=None, max_utilization=1.0, backend="nvml") == best
     assert exporter.select_gpus(2, min_free_bytes=8 * GIB, backend="nvml") == [i for i in best if i in (1, 3)]
     with pytest.raises(exporter.InsufficientGpus) as err:
         exporter.select_gpus(3, min_free_bytes=8 * GIB, backend="nvml")
