@@ -864,7 +864,9 @@ class NvmlBackend(Backend):
                 try:
                     return get(x, since)
                 except nv.NVMLError as exc:
-                    if getattr(exc, "value", None) == NOT_FOUND:
+                    # NOT_FOUND: no sample since ``since``; SUCCESS (0) raised by pynvml when the size
+                    # query answers "0 samples" instead of INSUFFICIENT_SIZE: the same
+                    if getattr(exc, "value", None) in (NOT_FOUND, 0):
                         return []
                     raise
             return read
