@@ -29,6 +29,7 @@ RBAC: ``get``, ``list`` and ``watch`` on ``resourceslices`` (cluster scope), not
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -42,8 +43,7 @@ from exporter.core.pci import canonical_bus_id
 log = logging.getLogger(__name__)
 
 GROUP = "resource.k8s.io"
-VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first; the client class of each is below
-_API_CLASSES = {"v1": "ResourceV1Api", "v1beta2": "ResourceV1beta2Api", "v1beta1": "ResourceV1beta1Api"}
+VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first
 # DRA drivers whose devices are GPUs. Devices of other drivers (NICs, compute domains) are not
 # ours to map: they are counted as ignored, like non-GPU device plugin resources.
 GPU_DRIVERS = ("gpu.nvidia.com", "gpu.amd.com")
@@ -221,9 +221,6 @@ class ResourceSliceWatch:
                         f"{GROUP}/{version} resourceslices: HTTP {status}; the exporter's service account needs "
                         "get, list and watch on resourceslices (deploy with DRA attribution on)", final=True) from None
                 raise DraUnavailable(f"{GROUP}/{version} resourceslices: HTTP {status}") from None
-            except DraUnavailable as exc:
-                reasons.append(str(exc))
-                continue
             except Exception as exc:  # noqa: BLE001 - connection refused, DNS, TLS, not JSON
                 raise DraUnavailable(f"the API server does not answer: {type(exc).__name__}: {exc}") from None
             items = doc.get("items") if isinstance(doc, dict) else None
@@ -240,11 +237,11 @@ class ResourceSliceWatch:
         return f"spec.nodeName={self.node}"
 
     def _list_call(self, version: str) -> Any:
+        # The generic list call: /apis/resource.k8s.io/<version>/resourceslices with any client
+        # release (typed Resource*Api classes exist only in clients as new as the API version).
         client = importlib.import_module("kubernetes.client")
-        cls = getattr(client, _API_CLASSES[version], None)
-        if cls is None:
-            raise DraUnavailable(f"{GROUP}/{version}: the installed kubernetes client lacks {_API_CLASSES[version]}")
-        return cls(self._client).list_resource_slice
+        return functools.partial(client.CustomObjectsApi(self._client).list_cluster_custom_object,
+                                 GROUP, version, "resourceslices")
 
     def _run(self) -> None:
         failures = 0
