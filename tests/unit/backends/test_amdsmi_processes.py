@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,9 @@ from exporter.backends.amdsmi import AmdSmiBackend
 from exporter.core.options import BackendOptions
 from exporter.core.readings import Collection
 from tests.fakes.fakeamdsmi import FakeAmdSmi, two_gpu_fleet
+from tests.harness.exporter import ExporterProcess
+from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.poll import wait_until
 from tests.unit.backends.test_amdsmi import fake, fake_rocm  # noqa: F401 - fixtures
 
 GIB = 2**30
@@ -59,3 +63,29 @@ def test_off_without_per_process(fake: FakeAmdSmi, fake_rocm: object) -> None:  
         assert g0.process_pids is None and g0.process_utilization_by_pid is None
     finally:
         b.shutdown()
+
+
+def test_serve_publishes_per_pod_readings_on_amd(fake: FakeAmdSmi, tmp_path: Path,  # noqa: F811
+                                                 kubeapi: FakeKubeAPI) -> None:
+    """The whole path on AMD: amdsmi's process list -> the host /proc cgroup -> the pods watch -> /metrics."""
+    from tests.unit.k8s.test_shared_gpus import add_pods, make_proc, pod_series
+
+    proc_root = make_proc(tmp_path / "proc")
+    add_pods(kubeapi)
+    _write(fake, f"1001:{2 * GIB}:python3:1000,1002:{GIB}:python3:1000,3001:{GIB}:jupyter:1000")
+    env = {**fake.env(), "PROC_ROOT": str(proc_root), "NODE_NAME": "node-1",
+           "KUBECONFIG": str(kubeapi.kubeconfig(tmp_path / "kc"))}
+    with ExporterProcess(["--backend", "amdsmi", "--cache-ttl", "0", "--per-process", "--pod-attribution", "off"],
+                         env=env) as ex:
+        s = wait_until(lambda: (s := ex.scrape()) and len(pod_series(s, "gpu_pod_memory_used_bytes")) >= 2 and s,
+                       timeout=20, what="per-pod memory on AMD")
+        assert pod_series(s, "gpu_pod_memory_used_bytes") == {("0", "ml", "train-a", "trainer"): 3.0 * GIB,
+                                                               ("0", "", "", ""): 1.0 * GIB}
+        key = ("0", "ml", "train-a", "trainer")
+        # from the second collection: no engine time added, 0
+        wait_until(lambda: pod_series(ex.scrape(), "gpu_pod_utilization_ratio").get(key) == 0.0, timeout=20,
+                   what="per-pod utilisation 0")
+        # engine time grows by far more than the wall time between two collections: capped at 1
+        _write(fake, f"1001:{2 * GIB}:python3:{10**15},1002:{GIB}:python3:1000,3001:{GIB}:jupyter:1000")
+        wait_until(lambda: pod_series(ex.scrape(), "gpu_pod_utilization_ratio").get(key) == 1.0, timeout=20,
+                   what="per-pod utilisation 1")
