@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 # pod<uid>: a UUID (dashes; systemd escapes them as _) or a static pod's 32-hex config hash
 _POD = re.compile(r"(?:^|[-_])pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_]"
@@ -79,7 +80,7 @@ def parse(text: str) -> CgroupRef | None:
     return best
 
 
-def read(proc_root: str, pid: int) -> CgroupRef | bool | None:
+def read(proc_root: str, pid: int) -> CgroupRef | Literal[False] | None:
     """``parse`` of ``<proc_root>/<pid>/cgroup``; False when the process cannot be read (gone, or no access)."""
     try:
         # os.open/os.read: a buffered text file costs four times as much for this one small read

@@ -131,7 +131,7 @@ def build(readings: Iterable[GpuReading], index: PodIndex, proc_root: str = DEFA
                 ref = cgroup.read(proc_root, pid)
                 if ref is False:
                     holder, status = None, "gone"
-                elif ref is None or ref is True:
+                elif ref is None:
                     holder, status = ("", "", ""), "outside_pod"
                 else:
                     holder = index.holder(ref)
