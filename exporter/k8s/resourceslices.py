@@ -271,10 +271,26 @@ class ResourceSliceWatch:
 
     def _changed(self, objects: Mapping[str, Any]) -> None:
         """The whole set of this node's slices changed: rebuild the index (replaced whole)."""
+        mine = [obj for obj in objects.values() if isinstance(obj, Mapping) and isinstance(obj.get("spec"), Mapping)
+                and obj["spec"].get("nodeName") == self.node]  # the selector, checked again
+        # While a driver republishes a pool, slices of its previous generation linger: only the
+        # highest generation of each pool counts (as for the scheduler).
+        newest: dict[tuple[Any, Any], int] = {}
+        for obj in mine:
+            key, gen = _pool(obj)
+            newest[key] = max(newest.get(key, gen), gen)
         merged: dict[DeviceId, DraDevice | None] = {}
-        for obj in objects.values():
-            spec = obj.get("spec") if isinstance(obj, Mapping) else None
-            if isinstance(spec, Mapping) and spec.get("nodeName") == self.node:  # the selector, checked again
+        for obj in mine:
+            key, gen = _pool(obj)
+            if gen == newest[key]:
                 merged.update(index_slice(obj))
         self._devices = merged
         self.synced.set()
+
+
+def _pool(obj: Mapping[str, Any]) -> tuple[tuple[Any, Any], int]:
+    """((driver, pool name), pool generation) of a slice."""
+    spec = obj["spec"]
+    pool = spec.get("pool") if isinstance(spec.get("pool"), Mapping) else {}
+    gen = pool.get("generation")
+    return (spec.get("driver"), pool.get("name")), gen if isinstance(gen, int) else 0

@@ -158,6 +158,22 @@ def test_watch_recovers_from_expired_resource_version_and_closed_streams(
                15, what="the slice after a relist")
 
 
+def test_only_the_newest_generation_of_a_pool_counts(api: FakeKubeAPI,
+                                                     watch: Callable[..., ResourceSliceWatch]) -> None:
+    # the driver republished its pool (generation 2) and the old slice is still there
+    api.put_resource_slice(ds.resource_slice("old", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U1, PCI1)], generation=1))
+    api.put_resource_slice(ds.resource_slice("new", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)], generation=2))
+    api.put_resource_slice(ds.resource_slice("amd", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI)], generation=1))
+    w = watch()
+    assert w.synced.wait(10)
+    dev = wait_until(lambda: w.resolve(ds.NVIDIA, NODE, "gpu-0"), 10)
+    assert dev.keys[0] == ("uuid", U0.lower())
+    assert w.resolve(ds.AMD, NODE, "gpu-1-128") is not None  # another driver's pool has its own generation
+    api.delete_resource_slice("new")  # back to the only generation left
+    wait_until(lambda: (d := w.resolve(ds.NVIDIA, NODE, "gpu-0")) is not None and d.keys[0] == ("uuid", U1.lower()),
+               10, what="the remaining generation")
+
+
 def test_auto_gives_up_when_forbidden_and_on_keeps_asking(api: FakeKubeAPI,
                                                           watch: Callable[..., ResourceSliceWatch],
                                                           caplog: pytest.LogCaptureFixture) -> None:
