@@ -306,4 +306,8 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
     if settings.dra_attribution == "on" and settings.pod_attribution == "off":
         raise ConfigError("invalid dra_attribution = 'on' with pod_attribution = 'off': DRA devices are found "
                           "through the kubelet's pod-resources API; set --pod-attribution auto or on")
+    if settings.per_process and not os.path.isdir(os.path.join(settings.proc_root, "self")):
+        raise ConfigError(f"invalid proc_root = {settings.proc_root!r}: not a proc filesystem (no self/ in it); "
+                          "--per-process reads PIDs' cgroups there: mount the host's /proc read-only and point "
+                          "--proc-root (PROC_ROOT) at it")
     return settings

@@ -139,18 +139,15 @@ def start_attribution(settings: config.Settings, engine: Engine,
 def start_process_attribution(settings: config.Settings, engine: Engine) -> tuple[Any, Any] | None:
     """Per-pod readings on shared GPUs (``--per-process``): the background builder and the pods watch.
 
-    Raises ``MissingExtra`` (the kubernetes package is not installed) or ``ConfigError`` (a bad
-    ``--proc-root``) before anything starts. Without an API configuration (not in a pod, no
-    ``KUBECONFIG``) it runs without the watch: only processes outside any pod are attributed.
+    Raises ``MissingExtra`` (the kubernetes package is not installed) before anything starts.
+    Without an API configuration (not in a pod, no ``KUBECONFIG``) it runs without the watch:
+    only processes outside any pod are attributed.
     """
     if not settings.per_process:
         return None
     from exporter.k8s import watch
 
-    watch.import_client("--per-process")
-    if not os.path.isdir(os.path.join(settings.proc_root, "self")):
-        raise config.ConfigError(f"--proc-root {settings.proc_root}: not a proc filesystem (no self/ in it); "
-                                 "mount the host's /proc read-only there")
+    watch.import_client("--per-process")  # --proc-root was checked with the other settings
     from exporter.core.host import node_name
     from exporter.k8s.processes import ProcessAttribution
 
@@ -279,7 +276,7 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         per_pod = start_process_attribution(settings, engine)
-    except (MissingExtra, config.ConfigError) as exc:
+    except MissingExtra as exc:
         engine.stop()
         sys.stderr.write(f"gpu-exporter: error: {exc}\n")
         return 2

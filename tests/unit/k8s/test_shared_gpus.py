@@ -186,7 +186,10 @@ def test_bad_proc_root_exits_2(tmp_path: Path) -> None:
                           env=fleet.env(), wait=False)
     assert bad.proc.wait(20) == 2
     log = bad.log().strip().splitlines()
-    assert len(log) == 1 and "--proc-root" in log[0] and "Traceback" not in bad.log()
+    assert len(log) == 1 and "proc_root" in log[0] and "--proc-root" in log[0] and "Traceback" not in bad.log()
+    check = ExporterProcess(["--per-process", "--proc-root", str(tmp_path / "nope"), "--check-config"],
+                            env=fleet.env(), wait=False)
+    assert check.proc.wait(20) == 2  # --check-config refuses it too
 
 
 # --- the per-pod build itself ------------------------------------------------------------------------
