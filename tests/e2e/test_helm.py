@@ -76,12 +76,17 @@ def test_chart_copies_are_current() -> None:
 SCHEMA = CHART / "values.schema.json"
 
 
+# Flags that need privileges a value of the chart grants with them: through extraArgs they would run
+# without the mount and RBAC they need (issue 25: --per-process needs exporter.perProcess=true).
+GOVERNED_BY_VALUES = {"--per-process": "exporter.perProcess", "--proc-root": "exporter.perProcess"}
+
+
 def extra_args_pattern() -> str:
     from exporter.serve.config import SPECS, _bool
 
     def names(switch: bool) -> str:
         return "|".join(sorted(s.flag.removeprefix("--").replace(".", "\\.") for s in SPECS
-                               if (s.parse is _bool) is switch))
+                               if (s.parse is _bool) is switch and s.flag not in GOVERNED_BY_VALUES))
 
     # A switch may stand alone; any other flag carries its value in the same item.
     return f"^--(({names(False)})=.+|({names(True)})(=.+)?)$"
@@ -116,7 +121,8 @@ def test_values_extra_args_example_is_a_real_flag() -> None:
 
 
 @pytest.mark.parametrize("arg", ["--collect-interval=5", "--collection-interval", "5", "-v", "--backendx=nvml",
-                                 "--collection-interval="])
+                                 "--collection-interval=", *GOVERNED_BY_VALUES, "--per-process=true",
+                                 "--proc-root=/host/proc"])
 def test_values_schema_rejects_unknown_extra_args(arg: str) -> None:
     proc = helm("template", "gpu-exporter", str(CHART), "--set", f"exporter.extraArgs={{{arg}}}")
     assert proc.returncode != 0, f"extraArgs {arg} was accepted"
