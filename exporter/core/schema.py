@@ -375,6 +375,13 @@ FAMILIES: tuple[Family, ...] = (
            "GPU processes at the last per-pod build by status: in_pod (mapped), outside_pod (no pod cgroup), "
            "unknown_pod (a pod cgroup this node's pod watch does not know), gone (no /proc entry).", "self", "self",
            ("status",), backends=("nvml", "amdsmi"), when="--per-process", filterable=False),
+    Family("gpu_exporter_dra_attribution_up", GAUGE, "1",
+           "1 once this node's ResourceSlices were listed (DRA-claimed GPUs can be mapped); 0 while the API server "
+           "does not answer or, with --dra-attribution on, serves or allows no ResourceSlices.", "self", "self",
+           backends=REAL, when="--dra-attribution on, or auto while it is on", filterable=False),
+    Family("gpu_exporter_dra_resourceslices_errors_total", COUNTER, "1",
+           "Failed ResourceSlice requests (version probes, lists and watches; an expired watch is not a failure).",
+           "self", "self", backends=REAL, when="--dra-attribution on, or auto while it is on", filterable=False),
     # --- the exporter itself (node_exporter's scrape_collector_*) --------------------------------------
     Family("gpu_exporter_build_info", GAUGE, "1", "gpu-exporter build; value is always 1.", "self", "self",
            ("version", "python_version"), backends=ALL, filterable=False),

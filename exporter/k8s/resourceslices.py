@@ -36,9 +36,12 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.core.pci import canonical_bus_id
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +174,7 @@ class ResourceSliceWatch:
         self._watcher: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.off = False  # auto gave up: the API server serves or allows no ResourceSlices
 
     @property
     def errors(self) -> int:
@@ -252,6 +256,7 @@ class ResourceSliceWatch:
             except DraUnavailable as exc:
                 if exc.final and self.auto:
                     log.info("DRA attribution off (auto): %s", exc)
+                    self.off = True
                     return
                 failures += 1
                 self._probe_errors += 1
@@ -268,6 +273,22 @@ class ResourceSliceWatch:
                                 request_timeout=self.timeout, max_backoff=self.max_backoff)
         if not self._stop.is_set():
             self._watcher.start()
+
+    def families(self) -> list[Metric]:
+        """``gpu_exporter_dra_attribution_up`` and ``..._resourceslices_errors_total``; nothing once auto gave up."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from exporter.core.schema import FAMILY_BY_NAME
+
+        if self.off:
+            return []
+        up = self.version is not None and self.synced.is_set()
+        errors = FAMILY_BY_NAME["gpu_exporter_dra_resourceslices_errors_total"]
+        return [
+            GaugeMetricFamily("gpu_exporter_dra_attribution_up", FAMILY_BY_NAME["gpu_exporter_dra_attribution_up"].help,
+                              value=1.0 if up else 0.0),
+            CounterMetricFamily(errors.name.removesuffix("_total"), errors.help, value=float(self.errors)),
+        ]
 
     def _changed(self, objects: Mapping[str, Any]) -> None:
         """The whole set of this node's slices changed: rebuild the index (replaced whole)."""

@@ -281,6 +281,8 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"gpu-exporter: error: {exc}\n")
         return 2
     attribution = start_attribution(settings, engine, dra)
+    if dra is not None:
+        engine.family_sources.append(dra.families)
     try:
         server = build_server(engine, settings.address, settings.port, settings.metrics_path,
                               settings.ready_max_age, settings.max_connections, settings.read_timeout, web)

@@ -58,6 +58,7 @@ def test_dra_and_mig_pod_labels_end_to_end(tmp_path: Path) -> None:
             wait_until(lambda: seen() == want, 30, what=f"pod labels {want}")
             text = ex.scrape_text()
             assert check_metrics(text) == []
+            assert parse_samples(text)[("gpu_exporter_dra_attribution_up", frozenset())] == 1
             # the partitioned GPU 0 itself has no one holder; the 4th instance (a second 1g.10gb) none
             assert ("0", "") not in labelled(text, "gpu_power_watts")
             for (name, labels), _ in parse_samples(text).items():

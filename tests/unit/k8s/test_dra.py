@@ -114,6 +114,10 @@ def watch(client: Any) -> Iterator[Callable[..., ResourceSliceWatch]]:
         w.stop()
 
 
+def self_metrics(w: ResourceSliceWatch) -> dict[str, float]:
+    return {s.name: s.value for f in w.families() for s in f.samples}
+
+
 def slice_requests(api: FakeKubeAPI) -> list[Any]:
     return [r for r in api.requests if r.resource == "resourceslices"]
 
@@ -183,12 +187,16 @@ def test_auto_gives_up_when_forbidden_and_on_keeps_asking(api: FakeKubeAPI,
     wait_until(lambda: auto._thread is not None and not auto._thread.is_alive(), 10, what="auto gives up")
     assert any("DRA attribution off (auto)" in r.getMessage() and "resourceslices" in r.getMessage()
                for r in caplog.records)
+    assert auto.families() == []  # off: no self-metrics either
     on = watch(auto=False)
     wait_until(lambda: on.errors >= 2, 10, what="on retries")
     assert on._thread is not None and on._thread.is_alive()
+    assert self_metrics(on)["gpu_exporter_dra_attribution_up"] == 0
+    assert self_metrics(on)["gpu_exporter_dra_resourceslices_errors_total"] >= 2
     api.clear_injections()
     api.put_resource_slice(ds.resource_slice("s", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)]))
     wait_until(lambda: on.resolve(ds.NVIDIA, NODE, "gpu-0") is not None, 10, what="on recovers")
+    assert self_metrics(on)["gpu_exporter_dra_attribution_up"] == 1
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "403" in r.getMessage()]
     assert len(warnings) == 1  # logged once per outage
 
