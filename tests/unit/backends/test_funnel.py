@@ -175,3 +175,180 @@ def test_si_scales_exactly() -> None:
     assert si(1012345678, 1e-3) == 1012345.678
     assert si(41, 0.01) == 0.41
     assert si(1500, 1e6) == 1.5e9
+
+
+# --- what the operator sees: one log line per GPU, reading and kind; errors that name the call --------
+
+
+def lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "exporter.backends.base"]
+
+
+def test_the_log_lines_name_backend_gpu_reading_call_and_cause(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="exporter.backends")
+    b = Toy()
+    dev = Device(3)
+    for _ in range(2):
+        dev.begin()
+        b.call(dev, "gpu_fan_speed_ratio", raising(VendorError(1)))
+        b.call(dev, "gpu_clock_hertz:sm", raising(VendorError(2)))
+        b.call(dev, "gpu_power_watts", raising(ValueError("garbage")))
+        b.call(dev, "gpu_energy_joules_total", raising(NoValue("no value (sentinel 0xffffffff)")))
+        b.call(None, "gpu_topology_level", raising(VendorError(2)))
+    assert lines(caplog) == [
+        (logging.INFO, "toy: GPU 3: gpu_fan_speed_ratio not available (vendorCall: vendor code 1); the series is "
+                       "omitted"),
+        (logging.INFO, "toy: GPU 3: gpu_clock_hertz:sm failed (vendorCall: vendor code 2); the series is omitted "
+                       "while it fails"),
+        (logging.WARNING, "toy: GPU 3: gpu_power_watts failed (vendorCall: ValueError: garbage); the series is "
+                          "omitted while it fails"),
+        (logging.INFO, "toy: GPU 3: gpu_energy_joules_total failed (vendorCall: no value (sentinel 0xffffffff)); "
+                       "the series is omitted while it fails"),
+        (logging.INFO, "toy: GPU -: gpu_topology_level failed (vendorCall: vendor code 2); the series is omitted "
+                       "while it fails"),
+    ]
+    assert b.drain_errors() == {"unsupported": 1, "reading_error": 4, "bad_value": 2, "no_value": 2}
+    assert dev.unsupported == {"gpu_fan_speed_ratio"}
+    # another GPU, or another kind of failure of the same reading, is a new line
+    b.call(Device(4), "gpu_clock_hertz:sm", raising(VendorError(2)))
+    b.call(dev, "gpu_clock_hertz:sm", raising(ValueError("x")))
+    assert [m for _, m in lines(caplog)[5:]] == [
+        "toy: GPU 4: gpu_clock_hertz:sm failed (vendorCall: vendor code 2); the series is omitted while it fails",
+        "toy: GPU 3: gpu_clock_hertz:sm failed (vendorCall: ValueError: x); the series is omitted while it fails"]
+
+
+def test_a_call_without_a_name_is_named_by_its_reading(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.backends")
+
+    class Callable_:
+        def __call__(self) -> float:
+            raise VendorError(2)
+
+    Toy().call(Device(0), "gpu_power_watts", Callable_())
+    assert lines(caplog) == [(logging.INFO, "toy: GPU 0: gpu_power_watts failed (gpu_power_watts: vendor code 2); "
+                                            "the series is omitted while it fails")]
+
+
+def test_fatal_outcomes_raise_with_the_call_and_the_cause() -> None:
+    b = Toy()
+    with pytest.raises(GpuDown) as down:
+        b.call(Device(0), "gpu_power_watts", raising(VendorError(3)))
+    assert (str(down.value), down.value.kind) == ("vendorCall: vendor code 3", "gpu_error")
+    with pytest.raises(BackendError) as gone:
+        b.call(Device(0), "gpu_power_watts", raising(VendorError(4)))
+    assert (str(gone.value), gone.value.kind) == ("toy: vendorCall failed: vendor code 4", "driver")
+    # a device fault outside any GPU (a system-level call) fails the collection instead
+    with pytest.raises(BackendError) as sys_down:
+        b.call(None, "gpu_topology_level", raising(VendorError(3)))
+    assert (str(sys_down.value), sys_down.value.kind) == ("toy: vendorCall failed: vendor code 3", "gpu_error")
+    assert BackendError("x").kind == "driver" and str(BackendError("x")) == "x"
+    assert GpuDown("y").kind == "gpu_error" and str(GpuDown("y")) == "y"
+    assert b.drain_errors() == {}  # fatal outcomes are counted by the engine, not here
+
+
+def test_down_after_three_names_the_first_error_and_counts_answers() -> None:
+    b = Toy()
+    dev = Device(0)
+    dev.begin()
+    assert b.call(dev, "a", raising(VendorError(2))) is MISSING
+    assert (dev.failed, dev.first_error) == (1, "vendorCall: vendor code 2")
+    b.call(dev, "b", raising(RuntimeError("other")))  # not a vendor status: not counted towards down
+    assert dev.failed == 1
+    assert b.call(dev, "b", raising(VendorError(2))) is MISSING
+    with pytest.raises(GpuDown) as down:
+        b.call(dev, "c", raising(VendorError(2)))
+    assert (str(down.value), down.value.kind) == ("no answer, 3 errors, first: vendorCall: vendor code 2",
+                                                  "gpu_error")
+    dev.begin()  # a new collection starts from zero
+    assert (dev.answered, dev.failed, dev.first_error) == (0, 0, "")
+    assert b.call(dev, "a", lambda: 1.0) == 1.0 and dev.answered == 1
+    assert b.call(dev, "b", lambda: 2.0) == 2.0 and dev.answered == 2
+    assert b.call(None, "c", lambda: 3.0) == 3.0 and dev.answered == 2
+    assert b.probe(dev, "d", (("only", lambda: 4.0),)) == 4.0 and dev.answered == 3
+    assert b.probe(dev, "d", (("only", lambda: 4.0),)) == 4.0 and dev.answered == 4  # remembered: a call
+
+
+def test_a_classifier_that_raises_cannot_break_the_funnel(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.backends")
+
+    class Broken(Toy):
+        def classify(self, exc: BaseException) -> Verdict:
+            raise KeyError("bug")
+
+    b = Broken()
+    assert b.call(Device(1), "gpu_power_watts", raising(VendorError(2))) is MISSING
+    assert b.drain_errors() == {"bad_value": 1}
+    assert lines(caplog) == [(logging.WARNING, "toy: GPU 1: gpu_power_watts failed (vendorCall: VendorError "
+                                               "(KeyError)); the series is omitted while it fails")]
+
+
+def test_the_base_classifier(caplog: pytest.LogCaptureFixture) -> None:
+    b = Toy()
+    assert Backend.classify(b, NoValue("no value (x)")) == Verdict(Outcome.ERROR, "no_value", "no value (x)")
+    assert Backend.classify(b, AttributeError("no nvmlFoo")) == Verdict(Outcome.UNSUPPORTED, "unsupported",
+                                                                        "AttributeError: no nvmlFoo")
+    assert Backend.classify(b, NotImplementedError("later")) == Verdict(Outcome.UNSUPPORTED, "unsupported",
+                                                                        "NotImplementedError: later")
+    long = Backend.classify(b, ValueError("x" * 1000))
+    assert long.outcome is Outcome.ERROR and long.kind == "bad_value"
+    assert long.detail == ("ValueError: " + "x" * 1000)[:300]
+
+
+def test_probe_logs_each_fallback_once_and_converts(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="exporter.backends")
+    b = Toy()
+    dev = Device(2)
+    cands = (("v3", raising(VendorError(1))), ("v2", raising(VendorError(1))), ("v1", lambda x: x * 2))
+    for _ in range(2):
+        assert b.probe(dev, "procs", cands, 21, convert=lambda v: v + 1) == 43
+    assert dev.versions == {"procs": 2}
+    assert lines(caplog) == [
+        (logging.INFO, "toy: GPU 2: v3 unavailable (vendor code 1); trying v2"),
+        (logging.INFO, "toy: GPU 2: v2 unavailable (vendor code 1); trying v1")]
+    assert b.drain_errors() == {}  # falling back is not an error
+
+    # every candidate unsupported: the reading is unsupported (and never asked again)
+    dev2 = Device(5)
+    gone = (("v2", raising(VendorError(1))), ("v1", raising(VendorError(1))))
+    assert b.probe(dev2, "procs", gone) is MISSING
+    assert dev2.unsupported == {"procs"} and b.drain_errors() == {"unsupported": 1}
+    assert b.probe(dev2, "procs", cands, 1) is MISSING
+
+    # a candidate that fails otherwise is not skipped: the reading fails this time, on that call
+    dev3 = Device(6)
+    flaky = (("v2", raising(VendorError(2))), ("v1", lambda: 1.0))
+    assert b.probe(dev3, "procs", flaky) is MISSING
+    assert dev3.versions == {} and not dev3.unsupported and dev3.failed == 1
+    assert "toy: GPU 6: procs failed (v2: vendor code 2)" in lines(caplog)[-1][1]
+    # a conversion error in a probe is a bad value of that reading
+    assert b.probe(Device(7), "x", (("v1", lambda: "junk"),), convert=float) is MISSING
+    assert b.drain_errors() == {"reading_error": 1, "bad_value": 1}
+    # a remembered version still goes through the funnel, with its conversion
+    assert b.probe(dev, "procs", cands, 1, convert=lambda v: v * 10) == 20
+
+
+def test_si_edge_cases() -> None:
+    assert si(7) == 7.0 and type(si(7)) is float
+    assert si("12.5") == 12.5 and si(" 3 ") == 3.0
+    assert si(2.5, 2.0) == 5.0 and si(3, 1.5) == 4.5 and si(10, 0.5) == 5.0
+    assert si(1, 1e-9) == 1e-9 and si(5, 1e-6) == 5e-6
+    for bad in (True, False):
+        with pytest.raises(TypeError, match="expected a number, got"):
+            si(bad)
+    with pytest.raises(NoValue, match=r"no value \('n/a'\)"):
+        si("n/a")
+    with pytest.raises(NoValue, match=r"no value \(sentinel 0xffffffff\)"):
+        si(0xFFFFFFFF)
+    with pytest.raises(NoValue, match=r"no value \(nan\)"):
+        si("nan")
+    with pytest.raises(ValueError):
+        si("12 W")
+    with pytest.raises(NoValue):
+        si(0xFFFF, sentinels=frozenset({0xFFFF}))
+    assert si(0xFFFF_FFFF, sentinels=frozenset({0xFFFF})) == float(0xFFFF_FFFF)
+
+
+def test_backend_defaults() -> None:
+    b = Toy()
+    assert b.options.fields.enabled("gpu_power_watts") and b.enabled("gpu_power_watts")
+    assert b.any_enabled("gpu_power_watts", "no_such_family")

@@ -46,6 +46,9 @@ def load(tmp_path: Path, users: dict[str, str]) -> webconfig.WebConfig:
     ("Basic " + base64.b64encode(b"no-colon").decode(), None),
     ("Basic !!!not-base64!!!", None),
     ("Basic " + base64.b64encode(b"prom:pw").decode()[:-2], None),  # padding cut off
+    ("Basic " + base64.b64encode(b"prom:pw").decode()[:4] + "*" + base64.b64encode(b"prom:pw").decode()[4:],
+     None),  # a character outside base64: refused, not skipped
+    ("Basic ", None),
     ("Bearer " + base64.b64encode(b"prom:pw").decode(), None),
     ("Basic", None),
     ("Basi", None),
@@ -104,9 +107,11 @@ def test_the_cache_remembers_only_successes_for_their_exact_credentials(tmp_path
     assert edited.check(basic("prom", "new-pw"))
 
 
-def test_an_unknown_user_is_checked_against_a_dummy_hash_of_the_highest_cost(tmp_path: Path) -> None:
-    cfg = load(tmp_path, {"cheap": hashed(rounds=4), "dear": hashed(rounds=6)})
-    assert cfg._dummy.startswith(b"$2b$06$") and len(cfg._dummy) == 60
+@pytest.mark.parametrize(("costs", "dummy"), [((4, 6), b"$2b$06$"), ((10, 4), b"$2b$10$")])
+def test_an_unknown_user_is_checked_against_a_dummy_hash_of_the_highest_cost(
+        tmp_path: Path, costs: tuple[int, int], dummy: bytes) -> None:
+    cfg = load(tmp_path, {"one": hashed(rounds=costs[0]), "two": hashed(rounds=costs[1])})
+    assert cfg._dummy.startswith(dummy) and len(cfg._dummy) == 60
     assert not cfg.check(basic("nobody", PASSWORD))
     assert not cfg.cached(basic("nobody", PASSWORD))
 
@@ -116,14 +121,17 @@ def test_an_unknown_user_is_checked_against_a_dummy_hash_of_the_highest_cost(tmp
     ("basic_auth_users: {}\n", "invalid basic_auth_users = '<hidden>'"),
     ("basic_auth_users:\n  'a:b': HASH\n", "a user name cannot hold ':' or control characters"),
     ("basic_auth_users:\n  \"a\\tb\": HASH\n", "a user name cannot hold ':' or control characters"),
-    ("basic_auth_users:\n  a: '$2y$10$short'\n", "basic_auth_users.a: expected a whole bcrypt hash"),
+    ("basic_auth_users:\n  a: '$2y$10$short'\n",
+     "basic_auth_users.a: expected a whole bcrypt hash ($2y$10$ and 53 characters, from htpasswd -nBC 10; cost 4.."),
     ("basic_auth_users:\n  a: 12\n", "basic_auth_users.a: expected a whole bcrypt hash"),
     ("basic_auth_users:\n  a: CHEAP\n", "basic_auth_users.a: "),  # cost 3: under what we accept
+    ("basic_auth_users:\n  a: DEAR\n", "basic_auth_users.a: "),  # one over the highest cost we accept
 ])
 def test_bad_users_tables_are_refused(tmp_path: Path, users: str, expect: str) -> None:
     path = tmp_path / "web.yml"
     cheap = hashed(rounds=4).replace("$04$", "$03$")  # cost 3: under bcrypt's floor
-    path.write_text(users.replace("HASH", hashed()).replace("CHEAP", cheap))
+    dear = "$2b$" + f"{getattr(webconfig, 'MAX_COST', 16) + 1:02d}" + hashed()[6:]
+    path.write_text(users.replace("HASH", hashed()).replace("CHEAP", cheap).replace("DEAR", dear))
     with pytest.raises(webconfig.ConfigError) as exc:
         webconfig.load(str(path))
     assert expect in str(exc.value) and str(path) in str(exc.value)
@@ -135,3 +143,37 @@ def test_numeric_user_names_are_names(tmp_path: Path) -> None:
     path.write_text(f"basic_auth_users:\n  1234: '{hashed()}'\n")
     cfg = webconfig.load(str(path))
     assert list(cfg.users) == ["1234"] and cfg.check(basic("1234", PASSWORD))
+
+
+def test_a_cached_success_never_waits_behind_bcrypt(tmp_path: Path) -> None:
+    """Checks run one at a time (bcrypt is CPU-bound); a scraper whose credentials already passed
+    must not queue behind them (a flood of wrong passwords would otherwise stall every scrape)."""
+    import threading
+
+    cfg = load(tmp_path, {"prom": hashed()})
+    right = basic("prom", PASSWORD)
+    assert cfg.check(right)
+    answers: list[bool] = []
+    with cfg._bcrypt:  # a bcrypt check is in progress
+        t = threading.Thread(target=lambda: answers.append(cfg.check(right)), daemon=True)
+        t.start()
+        t.join(10)
+        assert answers == [True], "a cached success waited for the bcrypt lock"
+
+
+def test_a_hash_bcrypt_cannot_read_never_grants_access() -> None:
+    cfg = webconfig.WebConfig(users={"u": b"$2b$04$" + b"!" * 53})  # built directly: load() refuses it
+    assert cfg.check(basic("u", PASSWORD)) is False
+    assert cfg.check(basic("u", "")) is False
+    assert cfg.check(basic("nobody", PASSWORD)) is False  # no dummy hash either
+
+
+def test_without_bcrypt_basic_auth_is_refused_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "bcrypt", None)  # the package is not installed
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  prom: '{hashed()}'\n")
+    with pytest.raises(webconfig.ConfigError) as exc:
+        webconfig.load(str(path))
+    assert str(exc.value) == "basic_auth_users needs the bcrypt package (pip install bcrypt)"
