@@ -78,7 +78,8 @@ SCHEMA = CHART / "values.schema.json"
 
 # Flags that need privileges a value of the chart grants with them: through extraArgs they would run
 # without the mount and RBAC they need (issue 25: --per-process needs exporter.perProcess=true).
-GOVERNED_BY_VALUES = {"--per-process": "exporter.perProcess", "--proc-root": "exporter.perProcess"}
+GOVERNED_BY_VALUES = {"--per-process": "exporter.perProcess", "--proc-root": "exporter.perProcess",
+                      "--dra-attribution": "exporter.draAttribution"}
 
 
 def extra_args_pattern() -> str:
@@ -122,7 +123,7 @@ def test_values_extra_args_example_is_a_real_flag() -> None:
 
 @pytest.mark.parametrize("arg", ["--collect-interval=5", "--collection-interval", "5", "-v", "--backendx=nvml",
                                  "--collection-interval=", *GOVERNED_BY_VALUES, "--per-process=true",
-                                 "--proc-root=/host/proc"])
+                                 "--proc-root=/host/proc", "--dra-attribution=on"])
 def test_values_schema_rejects_unknown_extra_args(arg: str) -> None:
     proc = helm("template", "gpu-exporter", str(CHART), "--set", f"exporter.extraArgs={{{arg}}}")
     assert proc.returncode != 0, f"extraArgs {arg} was accepted"
