@@ -1,16 +1,21 @@
 """Backend registry: every module in this package that defines ``BACKEND`` is a backend.
 
-Adding a vendor means adding one file here with a ``BACKEND = MyBackend`` line.
-Modules must import their vendor library lazily (inside ``init``) so that
-discovery stays cheap.
+Adding a vendor means adding one file here with a ``BACKEND = MyBackend`` line and the
+``families`` it fills (docs/extending.md). Everything else that names backends reads this
+registry: ``--backend`` and its help, the start-up banners, the support table of
+docs/metrics.md (:func:`support_table`, ``python -m exporter.backends --write-docs``) and the
+JSON API's family list. Modules must import their vendor library lazily (inside ``init``) so
+that discovery stays cheap.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 
 from exporter.backends.base import Backend, BackendUnavailable
+from exporter.core import schema
 from exporter.core.options import BackendOptions
 
 _registry: dict[str, type[Backend]] | None = None
@@ -27,6 +32,9 @@ def registry() -> dict[str, type[Backend]]:
             module = importlib.import_module(f"{__name__}.{mod.name}")
             cls = getattr(module, "BACKEND", None)
             if cls is not None:
+                unknown = sorted(n for n in cls.families if n not in schema.FAMILY_BY_NAME)
+                if unknown:  # a typo would silently drop a column of the support table
+                    raise ValueError(f"backend {cls.name!r} declares {schema.unknown_family_message(unknown[0])}")
                 found[cls.name] = cls
         _registry = found
     return _registry
@@ -60,6 +68,37 @@ def detect(options: BackendOptions) -> tuple[Backend | None, list[str]]:
     return None, reasons
 
 
+def ordered() -> list[str]:
+    """Backends in documentation order: those of ``--backend auto`` first, then the others by name."""
+    auto = auto_order()
+    return auto + [n for n in names() if n not in auto]
+
+
+def supporters(family: str) -> list[str]:
+    """Backends that fill ``family``, in documentation order."""
+    return [n for n in ordered() if registry()[n].fills(family)]
+
+
+def support_table() -> str:
+    """Which backend fills which family (docs/metrics.md), from each backend's ``families``."""
+    cols = ordered()
+    rows = ["| family | " + " | ".join(cols) + " | when |", "|---|" + "---|" * len(cols) + "---|"]
+    for f in schema.FAMILIES:
+        if f.scope == "self":
+            continue
+        cells = " | ".join("yes" if registry()[b].fills(f.name) else "no" for b in cols)
+        rows.append(f"| `{f.name}` | {cells} | {f.when or 'always'} |")
+    return "\n".join(rows) + "\n"
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+def render_docs(text: str) -> str:
+    """``text`` (docs/metrics.md) with its generated blocks replaced: the schema's families and the support table."""
+    return schema.render_blocks(text, {"families": schema.markdown_table(), "support-table": support_table()})
+
+
 def create(name: str, options: BackendOptions) -> Backend:
     try:
         cls = registry()[name]
@@ -68,4 +107,5 @@ def create(name: str, options: BackendOptions) -> Backend:
     return cls(options)
 
 
-__all__ = ["Backend", "BackendOptions", "BackendUnavailable", "auto_order", "create", "detect", "names", "registry"]
+__all__ = ["Backend", "BackendOptions", "BackendUnavailable", "auto_order", "create", "detect", "names", "ordered",
+           "registry", "render_docs", "support_table", "supporters"]

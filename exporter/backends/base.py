@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from exporter.core import schema
 from exporter.core.options import BackendOptions
 from exporter.core.readings import Collection
 
@@ -169,10 +170,20 @@ class Backend(ABC):
     auto_priority: ClassVar[int | None] = None
     #: vendor label written on gpu_info
     vendor: ClassVar[str] = "unknown"
+    #: the schema families this backend fills, by name: the one declaration of vendor support
+    #: (docs/metrics.md's support table is generated from it, and the contract test checks it
+    #: against the live exposition). Rows marked ``every_backend`` (identity, self-metrics) are
+    #: filled by the exporter for every backend and need not be listed.
+    families: ClassVar[frozenset[str]] = frozenset()
     #: minimum seconds between real reads (CLI backends); 0 means read on every scrape
     min_interval: ClassVar[float] = 0.0
     #: a GPU whose first DOWN_AFTER calls of a collection all fail (none answered) is down
     DOWN_AFTER: ClassVar[int] = 3
+
+    @classmethod
+    def fills(cls, family: str) -> bool:
+        """Whether this backend fills ``family`` (its own declaration, or a row every backend gets)."""
+        return family in cls.families or schema.family(family).every_backend
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options or BackendOptions()

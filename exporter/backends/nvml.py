@@ -253,6 +253,30 @@ class NvmlBackend(Backend):
 
     name: ClassVar[str] = "nvml"
     vendor: ClassVar[str] = "nvidia"
+    #: the families this backend fills (docs/metrics.md's support table; the contract test checks it)
+    families: ClassVar[frozenset[str]] = frozenset({
+        "gpu_field_unsupported", "gpu_utilization_ratio", "gpu_memory_utilization_ratio",
+        "gpu_encoder_utilization_ratio", "gpu_decoder_utilization_ratio", "gpu_memory_total_bytes",
+        "gpu_memory_used_bytes", "gpu_memory_free_bytes", "gpu_memory_reserved_bytes", "gpu_temperature_celsius",
+        "gpu_fan_speed_ratio", "gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total",
+        "gpu_performance_state", "gpu_clock_hertz", "gpu_clock_max_hertz", "gpu_pcie_link_generation",
+        "gpu_pcie_link_generation_max", "gpu_pcie_link_width", "gpu_pcie_link_width_max", "gpu_pcie_replays_total",
+        "gpu_pcie_throughput_bytes_per_second", "gpu_sm_active_ratio", "gpu_sm_occupancy_ratio",
+        "gpu_graphics_engine_active_ratio", "gpu_pipe_active_ratio", "gpu_dram_active_ratio",
+        "gpu_nvlink_throughput_bytes_per_second", "gpu_ecc_mode_enabled", "gpu_ecc_errors_total",
+        "gpu_retired_pages", "gpu_retired_pages_pending", "gpu_remapped_rows", "gpu_remapped_rows_pending",
+        "gpu_remapped_rows_failed", "gpu_throttle_reason_active", "gpu_violation_seconds_total", "gpu_link_up",
+        "gpu_link_errors_total", "gpu_processes", "gpu_processes_memory_used_bytes", "gpu_process_memory_used_bytes",
+        "gpu_power_default_limit_watts", "gpu_compute_mode", "gpu_fabric_state", "gpu_recovery_action",
+        "gpu_mig_mode_enabled", "gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes",
+        "gpu_mig_utilization_ratio", "gpu_p2p_supported", "gpu_topology_level", "gpu_xid_errors_total",
+        "gpu_xid_last_timestamp_seconds", "gpu_pci_devices", "gpu_visible_devices", "gpu_allocation_info",
+        "gpu_pod_utilization_ratio", "gpu_pod_memory_used_bytes", "gpu_exporter_pod_attribution_up",
+        "gpu_exporter_pod_resources_errors_total", "gpu_exporter_pod_resources_devices",
+        "gpu_exporter_pod_resources_last_success_timestamp_seconds",
+        "gpu_exporter_pod_resources_list_duration_seconds", "gpu_exporter_dra_attribution_up",
+        "gpu_exporter_dra_resourceslices_errors_total", "gpu_exporter_pod_processes",
+    })
     auto_priority: ClassVar[int | None] = 10
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -276,6 +276,15 @@ class SimulatedBackend(Backend):
 
     name: ClassVar[str] = "simulated"
     vendor: ClassVar[str] = "simulated"
+    #: the families this backend fills (docs/metrics.md's support table; the contract test checks it)
+    families: ClassVar[frozenset[str]] = frozenset({
+        "gpu_utilization_ratio", "gpu_memory_utilization_ratio", "gpu_memory_total_bytes", "gpu_memory_used_bytes",
+        "gpu_memory_free_bytes", "gpu_memory_reserved_bytes", "gpu_temperature_celsius", "gpu_power_watts",
+        "gpu_power_limit_watts", "gpu_energy_joules_total", "gpu_performance_state", "gpu_clock_hertz",
+        "gpu_clock_max_hertz", "gpu_pcie_link_generation", "gpu_pcie_link_generation_max", "gpu_pcie_link_width",
+        "gpu_pcie_link_width_max", "gpu_throttle_reason_active", "gpu_power_default_limit_watts", "gpu_compute_mode",
+        "gpu_recovery_action", "gpu_p2p_supported", "gpu_topology_level",
+    })
     auto_priority: ClassVar[int | None] = None  # never part of --backend auto
 
     def __init__(self, options: BackendOptions | None = None, clock: Callable[[], float] = time.time) -> None:

@@ -3,7 +3,10 @@
 The renderer (names, types, help), the field filter (``--fields-include/--fields-exclude``),
 ``--check-config``, the contract test and ``docs/metrics.md`` all read this table; nothing else
 declares a family. To add one: a row here, the :class:`~exporter.core.readings.GpuReading`
-field that carries its value (per-GPU families), and the backends that fill it.
+field that carries its value (per-GPU families), and the family's name in the ``families`` of
+each backend that fills it (:class:`~exporter.backends.base.Backend`; docs/extending.md).
+Which backend fills what is the backends' declaration, never a column here: a row says only
+``every_backend`` when the exporter itself fills it whatever the backend (identity, self-metrics).
 
 A row's ``scope`` says which labels come first and where the value comes from:
 
@@ -28,8 +31,6 @@ from dataclasses import dataclass
 
 GAUGE, COUNTER = "gauge", "counter"
 
-ALL = ("simulated", "nvml", "amdsmi", "rocm-smi")
-REAL = ("nvml", "amdsmi", "rocm-smi")
 SCOPE_LABELS = {"gpu": ("gpu", "uuid"), "mig": ("gpu", "uuid"), "peer": ("gpu", "uuid", "peer"),
                 "event": ("gpu", "uuid"), "node": (), "host": (), "pod": (), "self": ()}
 
@@ -46,13 +47,13 @@ class Family:
     scope: str = "gpu"
     labels: tuple[str, ...] = ()  # labels after the scope's (per-GPU: after gpu, uuid)
     attr: str = ""  # GpuReading attribute (scope "gpu") or MigReading attribute (scope "mig")
-    backends: tuple[str, ...] = ()  # backends that fill it (docs support table; the contract test)
     when: str = ""  # a condition for the series to exist (MIG on, an opt-in flag, an event seen ...)
     default: bool = True  # on /metrics without field selection
     filterable: bool = True
     nvml: str = ""  # NVML source
     smi: str = ""  # nvidia-smi equivalent
     amd: str = ""  # amd-smi equivalent
+    every_backend: bool = False  # filled by the exporter whatever the backend; else as backends declare it
 
     @property
     def base(self) -> str:
@@ -73,9 +74,9 @@ _AMD_MM = ("gpu_metrics average_mm_activity, else the mean of vcn_activity (amd-
            "carry the same value")
 
 
-def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, backends: tuple[str, ...],
-       nvml: str, smi: str, amd: str, labels: tuple[str, ...] = (), when: str = "") -> Family:
-    return Family(name, kind, unit, help_, group, "gpu", labels, attr, backends, when, nvml=nvml, smi=smi, amd=amd)
+def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, nvml: str, smi: str, amd: str,
+       labels: tuple[str, ...] = (), when: str = "") -> Family:
+    return Family(name, kind, unit, help_, group, "gpu", labels, attr, when=when, nvml=nvml, smi=smi, amd=amd)
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -83,112 +84,112 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpu_info", GAUGE, "1", "GPU identity; value is always 1. Join on (gpu, uuid) for names.", "identity",
            labels=("name", "vendor", "pci_bus_id", "serial", "driver_version", "cuda_version", "backend",
                    "vbios_version"),
-           backends=ALL, nvml="nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial, GetVbiosVersion",
+           nvml="nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial, GetVbiosVersion",
            smi="name, uuid, pci.bus_id, serial, driver_version, vbios_version",
-           amd="amd-smi static --asic --board --driver --vbios"),
+           amd="amd-smi static --asic --board --driver --vbios", every_backend=True),
     Family("gpu_up", GAUGE, "1", "1 when the GPU answered this collection, 0 when it is lost or unreadable.",
-           "identity", backends=ALL, nvml="NVML_ERROR_GPU_IS_LOST and device faults -> 0",
-           smi="(nvidia-smi: 'GPU is lost')", amd="(amd-smi: device errors)"),
+           "identity", nvml="NVML_ERROR_GPU_IS_LOST and device faults -> 0",
+           smi="(nvidia-smi: 'GPU is lost')", amd="(amd-smi: device errors)", every_backend=True),
     Family("gpu_field_unsupported", GAUGE, "1",
            "1 for each metric family this GPU or driver does not support (so absence is explained).", "identity",
-           labels=("field",), backends=REAL, when="a reading is unsupported",
+           labels=("field",), when="a reading is unsupported",
            nvml="NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION", smi="[N/A], [Not Supported]",
            amd="N/A, AMDSMI_STATUS_NOT_SUPPORTED"),
     Family("gpu_host_info", GAUGE, "1", "Host identity; value is always 1.", "identity", scope="host",
-           labels=("node", "cpu_model", "kernel", "os"), backends=ALL, filterable=False,
-           smi="(hostname, lscpu, uname -r)", amd="(hostname, lscpu, uname -r)"),
+           labels=("node", "cpu_model", "kernel", "os"), filterable=False,
+           smi="(hostname, lscpu, uname -r)", amd="(hostname, lscpu, uname -r)", every_backend=True),
     # --- utilisation ------------------------------------------------------------------------------
     _g("gpu_utilization_ratio", GAUGE, "ratio",
        "Fraction of time a kernel ran on the GPU over the last sample period (0-1).", "utilization",
-       "utilization_ratio", ALL, "nvmlDeviceGetUtilizationRates.gpu (%)", "utilization.gpu",
+       "utilization_ratio", "nvmlDeviceGetUtilizationRates.gpu (%)", "utilization.gpu",
        "amd-smi metric --usage: gfx_activity"),
     _g("gpu_memory_utilization_ratio", GAUGE, "ratio",
        "Fraction of time device memory was read or written over the last sample period (0-1).", "utilization",
-       "memory_utilization_ratio", ALL, "nvmlDeviceGetUtilizationRates.memory (%)", "utilization.memory",
+       "memory_utilization_ratio", "nvmlDeviceGetUtilizationRates.memory (%)", "utilization.memory",
        "amd-smi metric --usage: umc_activity"),
     _g("gpu_encoder_utilization_ratio", GAUGE, "ratio", "Video encoder utilisation (0-1).", "utilization",
-       "encoder_utilization_ratio", ("nvml", "amdsmi"), "nvmlDeviceGetEncoderUtilization (%)", "utilization.encoder",
+       "encoder_utilization_ratio", "nvmlDeviceGetEncoderUtilization (%)", "utilization.encoder",
        _AMD_MM),
     _g("gpu_decoder_utilization_ratio", GAUGE, "ratio", "Video decoder utilisation (0-1).", "utilization",
-       "decoder_utilization_ratio", ("nvml", "amdsmi"), "nvmlDeviceGetDecoderUtilization (%)", "utilization.decoder",
+       "decoder_utilization_ratio", "nvmlDeviceGetDecoderUtilization (%)", "utilization.decoder",
        _AMD_MM),
     # --- memory --------------------------------------------------------------------------------
     _g("gpu_memory_total_bytes", GAUGE, "bytes", "Total device memory in bytes.", "memory", "memory_total_bytes",
-       ALL, "nvmlDeviceGetMemoryInfo_v2.total", "memory.total", "amd-smi metric --mem-usage: total_vram"),
+       "nvmlDeviceGetMemoryInfo_v2.total", "memory.total", "amd-smi metric --mem-usage: total_vram"),
     _g("gpu_memory_used_bytes", GAUGE, "bytes", "Device memory allocated by processes, in bytes.", "memory",
-       "memory_used_bytes", ALL, "nvmlDeviceGetMemoryInfo_v2.used", "memory.used",
+       "memory_used_bytes", "nvmlDeviceGetMemoryInfo_v2.used", "memory.used",
        "amd-smi metric --mem-usage: used_vram"),
     _g("gpu_memory_free_bytes", GAUGE, "bytes", "Device memory free for allocation, in bytes.", "memory",
-       "memory_free_bytes", ALL, "nvmlDeviceGetMemoryInfo_v2.free", "memory.free",
+       "memory_free_bytes", "nvmlDeviceGetMemoryInfo_v2.free", "memory.free",
        "amd-smi metric --mem-usage: free_vram"),
     _g("gpu_memory_reserved_bytes", GAUGE, "bytes", "Device memory reserved by the driver and firmware, in bytes.",
-       "memory", "memory_reserved_bytes", ("simulated", "nvml"), "nvmlDeviceGetMemoryInfo_v2.reserved",
+       "memory", "memory_reserved_bytes", "nvmlDeviceGetMemoryInfo_v2.reserved",
        "memory.reserved", "(none)"),
     # --- thermal and power -----------------------------------------------------------------------
     _g("gpu_temperature_celsius", GAUGE, "celsius",
        "Temperature in degrees Celsius by sensor: gpu (die/edge; absent on AMD boards without an edge sensor, "
        "MI300 class), memory (HBM), junction (hotspot, AMD).",
-       "thermal", "temperature_celsius", ALL, "nvmlDeviceGetTemperature; NVML_FI_DEV_MEMORY_TEMP",
+       "thermal", "temperature_celsius", "nvmlDeviceGetTemperature; NVML_FI_DEV_MEMORY_TEMP",
        "temperature.gpu, temperature.memory", "amd-smi metric --temperature: edge, hotspot, mem",
        labels=("sensor",)),
     _g("gpu_fan_speed_ratio", GAUGE, "ratio",
        "Fan speed as a fraction of its maximum, as the driver reports it (can exceed 1 on some boards). "
-       "Absent on passive GPUs.", "thermal", "fan_speed_ratio", REAL, "nvmlDeviceGetFanSpeed (%)", "fan.speed",
+       "Absent on passive GPUs.", "thermal", "fan_speed_ratio", "nvmlDeviceGetFanSpeed (%)", "fan.speed",
        "amd-smi metric --fan: usage"),
-    _g("gpu_power_watts", GAUGE, "watts", "Power draw in watts.", "power", "power_watts", ALL,
+    _g("gpu_power_watts", GAUGE, "watts", "Power draw in watts.", "power", "power_watts",
        "nvmlDeviceGetPowerUsage (mW)", "power.draw", "amd-smi metric --power: socket_power"),
-    _g("gpu_power_limit_watts", GAUGE, "watts", "Enforced power limit in watts.", "power", "power_limit_watts", ALL,
+    _g("gpu_power_limit_watts", GAUGE, "watts", "Enforced power limit in watts.", "power", "power_limit_watts",
        "nvmlDeviceGetEnforcedPowerLimit (mW)", "enforced.power.limit", "amd-smi static --limit: power_cap"),
     _g("gpu_energy_joules_total", COUNTER, "joules", "Energy consumed since the driver was loaded, in joules.",
-       "power", "energy_joules", ALL, "nvmlDeviceGetTotalEnergyConsumption (mJ)", "(nvidia-smi -q: n/a)",
+       "power", "energy_joules", "nvmlDeviceGetTotalEnergyConsumption (mJ)", "(nvidia-smi -q: n/a)",
        "amd-smi metric --energy: total_energy_consumption"),
     _g("gpu_performance_state", GAUGE, "1", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).", "power",
-       "performance_state", ("simulated", "nvml"), "nvmlDeviceGetPerformanceState", "pstate", "(none)"),
+       "performance_state", "nvmlDeviceGetPerformanceState", "pstate", "(none)"),
     # --- clocks ----------------------------------------------------------------------------------
     _g("gpu_clock_hertz", GAUGE, "hertz",
        "Current clock frequency in hertz by clock: graphics, sm, memory, video, soc.", "clocks", "clock_hertz",
-       ALL, "nvmlDeviceGetClockInfo (MHz)", "clocks.gr, clocks.sm, clocks.mem, clocks.video",
+       "nvmlDeviceGetClockInfo (MHz)", "clocks.gr, clocks.sm, clocks.mem, clocks.video",
        "amd-smi metric --clock: gfx, mem, soc", labels=("clock",)),
     _g("gpu_clock_max_hertz", GAUGE, "hertz", "Maximum clock frequency in hertz by clock.", "clocks",
-       "clock_max_hertz", ("simulated", "nvml", "amdsmi"), "nvmlDeviceGetMaxClockInfo (MHz)",
+       "clock_max_hertz", "nvmlDeviceGetMaxClockInfo (MHz)",
        "clocks.max.gr, clocks.max.sm, clocks.max.mem", "amd-smi metric --clock: max_clk", labels=("clock",)),
     # --- PCIe ------------------------------------------------------------------------------------
     _g("gpu_pcie_link_generation", GAUGE, "1", "Current PCIe link generation (1-6).", "pcie",
-       "pcie_link_generation", ALL, "nvmlDeviceGetCurrPcieLinkGeneration", "pcie.link.gen.current",
+       "pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", "pcie.link.gen.current",
        "amd-smi metric --pcie: speed (MT/s, mapped to a generation)"),
     _g("gpu_pcie_link_generation_max", GAUGE, "1",
        "Maximum PCIe link generation. NVIDIA: the lower of what the GPU and the system support; AMD: what the "
-       "GPU supports.", "pcie", "pcie_link_generation_max", ("simulated", "nvml", "amdsmi"),
+       "GPU supports.", "pcie", "pcie_link_generation_max",
        "nvmlDeviceGetMaxPcieLinkGeneration", "pcie.link.gen.max", "amd-smi static --bus: max_pcie_speed"),
-    _g("gpu_pcie_link_width", GAUGE, "1", "Current PCIe link width in lanes.", "pcie", "pcie_link_width", ALL,
+    _g("gpu_pcie_link_width", GAUGE, "1", "Current PCIe link width in lanes.", "pcie", "pcie_link_width",
        "nvmlDeviceGetCurrPcieLinkWidth", "pcie.link.width.current", "amd-smi metric --pcie: width"),
     _g("gpu_pcie_link_width_max", GAUGE, "1", "Maximum PCIe link width in lanes.", "pcie", "pcie_link_width_max",
-       ("simulated", "nvml", "amdsmi"), "nvmlDeviceGetMaxPcieLinkWidth", "pcie.link.width.max",
+       "nvmlDeviceGetMaxPcieLinkWidth", "pcie.link.width.max",
        "amd-smi static --bus: max_pcie_width"),
     _g("gpu_pcie_replays_total", COUNTER, "1", "PCIe replay events since the driver was loaded.", "pcie",
-       "pcie_replay_total", REAL, "nvmlDeviceGetPcieReplayCounter", "nvidia-smi -q: Replays Since Reset",
+       "pcie_replay_total", "nvmlDeviceGetPcieReplayCounter", "nvidia-smi -q: Replays Since Reset",
        "amd-smi metric --pcie: replay_count"),
     _g("gpu_pcie_throughput_bytes_per_second", GAUGE, "bytes per second",
        "PCIe throughput by direction (tx, rx), bytes per second: from GPM where the GPU has it, else opt-in "
        "(--pcie-throughput, about 40 ms per GPU).",
-       "pcie", "pcie_throughput", ("nvml",), "nvmlGpmMetricsGet PCIE_TX/RX_PER_SEC (MiB/s); else "
+       "pcie", "pcie_throughput", "nvmlGpmMetricsGet PCIE_TX/RX_PER_SEC (MiB/s); else "
        "nvmlDeviceGetPcieThroughput (KB/s)", "nvidia-smi dmon -s t",
        "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"pcie\"}[5m]))", labels=("direction",),
        when="GPM (from the second collection), or --pcie-throughput"),
     # --- activity: what share of the GPU works (DCGM_FI_PROF_*; NVIDIA GPM, AMD gpu_metrics) ------
     _g("gpu_sm_active_ratio", GAUGE, "ratio",
        "Fraction of SMs busy over the last collection interval (0-1), by gpu_instance (MIG; empty: whole GPU).",
-       "activity", "sm_active_ratio", ("nvml",), "nvmlGpmMetricsGet SM_UTIL (%)",
+       "activity", "sm_active_ratio", "nvmlGpmMetricsGet SM_UTIL (%)",
        "(DCGM_FI_PROF_SM_ACTIVE; dcgmi dmon -e 1002)", "(none: gpu_metrics has no per-CU activity)",
        labels=("gpu_instance",), when=_GPM),
     _g("gpu_sm_occupancy_ratio", GAUGE, "ratio",
        "Resident warps as a fraction of the SMs' maximum over the last collection interval (0-1), by gpu_instance.",
-       "activity", "sm_occupancy_ratio", ("nvml",), "nvmlGpmMetricsGet SM_OCCUPANCY (%)",
+       "activity", "sm_occupancy_ratio", "nvmlGpmMetricsGet SM_OCCUPANCY (%)",
        "(DCGM_FI_PROF_SM_OCCUPANCY; dcgmi dmon -e 1003)", "(none: gpu_metrics has no occupancy)",
        labels=("gpu_instance",), when=_GPM),
     _g("gpu_graphics_engine_active_ratio", GAUGE, "ratio",
        "Fraction of time the graphics/compute engine was active over the last collection interval (0-1), by "
-       "gpu_instance.", "activity", "graphics_engine_active_ratio", ("nvml", "amdsmi", "rocm-smi"),
+       "gpu_instance.", "activity", "graphics_engine_active_ratio",
        "nvmlGpmMetricsGet GRAPHICS_UTIL (%)", "(DCGM_FI_PROF_GR_ENGINE_ACTIVE; dcgmi dmon -e 1001)",
        "gpu_metrics average_gfx_activity (amd-smi metric --usage: gfx_activity; rocm-smi: GPU use (%)). AMD "
        "differs: averaged over the firmware's own window, not the collection interval; the same value as "
@@ -197,12 +198,12 @@ FAMILIES: tuple[Family, ...] = (
     _g("gpu_pipe_active_ratio", GAUGE, "ratio",
        "Fraction of time the SMs' pipe was active over the last collection interval (0-1), by pipe (tensor, "
        "tensor_hmma, tensor_imma, tensor_dfma, fp64, fp32, fp16, integer) and gpu_instance.", "activity",
-       "pipe_active_ratio", ("nvml",), "nvmlGpmMetricsGet *_TENSOR_UTIL, FP64/FP32/FP16/INTEGER_UTIL (%)",
+       "pipe_active_ratio", "nvmlGpmMetricsGet *_TENSOR_UTIL, FP64/FP32/FP16/INTEGER_UTIL (%)",
        "(DCGM_FI_PROF_PIPE_*_ACTIVE; dcgmi dmon -e 1004)", "(none: gpu_metrics has no pipe activity)",
        labels=("pipe", "gpu_instance"), when=_GPM),
     _g("gpu_dram_active_ratio", GAUGE, "ratio",
        "Device memory bandwidth used as a fraction of the maximum over the last collection interval (0-1), by "
-       "gpu_instance.", "activity", "dram_active_ratio", ("nvml", "amdsmi", "rocm-smi"),
+       "gpu_instance.", "activity", "dram_active_ratio",
        "nvmlGpmMetricsGet DRAM_BW_UTIL (%)", "(DCGM_FI_PROF_DRAM_ACTIVE; dcgmi dmon -e 1005)",
        "gpu_metrics average_umc_activity (amd-smi metric --usage: umc_activity; rocm-smi: GPU Memory Read/Write "
        "Activity (%)). AMD differs: the share of time the memory controller (UMC) was busy, not bandwidth over "
@@ -210,54 +211,54 @@ FAMILIES: tuple[Family, ...] = (
        labels=("gpu_instance",), when=_GPM_OR_AMD),
     _g("gpu_nvlink_throughput_bytes_per_second", GAUGE, "bytes per second",
        "NVLink traffic over all links by direction (tx, rx), bytes per second, over the last collection interval.",
-       "activity", "nvlink_throughput", ("nvml",), "nvmlGpmMetricsGet NVLINK_TOTAL_TX/RX_PER_SEC (MiB/s)",
+       "activity", "nvlink_throughput", "nvmlGpmMetricsGet NVLINK_TOTAL_TX/RX_PER_SEC (MiB/s)",
        "(DCGM_FI_PROF_NVLINK_TX/RX_BYTES; nvidia-smi nvlink -gt d)",
        "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"xgmi\"}[5m]))", labels=("direction",),
        when=_GPM),
     # --- health ----------------------------------------------------------------------------------
-    _g("gpu_ecc_mode_enabled", GAUGE, "1", "1 when ECC is enabled.", "health", "ecc_mode_enabled", ("nvml",),
+    _g("gpu_ecc_mode_enabled", GAUGE, "1", "1 when ECC is enabled.", "health", "ecc_mode_enabled",
        "nvmlDeviceGetEccMode", "ecc.mode.current", "amd-smi static --ras"),
     _g("gpu_ecc_errors_total", COUNTER, "1",
        "ECC errors by error_type (corrected, uncorrected) and counter (volatile: since the driver loaded; "
        "aggregate: lifetime, NVIDIA only; AMD's totals are volatile).",
-       "health", "ecc_errors", ("nvml", "amdsmi"), "nvmlDeviceGetTotalEccErrors",
+       "health", "ecc_errors", "nvmlDeviceGetTotalEccErrors",
        "ecc.errors.corrected.volatile.total ...", "amd-smi metric --ecc: total_correctable_count ...",
        labels=("error_type", "counter")),
     _g("gpu_retired_pages", GAUGE, "1", "Retired framebuffer pages by cause (single_bit, double_bit).", "health",
-       "retired_pages", ("nvml",), "nvmlDeviceGetRetiredPages",
+       "retired_pages", "nvmlDeviceGetRetiredPages",
        "retired_pages.single_bit_ecc.count, retired_pages.double_bit.count", "amd-smi bad-pages",
        labels=("cause",)),
     _g("gpu_retired_pages_pending", GAUGE, "1", "1 when a page retirement waits for a reboot.", "health",
-       "retired_pages_pending", ("nvml",), "nvmlDeviceGetRetiredPagesPendingStatus", "retired_pages.pending",
+       "retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", "retired_pages.pending",
        "(none)"),
     _g("gpu_remapped_rows", GAUGE, "1", "Remapped memory rows by error_type (corrected, uncorrected).", "health",
-       "remapped_rows", ("nvml",), "nvmlDeviceGetRemappedRows", "remapped_rows.correctable, "
+       "remapped_rows", "nvmlDeviceGetRemappedRows", "remapped_rows.correctable, "
        "remapped_rows.uncorrectable", "(none)", labels=("error_type",)),
     _g("gpu_remapped_rows_pending", GAUGE, "1", "1 when a row remap waits for a GPU reset.", "health",
-       "remapped_rows_pending", ("nvml",), "nvmlDeviceGetRemappedRows.isPending", "remapped_rows.pending",
+       "remapped_rows_pending", "nvmlDeviceGetRemappedRows.isPending", "remapped_rows.pending",
        "(none)"),
     _g("gpu_remapped_rows_failed", GAUGE, "1", "1 when a row remap failed (the GPU needs service).", "health",
-       "remapped_rows_failed", ("nvml",), "nvmlDeviceGetRemappedRows.failureOccurred", "remapped_rows.failure",
+       "remapped_rows_failed", "nvmlDeviceGetRemappedRows.failureOccurred", "remapped_rows.failure",
        "(none)"),
     _g("gpu_throttle_reason_active", GAUGE, "1", "1 while a clock event (throttle) reason is active, by reason.",
-       "health", "throttle_reasons", ("simulated", "nvml", "amdsmi"), "nvmlDeviceGetCurrentClocksEventReasons",
+       "health", "throttle_reasons", "nvmlDeviceGetCurrentClocksEventReasons",
        "clocks_event_reasons.*", "amd-smi metric --throttle", labels=("reason",)),
     _g("gpu_violation_seconds_total", COUNTER, "seconds",
-       "Time clocks were held below target, by reason, in seconds.", "health", "violation_seconds", ("nvml",),
+       "Time clocks were held below target, by reason, in seconds.", "health", "violation_seconds",
        "nvmlDeviceGetViolationStatus (ns)", "nvidia-smi -q -d PERFORMANCE", "amd-smi metric --throttle",
        labels=("reason",)),
     # --- interconnect ----------------------------------------------------------------------------
     _g("gpu_link_up", GAUGE, "1", "1 when a GPU interconnect link (NVLink, XGMI) is active, by link.",
-       "interconnect", "link_up", ("nvml", "amdsmi"), "nvmlDeviceGetNvLinkState", "nvidia-smi nvlink -s",
+       "interconnect", "link_up", "nvmlDeviceGetNvLinkState", "nvidia-smi nvlink -s",
        "amd-smi xgmi --link-status", labels=("link",)),
     _g("gpu_link_errors_total", COUNTER, "1",
        "NVLink errors since the driver loaded, by counter (replay, recovery, crc_flit, crc_data) and link; "
-       "sum without (link) for the GPU's total.", "interconnect", "link_errors", ("nvml",),
+       "sum without (link) for the GPU's total.", "interconnect", "link_errors",
        "nvmlDeviceGetNvLinkErrorCounter (per link)", "nvidia-smi nvlink -e", "(none)", labels=("counter", "link")),
     _g("gpu_link_transferred_bytes_total", COUNTER, "bytes",
        "Bytes moved over the GPU's links, by link_type (xgmi: summed over the XGMI links since the driver "
        "loaded; pcie: since the exporter's second collection) and direction (tx, rx; pcie: bidirectional).",
-       "interconnect", "link_transferred_bytes", ("amdsmi",),
+       "interconnect", "link_transferred_bytes",
        "(none: NVIDIA gives rates, gpu_nvlink_throughput_bytes_per_second and gpu_pcie_throughput_bytes_per_second)",
        "(none)", "gpu_metrics xgmi_read_data_acc -> rx, xgmi_write_data_acc -> tx (KB, taken as 1000 bytes; amd-smi "
        "xgmi --metric); pcie_bandwidth_acc (GB/s summed once per firmware iteration) averaged over the iterations "
@@ -266,72 +267,72 @@ FAMILIES: tuple[Family, ...] = (
        "the second collection"),
     # --- processes -------------------------------------------------------------------------------
     _g("gpu_processes", GAUGE, "1", "Compute processes running on the GPU.", "processes", "process_count",
-       ("nvml", "amdsmi"), "nvmlDeviceGetComputeRunningProcesses_v3/_v2/v1", "--query-compute-apps=pid (count)",
+       "nvmlDeviceGetComputeRunningProcesses_v3/_v2/v1", "--query-compute-apps=pid (count)",
        "amd-smi process (count)"),
     _g("gpu_processes_memory_used_bytes", GAUGE, "bytes", "Device memory used by all compute processes, in bytes.",
-       "processes", "process_memory_used_bytes", ("nvml", "amdsmi"),
+       "processes", "process_memory_used_bytes",
        "nvmlDeviceGetComputeRunningProcesses.usedGpuMemory", "--query-compute-apps=used_memory (sum)",
        "amd-smi process: mem_usage (sum)"),
     _g("gpu_process_memory_used_bytes", GAUGE, "bytes", "Device memory used per process, by pid "
-       "(opt-in: --per-process).", "processes", "process_memory_by_pid", ("nvml", "amdsmi"),
+       "(opt-in: --per-process).", "processes", "process_memory_by_pid",
        "nvmlDeviceGetComputeRunningProcesses", "--query-compute-apps=pid,used_memory", "amd-smi process",
        labels=("pid",), when="--per-process"),
     # --- state nvidia_gpu_exporter's dashboards read (issue 28) ----------------------------------
     _g("gpu_power_default_limit_watts", GAUGE, "watts",
        "Default power limit in watts: the board's limit before an administrator changes it.", "power",
-       "power_default_limit_watts", ("simulated", "nvml"), "nvmlDeviceGetPowerManagementDefaultLimit (mW)",
+       "power_default_limit_watts", "nvmlDeviceGetPowerManagementDefaultLimit (mW)",
        "power.default_limit", "(none)"),
     _g("gpu_compute_mode", GAUGE, "1",
        "Compute mode (nvmlComputeMode_t): 0 default (shared), 1 exclusive thread, 2 prohibited, 3 exclusive "
-       "process.", "identity", "compute_mode", ("simulated", "nvml"), "nvmlDeviceGetComputeMode", "compute_mode",
+       "process.", "identity", "compute_mode", "nvmlDeviceGetComputeMode", "compute_mode",
        "(none)"),
     _g("gpu_fabric_state", GAUGE, "1",
        "NVLink fabric (NVSwitch) registration of the GPU (nvmlGpuFabricState_t): 1 not started, 2 in progress, "
-       "3 completed.", "interconnect", "fabric_state", ("nvml",), "nvmlDeviceGetGpuFabricInfo.state (R525+)",
+       "3 completed.", "interconnect", "fabric_state", "nvmlDeviceGetGpuFabricInfo.state (R525+)",
        "fabric.state", "(none)", when="a GPU on an NVLink fabric (absent when NVML says not supported)"),
     _g("gpu_recovery_action", GAUGE, "1",
        "The recovery the driver asks for (nvmlDeviceGpuRecoveryAction_t): 0 none, 1 GPU reset, 2 node reboot, "
-       "3 drain peer-to-peer, 4 drain and reset.", "health", "recovery_action", ("simulated", "nvml"),
+       "3 drain peer-to-peer, 4 drain and reset.", "health", "recovery_action",
        "nvmlDeviceGetFieldValues NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230)", "gpu_recovery_action", "(none)",
        when="a driver that reports the field"),
     # --- MIG / partitions ------------------------------------------------------------------------
     _g("gpu_mig_mode_enabled", GAUGE, "1", "1 when MIG (NVIDIA) or a compute partition mode (AMD) is enabled.",
-       "mig", "mig_mode_enabled", REAL, "nvmlDeviceGetMigMode", "mig.mode.current",
+       "mig", "mig_mode_enabled", "nvmlDeviceGetMigMode", "mig.mode.current",
        "amd-smi static --partition"),
     Family("gpu_mig_memory_total_bytes", GAUGE, "bytes", "MIG instance memory total in bytes.", "mig", "mig",
-           ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "memory_total_bytes", ("nvml",),
+           ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "memory_total_bytes",
            when="MIG on", nvml="nvmlDeviceGetMemoryInfo (MIG device)", smi="nvidia-smi -q -d MEMORY (MIG)",
            amd="(partitions are GPUs)"),
     Family("gpu_mig_memory_used_bytes", GAUGE, "bytes", "MIG instance memory used in bytes.", "mig", "mig",
-           ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "memory_used_bytes", ("nvml",),
+           ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "memory_used_bytes",
            when="MIG on", nvml="nvmlDeviceGetMemoryInfo (MIG device)", smi="nvidia-smi -q -d MEMORY (MIG)",
            amd="(partitions are GPUs)"),
     Family("gpu_mig_utilization_ratio", GAUGE, "ratio", "MIG instance utilisation (0-1), where the driver reports it.",
            "mig", "mig", ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "utilization_ratio",
-           ("nvml",), when="MIG on, where the driver reports it", nvml="nvmlDeviceGetUtilizationRates (MIG device)",
+           when="MIG on, where the driver reports it", nvml="nvmlDeviceGetUtilizationRates (MIG device)",
            smi="(none)", amd="(partitions are GPUs)"),
     # --- topology (off /metrics by default: N x (N-1) series) -----------------------------------------
     Family("gpu_p2p_supported", GAUGE, "1", "1 when peer-to-peer access from gpu to peer is supported, by capability.",
-           "topology", "peer", ("capability",), backends=("simulated", "nvml", "amdsmi"), default=False,
+           "topology", "peer", ("capability",), default=False,
            nvml="nvmlDeviceGetP2PStatus", smi="nvidia-smi topo -p2p rwna", amd="amd-smi topology -a"),
     Family("gpu_topology_level", GAUGE, "1",
            "PCIe/NVLink topology level between gpu and peer (NVML levels: 0 internal, 10 single switch, "
            "20 multiple switches, 30 host bridge, 40 NUMA node, 50 system); label level names it.",
-           "topology", "peer", ("level",), backends=("simulated", "nvml", "amdsmi"), default=False,
+           "topology", "peer", ("level",), default=False,
            nvml="nvmlDeviceGetTopologyCommonAncestor", smi="nvidia-smi topo -m", amd="amd-smi topology -t"),
     # --- events and the bus ----------------------------------------------------------------------
     Family("gpu_xid_errors_total", COUNTER, "1",
            "XID errors reported by the driver since the exporter started, by xid code.", "events", "event",
-           ("xid",), backends=("nvml",), when="after an XID event", nvml="nvmlEventSetWait_v2 (XID events)",
+           ("xid",), when="after an XID event", nvml="nvmlEventSetWait_v2 (XID events)",
            smi="(dmesg: NVRM: Xid)", amd="(none)"),
     Family("gpu_xid_last_timestamp_seconds", GAUGE, "seconds", "Unix time of the last XID error on this GPU.",
-           "events", "event", backends=("nvml",), when="after an XID event", nvml="nvmlEventSetWait_v2",
+           "events", "event", when="after an XID event", nvml="nvmlEventSetWait_v2",
            smi="(dmesg)", amd="(none)"),
     Family("gpu_pci_devices", GAUGE, "1", "GPUs of this vendor present on the PCI bus (sysfs).", "bus", "node",
-           ("vendor",), backends=REAL, when="sysfs readable",
+           ("vendor",), when="sysfs readable",
            smi="lspci -d 10de::0300, 10de::0302", amd="lspci -d 1002::0300, 1002::0380"),
     Family("gpu_visible_devices", GAUGE, "1", "GPUs of this vendor visible to the vendor library.", "bus", "node",
-           ("vendor",), backends=REAL, when="sysfs readable", nvml="nvmlDeviceGetCount",
+           ("vendor",), when="sysfs readable", nvml="nvmlDeviceGetCount",
            smi="nvidia-smi -L (count)", amd="amd-smi list (count)"),
     # --- pod attribution (exporter/k8s) -------------------------------------------------------------
     Family("gpu_allocation_info", GAUGE, "1",
@@ -340,69 +341,70 @@ FAMILIES: tuple[Family, ...] = (
            "ResourceClaim (empty for device plugins).", "attribution", "pod",
            ("gpu", "uuid", "pod", "namespace", "container", "resource", "device", "shared", "claim",
             "claim_namespace"),
-           backends=REAL, when="pod attribution on", smi="(kubelet pod-resources API)",
+           when="pod attribution on", smi="(kubelet pod-resources API)",
            amd="(kubelet pod-resources API)"),
     Family("gpu_pod_utilization_ratio", GAUGE, "ratio",
            "Share of time the pod's processes ran kernels on this GPU (0-1): the sum over its compute processes, "
            "capped at 1; pod empty: processes outside any pod. container is set when one container holds them.",
-           "attribution", "pod", ("gpu", "uuid", "pod", "namespace", "container"), backends=("nvml", "amdsmi"),
+           "attribution", "pod", ("gpu", "uuid", "pod", "namespace", "container"),
            when="--per-process, where the driver gives per-process utilisation (AMD: from the second collection)",
            nvml="nvmlDeviceGetProcessesUtilizationInfo (R550+) or nvmlDeviceGetProcessUtilization: smUtil (%)",
            smi="nvidia-smi pmon -s u: sm", amd="amd-smi process: engine_usage gfx (ns, as a rate)"),
     Family("gpu_pod_memory_used_bytes", GAUGE, "bytes",
            "Device memory used by the pod's compute processes on this GPU, in bytes (pod empty: processes outside "
            "any pod).", "attribution", "pod", ("gpu", "uuid", "pod", "namespace", "container"),
-           backends=("nvml", "amdsmi"), when="--per-process, where the driver gives every process's memory",
+           when="--per-process, where the driver gives every process's memory",
            nvml="nvmlDeviceGetComputeRunningProcesses.usedGpuMemory", smi="--query-compute-apps=pid,used_memory",
            amd="amd-smi process: memory_usage vram_mem"),
     Family("gpu_exporter_pod_attribution_up", GAUGE, "1",
            "1 when pod labels come from a kubelet pod-resources List younger than the staleness limit.",
-           "self", "self", backends=REAL, when="pod attribution on", filterable=False),
+           "self", "self",
+           when="pod attribution on", filterable=False),
     Family("gpu_exporter_pod_resources_errors_total", COUNTER, "1",
            "Failed pod-resources List attempts by kind (socket_missing, timeout, unavailable, ...).", "self", "self",
-           ("kind",), backends=REAL, when="pod attribution on", filterable=False),
+           ("kind",), when="pod attribution on", filterable=False),
     Family("gpu_exporter_pod_resources_devices", GAUGE, "1",
            "Devices in the last pod-resources List: allocated (matched to a GPU), unmapped (a GPU resource "
            "matching no GPU read here), ignored (not a GPU resource).", "self", "self", ("status",),
-           backends=REAL, when="pod attribution on", filterable=False),
+           when="pod attribution on", filterable=False),
     Family("gpu_exporter_pod_resources_last_success_timestamp_seconds", GAUGE, "seconds",
-           "Unix time of the last successful pod-resources List.", "self", "self", backends=REAL,
+           "Unix time of the last successful pod-resources List.", "self", "self",
            when="pod attribution on", filterable=False),
     Family("gpu_exporter_pod_resources_list_duration_seconds", GAUGE, "seconds",
-           "Duration of the last successful pod-resources List call in seconds.", "self", "self", backends=REAL,
+           "Duration of the last successful pod-resources List call in seconds.", "self", "self",
            when="pod attribution on", filterable=False),
     Family("gpu_exporter_pod_processes", GAUGE, "1",
            "GPU processes at the last per-pod build by status: in_pod (mapped), outside_pod (no pod cgroup), "
            "unknown_pod (a pod cgroup this node's pod watch does not know), gone (no /proc entry).", "self", "self",
-           ("status",), backends=("nvml", "amdsmi"), when="--per-process", filterable=False),
+           ("status",), when="--per-process", filterable=False),
     Family("gpu_exporter_dra_attribution_up", GAUGE, "1",
            "1 once this node's ResourceSlices were listed (DRA-claimed GPUs can be mapped); 0 while the API server "
            "does not answer or, with --dra-attribution on, serves or allows no ResourceSlices.", "self", "self",
-           backends=REAL, when="--dra-attribution on, or auto while it is on", filterable=False),
+           when="--dra-attribution on, or auto while it is on", filterable=False),
     Family("gpu_exporter_dra_resourceslices_errors_total", COUNTER, "1",
            "Failed ResourceSlice requests (version probes, lists and watches; an expired watch is not a failure).",
-           "self", "self", backends=REAL, when="--dra-attribution on, or auto while it is on", filterable=False),
+           "self", "self", when="--dra-attribution on, or auto while it is on", filterable=False),
     # --- the exporter itself (node_exporter's scrape_collector_*) --------------------------------------
     Family("gpu_exporter_build_info", GAUGE, "1", "gpu-exporter build; value is always 1.", "self", "self",
-           ("version", "python_version"), backends=ALL, filterable=False),
+           ("version", "python_version"), filterable=False, every_backend=True),
     Family("gpu_exporter_collector_success", GAUGE, "1", "1 when the backend's last collection succeeded.", "self",
-           "self", ("backend",), backends=ALL, filterable=False),
+           "self", ("backend",), filterable=False, every_backend=True),
     Family("gpu_exporter_collector_duration_seconds", GAUGE, "seconds", "Duration of the backend's last collection.",
-           "self", "self", ("backend",), backends=ALL, filterable=False),
+           "self", "self", ("backend",), filterable=False, every_backend=True),
     Family("gpu_exporter_collection_errors_total", COUNTER, "1",
            "Collection errors by backend and kind (docs/metrics.md lists the kinds).", "self", "self",
-           ("backend", "kind"), backends=ALL, when="after an error", filterable=False),
+           ("backend", "kind"), when="after an error", filterable=False, every_backend=True),
     Family("gpu_exporter_gpus", GAUGE, "1", "GPUs the backend returned in its last collection.", "self", "self",
-           ("backend",), backends=ALL, filterable=False),
+           ("backend",), filterable=False, every_backend=True),
     Family("gpu_exporter_last_success_timestamp_seconds", GAUGE, "seconds",
-           "Unix time of the backend's last successful collection.", "self", "self", ("backend",), backends=ALL,
-           filterable=False),
+           "Unix time of the backend's last successful collection.", "self", "self", ("backend",),
+           filterable=False, every_backend=True),
     Family("gpu_exporter_collections_total", COUNTER, "1", "Collections run by the backend.", "self", "self",
-           ("backend",), backends=ALL, filterable=False),
+           ("backend",), filterable=False, every_backend=True),
     Family("gpu_exporter_collection_interval_seconds", GAUGE, "seconds",
            "Minimum seconds between real reads of the backend: 0 reads on every scrape; CLI backends "
            "(rocm-smi, a subprocess) are read at most every COLLECTION_INTERVAL, default 10 s.", "self", "self",
-           ("backend",), backends=ALL, filterable=False),
+           ("backend",), filterable=False, every_backend=True),
 )
 
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
@@ -474,35 +476,17 @@ def markdown_table() -> str:
     return "".join(out).rstrip("\n") + "\n"
 
 
-def support_table() -> str:
-    """Which backend fills which family (docs/metrics.md; the contract test checks it on real fleets)."""
-    rows = ["| family | " + " | ".join(ALL) + " | when |", "|---|" + "---|" * len(ALL) + "---|"]
-    for f in FAMILIES:
-        if f.scope == "self":
-            continue
-        cells = " | ".join("yes" if b in f.backends else "no" for b in ALL)
-        rows.append(f"| `{f.name}` | {cells} | {f.when or 'always'} |")
-    return "\n".join(rows) + "\n"
-
-
-def render_docs(text: str) -> str:
-    """``text`` (docs/metrics.md) with its generated blocks replaced by the current schema."""
-    for marker, body in (("families", markdown_table()), ("support-table", support_table())):
+def render_blocks(text: str, blocks: dict[str, str]) -> str:
+    """``text`` with each ``<!-- name:begin -->`` ... ``<!-- name:end -->`` block replaced by ``blocks[name]``."""
+    for marker, body in blocks.items():
         begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
         head, _, rest = text.partition(begin)
         _, _, tail = rest.partition(end)
         if not rest:
-            raise ValueError(f"docs/metrics.md lacks the {begin} marker")
+            raise ValueError(f"the document lacks the {begin} marker")
         text = f"{head}{begin}\n{body}{end}{tail}"
     return text
 
 
 if __name__ == "__main__":
-    import sys
-    from pathlib import Path
-
-    if sys.argv[1:] == ["--write"]:
-        path = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
-        path.write_text(render_docs(path.read_text()))
-    else:
-        print(markdown_table(), end="")
+    print(markdown_table(), end="")  # docs/metrics.md: python -m exporter.backends --write-docs

@@ -17,6 +17,7 @@ import json
 from importlib import resources
 from typing import Any
 
+from exporter import backends
 from exporter.core.options import FieldFilter
 from exporter.core.schema import FAMILIES
 from exporter.core.snapshot import Snapshot
@@ -80,7 +81,7 @@ def families_view(fields: FieldFilter) -> dict[str, Any]:
     """Every metric family of the schema and what the field selection does with it."""
     return {"families": [
         {"name": f.name, "type": f.kind, "unit": f.unit, "help": f.help, "labels": list(f.all_labels),
-         "group": f.group, "backends": list(f.backends), "when": f.when or None,
+         "group": f.group, "backends": backends.supporters(f.name), "when": f.when or None,
          "state": "published" if fields.exposed(f.name) else "collected" if fields.enabled(f.name) else "off",
          "nvidia_smi": f.smi or None, "amd_smi": f.amd or None}
         for f in FAMILIES]}

@@ -8,6 +8,7 @@ into exit code 2 and one line naming the setting, the bad value and what is allo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -174,7 +175,7 @@ class Spec:
 
 SPECS: tuple[Spec, ...] = (
     Spec("backend", "--backend", "EXPORTER_BACKEND", _backend,
-         "auto | nvml | amdsmi | rocm-smi | simulated, or a comma list (default auto)"),
+         "auto | {backends}, or a comma list (default auto)"),
     Spec("allow_simulated", "--allow-simulated", "EXPORTER_ALLOW_SIMULATED", _bool,
          "let --backend auto fall back to the simulated backend when no GPU is found (never in production)"),
     Spec("address", "--address", "EXPORTER_ADDRESS", _address,
@@ -245,8 +246,12 @@ def build_parser(prog: str = "gpu-exporter serve") -> argparse.ArgumentParser:
     p = _OneLineParser(prog=prog, description="Serve GPU metrics for Prometheus.")
     p.add_argument("--config", dest="config_file", default=None, help="YAML config file (env EXPORTER_CONFIG)")
     p.add_argument("--check-config", action="store_true", help="validate the settings, print them, exit")
+    from exporter import backends  # the registry imports only light modules
+
+    known = " | ".join(backends.ordered())  # every backend file in exporter/backends/, so --help lists a new one
     for s in SPECS:
         env = f" (env {s.env})" if s.env else ""
+        s = dataclasses.replace(s, help=s.help.replace("{backends}", known))
         if s.parse is _bool:
             p.add_argument(s.flag, dest=s.name, nargs="?", const="true", default=None, metavar="true|false",
                            help=s.help + " (a bare flag means true)" + env)

@@ -27,13 +27,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter")
 
-SIMULATED_BANNER = (
-    "NO GPU FOUND: serving SIMULATED GPU data (backend=simulated). These numbers are not real. "
-    "Use --backend nvml|amdsmi|rocm-smi in production."
-)
-# --backend simulated chosen on purpose: no GPU was looked for, so none was "not found"
-SIMULATED_CHOSEN = ("serving SIMULATED GPU data (backend=simulated, scenario %s): these numbers are not real. "
-                    "Use --backend nvml|amdsmi|rocm-smi in production.")
+
+
+def _production_hint() -> str:
+    """"Use --backend nvml|amdsmi|... in production": the real backends, from the registry."""
+    return f"Use --backend {'|'.join(backends.auto_order())} in production."
+
+
+def simulated_banner() -> str:
+    return ("NO GPU FOUND: serving SIMULATED GPU data (backend=simulated). These numbers are not real. "
+            f"{_production_hint()}")
+
+
+def simulated_chosen(scenario: str) -> str:
+    """--backend simulated chosen on purpose: no GPU was looked for, so none was "not found"."""
+    return (f"serving SIMULATED GPU data (backend=simulated, scenario {scenario}): these numbers are not real. "
+            f"{_production_hint()}")
 
 
 def options_from(settings: config.Settings) -> BackendOptions:
@@ -57,14 +66,14 @@ def choose_backends(settings: config.Settings, options: BackendOptions) -> tuple
             return [found], {found.name}
         detail = "; ".join(reasons) or "no backends known"
         if settings.allow_simulated:
-            log.warning("%s (auto-detection: %s)", SIMULATED_BANNER, detail)
+            log.warning("%s (auto-detection: %s)", simulated_banner(), detail)
             return [backends.create("simulated", options)], set()
         log.error("no GPU backend available (%s); serving exporter self-metrics only", detail)
         return [], set()
     for name in settings.backend.split(","):
         b = backends.create(name, options)
         if name == "simulated":
-            log.warning(SIMULATED_CHOSEN, settings.simulated_scenario)
+            log.warning("%s", simulated_chosen(settings.simulated_scenario))
         chosen.append(b)
     return chosen, ready
 
