@@ -75,12 +75,13 @@ def sample(samples: dict[tuple[str, frozenset], float], metric: str, /, **labels
 
 class ExporterProcess:
     def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None, port: int | None = None,
-                 wait: bool = True) -> None:
+                 wait: bool = True, cwd: Path | None = None) -> None:
+        """``cwd``: where ``python -m exporter`` finds the package (default: this checkout)."""
         self.port = port or free_port()
         self.log_file = tempfile.NamedTemporaryFile(prefix="exporter-", suffix=".log", delete=False)  # noqa: SIM115
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         cmd = [sys.executable, "-m", "exporter", "serve", "--address", "127.0.0.1", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, env=full_env, cwd=REPO, stdout=self.log_file, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, env=full_env, cwd=cwd or REPO, stdout=self.log_file, stderr=subprocess.STDOUT)
         if wait:
             self.wait_healthy()
 

@@ -1,0 +1,109 @@
+"""Adding a vendor is one file: a minimal backend dropped into a copy of the package, and nothing else
+changed, is detected by ``--backend auto``, served, listed in ``--help`` and in the generated docs.
+
+The copy is the real package (``exporter/`` and ``docs/metrics.md``) in a temporary directory; the new
+module is the only file added, and no file of the copy is edited.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.exporter import REPO, ExporterProcess, parse_samples
+
+ACME = '''\
+"""A minimal vendor: two GPUs that report temperature and power."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from exporter.backends.base import Backend
+from exporter.core.readings import Collection, GpuReading
+
+
+class AcmeBackend(Backend):
+    name: ClassVar[str] = "acme"
+    vendor: ClassVar[str] = "acme"
+    auto_priority: ClassVar[int | None] = 1  # tried before every other backend
+    families: ClassVar[frozenset[str]] = frozenset({"gpu_temperature_celsius", "gpu_power_watts"})
+
+    def init(self) -> None:
+        pass
+
+    def collect(self, out: Collection) -> None:
+        for i in range(2):
+            out.gpus.append(GpuReading(index=i, uuid=f"ACME-{i}", vendor=self.vendor, name="Acme A1",
+                                       temperature_celsius={"gpu": 40.0 + i}, power_watts=100.0 + i))
+
+
+BACKEND = AcmeBackend
+'''
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the package with ``exporter/backends/acme.py`` added, and nothing else changed."""
+    root = tmp_path_factory.mktemp("tree")
+    shutil.copytree(REPO / "exporter", root / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "docs").mkdir()
+    shutil.copy(REPO / "docs" / "metrics.md", root / "docs" / "metrics.md")
+    (root / "exporter" / "backends" / "acme.py").write_text(ACME)
+    return root
+
+
+def _run(tree: Path, *args: str) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=tree, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_auto_detects_and_serves_it(tree: Path, tmp_path: Path) -> None:
+    with ExporterProcess(["--backend", "auto", "--sysfs-root", str(tmp_path)], cwd=tree) as ex:
+        text = ex.scrape_text()
+        log = ex.log()
+    assert "backend auto: using acme" in log
+    samples = parse_samples(text)
+    assert samples[("gpu_temperature_celsius", frozenset({("gpu", "1"), ("uuid", "ACME-1"), ("sensor", "gpu")}))] == 41
+    assert samples[("gpu_exporter_collector_success", frozenset({("backend", "acme")}))] == 1
+    assert 'vendor="acme"' in text and 'backend="acme"' in text
+    # its declaration is what it serves: the declared families, and those the exporter adds for every backend
+    served = {name for name, _ in samples if not name.startswith("gpu_exporter_")}
+    assert served == {"gpu_info", "gpu_up", "gpu_host_info", "gpu_temperature_celsius", "gpu_power_watts"}
+
+
+def test_help_lists_it(tree: Path) -> None:
+    out = _run(tree, "-m", "exporter", "serve", "--help")
+    assert "acme" in out.split("--backend BACKEND", 2)[2].split("--", 1)[0]
+
+
+def test_generated_docs_list_it(tree: Path) -> None:
+    _run(tree, "-m", "exporter.backends", "--write-docs")
+    docs = (tree / "docs" / "metrics.md").read_text()
+    table = docs.split("<!-- support-table:begin -->")[1].split("<!-- support-table:end -->")[0]
+    header = [c.strip() for c in table.strip().splitlines()[0].strip("|").split("|")]
+    assert header[1] == "acme", header  # --backend auto tries it first, so it comes first
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in table.strip().splitlines()[2:]}
+    assert rows["`gpu_power_watts`"][1] == "yes"
+    assert rows["`gpu_memory_used_bytes`"][1] == "no"
+    assert rows["`gpu_memory_used_bytes`"][header.index("nvml")] == "yes"  # the others' columns are kept
+    # the real checkout's docs are untouched
+    assert "| acme |" not in (REPO / "docs" / "metrics.md").read_text()
+
+
+def test_a_declared_family_must_exist(tree: Path, tmp_path: Path) -> None:
+    """A typo in ``families`` fails at discovery, naming the nearest family (it would drop a table cell)."""
+    bad = tmp_path / "bad"
+    shutil.copytree(tree / "exporter", bad / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
+    module = bad / "exporter" / "backends" / "acme.py"
+    module.write_text(module.read_text().replace('"gpu_power_watts"', '"gpu_power_wats"'))
+    done = subprocess.run([sys.executable, "-c", "from exporter import backends; backends.registry()"], cwd=bad,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "'acme' declares unknown metric family 'gpu_power_wats'; did you mean gpu_power_watts?" in done.stderr
