@@ -284,6 +284,7 @@ class SimulatedBackend(Backend):
         "gpu_clock_max_hertz", "gpu_pcie_link_generation", "gpu_pcie_link_generation_max", "gpu_pcie_link_width",
         "gpu_pcie_link_width_max", "gpu_throttle_reason_active", "gpu_power_default_limit_watts", "gpu_compute_mode",
         "gpu_recovery_action", "gpu_p2p_supported", "gpu_topology_level",
+        "gpu_pci_devices", "gpu_visible_devices",  # the simulated bus (issue 28: the table said no)
     })
     auto_priority: ClassVar[int | None] = None  # never part of --backend auto
 

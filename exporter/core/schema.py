@@ -171,7 +171,7 @@ FAMILIES: tuple[Family, ...] = (
        "amd-smi metric --pcie: replay_count"),
     _g("gpu_pcie_throughput_bytes_per_second", GAUGE, "bytes per second",
        "PCIe throughput by direction (tx, rx), bytes per second: from GPM where the GPU has it, else opt-in "
-       "(--pcie-throughput, about 40 ms per GPU).",
+       "(--pcie-throughput, about 40 ms per GPU: 20 ms for each direction).",
        "pcie", "pcie_throughput", "nvmlGpmMetricsGet PCIE_TX/RX_PER_SEC (MiB/s); else "
        "nvmlDeviceGetPcieThroughput (KB/s)", "nvidia-smi dmon -s t",
        "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"pcie\"}[5m]))", labels=("direction",),
@@ -402,9 +402,24 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpu_exporter_collections_total", COUNTER, "1", "Collections run by the backend.", "self", "self",
            ("backend",), filterable=False, every_backend=True),
     Family("gpu_exporter_collection_interval_seconds", GAUGE, "seconds",
-           "Minimum seconds between real reads of the backend: 0 reads on every scrape; CLI backends "
+           "Minimum seconds between real reads of the backend: 0 reads on scrape, at most once per "
+           "--cache-ttl (default 1 s); CLI backends "
            "(rocm-smi, a subprocess) are read at most every COLLECTION_INTERVAL, default 10 s.", "self", "self",
            ("backend",), filterable=False, every_backend=True),
+    # The exporter process itself, as every Prometheus client library publishes it (issue 28), read
+    # from /proc/self by prometheus_client's ProcessCollector; absent where there is no /proc.
+    Family("process_cpu_seconds_total", COUNTER, "seconds", "User and system CPU time of the exporter process.",
+           "self", "self", every_backend=True, when="Linux (/proc)", filterable=False),
+    Family("process_resident_memory_bytes", GAUGE, "bytes", "Resident memory (RSS) of the exporter process.",
+           "self", "self", every_backend=True, when="Linux (/proc)", filterable=False),
+    Family("process_virtual_memory_bytes", GAUGE, "bytes", "Virtual memory size of the exporter process.",
+           "self", "self", every_backend=True, when="Linux (/proc)", filterable=False),
+    Family("process_start_time_seconds", GAUGE, "seconds", "Unix time the exporter process started.",
+           "self", "self", every_backend=True, when="Linux (/proc)", filterable=False),
+    Family("process_open_fds", GAUGE, "1", "File descriptors the exporter process holds open.",
+           "self", "self", every_backend=True, when="Linux (/proc)", filterable=False),
+    Family("process_max_fds", GAUGE, "1", "The exporter process's limit on open file descriptors (ulimit -n).",
+           "self", "self", every_backend=True, when="Linux (/proc)", filterable=False),
 )
 
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
@@ -469,7 +484,7 @@ def markdown_table() -> str:
             if f.when:
                 extra += f" Present: {f.when}."
             if not f.filterable:
-                extra += " Always published."
+                extra += " Field selection (--fields-include/--fields-exclude) never removes it."
             out.append(f"| `{f.name}` | {f.kind} | {f.unit} | {labels} | {_cell(f.nvml)} | {_cell(f.smi)} | "
                        f"{_cell(f.amd)} | {_cell(f.help)}{extra} |\n")
         out.append("\n")

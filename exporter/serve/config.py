@@ -208,7 +208,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("proc_root", "--proc-root", "PROC_ROOT", _file,
          "the host's /proc, mounted read-only, for --per-process's PID-to-pod mapping (default /proc)"),
     Spec("pcie_throughput", "--pcie-throughput", "EXPORTER_PCIE_THROUGHPUT", _bool,
-         "read PCIe TX/RX throughput (about 20 ms per GPU per read on NVIDIA; default false)"),
+         "read PCIe TX/RX throughput (about 40 ms per GPU per collection on NVIDIA, 20 ms for each "
+         "direction; default false)"),
     Spec("rocm_smi_path", "--rocm-smi-path", "ROCM_SMI_PATH", _file,
          "rocm-smi binary for the rocm-smi backend (default: PATH, then /opt/rocm/bin/rocm-smi)"),
     Spec("command_timeout", "--command-timeout", "COMMAND_TIMEOUT", _seconds(0.1, 120),

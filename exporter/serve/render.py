@@ -19,7 +19,7 @@ import math
 import platform
 import re
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from exporter.core.options import FieldFilter
 from exporter.core.readings import Collection, GpuReading, PeerReading
@@ -68,12 +68,15 @@ class _Out:
         self.om = openmetrics
         self.parts: list[str] = []
 
-    def family(self, name: str, kind: str, help_: str, body: str) -> None:
+    def family(self, name: str, kind: str, help_: str, body: str, unit: str = "1") -> None:
         if not body:
             return
         if self.om and kind == COUNTER and name.endswith("_total"):
             name = name[: -len("_total")]  # OpenMetrics names the counter family without _total
         self.parts.append(f"# HELP {name} {_esc_help(help_, self.om)}\n# TYPE {name} {kind}\n")
+        om_unit = unit.replace(" ", "_")
+        if self.om and unit != "1" and name.endswith("_" + om_unit):  # OpenMetrics: the unit is the name's suffix
+            self.parts.append(f"# UNIT {name} {om_unit}\n")
         self.parts.append(body)
 
 
@@ -84,7 +87,8 @@ def _render_metric(out: _Out, m: Metric) -> None:
     name = m.name + "_total" if kind == COUNTER and not m.name.endswith("_total") else m.name
     body = "".join(f"{s.name}{{{labelstr(s.labels)}}} {num(float(s.value))}\n" if s.labels
                    else f"{s.name} {num(float(s.value))}\n" for s in m.samples)
-    out.family(name, kind, m.documentation, body)
+    fam = FAMILY_BY_NAME.get(name)
+    out.family(name, kind, m.documentation, body, fam.unit if fam is not None else "1")
 
 
 # --- topology cache -------------------------------------------------------------------------
@@ -130,7 +134,23 @@ def _topology_bodies(peers: list[PeerReading], up: frozenset[int], uuids: dict[i
 
 def _emit(out: _Out, name: str, body: str) -> None:
     f = FAMILY_BY_NAME[name]
-    out.family(f.name, f.kind, f.help, body)
+    out.family(f.name, f.kind, f.help, body, f.unit)
+
+
+_process: list[Any] = []  # prometheus_client's ProcessCollector, made on first use
+
+
+def _process_families(out: _Out) -> None:
+    """process_* of the exporter itself (CPU, memory, start time, file descriptors) from /proc/self,
+    with the schema's names and help; nothing where /proc is missing."""
+    if not _process:
+        from prometheus_client import ProcessCollector
+
+        _process.append(ProcessCollector(registry=None))
+    for m in _process[0].collect():
+        for s in m.samples:
+            if s.name in FAMILY_BY_NAME:
+                _emit(out, s.name, f"{s.name} {num(float(s.value))}\n")
 
 
 def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
@@ -175,7 +195,7 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
                 for key, v in getattr(r, attr).items():
                     pairs = ",".join(f'{ln}="{esc(str(k))}"' for ln, k in zip(fam.labels, key, strict=True))
                     lines.append(f"{name}{{{b},{pairs}}} {num(v)}\n")
-        out.family(name, fam.kind, fam.help, "".join(lines))
+        out.family(name, fam.kind, fam.help, "".join(lines), fam.unit)
 
     mig_hook = snap.mig_labels
     for fam in MIG_FAMILIES:
@@ -195,7 +215,7 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
                         mb = f"{b},{labelstr(held)}"
                 lines.append(f'{fam.name}{{{mb},gpu_instance="{mig.gpu_instance_id}",compute_instance="{ci}",'
                              f'mig_profile="{esc(mig.profile or "")}",mig_uuid="{esc(mig.uuid or "")}"}} {num(v)}\n')
-        out.family(fam.name, fam.kind, fam.help, "".join(lines))
+        out.family(fam.name, fam.kind, fam.help, "".join(lines), fam.unit)
 
     want_p2p, want_topo = fields.exposed("gpu_p2p_supported"), fields.exposed("gpu_topology_level")
     p2p_body, topo_body = [], []
@@ -277,6 +297,7 @@ def _self_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
             f'gpu_exporter_collection_interval_seconds{{backend="{esc(backend)}"}} {num(every)}\n')
     for family_name, body in lines.items():
         _emit(out, family_name, "".join(body))
+    _process_families(out)
     for m in snap.extra_families:
         fam = FAMILY_BY_NAME.get(m.name + "_total" if m.type == COUNTER and not m.name.endswith("_total")
                                  else m.name)
