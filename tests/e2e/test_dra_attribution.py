@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.fakes import dra_slices as ds
 from tests.fakes.kubelet import FakeKubelet, pod, response
 from tests.harness.exporter import REPO, ExporterProcess, free_port, parse_samples
@@ -30,7 +32,8 @@ def labelled(text: str, metric: str) -> dict[tuple[str, str], str]:
     return out
 
 
-def test_dra_and_mig_pod_labels_end_to_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_dra_and_mig_pod_labels_end_to_end(tmp_path: Path, mode: str) -> None:
     with FakeKubeAPI() as api, FakeKubelet() as kubelet:
         api.slice_versions = ("v1beta1",)  # a 1.32 API server
         api.put_resource_slice(ds.resource_slice("sim-node-gpu", NODE, ds.NVIDIA, [
@@ -47,7 +50,7 @@ def test_dra_and_mig_pod_labels_end_to_end(tmp_path: Path) -> None:
         env = {"KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")), "NODE_NAME": NODE}
         with ExporterProcess(["--backend", "simulated", "--simulated-gpus", "2", "--simulated-scenario", "mig",
                               "--cache-ttl", "0", "--pod-attribution", "on", "--pod-resources-socket", kubelet.path,
-                              "--pod-resources-interval", "1", "--dra-attribution", "on"], env=env) as ex:
+                              "--pod-resources-interval", "1", "--dra-attribution", mode], env=env) as ex:
             want = {("1", ""): "dra-full", ("0", MIG.format(0, 1)): "dra-mig", ("0", MIG.format(0, 2)): "dra-mig-2",
                     ("0", MIG.format(0, 0)): "plugin-mig"}
 
