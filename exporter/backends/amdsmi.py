@@ -61,11 +61,12 @@ from exporter.backends.base import (
     si,
 )
 from exporter.core.options import BackendOptions
-from exporter.core.pci import AMD_VENDOR, canonical_bus_id, count_pci_gpus
+from exporter.core.pci import canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 from exporter.core.schema import GPU_FAMILIES, TOPOLOGY_LEVELS
 
 log = logging.getLogger(__name__)
+PCI_VENDOR = 0x1002  # AMD: the sysfs ``vendor`` of its GPUs (gpu_pci_devices)
 
 _FAMILY_OF_ATTR = {f.attr: f.name for f in GPU_FAMILIES}
 _ATTR_OF_FAMILY = {f.name: f.attr for f in GPU_FAMILIES}
@@ -550,7 +551,7 @@ class AmdSmiBackend(Backend):
             out.gpus.append(self._read(d, out))
         out.peers = self._peers  # static until re-init: the renderer caches its text
         if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
-            out.pci_devices = count_pci_gpus(self.options.sysfs_root, AMD_VENDOR)
+            out.pci_devices = count_pci_gpus(self.options.sysfs_root, PCI_VENDOR)
 
     def _read(self, d: _Device, out: Collection) -> GpuReading:
         r = GpuReading(

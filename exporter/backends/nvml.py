@@ -52,10 +52,11 @@ from exporter.backends.base import (
     si,
 )
 from exporter.backends.nvml_gpm import GpmReader
-from exporter.core.pci import NVIDIA_VENDOR, canonical_bus_id, count_pci_gpus, nvidia_proc_uuid, pci_gpus
+from exporter.core.pci import canonical_bus_id, count_pci_gpus, nvidia_proc_uuid, pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
 log = logging.getLogger(__name__)
+PCI_VENDOR = 0x10DE  # NVIDIA: the sysfs ``vendor`` of its GPUs (gpu_pci_devices)
 _K = TypeVar("_K", bound=Hashable)  # the key a per-link value is filed under
 
 # NVML return codes (nvml.h)
@@ -485,13 +486,13 @@ class NvmlBackend(Backend):
                 self._read_topology(out)
         out.xid_counts, out.xid_last_seconds = self._xid.snapshot()
         if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
-            out.pci_devices = count_pci_gpus(self.options.sysfs_root, NVIDIA_VENDOR)
+            out.pci_devices = count_pci_gpus(self.options.sysfs_root, PCI_VENDOR)
 
     def _identity_from_sysfs(self, r: GpuReading) -> None:
         """A GPU lost before its first read: its bus ID from sysfs (NVML numbers GPUs in PCI bus
         order, so index i is the i-th NVIDIA GPU on the bus when the counts agree) and its UUID
         from the driver's procfs, so that its series carry real labels."""
-        buses = pci_gpus(self.options.sysfs_root, NVIDIA_VENDOR)
+        buses = pci_gpus(self.options.sysfs_root, PCI_VENDOR)
         if buses is None or len(buses) != len(self._gpus) or not 0 <= r.index < len(buses):
             return
         r.pci_bus_id = r.pci_bus_id or buses[r.index]

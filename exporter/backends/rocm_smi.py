@@ -61,10 +61,10 @@ import subprocess
 import time
 from typing import Any, ClassVar
 
-from exporter.backends.amdsmi import amd_uuid, dedupe_uuids, is_na
+from exporter.backends.amdsmi import PCI_VENDOR, amd_uuid, dedupe_uuids, is_na
 from exporter.backends.base import BAD_VALUE, DRIVER, Backend, BackendError, BackendUnavailable
 from exporter.core.options import BackendOptions
-from exporter.core.pci import AMD_VENDOR, canonical_bus_id, count_pci_gpus
+from exporter.core.pci import canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading
 
 log = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ class RocmSmiBackend(Backend):
             readings = self._read()
         out.gpus.extend(readings)
         if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
-            out.pci_devices = count_pci_gpus(self.options.sysfs_root, AMD_VENDOR)
+            out.pci_devices = count_pci_gpus(self.options.sysfs_root, PCI_VENDOR)
 
     def _read(self) -> list[GpuReading]:
         if self._binary is None:

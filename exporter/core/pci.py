@@ -16,8 +16,6 @@ import os
 import re
 import threading
 
-NVIDIA_VENDOR = 0x10DE
-AMD_VENDOR = 0x1002
 # PCI class 0x03: display controllers (0x0300 VGA, 0x0302 3D). Excludes the same vendor's
 # audio functions (0x0403), USB-C controllers (0x0c03) and NVSwitch bridges (0x0680).
 DISPLAY_CLASS = 0x03

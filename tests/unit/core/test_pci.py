@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from exporter.core import pci
-from exporter.core.pci import AMD_VENDOR, NVIDIA_VENDOR, count_pci_gpus, pci_gpus
+from exporter.core.pci import count_pci_gpus, pci_gpus
 from tests.fakes.fakenvml import make_sysfs
 
 GPU, AUDIO, VGA = 0x030200, 0x040300, 0x030000
+
+NVIDIA_VENDOR, AMD_VENDOR = 0x10DE, 0x1002  # PCI vendor IDs (the backends declare theirs)
 
 
 def _replace(path: Path, text: str) -> None:
