@@ -28,6 +28,10 @@ from __future__ import annotations
 import difflib
 import fnmatch
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 GAUGE, COUNTER = "gauge", "counter"
 
@@ -438,6 +442,18 @@ def family(name: str) -> Family:
         return FAMILY_BY_NAME[name]
     except KeyError:
         raise KeyError(unknown_family_message(name)) from None
+
+
+def metric(name: str, value: float | None = None) -> GaugeMetricFamily | CounterMetricFamily:
+    """An empty ``prometheus_client`` family for a plugin (pod attribution), with the row's name, help
+    and labels, so that no plugin writes them again; ``value``: the one sample of a label-less family."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    f = family(name)
+    labels = None if value is not None else list(f.all_labels)
+    if f.kind == COUNTER:
+        return CounterMetricFamily(f.base, f.help, value=value, labels=labels)
+    return GaugeMetricFamily(f.base, f.help, value=value, labels=labels)
 
 
 def unknown_family_message(name: str) -> str:

@@ -42,9 +42,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.core import schema
 from exporter.core.pci import canonical_bus_id
 from exporter.core.readings import GpuReading, MigReading
 from exporter.k8s.resourceslices import GPU_DRIVERS
@@ -352,20 +352,9 @@ class PodAttribution:
             duration = self._last_duration
         fresh = time.monotonic() - view.taken <= self.max_age
 
-        info = GaugeMetricFamily(
-            "gpu_allocation_info",
-            "One series per device the kubelet allocated to a container on this GPU; value is always 1. "
-            "shared = number of allocations on the GPU (1: exclusive); claim, claim_namespace: the DRA "
-            "ResourceClaim (empty for device plugins).",
-            labels=["gpu", "uuid", "pod", "namespace", "container", "resource", "device", "shared", "claim",
-                    "claim_namespace"],
-        )
-        devices = GaugeMetricFamily(
-            "gpu_exporter_pod_resources_devices",
-            "Devices in the last pod-resources List: allocated (matched to a GPU), unmapped (a GPU "
-            "resource matching no GPU read here), ignored (not a GPU resource).",
-            labels=["status"],
-        )
+        # name, help and labels are the schema rows' (the labels in the row's order)
+        info = schema.metric("gpu_allocation_info")
+        devices = schema.metric("gpu_exporter_pod_resources_devices")
         gpus = self._gpus
         if fresh:
             devices.add_metric(["ignored"], float(view.ignored_devices))
@@ -383,27 +372,15 @@ class PodAttribution:
                 devices.add_metric(["unmapped"], float(len(unmapped)))
                 self._log_unmapped(unmapped)
 
-        up = GaugeMetricFamily(
-            "gpu_exporter_pod_attribution_up",
-            "1 when pod labels come from a kubelet pod-resources List younger than the staleness limit.",
-            value=1.0 if fresh else 0.0,
-        )
-        errs = CounterMetricFamily(
-            "gpu_exporter_pod_resources_errors",
-            "Failed pod-resources List attempts by kind (socket_missing, timeout, unavailable, ...).",
-            labels=["kind"],
-        )
+        up = schema.metric("gpu_exporter_pod_attribution_up", 1.0 if fresh else 0.0)
+        errs = schema.metric("gpu_exporter_pod_resources_errors_total")
         for kind, n in errors.items():
             errs.add_metric([kind], float(n))
         out: list[Metric] = [info, up, errs, devices]
         if last_success is not None:
-            out.append(GaugeMetricFamily(
-                "gpu_exporter_pod_resources_last_success_timestamp_seconds",
-                "Unix time of the last successful pod-resources List.", value=last_success))
+            out.append(schema.metric("gpu_exporter_pod_resources_last_success_timestamp_seconds", last_success))
         if duration is not None:
-            out.append(GaugeMetricFamily(
-                "gpu_exporter_pod_resources_list_duration_seconds",
-                "Duration of the last successful pod-resources List call in seconds.", value=duration))
+            out.append(schema.metric("gpu_exporter_pod_resources_list_duration_seconds", duration))
         return out
 
     # --- background thread ---------------------------------------------------------------------

@@ -38,9 +38,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from exporter.core import schema
 from exporter.core.readings import GpuReading
 from exporter.k8s import cgroup
 
@@ -49,11 +49,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PROC_ROOT = "/proc"
 STATUSES = ("in_pod", "outside_pod", "unknown_pod", "gone")
 Holder = tuple[str, str, str]  # namespace, pod, container
-_LABELS = ["gpu", "uuid", "pod", "namespace", "container"]
-_UTIL_HELP = ("Share of time the pod's processes ran kernels on this GPU (0-1): the sum over its compute processes, "
-              "capped at 1; pod empty: processes outside any pod. container is set when one container holds them.")
-_MEM_HELP = ("Device memory used by the pod's compute processes on this GPU, in bytes (pod empty: processes outside "
-             "any pod).")
 
 
 @dataclass(frozen=True)
@@ -163,8 +158,8 @@ def build(readings: Iterable[GpuReading], index: PodIndex, proc_root: str = DEFA
 
 
 def render(view: View) -> list[Metric]:
-    util = GaugeMetricFamily("gpu_pod_utilization_ratio", _UTIL_HELP, labels=_LABELS)
-    mem = GaugeMetricFamily("gpu_pod_memory_used_bytes", _MEM_HELP, labels=_LABELS)
+    util = schema.metric("gpu_pod_utilization_ratio")  # name, help and labels: the schema rows'
+    mem = schema.metric("gpu_pod_memory_used_bytes")
     for gpu, uuid, rows in view.gpus:
         for (ns, pod, container), reading in rows:
             labels = [gpu, uuid, pod, ns, container]
@@ -172,11 +167,7 @@ def render(view: View) -> list[Metric]:
                 util.add_metric(labels, reading.utilization)
             if reading.memory is not None:
                 mem.add_metric(labels, reading.memory)
-    procs = GaugeMetricFamily(
-        "gpu_exporter_pod_processes",
-        "GPU processes at the last per-pod build by status: in_pod (mapped), outside_pod (no pod cgroup), "
-        "unknown_pod (a pod cgroup this node's pod watch does not know), gone (no /proc entry).",
-        labels=["status"])
+    procs = schema.metric("gpu_exporter_pod_processes")
     for status in STATUSES:
         procs.add_metric([status], float(view.processes.get(status, 0)))
     return [util, mem, procs]

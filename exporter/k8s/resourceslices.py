@@ -276,19 +276,13 @@ class ResourceSliceWatch:
 
     def families(self) -> list[Metric]:
         """``gpu_exporter_dra_attribution_up`` and ``..._resourceslices_errors_total``; nothing once auto gave up."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        from exporter.core.schema import FAMILY_BY_NAME
+        from exporter.core import schema
 
         if self.off:
             return []
         up = self.version is not None and self.synced.is_set()
-        errors = FAMILY_BY_NAME["gpu_exporter_dra_resourceslices_errors_total"]
-        return [
-            GaugeMetricFamily("gpu_exporter_dra_attribution_up", FAMILY_BY_NAME["gpu_exporter_dra_attribution_up"].help,
-                              value=1.0 if up else 0.0),
-            CounterMetricFamily(errors.name.removesuffix("_total"), errors.help, value=float(self.errors)),
-        ]
+        return [schema.metric("gpu_exporter_dra_attribution_up", 1.0 if up else 0.0),
+                schema.metric("gpu_exporter_dra_resourceslices_errors_total", float(self.errors))]
 
     def _changed(self, objects: Mapping[str, Any]) -> None:
         """The whole set of this node's slices changed: rebuild the index (replaced whole)."""

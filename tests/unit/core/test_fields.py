@@ -90,3 +90,22 @@ def test_schema_rows_are_consistent() -> None:
                 assert f.unit == unit_word, f"{f.name}: unit {f.unit}"
         if f.name.endswith("_ratio"):
             assert f.unit == "ratio", f.name
+
+
+def test_help_text_is_written_only_in_its_row() -> None:
+    """No family's help appears anywhere in the package but its schema row: plugins, the renderer and the
+    tools take it from ``schema.family(...)`` (implicitly concatenated literals are one constant to ``ast``)."""
+    import ast
+
+    texts = {f.help: f.name for f in schema.FAMILIES}
+    heads = {h[:40]: n for h, n in texts.items() if len(h) >= 40}
+    found = []
+    for path in sorted((REPO / "exporter").rglob("*.py")):
+        if path.name == "schema.py" and path.parent.name == "core":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                hit = texts.get(node.value) or next((n for h, n in heads.items() if h in node.value), None)
+                if hit:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: help of {hit}")
+    assert not found, "\n".join(found)
