@@ -5,11 +5,14 @@ Real Prometheus (Debian package) on 127.0.0.1 holding 35 minutes of synthetic hi
 Kubernetes API server with N nodes, and the profiler with its defaults (30 min window,
 k=2, 16 MiB answer cap). The profiler runs as its own process (``gpu-exporter profile
 --once``), so its peak RSS (``VmHWM``, which it logs) is its own, not this script's.
-Two cycles are timed: the first one patches every node (nothing was annotated yet), the
-second one finds nothing changed and must send no patch.
+Two cycles are timed: the first one patches every node (nothing was annotated yet) and sets
+every node's GPUHealthy condition (one nodes/status patch each), the second one finds nothing
+changed and must send no patch and no condition write. ``--periodic-only`` makes every GPU
+periodic (every GPU needs its utilisation range: the slowest fleet to read and classify);
+``--conditions off`` runs the profiler with ``--health-condition off``.
 
 ``run_bench(nodes)`` returns a dict of figures; ``python -m bench.profiler
-100 1000`` prints them as a markdown table.
+100 1000 [--periodic-only] [--conditions off]`` prints them as a markdown table.
 """
 
 from __future__ import annotations
@@ -46,15 +49,16 @@ SPAN = 35 * 60.0
 WINDOW = 30 * 60.0
 
 
-def _fleet(nodes: int, end: float, seed: int = 7) -> list[GpuHistory]:
-    """A plausible cluster mix: 30% idle, 25% steady, 20% periodic, 15% bursty, 10% leaking."""
+def _fleet(nodes: int, end: float, seed: int = 7, periodic_only: bool = False) -> list[GpuHistory]:
+    """A plausible cluster mix: 30% idle, 25% steady, 20% periodic, 15% bursty, 10% leaking
+    (``periodic_only``: every GPU periodic)."""
     rng = random.Random(seed)
     ts = sample_times(end, SPAN, INTERVAL)
     out = []
     for n in range(nodes):
         node = f"node-{n:04d}"
         for g in range(GPUS_PER_NODE):
-            r = rng.random()
+            r = 0.6 if periodic_only else rng.random()
             srng = random.Random(rng.getrandbits(32))
             u: Callable[[random.Random, list[float]], list[float]]
             if r < 0.30:
@@ -94,12 +98,12 @@ def _write(path: Path, hist: list[GpuHistory]) -> int:
     return samples
 
 
-def run_bench(nodes: int) -> dict[str, Any]:
+def run_bench(nodes: int, periodic_only: bool = False, conditions: bool = True) -> dict[str, Any]:
     """One profiler cycle (and a no-change second cycle) for ``nodes`` x 8 GPUs; returns figures."""
     end = float(int(time.time()) - 30)
     with tempfile.TemporaryDirectory(prefix="profiler-bench-") as tmp:
         t0 = time.perf_counter()
-        hist = _fleet(nodes, end)
+        hist = _fleet(nodes, end, periodic_only=periodic_only)
         samples = _write(Path(tmp) / "history.om", hist)
         gen_s = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -115,10 +119,11 @@ def run_bench(nodes: int) -> dict[str, Any]:
             kubeconfig = api.kubeconfig(Path(tmp) / "kubeconfig")
             # evaluated at the history's end: generating 10,000 nodes' history takes minutes
             prom_pid = prom._proc.pid if prom._proc is not None else None
-            first = _once(prom.url, kubeconfig, Path(tmp) / "first.log", end, prom_pid)
+            extra = [] if conditions else ["--health-condition", "off"]
+            first = _once(prom.url, kubeconfig, Path(tmp) / "first.log", end, prom_pid, extra)
             patches_first = len([r for r in api.patches() if r.resource == "nodes"])
             api.clear_requests()
-            second = _once(prom.url, kubeconfig, Path(tmp) / "second.log", end, prom_pid)
+            second = _once(prom.url, kubeconfig, Path(tmp) / "second.log", end, prom_pid, extra)
             patches_second = len([r for r in api.patches() if r.resource == "nodes"])
             got = {(n, k[len("gpu-exporter.io/gpu-"):-len(".pattern")]): v
                    for n in api.nodes() for k, v in api.node(n)["metadata"]["annotations"].items()
@@ -128,6 +133,7 @@ def run_bench(nodes: int) -> dict[str, Any]:
                      for n in api.nodes()]
     return {
         "nodes": nodes,
+        "fleet": ("periodic only" if periodic_only else "mix") + ("" if conditions else ", conditions off"),
         "gpus": nodes * GPUS_PER_NODE,
         "samples": samples,
         "history_s": round(gen_s, 1),
@@ -143,6 +149,7 @@ def run_bench(nodes: int) -> dict[str, Any]:
         "queries_second_cycle": second["queries"],
         "patches_first": patches_first,
         "patches_second": patches_second,
+        "condition_writes": [first["condition_writes"], second["condition_writes"]],
         "errors": [first["errors"], second["errors"]],
         "peak_rss_mib": max(first["peak_rss_mib"], second["peak_rss_mib"]),
         "largest_answer_mib": round(max(first["largest_answer"], second["largest_answer"]) / 2**20, 2),
@@ -152,7 +159,8 @@ def run_bench(nodes: int) -> dict[str, Any]:
 
 
 _CYCLE = re.compile(r"cycle: ([0-9.]+)s \(read ([0-9.]+)s, classify ([0-9.]+)s, write ([0-9.]+)s\), (\d+) queries "
-                    r"in (\d+) shards, largest answer (\d+) bytes, peak RSS ([0-9.]+) MiB, .* errors: (\S+)")
+                    r"in (\d+) shards, largest answer (\d+) bytes, peak RSS ([0-9.]+) MiB, .* (\d+) condition writes, "
+                    r"errors: (\S+)")
 
 
 def _cpu_s(pid: int | None) -> float:
@@ -166,7 +174,8 @@ def _cpu_s(pid: int | None) -> float:
         return 0.0
 
 
-def _once(prom_url: str, kubeconfig: Path, log: Path, at: float, prom_pid: int | None = None) -> dict[str, Any]:
+def _once(prom_url: str, kubeconfig: Path, log: Path, at: float, prom_pid: int | None = None,
+          extra: list[str] | None = None) -> dict[str, Any]:
     """One ``gpu-exporter profile --once`` process: its cycle figures and peak RSS (``VmHWM`` of its own
     image, from its log line; ``ru_maxrss`` would count this large process it was forked from).
 
@@ -174,7 +183,7 @@ def _once(prom_url: str, kubeconfig: Path, log: Path, at: float, prom_pid: int |
     process (start-up included), Prometheus, and this process, which does nothing but serve
     the fake API server meanwhile."""
     argv = [sys.executable, "-m", "exporter", "profile", "--prometheus-url", prom_url, "--kubeconfig",
-            str(kubeconfig), "--once", "--at", str(at), "--prometheus-timeout", "60s"]
+            str(kubeconfig), "--once", "--at", str(at), "--prometheus-timeout", "60s", *(extra or [])]
     prom0, self0 = _cpu_s(prom_pid), time.process_time()
     with open(log, "wb") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
@@ -188,16 +197,18 @@ def _once(prom_url: str, kubeconfig: Path, log: Path, at: float, prom_pid: int |
     if m is None:
         raise RuntimeError(f"profiler exited {proc.returncode} without a cycle line:\n{text[-2000:]}")
     return {"cycle_s": float(m[1]), "read_s": float(m[2]), "classify_s": float(m[3]), "write_s": float(m[4]),
-            "queries": int(m[5]), "shards": int(m[6]), "largest_answer": int(m[7]), "errors": m[9],
-            "peak_rss_mib": float(m[8]), **cpu}
+            "queries": int(m[5]), "shards": int(m[6]), "largest_answer": int(m[7]), "errors": m[10],
+            "condition_writes": int(m[9]), "peak_rss_mib": float(m[8]), **cpu}
 
 
 def to_markdown(rows: list[dict[str, Any]]) -> str:
     cols = [
-        ("nodes", "nodes"), ("gpus", "GPUs"), ("samples", "samples backfilled"),
+        ("nodes", "nodes"), ("fleet", "fleet"), ("gpus", "GPUs"), ("samples", "samples backfilled"),
         ("cycle_first_s", "first cycle (s)"), ("cycle_steady_s", "no-change cycle (s)"),
         ("queries_per_cycle", "queries / cycle"), ("shards", "shards"), ("patches_first", "patches, first cycle"),
-        ("patches_second", "patches, no-change cycle"), ("classified_as_generated", "classified as generated"),
+        ("patches_second", "patches, no-change cycle"),
+        ("condition_writes", "condition writes: first / no-change cycle"),
+        ("classified_as_generated", "classified as generated"),
         ("max_annotation_bytes", "largest node annotations (bytes)"),
         ("peak_rss_mib", "profiler peak RSS (MiB)"), ("largest_answer_mib", "largest answer (MiB)"),
     ]
@@ -222,10 +233,18 @@ if __name__ == "__main__":
         i = args.index("--write")
         target = Path(args[i + 1])
         del args[i:i + 2]
+    periodic = "--periodic-only" in args
+    if periodic:
+        args.remove("--periodic-only")
+    conds = True
+    if "--conditions" in args:
+        i = args.index("--conditions")
+        conds = args[i + 1] != "off"
+        del args[i:i + 2]
     counts = [int(a) for a in args] or [100, 1000]
     rows = []
     for c in counts:
-        row = run_bench(c)
+        row = run_bench(c, periodic_only=periodic, conditions=conds)
         print(row, file=sys.stderr)
         rows.append(row)
     md = to_markdown(rows)

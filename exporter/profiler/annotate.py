@@ -32,6 +32,7 @@ KUBE_BAD_RESPONSE = "kube_bad_response"
 KINDS = (KUBE_FORBIDDEN, KUBE_CONFLICT, KUBE_SERVER, KUBE_UNREACHABLE, KUBE_REJECTED, KUBE_BAD_RESPONSE)
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 class KubeError(Exception):
@@ -55,6 +56,7 @@ class NodeInfo:
     name: str
     annotations: dict[str, str]
     resource_version: str
+    condition: dict[str, str] | None = None  # its GPUHealthy condition (health.py), if any
 
 
 def _node_info(obj: Any, keep: str | None = None) -> NodeInfo:
@@ -68,7 +70,17 @@ def _node_info(obj: Any, keep: str | None = None) -> NodeInfo:
         raise KubeError(KUBE_BAD_RESPONSE, "a Node's annotations are not an object")
     return NodeInfo(name=str(meta.get("name", "")),
                     annotations={str(k): str(v) for k, v in ann.items() if keep is None or str(k).startswith(keep)},
-                    resource_version=str(meta.get("resourceVersion", "")))
+                    resource_version=str(meta.get("resourceVersion", "")), condition=_condition(obj))
+
+
+def _condition(obj: dict[str, Any], kind: str = "GPUHealthy") -> dict[str, str] | None:
+    """The node's ``kind`` condition (strings only), None without one."""
+    status = obj.get("status")
+    conds = status.get("conditions") if isinstance(status, dict) else None
+    for c in conds if isinstance(conds, list) else ():
+        if isinstance(c, dict) and c.get("type") == kind:
+            return {str(k): str(v) for k, v in c.items() if isinstance(v, str)}
+    return None
 
 
 _VERBS = {"GET": "get", "PATCH": "patch", "LIST": "list"}
@@ -186,6 +198,25 @@ class NodeStore:
         doc = self._call("PATCH", f"node {name}", lambda: self.api.patch_node(
             name, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=self.timeout))
         return _node_info(doc, self.keep)
+
+
+    def patch_condition(self, name: str, condition: dict[str, str]) -> None:
+        """One strategic merge patch of ``nodes/{name}/status`` setting this condition: the
+        conditions list merges by ``type``, so no other condition is touched (a JSON merge patch
+        would replace the whole list). RBAC: ``patch`` on ``nodes/status``."""
+        body = {"status": {"conditions": [condition]}}
+        self.writes_sent += 1
+        try:
+            self._call("PATCH", f"node {name} status", lambda: self.api.patch_node_status(
+                name, body, _content_type=STRATEGIC_MERGE_PATCH, _preload_content=False,
+                _request_timeout=self.timeout))
+        except KubeError as exc:
+            if exc.kind != KUBE_FORBIDDEN:
+                raise
+            raise KubeError(KUBE_FORBIDDEN, (
+                f"forbidden to patch node {name} status: the profiler's service account needs RBAC verb 'patch' "
+                "on 'nodes/status' (ClusterRole rule: apiGroups [''], resources ['nodes/status'], verbs "
+                "['patch']), and its admission policy must allow the GPUHealthy condition")) from None
 
 
 def _reason(exc: Any) -> str:

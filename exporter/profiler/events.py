@@ -1,4 +1,5 @@
-"""Kubernetes Events on a Node when one of its GPUs turns ``growing`` or ``allocated-idle``.
+"""Kubernetes Events on a Node when one of its GPUs turns ``growing`` or ``allocated-idle``, and when
+its ``GPUHealthy`` condition changes (health.py; the first setting included).
 
 ``kubectl describe node`` lists Events whose ``involvedObject`` is the Node (kind Node,
 the node's name as its uid, as the kubelet records them), from any namespace; ours go to
@@ -63,27 +64,37 @@ class EventRecorder:
 
     def record(self, node: str, gpu: str, pattern: str, message: str) -> str:
         """Record one Event; returns the outcome (created, updated, dropped, failed)."""
-        outcome = self._record(node, gpu, pattern, message)
+        if pattern not in REASONS:
+            return self._count("dropped")
+        return self._count(self._record(node, f"{gpu}/{pattern}", REASONS[pattern], message, "Warning"))
+
+    def record_condition(self, node: str, status: str, reason: str, message: str) -> str:
+        """An Event for a transition of the node's GPUHealthy condition (its first setting included):
+        reason ``GPUHealthy<status>`` (``GPUHealthyFalse``), Warning unless it turned True."""
+        return self._count(self._record(node, f"GPUHealthy/{status}/{reason}", f"GPUHealthy{status}", message,
+                                        "Normal" if status == "True" else "Warning"))
+
+    def _count(self, outcome: str) -> str:
         with self._lock:
             self.counts[outcome] += 1
         return outcome
 
-    def _record(self, node: str, gpu: str, pattern: str, message: str) -> str:
+    def _record(self, node: str, what: str, reason: str, message: str, kind: str) -> str:
         from kubernetes.client.exceptions import ApiException
 
-        if self._disabled or pattern not in REASONS:
+        if self._disabled:
             return "dropped"
         if not self._take():
-            log.debug("event for node %s GPU %s dropped: over %g per minute", node, gpu, self.per_minute)
+            log.debug("event for node %s (%s) dropped: over %g per minute", node, what, self.per_minute)
             return "dropped"
-        digest = hashlib.sha256(f"{node}/{gpu}/{pattern}".encode()).hexdigest()[:16]
+        digest = hashlib.sha256(f"{node}/{what}".encode()).hexdigest()[:16]
         name = f"{node[:200]}.{digest}"
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": name, "namespace": self.namespace},
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-            "reason": REASONS[pattern], "message": message[:1024], "type": "Warning",
+            "reason": reason, "message": message[:1024], "type": kind,
             "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -34,17 +35,20 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from exporter.platform.http import GpuHTTPServer, Handler, Response
-from exporter.profiler import annotate, prom, queries
+from exporter.profiler import annotate, health, prom, queries
 from exporter.profiler.annotate import Conflict, KubeError, NodeGone, NodeInfo, NodeStore
 from exporter.profiler.classify import ALLOCATED_IDLE, GROWING, GpuStats, classify_gpu
 from exporter.profiler.events import EventRecorder
 from exporter.profiler.leader import LeaderElector
 from exporter.profiler.plan import (
+    PENDING,
     GpuInput,
     PlanConfig,
     clean_holders,
     diff,
     has_our_keys,
+    owned_names,
+    parse_pending,
     plan_node,
     valid_gpu_id,
     valid_uuid,
@@ -87,6 +91,7 @@ class CycleResult:
     shards: int = 0  # node shards read from Prometheus
     largest_response_bytes: int = 0  # the longest Prometheus answer read so far
     events: int = 0  # Kubernetes Events recorded
+    status_writes: int = 0  # GPUHealthy condition patches (nodes/status) sent (dry run: that would be sent)
     not_leader: bool = False  # writes stopped: this replica lost the lease during the cycle
     errors: list[str] = field(default_factory=list)  # kinds
     patterns: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, gpu) -> published
@@ -197,7 +202,8 @@ class Profiler:
     def __init__(self, reader: Reader, store: NodeStore | None, plan: PlanConfig, dry_run: bool = False,
                  out: IO[str] | None = None, metrics: ProfilerMetrics | None = None,
                  clock: Callable[[], float] = time.time, write_concurrency: int = 4,
-                 elector: LeaderElector | None = None, events: EventRecorder | None = None) -> None:
+                 elector: LeaderElector | None = None, events: EventRecorder | None = None,
+                 health: bool = False) -> None:
         self.reader = reader
         self.elector = elector
         self.events = events
@@ -210,6 +216,9 @@ class Profiler:
         self.clock = clock
         # dry run: what the nodes would carry had the patches been sent (keeps hysteresis going)
         self._overlay: dict[str, dict[str, str]] = {}
+        self._cond_overlay: dict[str, dict[str, str]] = {}
+        self.health = health  # set the GPUHealthy Node condition (needs patch on nodes/status)
+        self._at = 0.0  # the cycle's evaluation time
         self.cycle_started: float | None = None  # monotonic, while a cycle runs
         self.last_cycle_end: float = time.monotonic()
         self.cycles_done = 0
@@ -258,10 +267,10 @@ class Profiler:
         self.cycles_done += 1
         res.largest_response_bytes = self.reader.client.largest_response_bytes
         log.info("cycle: %.2fs (read %.2fs, classify %.2fs, write %.2fs), %d queries in %d shards, largest answer "
-                 "%d bytes, peak RSS %s, %d nodes, %d patches%s, %d unchanged, errors: %s", res.duration_s,
-                 res.read_s, res.classify_s, res.write_s, res.queries, res.shards, res.largest_response_bytes,
-                 _peak_rss(), res.nodes_seen, res.patches, " (dry run)" if self.dry_run else "", res.unchanged,
-                 ",".join(res.errors) or "none")
+                 "%d bytes, peak RSS %s, %d nodes, %d patches%s, %d unchanged, %d condition writes, errors: %s",
+                 res.duration_s, res.read_s, res.classify_s, res.write_s, res.queries, res.shards,
+                 res.largest_response_bytes, _peak_rss(), res.nodes_seen, res.patches,
+                 " (dry run)" if self.dry_run else "", res.unchanged, res.status_writes, ",".join(res.errors) or "none")
         return res
 
     def _fail(self, res: CycleResult, kind: str, message: str, exc_info: bool = False) -> None:
@@ -290,15 +299,25 @@ class Profiler:
 
     def _cycle(self, at: float, res: CycleResult) -> None:
         t0 = time.monotonic()
+        self._at = at
         inputs: dict[str, dict[str, GpuInput]] = {}
         counts: dict[str, int] = {}
         seen: set[str] = set()
+        observed: dict[str, health.Observed] = {}
         classify_s = 0.0
+        critical = self.reader.cfg.critical_xids
 
         def consume(gpus: Mapping[tuple[str, str], GpuStats]) -> None:
             # one shard at a time: only the compact profiles outlive it
             nonlocal classify_s
             c0 = time.monotonic()
+            if self.health:
+                # a node's GPUs all come in one shard: its condition is decided here, kept compact
+                per_node: dict[str, dict[str, GpuStats]] = {}
+                for (node, gpu), st in gpus.items():
+                    per_node.setdefault(node, {})[gpu] = st
+                for node, node_gpus in per_node.items():
+                    observed[node] = health.observe(node_gpus, critical)
             for (node, gpu), st in gpus.items():
                 seen.add(node)
                 if not st.fresh:
@@ -337,19 +356,22 @@ class Profiler:
 
         t0 = time.monotonic()
         try:
-            self._apply(self._nodes(seen, res), inputs, res)
+            self._apply(self._nodes(seen, res), inputs, res, observed)
         finally:
             res.write_s = time.monotonic() - t0
 
     def _apply(self, nodes: dict[str, NodeInfo] | None, inputs: dict[str, dict[str, GpuInput]],
-               res: CycleResult) -> None:
+               res: CycleResult, observed: dict[str, health.Observed] | None = None) -> None:
         if nodes is None:
             return
-        self._write_all(nodes, inputs, res)
+        self._write_all(nodes, inputs, res, observed or {})
         self._cleared.update(annotate.KINDS)  # every node planned and written (or its error counted)
 
     def _write_all(self, nodes: dict[str, NodeInfo], inputs: dict[str, dict[str, GpuInput]],
-                   res: CycleResult) -> None:
+                   res: CycleResult, observed: dict[str, health.Observed] | None = None) -> None:
+        observed = observed or {}
+        gone = health.Observed(health.UNKNOWN, health.NOT_SCRAPED, "no sample from the node's GPU exporter in the "
+                                                                   "window")
 
         unknown_nodes = sorted(set(inputs) - set(nodes))
         if unknown_nodes:
@@ -359,28 +381,33 @@ class Profiler:
         for name in sorted(nodes):
             info = nodes[name]
             gpus = inputs.get(name, {})
-            if gpus or has_our_keys(info.annotations, self.plan.prefix):
-                targets.append((info, gpus))  # else: no GPU data and nothing of ours, not a GPU node
+            obs = observed.get(name)
+            if obs is None and self.health and info.condition is not None:
+                obs = gone  # the node had the condition and Prometheus has nothing of it now
+            if gpus or obs is not None or has_our_keys(info.annotations, self.plan.prefix):
+                targets.append((info, gpus, obs))  # else: no GPU data and nothing of ours, not a GPU node
         res.nodes_seen = len(targets)
         forbidden = threading.Event()
 
-        def one(target: tuple[NodeInfo, dict[str, GpuInput]]) -> tuple[str, dict[str, str] | None, str, str]:
-            info, gpus = target
+        def one(target: tuple[NodeInfo, dict[str, GpuInput], health.Observed | None]
+                ) -> tuple[str, dict[str, str] | None, str, str, bool]:
+            info, gpus, obs = target
             if forbidden.is_set():
-                return info.name, None, "skipped", ""
+                return info.name, None, "skipped", "", False
             try:
-                final, outcome = self._write(info, gpus)
-                return info.name, final, outcome, ""
+                final, outcome, wrote = self._write(info, gpus, obs)
+                return info.name, final, outcome, "", wrote
             except KubeError as exc:
                 if exc.kind == annotate.KUBE_FORBIDDEN:
                     forbidden.set()  # every other node would fail the same way: stop writing
-                return info.name, None, exc.kind, f"node {info.name}: {exc}"  # logged in this thread
+                return info.name, None, exc.kind, f"node {info.name}: {exc}", False  # logged in this thread
 
         # dry run: in order, so the printed patches come out sorted by node
         results = map(one, targets) if self.dry_run or self._writers is None else self._writers.map(one, targets)
         patterns: dict[tuple[str, str], str] = {}
         prefix = self.plan.prefix + "/gpu-"
-        for name, final, outcome, message in results:
+        for name, final, outcome, message, wrote in results:
+            res.status_writes += wrote
             if outcome == "patched":
                 res.patches += 1
             elif outcome == "unchanged":
@@ -407,8 +434,8 @@ class Profiler:
     def _nodes(self, seen: set[str], res: CycleResult) -> dict[str, NodeInfo] | None:
         if self.store is None:
             # dry run without a cluster: every node seen in Prometheus, as we last left it
-            names = seen | set(self._overlay)
-            return {n: NodeInfo(n, dict(self._overlay.get(n, {})), "") for n in names}
+            names = seen | set(self._overlay) | set(self._cond_overlay)
+            return {n: NodeInfo(n, dict(self._overlay.get(n, {})), "", self._cond_overlay.get(n)) for n in names}
         try:
             nodes = self.store.list_nodes()
         except KubeError as exc:
@@ -418,46 +445,94 @@ class Profiler:
             for name, ann in self._overlay.items():
                 if name in nodes:
                     nodes[name].annotations = dict(ann)
+            for name, cond in self._cond_overlay.items():
+                if name in nodes:
+                    nodes[name].condition = cond
         return nodes
 
-    def _write(self, info: NodeInfo, gpus: dict[str, GpuInput]) -> tuple[dict[str, str] | None, str]:
-        """Plan and patch one node: (our annotations as the node now carries them, outcome).
+    def _write(self, info: NodeInfo, gpus: dict[str, GpuInput], obs: health.Observed | None = None
+               ) -> tuple[dict[str, str] | None, str, bool]:
+        """Plan and patch one node: (our annotations as the node now carries them, outcome,
+        whether its GPUHealthy condition was written).
 
         Outcome: ``unchanged``, ``patched`` (dry run: printed) or ``gone`` (deleted meanwhile).
-        A 409 re-reads the node and plans again, up to CONFLICT_RETRIES times.
+        A 409 re-reads the node and plans again, up to CONFLICT_RETRIES times. The condition
+        (``obs``: what this cycle saw, None: no condition) goes after the annotations, which
+        carry its pending candidate.
         """
         prefix = self.plan.prefix
         for _ in range(CONFLICT_RETRIES + 1):
-            desired = plan_node(info.annotations, gpus, self.plan)
+            write_cond, extra = self._plan_condition(info, obs)
+            desired = plan_node(info.annotations, gpus, self.plan, extra)
             patch = diff(info.annotations, desired, prefix)
             if not patch:
-                return desired, "unchanged"
+                return desired, "unchanged", self._set_condition(info, obs, write_cond)
             if self.dry_run:
                 doc = {"node": info.name, "patch": {"metadata": {"annotations": patch}}}
                 self.out.write(json.dumps(doc, sort_keys=True) + "\n")
                 self.out.flush()
                 merged = {k: v for k, v in {**info.annotations, **patch}.items() if v is not None}
                 self._overlay[info.name] = merged
-                return desired, "patched"
+                return desired, "patched", self._set_condition(info, obs, write_cond)
             assert self.store is not None
             if self.elector is not None and not self.elector.is_leader():
                 # fenced: another replica may lead by now, and its patches are the ones to keep
-                return None, "not_leader"
+                return None, "not_leader", False
             try:
                 self.store.patch_annotations(info.name, patch, info.resource_version)
                 self.metrics.patched.inc()
                 self._record_events(info, patch)
-                return desired, "patched"
+                return desired, "patched", self._set_condition(info, obs, write_cond)
             except NodeGone:
                 log.info("node %s was deleted; skipped", info.name)
-                return None, "gone"
+                return None, "gone", False
             except Conflict:
                 log.info("node %s changed while we planned it (409); reading it again", info.name)
                 fresh = self.store.get_node(info.name)
                 if fresh is None:
-                    return None, "gone"
+                    return None, "gone", False
                 info = fresh
         raise KubeError(annotate.KUBE_CONFLICT, f"node {info.name} still conflicting after {CONFLICT_RETRIES} retries")
+
+    def _plan_condition(self, info: NodeInfo, obs: health.Observed | None
+                        ) -> tuple[bool, dict[str, tuple[str, int]] | None]:
+        """(write the observed condition now, the pending entry to keep in the annotations)."""
+        if obs is None:
+            return False, None
+        p = self.plan.prefix
+        pending = None
+        if PENDING in owned_names(info.annotations, p):
+            pending = parse_pending(info.annotations.get(f"{p}/{PENDING}")).get(health.PENDING_NAME)
+        published = health.published_value(info.condition)
+        write, keep = health.decide(published, obs.value, pending, self.plan.hysteresis)
+        if not write and published == obs.value and not health.same(info.condition, obs):
+            write = True  # the same cause on other GPUs: the message changes, the transition time stays
+        return write, {health.PENDING_NAME: keep} if keep else None
+
+    def _set_condition(self, info: NodeInfo, obs: health.Observed | None, write: bool) -> bool:
+        """Write the GPUHealthy condition (leader only) and, on a transition, record an Event."""
+        if obs is None or not write:
+            return False
+        # the evaluation time (now, or --at when a past window is replayed)
+        now = datetime.fromtimestamp(self._at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cond = health.condition(obs, info.condition, now)
+        if self.dry_run:
+            doc = {"node": info.name, "patch": {"status": {"conditions": [cond]}}}
+            self.out.write(json.dumps(doc, sort_keys=True) + "\n")
+            self.out.flush()
+            self._cond_overlay[info.name] = cond
+            return True
+        assert self.store is not None
+        if self.elector is not None and not self.elector.is_leader():
+            return False
+        try:
+            self.store.patch_condition(info.name, cond)
+        except NodeGone:
+            return False
+        if self.events is not None and health.published_value(info.condition) != obs.value:
+            self.events.record_condition(info.name, obs.status, obs.reason,
+                                         f"{health.CONDITION} {obs.status} ({obs.reason}): {obs.message}")
+        return True
 
     def _record_events(self, info: NodeInfo, patch: Mapping[str, str | None]) -> None:
         """An Event for each GPU whose published pattern this patch turned growing or allocated-idle."""

@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time between attempts to acquire or renew the Lease (default 2s)")
     e.add_argument("--events", default="on", help="on or off: Events on a Node when a GPU turns growing or "
                                                   "allocated-idle (default on; not in a dry run)")
+    e.add_argument("--health-condition", default=env("PROFILER_HEALTH_CONDITION", "on"),
+                   help="on or off: set the GPUHealthy condition on each GPU node (needs RBAC patch on "
+                        "nodes/status; env PROFILER_HEALTH_CONDITION, default on)")
     e.add_argument("--events-per-minute", default="30", help="rate limit of the Events (default 30)")
     r = p.add_argument_group("running")
     r.add_argument("--once", action="store_true", help="run one cycle and exit (cron style)")
@@ -227,6 +230,7 @@ class Settings:
     events: bool = True
     events_per_minute: int = 30
     web: WebConfig | None = None  # --web.config.file: TLS and basic auth of /metrics and /healthz
+    health: bool = True
 
 
 def _namespace(flag_value: str | None) -> str:
@@ -308,7 +312,8 @@ def parse_args(argv: list[str]) -> Settings:
         timeout_s=parse_duration("--prometheus-timeout", a.prometheus_timeout, 0.1, 600),
         retries=_int("--prometheus-retries", a.prometheus_retries, 0, 10),
         query=QueryConfig(window_s=window, step_s=step, node_label=a.node_label, thresholds=th,
-                          fresh_s=min(300.0, window / 2), source=a.source),
+                          fresh_s=min(300.0, window / 2), source=a.source,
+                          health=_on_off("--health-condition", a.health_condition)),
         plan=PlanConfig(prefix=a.annotation_prefix, hysteresis=_int("--hysteresis", a.hysteresis, 1, 100),
                         thresholds=th,
                         max_gpus_per_node=_int("--max-gpus-per-node", a.max_gpus_per_node, 1, 4096),
@@ -327,6 +332,7 @@ def parse_args(argv: list[str]) -> Settings:
         events=_on_off("--events", a.events),
         events_per_minute=_int("--events-per-minute", a.events_per_minute, 1, 6000),
         web=_web_config(a.web_config_file),
+        health=_on_off("--health-condition", a.health_condition),
     )
 
 
@@ -389,7 +395,7 @@ def build_profiler(s: Settings, out: IO[str] | None = None) -> Profiler:
         if s.events and not s.dry_run:
             events = EventRecorder(api, ns, per_minute=s.events_per_minute)
     return Profiler(Reader(client, s.query), store, s.plan, dry_run=s.dry_run, out=out, elector=elector,
-                    events=events)
+                    events=events, health=s.health)
 
 
 def run(argv: list[str], out: IO[str] | None = None,

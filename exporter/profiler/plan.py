@@ -223,12 +223,14 @@ class _Hysteresis:
         return pub
 
 
-def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: PlanConfig) -> dict[str, str]:
+def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: PlanConfig,
+              extra_pending: Mapping[str, tuple[str, int]] | None = None) -> dict[str, str]:
     """The complete set of our annotations (full keys) this node should carry now.
 
     ``current``: all of the node's annotations as read from the API server (foreign ones
     included; they are only read for our prefix). ``gpus``: the GPUs reporting now (fresh),
-    by GPU id; empty when the node has no data.
+    by GPU id; empty when the node has no data. ``extra_pending``: other candidates to keep in
+    the pending record (the GPUHealthy condition's, health.py).
     """
     p = cfg.prefix + "/"
     owned = owned_names(current, cfg.prefix)
@@ -299,6 +301,8 @@ def plan_node(current: Mapping[str, str], gpus: Mapping[str, GpuInput], cfg: Pla
                                                                          absolute=cfg.score_deadband)
         out[BEST_SCORE] = pub_score if keep and pub_score is not None else _fmt_score(new_score)
 
+    if extra_pending:
+        hyst.new_pending.update(extra_pending)
     desired = _desired(out, hyst.new_pending, omitted, p)
     # the byte bound: GPUs are left out from the highest id, each counted, until the node fits
     while kept and annotation_bytes(desired, cfg.prefix) > cfg.max_annotation_bytes:

@@ -34,6 +34,16 @@ NODE: dict[str, Any] = {
         "annotations": {"node.alpha.kubernetes.io/ttl": "0", "gpu-exporter.io/pattern": "idle"},
     },
     "spec": {"podCIDR": "10.0.1.0/24", "providerID": "kind://gpu-node-1"},
+    "status": {
+        "capacity": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"},
+        "allocatable": {"cpu": "63", "memory": "500Gi", "nvidia.com/gpu": "8"},
+        "conditions": [
+            {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready"},
+        ],
+        "addresses": [{"type": "InternalIP", "address": "10.0.1.5"}, {"type": "Hostname", "address": "gpu-node-1"}],
+        "nodeInfo": {"kubeletVersion": "v1.31.0", "machineID": "abc"},
+    },
 }
 
 
@@ -83,10 +93,14 @@ def test_policy_shape() -> None:
     spec = policy()["spec"]
     assert spec["failurePolicy"] == "Fail"
     (rule,) = spec["matchConstraints"]["resourceRules"]
-    assert rule["resources"] == ["nodes"] and rule["operations"] == ["UPDATE"] and rule["apiGroups"] == [""]
-    # The profiler's RBAC is get, list, patch on nodes: UPDATE is the only write that reaches admission.
-    rbac = (ROOT / "deploy" / "base" / "profiler-rbac.yaml").read_text()
-    assert '["get", "list", "patch"]' in rbac
+    assert rule["resources"] == ["nodes", "nodes/status"] and rule["operations"] == ["UPDATE"]
+    assert rule["apiGroups"] == [""]
+    # The profiler's RBAC is get, list, patch on nodes and patch on nodes/status: UPDATE is the only
+    # write that reaches admission.
+    docs = yaml.safe_load_all((ROOT / "deploy" / "base" / "profiler-rbac.yaml").read_text())
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+                             {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
 
 
 ALLOWED = {
@@ -169,3 +183,85 @@ def test_binding_denies() -> None:
     (b,) = binding
     assert b["spec"]["policyName"] == policy()["metadata"]["name"]
     assert b["spec"]["validationActions"] == ["Deny"]
+
+
+# ---- the status subresource: the GPUHealthy condition and nothing else -------------------------
+
+GPU_HEALTHY = {"type": "GPUHealthy", "status": "False", "reason": "GPULost", "message": "GPULost: GPU 3",
+               "lastTransitionTime": "2026-11-26T07:00:00Z", "lastHeartbeatTime": "2026-11-26T07:00:00Z"}
+
+
+def _conditions(n: dict[str, Any]) -> list[dict[str, Any]]:
+    return n["status"]["conditions"]  # type: ignore[no-any-return]
+
+
+def _with_gpu_healthy(n: dict[str, Any]) -> None:
+    _conditions(n).append(dict(GPU_HEALTHY))
+
+
+def _gpu_healthy(n: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in _conditions(n) if c["type"] == "GPUHealthy")
+
+
+STATUS_ALLOWED = {
+    "sets GPUHealthy the first time": _with_gpu_healthy,
+    "turns GPUHealthy True": lambda n: _gpu_healthy(n).update(status="True", reason="AllGPUsHealthy",
+                                                               message="8 GPUs healthy"),
+    "changes its message only": lambda n: _gpu_healthy(n).update(message="GPULost: GPU 3, 4"),
+}
+
+STATUS_DENIED = {
+    "changes Ready": lambda n: _conditions(n)[1].update(status="False"),
+    "removes Ready": lambda n: _conditions(n).pop(1),
+    "adds another condition": lambda n: _conditions(n).append({"type": "NetworkUnavailable", "status": "True"}),
+    "reorders the other conditions": lambda n: _conditions(n).reverse(),
+    "removes every condition": lambda n: n["status"].pop("conditions"),
+    "changes the capacity": lambda n: n["status"]["capacity"].update({"nvidia.com/gpu": "0"}),
+    "changes the allocatable": lambda n: n["status"]["allocatable"].update({"nvidia.com/gpu": "7"}),
+    "changes the addresses": lambda n: n["status"]["addresses"].append({"type": "ExternalIP", "address": "1.2.3.4"}),
+    "changes the node info": lambda n: n["status"]["nodeInfo"].update({"kubeletVersion": "v9"}),
+    "adds a status field": lambda n: n["status"].update({"phase": "Terminated"}),
+    "GPUHealthy and capacity together": lambda n: (_gpu_healthy(n).update(status="True"),
+                                                   n["status"]["capacity"].update({"nvidia.com/gpu": "0"})),
+}
+
+
+def _old_with_condition() -> dict[str, Any]:
+    old = copy.deepcopy(NODE)
+    _with_gpu_healthy(old)
+    return old
+
+
+def _status_change(edit: Any, first: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    old = copy.deepcopy(NODE) if first else _old_with_condition()
+    new = copy.deepcopy(old)
+    edit(new)
+    return new, old
+
+
+@pytest.mark.parametrize("case", STATUS_ALLOWED)
+def test_the_gpu_healthy_condition_is_allowed(case: str) -> None:
+    new, old = _status_change(STATUS_ALLOWED[case], first=case.startswith("sets"))
+    assert new != old
+    assert matched(new, old, PROFILER)
+    assert denials(new, old) == []
+
+
+@pytest.mark.parametrize("case", STATUS_DENIED)
+def test_any_other_status_change_is_denied(case: str) -> None:
+    new, old = _status_change(STATUS_DENIED[case])
+    found = denials(new, old)
+    assert found, f"the profiler {case}: admitted"
+    assert any("status" in m for m in found), found
+
+
+def test_fake_api_server_refuses_what_the_policy_refuses() -> None:
+    # tests/harness/kubeapi.py's nodes/status rule agrees with the policy on every case above
+    from tests.harness.kubeapi import status_refusal
+
+    for case, edit in STATUS_ALLOWED.items():
+        new, old = _status_change(edit, first=case.startswith("sets"))
+        assert status_refusal(old, new) is None, case
+    for case, edit in STATUS_DENIED.items():
+        new, old = _status_change(edit)
+        assert status_refusal(old, new), case

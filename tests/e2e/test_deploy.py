@@ -614,8 +614,10 @@ def test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events(rendered: di
     assert sorted((r["kind"], r["metadata"]["name"]) for r in roles) == sorted([
         *exporter, ("ClusterRole", "gpu-exporter-profiler"), ("Role", "gpu-exporter-profiler")]), \
         "no other role is granted (the exporter's: test_exporter_may_watch_pods_only_with_per_process)"
-    (rule,) = _one(docs, "ClusterRole", "gpu-exporter-profiler")["rules"]
-    assert rule == {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
+    # get/list/patch on nodes, and exactly patch on nodes/status (the GPUHealthy condition)
+    assert _one(docs, "ClusterRole", "gpu-exporter-profiler")["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
     # exactly get/update on the one Lease (create cannot be limited by name), create/patch on events
     role = _one(docs, "Role", "gpu-exporter-profiler")
     assert role["metadata"]["namespace"] == NAMESPACE

@@ -273,6 +273,21 @@ def test_switches_leave_objects_out() -> None:
     assert kinds == ["DaemonSet", "ResourceQuota", "Service", "ServiceAccount"], kinds
 
 
+def test_health_condition_grants_nodes_status_patch_only_while_on() -> None:
+    def profiler(sets: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[str]]:
+        docs = render(sets)
+        (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-profiler")]
+        (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+        return role["rules"], dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    rules, args = profiler(())
+    assert {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]} in rules
+    assert "--health-condition=off" not in args
+    rules, args = profiler(("profiler.healthCondition=false",))
+    assert all("nodes/status" not in r["resources"] for r in rules)
+    assert "--health-condition=off" in args
+
+
 # ---- chart conventions (issue 28, finding 11) ---------------------------------------------------
 
 

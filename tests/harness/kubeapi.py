@@ -10,6 +10,9 @@ writes are tested against this HTTP server on 127.0.0.1. It emulates what matter
   replaced; ``$setElementOrder/...`` keys are ignored, other ``$`` directives are refused)
   and ``application/json-patch+json`` (RFC 6902: add, remove, replace, move, copy, test;
   ``~1`` escapes ``/``). Server-side apply is refused with 415.
+* ``GET`` and ``PATCH /api/v1/nodes/{name}/status`` (all three patch types; a strategic merge
+  merges ``status.conditions`` by ``type``); a status patch that changes anything but the
+  ``GPUHealthy`` condition is refused with 403, as the profiler's admission policy refuses it.
 * ``metadata.resourceVersion`` is a server-wide counter bumped on every write that changes the
   object (a no-op patch does not bump it, like the real server). A patch or PUT carrying a
   different ``resourceVersion`` gets 409 Conflict: optimistic concurrency.
@@ -96,6 +99,7 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 _NODE_PATH = re.compile(r"/api/v1/nodes/([^/]+)\Z")
+_NODE_STATUS_PATH = re.compile(r"/api/v1/nodes/([^/]+)/status\Z")
 _NAMESPACED = re.compile(
     r"/(?:api/v1|apis/(?P<group>coordination\.k8s\.io)/v1)/namespaces/(?P<ns>[^/]+)/(?P<res>leases|events)"
     r"(?:/(?P<name>[^/]+))?\Z")
@@ -152,6 +156,8 @@ class RecordedRequest:
         """``nodes``, ``leases``, ``events`` or the path."""
         if self.path == "/api/v1/nodes" or _NODE_PATH.match(self.path):
             return "nodes"
+        if _NODE_STATUS_PATH.match(self.path):
+            return "nodes/status"
         if self.path in _WATCHABLE:
             return self.path.rsplit("/", 1)[1]
         m = _NAMESPACED.match(self.path)
@@ -205,6 +211,45 @@ def _strip_strategic_directives(patch: Any, where: str = "") -> Any:
             raise ApiError(400, f"fake API server: strategic merge directive {k!r} at {where or '/'} unsupported")
         out[k] = _strip_strategic_directives(v, f"{where}/{k}")
     return out
+
+
+def _merge_conditions(current: JsonObj, patch: JsonObj) -> JsonObj:
+    """A strategic merge patch: as a merge patch, except ``status.conditions``, which merges by its
+    patch merge key ``type`` (NodeStatus: ``patchMergeKey=type``) instead of being replaced."""
+    conds = (patch.get("status") or {}).get("conditions") if isinstance(patch.get("status"), dict) else None
+    if not isinstance(conds, list):
+        return dict(merge_patch(current, patch))
+    rest = {**patch, "status": {k: v for k, v in patch["status"].items() if k != "conditions"}}
+    out = dict(merge_patch(current, rest))
+    merged = [dict(c) for c in (out.get("status") or {}).get("conditions") or []]
+    for c in conds:
+        if not isinstance(c, dict) or "type" not in c:
+            raise ApiError(400, "status.conditions: an element without its merge key 'type'")
+        same = next((m for m in merged if m.get("type") == c["type"]), None)
+        if same is None:
+            merged.append(copy.deepcopy(c))
+        else:
+            updated = merge_patch(dict(same), c)
+            same.clear()
+            same.update(updated)
+    out.setdefault("status", {})["conditions"] = merged
+    return out
+
+
+def status_refusal(old: JsonObj, new: JsonObj, condition: str = "GPUHealthy") -> str | None:
+    """Why the profiler's admission policy refuses this status update (None: admitted): of the
+    status it may change the ``GPUHealthy`` condition and nothing else (the policy's metadata
+    rules are the annotation patches' and are not repeated here)."""
+    def others(node: JsonObj) -> list[Any]:
+        return [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") != condition]
+
+    if others(new) != others(old):
+        return f"the profiler may change only the {condition} condition of a Node's status"
+    rest_new = {k: v for k, v in (new.get("status") or {}).items() if k != "conditions"}
+    rest_old = {k: v for k, v in (old.get("status") or {}).items() if k != "conditions"}
+    if rest_new != rest_old:
+        return "the profiler may not change a Node's capacity, addresses or any other status field"
+    return None
 
 
 def _pointer(path: str) -> list[str]:
@@ -495,8 +540,9 @@ class FakeKubeAPI:
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
         capacity: Mapping[str, str] | None = None,
+        conditions: list[JsonObj] | None = None,
     ) -> JsonObj:
-        """Create a Node (``capacity`` e.g. ``{"nvidia.com/gpu": "8"}``); return a copy of it."""
+        """Create a Node (``capacity`` e.g. ``{"nvidia.com/gpu": "8"}``, status ``conditions``); return a copy."""
         node: JsonObj = {
             "kind": "Node",
             "apiVersion": "v1",
@@ -510,6 +556,8 @@ class FakeKubeAPI:
             "spec": {},
             "status": {"capacity": dict(capacity or {}), "allocatable": dict(capacity or {})},
         }
+        if conditions:
+            node["status"]["conditions"] = copy.deepcopy(conditions)
         validate_node(node)
         with self._lock:
             if name in self._nodes:
@@ -666,10 +714,11 @@ class FakeKubeAPI:
             if method != "GET":
                 raise ApiError(405, f"fake API server: {method} {path} is not supported")
             return self._list(query)
-        m = _NODE_PATH.match(path)
+        m = _NODE_PATH.match(path) or _NODE_STATUS_PATH.match(path)
         if not m:
             raise ApiError(404, f"the server could not find the requested resource ({method} {path})")
         name = urllib.parse.unquote(m.group(1))
+        status = path.endswith("/status")
         with self._lock:
             current = self._nodes.get(name)
             if current is None:
@@ -678,13 +727,23 @@ class FakeKubeAPI:
                 return copy.deepcopy(current)
             if method == "PATCH":
                 new = self._patched(current, ctype, body)
-            elif method == "PUT":
+            elif method == "PUT" and not status:
                 if not isinstance(body, dict):
                     raise ApiError(400, "PUT body must be a Node object")
                 new = copy.deepcopy(body)
                 new.setdefault("metadata", {})
             else:
                 raise ApiError(405, f"fake API server: {method} {path} is not supported")
+            if status:
+                # nodes/status: only the status changes (the real strategy keeps the spec), and the
+                # profiler's ValidatingAdmissionPolicy (deploy/base/profiler-admission-policy.yaml)
+                # refuses anything but the GPUHealthy condition (status_refusal)
+                new["spec"] = copy.deepcopy(current.get("spec", {}))
+                why = status_refusal(current, new)
+                if why:
+                    raise ApiError(403, f'nodes "{name}" is forbidden: ValidatingAdmissionPolicy '
+                                        f"'gpu-exporter-profiler-node-annotations' denied request: {why}", name,
+                                   reason="Forbidden")
             return self._store(name, current, new)
 
     def _patched(self, current: JsonObj, ctype: str | None, body: Any) -> JsonObj:
@@ -696,6 +755,7 @@ class FakeKubeAPI:
                 raise ApiError(400, f"{media} body must be a JSON object, got {type(body).__name__}")
             if media.startswith("application/strategic"):
                 body = _strip_strategic_directives(body)
+                return dict(_merge_conditions(current, body))
             return dict(merge_patch(current, body))
         raise ApiError(
             415,

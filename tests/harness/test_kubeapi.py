@@ -239,3 +239,46 @@ def test_pure_helpers() -> None:
     assert (
         sel({"a": "1", "b": "", "d": "z"}) and not sel({"a": "1", "b": "", "c": "1"}) and not sel({"a": "1", "d": "x"})
     )
+
+
+READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready"}
+GPU_HEALTHY = {"type": "GPUHealthy", "status": "False", "reason": "GPULost", "message": "GPULost: GPU 1"}
+
+
+def test_node_status_patches_admit_only_the_gpu_healthy_condition(kubeapi: FakeKubeAPI, core: CoreV1Api) -> None:
+    kubeapi.add_node("gpu-1", capacity={"nvidia.com/gpu": "8"}, conditions=[READY])
+
+    def conditions() -> list[dict[str, Any]]:
+        return kubeapi.node("gpu-1")["status"]["conditions"]  # type: ignore[no-any-return]
+
+    def refused(body: Any, ctype: str) -> None:
+        with pytest.raises(ApiException) as e:
+            core.patch_node_status("gpu-1", body, _content_type=ctype)
+        msg = _status(e.value)["message"]
+        assert e.value.status == 403 and ("GPUHealthy" in msg or "status field" in msg), msg
+
+    # strategic merge: conditions merge by type, Ready stays
+    core.patch_node_status("gpu-1", {"status": {"conditions": [GPU_HEALTHY]}},
+                           _content_type="application/strategic-merge-patch+json")
+    assert conditions() == [READY, GPU_HEALTHY]
+    core.patch_node_status("gpu-1", {"status": {"conditions": [{"type": "GPUHealthy", "status": "True"}]}},
+                           _content_type="application/strategic-merge-patch+json")
+    assert conditions() == [READY, {**GPU_HEALTHY, "status": "True"}]
+    refused({"status": {"conditions": [{**READY, "status": "False"}]}}, "application/strategic-merge-patch+json")
+    refused({"status": {"capacity": {"nvidia.com/gpu": "0"}}}, "application/strategic-merge-patch+json")
+    # merge patch: the list is replaced whole, so leaving Ready out removes it: refused
+    refused({"status": {"conditions": [GPU_HEALTHY]}}, "application/merge-patch+json")
+    core.patch_node_status("gpu-1", {"status": {"conditions": [READY, GPU_HEALTHY]}},
+                           _content_type="application/merge-patch+json")
+    assert conditions() == [READY, GPU_HEALTHY]
+    # JSON patch
+    core.patch_node_status("gpu-1", [{"op": "replace", "path": "/status/conditions/1/status", "value": "Unknown"}],
+                           _content_type="application/json-patch+json")
+    assert conditions()[1]["status"] == "Unknown"
+    refused([{"op": "replace", "path": "/status/conditions/0/status", "value": "False"}], "application/json-patch+json")
+    refused([{"op": "add", "path": "/status/addresses", "value": []}], "application/json-patch+json")
+    refused([{"op": "add", "path": "/status/conditions/-", "value": {"type": "Other", "status": "True"}}],
+            "application/json-patch+json")
+    assert conditions() == [READY, {**GPU_HEALTHY, "status": "Unknown"}]
+    assert kubeapi.node("gpu-1")["status"]["capacity"] == {"nvidia.com/gpu": "8"}
+    assert {(r.verb, r.resource) for r in kubeapi.requests} == {("patch", "nodes/status")}

@@ -242,7 +242,10 @@ def test_once_dry_run_prints_and_sends_nothing(prom: Prometheus, api: FakeKubeAP
     argv = ["--once", "--dry-run", "--prometheus-url", prom.url, "--kubeconfig", str(kubeconfig)]
     assert run(argv) == 0
     assert api.patches() == []
-    (line,) = capsys.readouterr().out.splitlines()
+    line, status = capsys.readouterr().out.splitlines()
     want = expected_patch(*uuids(prom, "k-0"))
     assert json.loads(line) == {"node": "k-0", "patch": {"metadata": {"annotations": want}}}
+    (cond,) = json.loads(status)["patch"]["status"]["conditions"]  # the GPUHealthy condition it would set
+    assert json.loads(status)["node"] == "k-0" and cond["type"] == "GPUHealthy" and cond["status"] == "True"
     assert api.node("k-0")["metadata"]["annotations"] == {"example.com/owner": "a"}
+    assert "conditions" not in api.node("k-0")["status"]

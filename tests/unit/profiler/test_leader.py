@@ -26,7 +26,8 @@ P = "gpu-exporter.io/"
 NS = "gpu-exporter"
 LEASE_S = 3.0
 NODES = ("le-a", "le-b", "le-c")
-ALLOWED = {("list", "nodes"), ("get", "nodes"), ("patch", "nodes"), ("get", "leases"), ("create", "leases"),
+ALLOWED = {("list", "nodes"), ("get", "nodes"), ("patch", "nodes"), ("patch", "nodes/status"), ("get", "leases"),
+           ("create", "leases"),
            ("update", "leases"), ("create", "events"), ("patch", "events")}
 
 

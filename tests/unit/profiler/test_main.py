@@ -100,10 +100,12 @@ def test_without_a_cluster_only_a_dry_run_can_start(prom: Prometheus, capsys: py
     assert run(["--once", "--prometheus-url", prom.url, "--log-level", "error"]) == 1
     assert "no Kubernetes configuration found" in capsys.readouterr().err
     assert run(["--once", "--dry-run", "--prometheus-url", prom.url, "--log-level", "error"]) == 0
-    (line,) = capsys.readouterr().out.splitlines()
+    line, status = capsys.readouterr().out.splitlines()
     doc = json.loads(line)
     assert doc["node"] == "m-0"
     assert doc["patch"]["metadata"]["annotations"]["gpu-exporter.io/gpu-0.pattern"] == "steady"
+    cond = json.loads(status)  # and the GPUHealthy condition it would set
+    assert cond["node"] == "m-0" and cond["patch"]["status"]["conditions"][0]["reason"] == "AllGPUsHealthy"
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -139,7 +141,8 @@ def test_loop_serves_metrics_and_health(prom: Prometheus, tmp_path: Path) -> Non
             assert _get(base + "/healthz")[0] == 200
             assert _get(base + "/")[0] == 200 and _get(base + "/nope")[0] == 404
             wait_until(lambda: ready["profiler"].cycles_done >= 3, timeout=30, what="three cycles")
-            assert len(api.patches()) == 1  # later cycles found nothing to change
+            # later cycles found nothing to change: one annotation patch, one GPUHealthy condition
+            assert [p.resource for p in api.patches()] == ["nodes", "nodes/status"]
         finally:
             stop.set()
             t.join(30)

@@ -1,0 +1,260 @@
+"""The GPUHealthy Node condition: the real profiler, a real Prometheus, the fake API server.
+
+Three hours of history: every fault is present until 90 minutes before the end (counters rise
+two hours before it) and gone after. Cycles evaluated 100 minutes before the end see each
+fault; cycles at the end see the recovery. Every cycle is a new Profiler, as ``--once`` runs
+are: the hysteresis state lives on the Node.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.profiler import health
+from exporter.profiler.annotate import NodeStore
+from exporter.profiler.classify import GpuStats
+from exporter.profiler.events import EventRecorder
+from exporter.profiler.loop import Profiler
+from exporter.profiler.plan import PlanConfig
+from exporter.profiler.prom import PromClient
+from exporter.profiler.queries import QueryConfig, Reader
+from tests.fakes.profiler_history import (
+    make_history,
+    mem_constant,
+    sample_times,
+    steady_shape,
+    write_dcgm,
+    write_openmetrics,
+)
+from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.prom import OpenMetricsWriter, Prometheus
+
+pytestmark = pytest.mark.prometheus
+
+END = float(int(time.time()) - 60)
+SPAN = 3 * 3600.0
+STEP = 30.0
+FAULT_END = END - 90 * 60  # state faults end here
+RISE = END - 120 * 60  # counters rise here
+AT_FAULT = END - 100 * 60
+AT_OK = END
+
+# node -> (reason while faulty, reason after)
+WANT = {
+    "h-xid": (health.XID, health.HEALTHY),
+    "h-xid13": (health.HEALTHY, health.HEALTHY),  # not a critical XID
+    "h-ecc": (health.ECC, health.HEALTHY),
+    "h-remap": (health.REMAP, health.HEALTHY),
+    "h-retire": (health.REMAP, health.HEALTHY),
+    "h-pcie": (health.PCIE, health.HEALTHY),
+    "h-gen": (health.HEALTHY, health.HEALTHY),  # a lower PCIe generation is not a fault
+    "h-lost": (health.LOST, health.HEALTHY),
+    "d-xid": (health.XID, health.HEALTHY),  # dcgm: the gauge keeps 79 after, unchanged: not in the window
+    "d-remap": (health.REMAP, health.HEALTHY),
+    "h-stale": (health.HEALTHY, health.NOT_SCRAPED),  # its exporter stops being scraped
+}
+
+
+def _gpus(node: str, until: float = END) -> list[Any]:
+    ts = [t for t in sample_times(END, SPAN, STEP) if t <= until]
+    out = [make_history(9, node, g, "steady", "steady", ts, steady_shape(0.6, 0.02), mem_constant(0.5))
+           for g in ("0", "1")]
+    if node == "h-lost":  # GPU 1 fell off the bus: only gpu_up 0 until it came back
+        lost = out[1]
+        lost.util = [u if t >= FAULT_END else None for t, u in zip(lost.times, lost.util, strict=True)]
+        lost.mem_used = [m if t >= FAULT_END else None for t, m in zip(lost.times, lost.mem_used, strict=True)]
+    return out
+
+
+def _labels(node: str, gpu: str) -> dict[str, str]:
+    """Our series' labels for a GPU of :func:`_gpus` (its UUID included)."""
+    uuid = next(h.uuid for h in _gpus(node) if h.gpu == gpu)
+    return {"node": node, "gpu": gpu, "uuid": uuid, "instance": f"{node}:9400", "job": "gpu-exporter"}
+
+
+def _history(path: Path) -> Path:
+    ts = sample_times(END, SPAN, STEP)
+
+    def state(bad: float, good: float) -> list[tuple[float, float]]:
+        return [(t, bad if t < FAULT_END else good) for t in ts]
+
+    def born(value: float) -> list[tuple[float, float]]:
+        return [(t, value) for t in ts if t >= RISE]
+
+    with OpenMetricsWriter(path) as w:
+        for node in WANT:
+            if node.startswith("d-"):
+                write_dcgm(w, _gpus(node))
+            else:
+                write_openmetrics(w, _gpus(node, until=END - 3600 if node == "h-stale" else END))
+        w.add("gpu_xid_errors_total", _labels("h-xid", "1") | {"xid": "79"}, born(1.0), type="counter")
+        w.add("gpu_xid_errors_total", _labels("h-xid13", "1") | {"xid": "13"}, born(3.0), type="counter")
+        w.add("gpu_ecc_errors_total", _labels("h-ecc", "1") | {"error_type": "uncorrected", "counter": "volatile"},
+              [(t, 0.0 if t < RISE else 2.0) for t in ts], type="counter")
+        w.add("gpu_ecc_errors_total", _labels("h-ecc", "0") | {"error_type": "corrected", "counter": "volatile"},
+              [(t, 0.0 if t < RISE else 50.0) for t in ts], type="counter")  # corrected: not a fault
+        w.add("gpu_remapped_rows_failed", _labels("h-remap", "1"), state(1.0, 0.0))
+        w.add("gpu_retired_pages_pending", _labels("h-retire", "0"), state(1.0, 0.0))
+        for g in ("0", "1"):
+            w.add("gpu_pcie_link_width_max", _labels("h-pcie", g), state(16.0, 16.0))
+            w.add("gpu_pcie_link_width", _labels("h-pcie", g), state(8.0 if g == "1" else 16.0, 16.0))
+            w.add("gpu_pcie_link_width_max", _labels("h-gen", g), state(16.0, 16.0))
+            w.add("gpu_pcie_link_width", _labels("h-gen", g), state(16.0, 16.0))
+            w.add("gpu_pcie_link_generation", _labels("h-gen", g), state(1.0, 1.0))
+            w.add("gpu_pcie_link_generation_max", _labels("h-gen", g), state(4.0, 4.0))
+        lost = _labels("h-lost", "1")
+        w.add("gpu_up", lost | {"state": "lost"}, [(t, 0.0) for t in ts if t < FAULT_END])
+        for node in ("d-xid", "d-remap"):
+            dcgm = {"gpu": "1", "UUID": _labels(node, "1")["uuid"], "Hostname": node, "job": "dcgm-exporter",
+                    "instance": f"{node}:9400"}
+            if node == "d-xid":  # DCGM_FI_DEV_XID_ERRORS: a gauge holding the last XID code
+                w.add("DCGM_FI_DEV_XID_ERRORS", dcgm, [(t, 0.0 if t < RISE else 79.0) for t in ts])
+            else:
+                w.add("DCGM_FI_DEV_ROW_REMAP_FAILURE", dcgm, state(1.0, 0.0))
+    return path
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    tmp = tmp_path_factory.mktemp("health-prom")
+    with Prometheus(tmp / "server", tsdb_blocks_from=_history(tmp / "h.om")) as server:
+        yield server
+
+
+def _cycle(prom: Prometheus, client: Any, at: float) -> Any:
+    """One ``--once`` run: a new profiler, nothing carried over in memory."""
+    reader = Reader(PromClient(prom.url), QueryConfig(health=True, window_s=1800))
+    prof = Profiler(reader, NodeStore(client), PlanConfig(), health=True,
+                    events=EventRecorder(client, "gpu-exporter", per_minute=600))
+    res = prof.run_cycle(at=at)
+    assert res.ok, res.errors
+    return res
+
+
+def _conditions(api: FakeKubeAPI) -> dict[str, dict[str, str]]:
+    out = {}
+    for n in api.nodes():
+        for c in api.node(n).get("status", {}).get("conditions", []):
+            if c["type"] == "GPUHealthy":
+                out[n] = c
+    return out
+
+
+def _status_patches(api: FakeKubeAPI) -> list[Any]:
+    return [r for r in api.requests if r.resource == "nodes/status"]
+
+
+def _events(api: FakeKubeAPI) -> list[Any]:
+    return [r for r in api.requests if r.resource == "events"]
+
+
+def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus, tmp_path: Path) -> None:
+    from kubernetes import config
+
+    with FakeKubeAPI() as api:
+        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}
+        for n in WANT:
+            api.add_node(n, capacity={"nvidia.com/gpu": "2"}, conditions=[ready])
+
+        r1 = _cycle(prom, client, AT_FAULT)
+        got = _conditions(api)
+        assert {n: c["reason"] for n, c in got.items()} == {n: w[0] for n, w in WANT.items()}
+        for n, c in got.items():
+            assert c["status"] == ("True" if c["reason"] == health.HEALTHY else "False"), n
+        assert got["h-xid"]["message"] == "CriticalXID: GPU 1"
+        assert got["h-retire"]["message"] == "RowRemapFailure: GPU 0"
+        assert r1.status_writes == len(WANT)
+        reqs = _status_patches(api)
+        assert {r.content_type for r in reqs} == {"application/strategic-merge-patch+json"}
+        assert all(r.status == 200 for r in reqs)
+        # the other conditions and the status fields are untouched
+        for n in WANT:
+            st = api.node(n)["status"]
+            assert st["conditions"][0] == ready and st["capacity"] == {"nvidia.com/gpu": "2"}, n
+        # the first setting records an Event on each node
+        firsts = _events(api)
+        assert len(firsts) == len(WANT)
+        assert {r.body["involvedObject"]["name"] for r in firsts} == set(WANT)
+        assert next(r.body for r in firsts if r.body["involvedObject"]["name"] == "h-lost")["reason"] == \
+            "GPUHealthyFalse"
+
+        api.clear_requests()
+        r2 = _cycle(prom, client, AT_FAULT)  # unchanged: nothing written at all
+        assert r2.status_writes == 0 and _status_patches(api) == [] and _events(api) == []
+        assert [r for r in api.patches() if r.resource == "nodes"] == []
+
+        api.clear_requests()
+        before = _conditions(api)
+        r3 = _cycle(prom, client, AT_OK)  # changed once: waits (hysteresis 2), the candidate kept on the node
+        assert r3.status_writes == 0 and _conditions(api) == before
+        changed = {n for n, (a, b) in WANT.items() if a != b}
+        pend = {n: api.node(n)["metadata"]["annotations"].get("gpu-exporter.io/pending", "") for n in changed}
+        assert all("gpu-healthy=" in p for p in pend.values()), pend
+
+        api.clear_requests()
+        r4 = _cycle(prom, client, AT_OK)  # seen twice: written
+        got = _conditions(api)
+        assert {n: c["reason"] for n, c in got.items()} == {n: w[1] for n, w in WANT.items()}
+        assert got["h-stale"]["status"] == "Unknown"
+        assert r4.status_writes == len(changed)
+        for n in WANT:
+            moved = before[n]["lastTransitionTime"] != got[n]["lastTransitionTime"]
+            assert moved == (before[n]["status"] != got[n]["status"]), n
+        assert {r.body["involvedObject"]["name"] for r in _events(api)} == changed
+        assert all("gpu-healthy" not in api.node(n)["metadata"]["annotations"].get("gpu-exporter.io/pending", "")
+                   for n in WANT)
+
+        api.clear_requests()
+        r5 = _cycle(prom, client, AT_OK)
+        assert r5.status_writes == 0 and _status_patches(api) == [] and _events(api) == []
+
+
+def test_condition_writes_need_the_lease(prom: Prometheus, tmp_path: Path) -> None:
+    import threading
+
+    from kubernetes import config
+
+    class NotLeader:
+        leading = threading.Event()  # never set: another replica holds the lease
+
+        @staticmethod
+        def is_leader() -> bool:
+            return False
+
+    with FakeKubeAPI() as api:
+        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
+        api.add_node("h-lost")
+        reader = Reader(PromClient(prom.url), QueryConfig(health=True))
+        prof = Profiler(reader, NodeStore(client), PlanConfig(), health=True, elector=NotLeader())  # type: ignore[arg-type]
+        prof.run_cycle(at=AT_FAULT)
+        assert _status_patches(api) == [] and _conditions(api) == {}
+
+
+def test_causes_from_fields() -> None:
+    def st(**h: float) -> GpuStats:
+        return GpuStats(node="n", gpu="0", health=h)
+
+    assert health.gpu_causes(st()) == []
+    assert health.gpu_causes(GpuStats(node="n", gpu="0", up=0.0)) == [health.LOST]
+    # dcgm's last-XID gauge: 79 held since before the window is not new; a change into it is
+    assert health.gpu_causes(st(xid_min=79, xid_max=79, xid_last=79, xid_changes=0, xid_before=79)) == []
+    assert health.gpu_causes(st(xid_min=13, xid_max=79, xid_last=13, xid_changes=2, xid_before=13)) == [health.XID]
+    assert health.gpu_causes(st(xid_min=79, xid_max=79, xid_last=79, xid_changes=0)) == [health.XID]  # born in it
+    assert health.gpu_causes(st(xid_min=13, xid_max=31, xid_last=31, xid_changes=1, xid_before=0)) == []
+    assert health.gpu_causes(st(width=8, width_max=16, ecc=1)) == [health.ECC, health.PCIE]
+    obs = health.observe({"0": st(width=8, width_max=16), "1": GpuStats(node="n", gpu="1", up=0.0)})
+    assert (obs.status, obs.reason, obs.message) == ("False", health.LOST, "GPULost: GPU 1; PCIeLinkNarrowed: GPU 0")
+    assert health.observe({"0": GpuStats(node="n", gpu="0", fresh=False)}).status == "Unknown"
+    # hysteresis: first setting at once, a change after k observations
+    assert health.decide(None, "False.GPULost", None, 2) == (True, None)
+    assert health.decide("True.AllGPUsHealthy", "False.GPULost", None, 2) == (False, ("False.GPULost", 1))
+    assert health.decide("True.AllGPUsHealthy", "False.GPULost", ("False.GPULost", 1), 2) == (True, None)
+    assert health.decide("True.AllGPUsHealthy", "False.GPULost", ("False.CriticalXID", 1), 2) == (
+        False, ("False.GPULost", 1))
