@@ -190,8 +190,11 @@ class QueryBuilder:
             return UP
         return f"{s.util}/{s.mem_used}" + (" (any name prefix)" if s.any_prefix else "")
 
-    def nodes(self) -> str:
+    def nodes(self, names: str | None = None) -> str:
         """GPUs per node with a sample in the window: the shards are cut from this.
+
+        ``names``: a PromQL raw-string regex the node names must match (a part of the fleet,
+        when the whole answer is over the size cap: :func:`name_parts`).
 
         Ours: ``gpu_up``, which the exporter publishes for every GPU it lists, lost ones
         included; asking for it alone costs a third of asking for every metric the statistics
@@ -201,11 +204,11 @@ class QueryBuilder:
         w = duration(self.cfg.window_s)
         s = self.source
         if self.ours:
-            inner = self.per_gpu(lambda m: f"last_over_time({UP}{{{m}}}[{w}])")
+            inner = self.per_gpu(lambda m: f"last_over_time({UP}{{{m}}}[{w}])", nodes=names)
             by = self.cfg.node_label
         else:
             inner = self.per_gpu(lambda m: f"last_over_time({self.sel(s.util, m)}[{w}]) or "
-                                           f"last_over_time({self.sel(s.mem_used, m)}[{w}])")
+                                           f"last_over_time({self.sel(s.mem_used, m)}[{w}])", nodes=names)
             by = ", ".join(self.node_labels)
         return f'label_replace(count by ({by}) ({inner}), "source", "{s.name}", "", "")'
 
@@ -339,6 +342,27 @@ def uuid_regex(uuids: Iterable[str]) -> str:
     return "`" + "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", u) for u in sorted(set(uuids))) + "`"
 
 
+# the last character of a node name (a DNS name: [a-z0-9], anything else falls in the last class)
+_NAME_CLASSES = ("[0-4]", "[5-9]", "[a-h]", "[i-q]", "[r-z]", "[^0-9a-z]")
+_MAX_NAME_DEPTH = 4  # 6^4 parts at most: a node list 1,296 times the cap is not split further
+
+
+def name_parts(part: tuple[str, int] | None) -> list[tuple[str, int]]:
+    """Split a part of the fleet's node names in smaller ones (empty: cannot be split).
+
+    A part is (suffix regex, open): the names ending in ``suffix``, after anything when
+    ``open``, exactly ``suffix`` when not. The whole fleet (None) splits by the last
+    character, an open part by the character before its suffix, plus the names that are the
+    suffix alone.
+    """
+    if part is None:
+        return [(c, 1) for c in _NAME_CLASSES]
+    suffix, is_open = part
+    if not is_open or suffix.count("[") >= _MAX_NAME_DEPTH:
+        return []
+    return [(c + suffix, 1) for c in _NAME_CLASSES] + [(suffix, 0)]
+
+
 def name_regex(names: Iterable[str]) -> str:
     """A PromQL raw-string regex matching exactly these node names (as :func:`uuid_regex`)."""
     return uuid_regex(names)
@@ -425,12 +449,10 @@ class Reader:
             self.builder.join = not (len(counts) == 1 and counts[0].value == 0)
         for b in self.builders.values():
             b.node_labels = b.source.node_labels  # every candidate, to find which are in use
-        self.queries_sent += 1
-        expr = " or ".join(b.nodes() for b in self.builders.values())
         found: dict[str, dict[str, int]] = {n: {} for n in self.builders}
         used: dict[str, set[str]] = {n: set() for n in self.builders}
         bad_names = 0
-        for s in self.client.query(expr, at):
+        for s in self._node_counts(at):
             found_by = self.builders.get(s.labels.get("source", ""))
             if found_by is None:
                 continue
@@ -461,6 +483,25 @@ class Reader:
             log.info("source %s: %s", cfg.source, ", ".join(f"{n} for {c} nodes" for n, c in picked.items()))
             self.picked = picked
         return found
+
+    def _node_counts(self, at: float) -> list[Sample]:
+        """The nodes query's answer; one over the size cap is asked again in parts of the
+        fleet, cut by the last characters of the node names (:func:`name_parts`)."""
+        out: list[Sample] = []
+        todo: list[tuple[str, int] | None] = [None]
+        while todo:
+            part = todo.pop()
+            names = None if part is None else "`.*" + part[0] + "`" if part[1] else "`" + part[0] + "`"
+            self.queries_sent += 1
+            try:
+                out += self.client.query(" or ".join(b.nodes(names) for b in self.builders.values()), at)
+            except PromError as exc:
+                subs = name_parts(part)
+                if exc.kind != TOO_LARGE or not subs:
+                    raise
+                log.info("the node list was over the size cap: asking for it in %d parts", len(subs))
+                todo += subs
+        return out
 
     def read_shards(self, at: float, consume: Callable[[dict[tuple[str, str], GpuStats]], None]) -> Snapshot:
         """Read shard by shard, handing each shard's GPUs to ``consume`` before the next is read.

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.prometheus
 
 END = float(int(time.time()) - 60)
 CAP = 1024 * 1024  # the cap of the report: 1,478 periodic GPUs of 10,000 nodes came out bursty
+SMALL = 128 * 1024  # below the list of 10,000 nodes (about 600 KB): it is asked in parts
 FLEET = 10_000
 TESTED = 100
 
@@ -46,7 +47,21 @@ def _write_young(w: OpenMetricsWriter, nodes: list[str]) -> None:
         w.add("gpu_up", labels, [(t, 1.0) for t in ts])
 
 
-def _patterns(tmp: Path, big: bool) -> dict[tuple[str, str], tuple[str, float | None]]:
+Patterns = dict[tuple[str, str], tuple[str, float | None]]
+
+
+def _read(url: str, cap: int, tested: list[GpuHistory]) -> tuple[Patterns, int]:
+    client = PromClient(url, max_response_bytes=cap, timeout=60)
+    snap = Reader(client, QueryConfig(source="gpu-exporter")).read(END)
+    assert client.largest_response_bytes <= cap
+    out = {}
+    for h in tested:
+        p = classify_gpu(snap.gpus[(h.node, h.gpu)])
+        out[(h.node, h.gpu)] = (p.pattern, None if p.period_seconds is None else round(p.period_seconds, 6))
+    return out, snap.shards
+
+
+def _patterns(tmp: Path, big: bool, caplog: pytest.LogCaptureFixture) -> Patterns:
     tested = _tested()
     taken = {h.node for h in tested}
     tmp.mkdir()
@@ -55,21 +70,21 @@ def _patterns(tmp: Path, big: bool) -> dict[tuple[str, str], tuple[str, float | 
         if big:
             _write_young(w, [f"n{i:05d}" for i in range(FLEET) if f"n{i:05d}" not in taken])
     with Prometheus(tmp / "p", tsdb_blocks_from=tmp / "h.om") as p:
-        client = PromClient(p.url, max_response_bytes=CAP, timeout=60)
-        snap = Reader(client, QueryConfig(source="gpu-exporter")).read(END)
-    assert client.largest_response_bytes <= CAP
-    if big:
-        assert snap.shards > 10  # small shards: the 100 nodes' GPUs share them with young ones
-    out = {}
-    for h in tested:
-        p = classify_gpu(snap.gpus[(h.node, h.gpu)])
-        out[(h.node, h.gpu)] = (p.pattern, None if p.period_seconds is None else round(p.period_seconds, 6))
+        out, shards = _read(p.url, CAP, tested)
+        if big:
+            assert shards > 10  # small shards: the 100 nodes' GPUs share them with young ones
+            # a list of nodes longer than the cap is asked in parts (by the names' last characters)
+            reader = Reader(PromClient(p.url, max_response_bytes=SMALL), QueryConfig(source="gpu-exporter"))
+            found = reader.discover(END)
+            assert "the node list was over the size cap" in caplog.text
+            assert len(found["gpu-exporter"]) == FLEET
     return out
 
 
-def test_patterns_do_not_depend_on_fleet_size(tmp_path: Path) -> None:
-    small = _patterns(tmp_path / "small", big=False)
-    big = _patterns(tmp_path / "big", big=True)
+def test_patterns_do_not_depend_on_fleet_size(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="exporter.profiler")
+    small = _patterns(tmp_path / "small", big=False, caplog=caplog)
+    big = _patterns(tmp_path / "big", big=True, caplog=caplog)
     assert sum(p == "periodic" for p, _ in small.values()) >= 50
     diffs = [f"{k}: {small[k]} at {TESTED} nodes, {big[k]} at {FLEET}" for k in sorted(small) if small[k] != big[k]]
     assert diffs == []
