@@ -6,10 +6,14 @@
    SM-starved, healthy), so the live page, the dashboards and the alerts have every state.
 2. A classification needs 30 minutes of history, so the demo backfills the last 35
    minutes from the simulated backend's own model (:class:`~exporter.backends.simulated.Model`,
-   pure functions of time) with the exact labels the live exporter serves, then starts a
-   private Prometheus (Debian's binary, temporary directory) that also scrapes the live
-   exporter from then on.
-3. Runs ``gpu-exporter profile --once --dry-run`` against it, with no Kubernetes cluster:
+   pure functions of time) with the exact labels the live exporter serves: utilisation,
+   memory, SM activity (GPM), XID and uncorrectable-ECC counters and the slowdown reasons
+   (what the availability score discounts). The model's faults start with the history, so
+   the leak is growing over the whole window. It then starts a private Prometheus (Debian's
+   binary, temporary directory) that also scrapes the live exporter from then on.
+3. Runs ``gpu-exporter profile --once --dry-run --at <end of the history>`` against it (the
+   window is the model's history; the live exporter started its faults afresh), with no
+   Kubernetes cluster:
    the profiler plans from Prometheus alone and prints the merge patch it would send.
    (``KUBECONFIG=/dev/null`` is the demo's own choice, so the profiler's "dry run without a
    cluster" warning is replaced by one line saying so.)
@@ -51,20 +55,38 @@ def _scrape(url: str) -> str:
 def backfill(path: Path, instance: str, job: str, end: float, model: simulated.Model) -> None:
     """History of the simulated GPUs up to ``end`` from the backend's model (a reading the
     model does not report at a time, e.g. a MIG GPU's utilisation, is absent there too)."""
-    times = [end - SPAN + i * INTERVAL for i in range(int(SPAN // INTERVAL))]
+    times = [end - SPAN + (i + 1) * INTERVAL for i in range(int(SPAN // INTERVAL))]
     with OpenMetricsWriter(path) as w:
         for i in range(GPUS):
             labels = {"gpu": str(i), "uuid": f"GPU-5140a7ed-0000-4000-8000-{i:012d}", "instance": instance,
                       "job": job}
             for name, read in (("gpu_utilization_ratio", model.utilization), ("gpu_memory_used_bytes",
-                                                                             model.memory_used)):
+                                                                             model.memory_used),
+                               ("gpu_sm_active_ratio", model.sm_active)):
                 samples = [(t, v) for t in times if (v := read(i, t)) is not None]
                 if samples:
                     w.add(name, labels, samples)
             w.add("gpu_memory_total_bytes", labels, [(t, float(simulated.MEMORY_TOTAL)) for t in times])
             w.add("gpu_up", labels, [(t, 1.0 if model.up(i, t) else 0.0) for t in times])
+            health(w, labels, times, model, i)
         w.add("gpu_host_info", {"node": NODE, "cpu_model": "demo", "kernel": "demo", "instance": instance,
                                 "job": job}, [(t, 1.0) for t in times])
+
+
+def health(w: OpenMetricsWriter, labels: dict[str, str], times: list[float], model: simulated.Model,
+           i: int) -> None:
+    """The series the availability score reads: XIDs, uncorrectable ECC errors, slowdown reasons."""
+    up = [t for t in times if model.up(i, t)]
+    codes = sorted({code for t in up for code in model.xid_counts(i, t)})
+    for code in codes:
+        samples = [(t, float(n)) for t in up if (n := model.xid_counts(i, t).get(code))]
+        w.add("gpu_xid_errors_total", {**labels, "xid": code}, samples, type="counter")
+    w.add("gpu_ecc_errors_total", {**labels, "error_type": "uncorrected", "counter": "volatile"},
+          [(t, float(model.ecc_uncorrected(i, t))) for t in up], type="counter")
+    active = simulated.SLOWDOWN.get(model.state(i), ())
+    for reason in sorted({r for rs in simulated.SLOWDOWN.values() for r in rs}):
+        w.add("gpu_throttle_reason_active", {**labels, "reason": reason},
+              [(t, 1.0 if reason in active else 0.0) for t in up])
 
 
 def without_own_kubeconfig_warning(log: str) -> str:
@@ -90,20 +112,21 @@ def main() -> int:
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         wait_until(lambda: "gpu_utilization_ratio" in _scrape(url), timeout=30, what="the exporter")
-        # the first scrape started the backend: its faults develop from about now
-        model = simulated.Model(SCENARIO, GPUS, time.time())
+        # history ends a scrape interval ago; its faults start with it (the live exporter's
+        # started at its first scrape, just now)
+        end = time.time() - INTERVAL
+        model = simulated.Model(SCENARIO, GPUS, end - SPAN)
         print(f"exporter: {GPUS} simulated GPUs ({SCENARIO}: {', '.join(model.state(i) for i in range(GPUS))}) "
               f"on {url}, live page http://127.0.0.1:{port}/", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="gpu-exporter-demo-") as tmp:
             history = Path(tmp) / "history.om"
-            # history ends a scrape interval ago; the live scrapes continue the same series
-            backfill(history, f"127.0.0.1:{port}", "targets", time.time() - INTERVAL, model)
+            backfill(history, f"127.0.0.1:{port}", "targets", end, model)
             with Prometheus(Path(tmp) / "prometheus", scrape_targets=[f"127.0.0.1:{port}"],
                             scrape_interval="15s", tsdb_blocks_from=history) as prom:
                 prom.wait_for_up(f"127.0.0.1:{port}")
                 print(f"prometheus: {prom.url} (35 min backfilled from the simulated model)", file=sys.stderr)
                 proc = subprocess.run(
-                    [sys.executable, "-m", "exporter", "profile", "--once", "--dry-run",
+                    [sys.executable, "-m", "exporter", "profile", "--once", "--dry-run", "--at", f"{end:.3f}",
                      "--prometheus-url", prom.url, "--log-level", "warning"],
                     cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         sys.stderr.write(without_own_kubeconfig_warning(proc.stderr))

@@ -31,8 +31,9 @@ Times are seconds since the backend started (``dt``):
   HW slowdown active, clocks held at 1110 MHz, thermal violation time growing.
 - ``power_cap``: full load at the power limit, ``sw_power_cap`` active, power violation time
   growing.
-- ``leak``: memory used grows 128 MiB/s from 40 GiB and stays at 97 % (the leaking job
-  keeps it while its allocations fail).
+- ``leak``: memory used grows 128 MiB/s from 40 GiB to 96 % (about 5 minutes), then keeps
+  creeping at 1 MiB/s up to 99 % (about 40 more minutes), where it stays (the leaking job keeps
+  it while its allocations fail): nearly full soon, and still growing over a profiler window.
 - ``starved`` (in ``mixed``): over 90 % utilisation while only ~12 % of the SMs are active
   (GPM SM activity): small kernels or an input-bound loop.
 - ``driver`` (a scenario of its own): from ``dt`` = 2 s the driver stops answering at all,
@@ -94,7 +95,12 @@ LOST_AFTER = 2.0  # s after start
 DRIVER_GONE_AFTER = 2.0  # s after start, in the "driver" scenario
 LEAK_START = 40 * GIB
 LEAK_FAST_BYTES_PER_SECOND = 128 * MIB
-LEAK_CEILING = int(0.97 * MEMORY_TOTAL) // MIB * MIB
+LEAK_PLATEAU = int(0.96 * MEMORY_TOTAL) // MIB * MIB  # under 5 % free: GPUMemoryNearlyFull
+LEAK_CREEP_BYTES_PER_SECOND = 1 * MIB  # then the leak goes on, slower (a growing pattern for the profiler)
+LEAK_CEILING = int(0.99 * MEMORY_TOTAL) // MIB * MIB
+# clock event reasons active in a throttled state
+SLOWDOWN: dict[str, tuple[str, ...]] = {"thermal": ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown"),
+                                        "power_cap": ("sw_power_cap",)}
 # (profile, gpu instance id, memory MiB, load pattern): an 80 GB GPU's seven slices
 MIG_LAYOUT = (("3g.40gb", 2, 40448, "steady"), ("2g.20gb", 3, 19968, "periodic"),
               ("1g.10gb", 9, 9856, "bursty"), ("1g.10gb", 10, 9856, "idle"))
@@ -154,13 +160,16 @@ def utilization_at(index: int, t: float) -> float:
 
 def memory_used_at(index: int, t: float) -> float:
     """Memory used in bytes (whole MiB) of healthy simulated GPU ``index`` at unix time ``t``."""
-    pattern = pattern_of(index)
+    return _pattern_memory(pattern_of(index), index, t)
+
+
+def _pattern_memory(pattern: str, index: int, t: float) -> float:
     if pattern == "idle":
         return float(512 * MIB)
     if pattern == "leak":
         span = 0.85 * MEMORY_TOTAL - 8 * GIB
         return _whole_mib(8 * GIB + (LEAK_BYTES_PER_SECOND * (t - _EPOCH)) % span)
-    u = utilization_at(index, t)
+    u = _pattern_utilization(pattern, index, t)
     base = {"steady": 40, "periodic": 60, "bursty": 20}[pattern] * GIB
     return _whole_mib(base + u * 8 * GIB)
 
@@ -203,6 +212,12 @@ class Model:
         states = STATES[self.scenario]
         return states[index] if index < len(states) else HEALTHY
 
+    def pattern(self, index: int) -> str:
+        """The load pattern of a GPU that reports one: its index's, except that a GPU in a fault
+        state (XID, ECC) runs a steady job: it shows its fault, not the healthy leak pattern."""
+        p = pattern_of(index)
+        return "steady" if p == "leak" and self.state(index) != HEALTHY else p
+
     def up(self, index: int, t: float) -> bool:
         return not (self.state(index) == LOST and t - self.t0 >= LOST_AFTER)
 
@@ -223,7 +238,7 @@ class Model:
             return 0.93 + 0.04 * (n - 0.5)
         if state == LEAK:
             return _pattern_utilization("leak", index, t)
-        return utilization_at(index, t)
+        return _pattern_utilization(self.pattern(index), index, t)
 
     def mig_instances(self, index: int, t: float) -> list[MigReading]:
         if self.state(index) != MIG or not self.up(index, t):
@@ -254,12 +269,30 @@ class Model:
         state = self.state(index)
         if state == LEAK:
             dt = max(0.0, t - self.t0)
-            return _whole_mib(min(LEAK_CEILING, LEAK_START + LEAK_FAST_BYTES_PER_SECOND * dt))
+            fast = LEAK_START + LEAK_FAST_BYTES_PER_SECOND * dt
+            if fast <= LEAK_PLATEAU:
+                return _whole_mib(fast)
+            creep = (dt - (LEAK_PLATEAU - LEAK_START) / LEAK_FAST_BYTES_PER_SECOND) * LEAK_CREEP_BYTES_PER_SECOND
+            return _whole_mib(min(LEAK_CEILING, LEAK_PLATEAU + creep))
         if state == MIG:
             return float(sum(m.memory_used_bytes or 0.0 for m in self.mig_instances(index, t)))
         if state in (THERMAL, POWER_CAP):
             return _whole_mib((52 + 4 * _noise(index, int(t), "mem")) * GIB)
-        return memory_used_at(index, t)
+        return _pattern_memory(self.pattern(index), index, t)
+
+    def sm_active(self, index: int, t: float) -> float | None:
+        """The whole GPU's SM activity (GPM), 0-1; None for a MIG GPU (per instance) or a lost one."""
+        if not self.up(index, t) or self.state(index) == MIG:
+            return None
+        return round(0.12 if self.state(index) == STARVED else 0.85 * self.load(index, t), 4)
+
+    def xid_counts(self, index: int, t: float) -> dict[str, int]:
+        """XID code -> events since the start, at ``t`` (the exporter's gpu_xid_errors_total)."""
+        return {code: n for code, (n, _) in _events(self.state(index), t - self.t0).items()}
+
+    def ecc_uncorrected(self, index: int, t: float) -> int:
+        """Uncorrectable ECC errors since the start (volatile), at ``t``."""
+        return _uncorrected(t - self.t0) if self.state(index) == ECC else 0
 
     def pci_devices(self) -> int:
         """GPUs on the simulated PCI bus: one more than enumerated when the scenario has a lost GPU."""
@@ -355,11 +388,10 @@ class SimulatedBackend(Backend):
         reasons["gpu_idle"] = 1.0 if load < 0.05 else 0.0
         if state == THERMAL:
             power, temp, sm_clock = 480.0 + 10 * _noise(i, int(now), "p"), 92.0 + 2 * _noise(i, int(now), "t"), 1110e6
-            for reason in ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown"):
-                reasons[reason] = 1.0
         elif state == POWER_CAP:
             power, temp, sm_clock = POWER_MAX_W, 80.0 + 2 * _noise(i, int(now), "t"), 1755e6
-            reasons["sw_power_cap"] = 1.0
+        for reason in SLOWDOWN.get(state, ()):
+            reasons[reason] = 1.0
         self._energy[i] += power * dt
         v = self._violation[i]
         v["power"] += dt * reasons["sw_power_cap"]
@@ -418,8 +450,8 @@ class SimulatedBackend(Backend):
                 r.pipe_active_ratio = {("tensor", str(m.gpu_instance_id)): round(0.4 * (m.utilization_ratio or 0.0), 4)
                                        for m in r.mig}
             else:
-                load = self.model.load(i, now)
-                r.sm_active_ratio = {"": round(0.12 if state == STARVED else 0.85 * load, 4)}
+                sm = self.model.sm_active(i, now)
+                r.sm_active_ratio = {} if sm is None else {"": sm}
         if state == MIG:
             r.unsupported.add("gpu_utilization_ratio")  # NVML has no whole-GPU utilisation in MIG mode
 

@@ -119,6 +119,11 @@ class GpuStats:
     sm_mean: float | None = None  # window mean of the whole GPU's SM activity (GPM); None: no series
     sm_count: float | None = None  # its samples in the window
     health: dict[str, float] | None = None  # health fields read for the GPUHealthy condition (health.py)
+    # the availability score's health (health_factor): XIDs and uncorrectable ECC errors in the
+    # window, share of the window with a thermal/power/hardware slowdown; None: not published
+    xid_rise: float | None = None
+    ecc_rise: float | None = None
+    throttle_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,6 +425,18 @@ def availability_score(free_ratio: float, util: float) -> float:
     return 0.6 * f + 0.4 * (1.0 - u)
 
 
+def health_factor(st: GpuStats) -> float:
+    """What the availability score keeps of a GPU's free capacity, 0-1: 0 after an XID or an
+    uncorrectable ECC error in the window (its jobs crash or its memory fails: never the best
+    GPU to place work on), else 1 - the share of the window it spent in a thermal, power or
+    hardware slowdown (a throttled GPU delivers that much less). Readings that are absent
+    (another exporter, no such event) cost nothing."""
+    if (finite(st.xid_rise) or 0.0) > 0 or (finite(st.ecc_rise) or 0.0) > 0:
+        return 0.0
+    throttled = min(1.0, max(0.0, finite(st.throttle_ratio) or 0.0))
+    return 1.0 - throttled
+
+
 def _memory_ratios(st: GpuStats) -> tuple[float | None, float | None]:
     """(used ratio, free ratio) over the window; free from gpu_memory_free_bytes if present."""
     total = finite(st.mem_total)
@@ -444,7 +461,8 @@ def classify_gpu(st: GpuStats, th: Thresholds | None = None) -> GpuProfile:
     mean, std, p95 = finite(st.util_mean), finite(st.util_std), finite(st.util_p95)
     util = None if mean is None else min(1.0, max(0.0, mean))
     used_ratio, free_ratio = _memory_ratios(st)
-    score = None if util is None or free_ratio is None else round(availability_score(free_ratio, util), 4)
+    score = None if util is None or free_ratio is None else round(
+        availability_score(free_ratio, util) * health_factor(st), 4)
     common: dict[str, Any] = {"util_mean": util, "mem_used_ratio": used_ratio, "score": score}
 
     if st.up is not None and st.up == 0:

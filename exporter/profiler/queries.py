@@ -83,6 +83,12 @@ MEM_TOTAL = "gpu_memory_total_bytes"
 UP = "gpu_up"
 HOST_INFO = "gpu_host_info"
 ALLOCATION = "gpu_allocation_info"
+XID = "gpu_xid_errors_total"
+ECC = "gpu_ecc_errors_total"
+THROTTLE = "gpu_throttle_reason_active"
+# clock event reasons that mean the GPU runs below its clocks because of heat, power or hardware
+SCORE_THROTTLE_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown", "hw_power_brake_slowdown",
+                          "sw_power_cap")
 # every metric a shard's aggregates select: series of any of them without the node label need the join
 JOINED_METRICS = (UTIL, SM_ACTIVE, MEM_USED, MEM_FREE, MEM_TOTAL, UP, ALLOCATION)
 
@@ -259,7 +265,29 @@ class QueryBuilder:
             parts["up"] = lambda m: f"last_over_time({sel(s.health.up, m)}[{f}])"
         if self.cfg.health:
             parts.update(self._health_parts())
+        if self.ours:
+            parts.update(self._score_parts())
         return " or ".join(self.tag(self.per_gpu(fn, nodes=nodes), stat) for stat, fn in parts.items())
+
+    def _score_parts(self) -> dict[str, Callable[[str], str]]:
+        """What the availability score discounts (issue 28; classify.health_factor): any XID and
+        any uncorrectable ECC error in the window, and the share of the window with a thermal,
+        power or hardware slowdown active. Our families only; read in the memory query."""
+        w = duration(self.cfg.window_s)
+
+        def rise(metric: str, extra: str) -> Callable[[str], str]:
+            def fn(m: str) -> str:  # a series born in the window counts whole (its first sample is an error)
+                s = f"{metric}{{{m}{extra}}}"
+                return (f"(max_over_time({s}[{w}]) - last_over_time({s}[{w}] offset {w})) or "
+                        f"(max_over_time({s}[{w}]) unless last_over_time({s}[{w}] offset {w}))")
+            return fn
+
+        slow = "|".join(SCORE_THROTTLE_REASONS)
+        return {
+            "score_xid": rise(XID, ""),
+            "score_ecc": rise(ECC, ', error_type="uncorrected", counter="volatile"'),
+            "score_throttle": lambda m: f'avg_over_time({THROTTLE}{{{m}, reason=~"{slow}"}}[{w}])',
+        }
 
     def _health_parts(self) -> dict[str, Callable[[str], str]]:
         """Health fields, read in the memory query (no query of their own): see health.py."""
@@ -643,6 +671,8 @@ class Reader:
                 util_fresh=v.get("util_fresh", 0.0), mem_fresh=v.get("mem_fresh", 0.0),
                 util_step=self._step(v), mem_step=mem_step,
                 sm_mean=v.get("util_sm_mean"), sm_count=v.get("util_sm_count"),
+                xid_rise=v.get("mem_score_xid"), ecc_rise=v.get("mem_score_ecc"),
+                throttle_ratio=v.get("mem_score_throttle"),
             )  # fmt: skip
             if cfg.health:
                 st.health = {k[4:]: x for k, x in v.items() if k[4:] in HEALTH_STATS}

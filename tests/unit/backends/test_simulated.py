@@ -205,11 +205,15 @@ def test_throttle_heat_and_power_cap() -> None:
 
 
 def test_leak_fills_memory_and_stays_full() -> None:
-    series = at("leak", [0.0, 60.0, 120.0, 600.0, 1200.0])
+    """Under 5 % free within 5 minutes, still growing (slowly) over the next half hour, so that the
+    profiler sees a leak in its window (issue 28), and then full for good."""
+    series = at("leak", [0.0, 60.0, 120.0, 360.0, 1200.0, 2100.0, 3600.0, 4000.0])
     used = [get(s, "gpu_memory_used_bytes", gpu="0") for s in series]
-    assert used[0] < used[1] < used[2] < used[3] == used[4], used  # type: ignore[operator]
-    free, total = get(series[-1], "gpu_memory_free_bytes", gpu="0"), get(series[-1], "gpu_memory_total_bytes", gpu="0")
-    assert free / total < 0.05  # type: ignore[operator]
+    assert used[0] < used[1] < used[2] < used[3] < used[4] < used[5] < used[6] == used[7], used  # type: ignore[operator]
+    for s in series[3:]:
+        free, total = get(s, "gpu_memory_free_bytes", gpu="0"), get(s, "gpu_memory_total_bytes", gpu="0")
+        assert free / total < 0.05  # type: ignore[operator]
+    assert used[5] - used[3] > 0.01 * 80 * 2**30  # type: ignore[operator]  # the profiler's growth floor
 
 
 def test_mixed_puts_each_state_on_its_own_gpu() -> None:

@@ -1,0 +1,77 @@
+"""Issue 28, finding 4: ``make demo`` prints what it advertises, and docs/annotations.md shows the
+block it really prints.
+
+The demo runs the simulated ``mixed`` fleet (one GPU per state) through a real Prometheus and the
+profiler. The leaking GPU must come out ``growing``, the SM-starved one ``underused`` (the backfill
+has SM activity), and the XID GPU neither leaking nor the best GPU: the availability score
+discounts XIDs, uncorrectable ECC errors and throttling, so the best GPU is a healthy one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness.exporter import REPO
+
+PREFIX = "gpu-exporter.io/"
+
+
+@pytest.fixture(scope="module")
+def demo() -> tuple[dict[int, str], dict[str, str]]:
+    """(GPU index -> simulated state, annotation key -> value) from one real ``make demo`` run."""
+    proc = subprocess.run([sys.executable, "-m", "demo.run"], cwd=REPO, env=dict(os.environ), capture_output=True,
+                          text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    states = re.search(r"simulated GPUs \(mixed: ([a-z_, ]+)\)", proc.stderr)
+    assert states, proc.stderr
+    by_index = dict(enumerate(s.strip() for s in states.group(1).split(",")))
+    annotations = dict(re.findall(rf"^  ({re.escape(PREFIX)}\S+): (.*)$", proc.stdout, re.M))
+    assert annotations, proc.stdout
+    return by_index, annotations
+
+
+def _gpu_in(states: dict[int, str], state: str) -> int:
+    (index,) = [i for i, s in states.items() if s == state]
+    return index
+
+
+@pytest.mark.prometheus
+def test_demo_patterns_are_the_states_it_advertises(demo: tuple[dict[int, str], dict[str, str]]) -> None:
+    states, ann = demo
+    pattern = {i: ann.get(f"{PREFIX}gpu-{i}.pattern") for i in states}
+    assert pattern[_gpu_in(states, "leak")] == "growing", pattern
+    assert pattern[_gpu_in(states, "starved")] == "underused", pattern
+    assert pattern[_gpu_in(states, "xid")] != "growing", pattern
+    assert pattern[_gpu_in(states, "lost")] == "unknown", pattern
+    growing = [i for i, p in pattern.items() if p == "growing"]
+    assert growing == [_gpu_in(states, "leak")], pattern
+
+
+@pytest.mark.prometheus
+def test_best_gpu_is_a_healthy_one(demo: tuple[dict[int, str], dict[str, str]]) -> None:
+    states, ann = demo
+    best = int(ann[f"{PREFIX}best-gpu"])
+    assert states[best] == "healthy", f"best-gpu {best} is {states[best]}"
+
+
+@pytest.mark.prometheus
+def test_docs_show_the_block_the_demo_prints(demo: tuple[dict[int, str], dict[str, str]]) -> None:
+    """docs/annotations.md's `kubectl describe node` block holds the demo's annotations: the same
+    keys and values; the score, a window mean, within 0.05."""
+    _, ann = demo
+    text = (REPO / "docs" / "annotations.md").read_text()
+    block = re.search(r"## What `kubectl describe node` shows\n\n```\n(.*?)```", text, re.S)
+    assert block
+    documented = dict(re.findall(rf"({re.escape(PREFIX)}\S+): (.*)$", block.group(1), re.M))
+    assert set(documented) == set(ann), sorted(set(documented) ^ set(ann))
+    for key, value in ann.items():
+        if key.endswith("best-gpu-score"):
+            assert abs(float(documented[key]) - float(value)) <= 0.05, (key, documented[key], value)
+        else:
+            assert documented[key] == value, (key, documented[key], value)
+    assert f"its {len(demo[0])} simulated GPUs" in text
