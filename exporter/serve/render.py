@@ -5,7 +5,8 @@ collector would), so no label set can go stale. We write the exposition ourselve
 than through ``prometheus_client.generate_latest``: that costs ~4 us per sample, which at
 8 GPUs (~900 samples) alone is four times our 1 ms scrape budget. Here each GPU's label
 string is escaped once per collection, and the static topology block (quadratic in the
-GPU count) is rendered once per driver initialisation and reused.
+GPU count) is rendered once per driver initialisation and reused. The label part of each keyed
+sample and the text of repeating values are cached across renders (``python -m bench.render``).
 
 Rendering happens once per collection and format; all scrapers of that collection share
 the bytes. Extra families from plugins (pod attribution) are ``prometheus_client`` Metric
@@ -48,13 +49,44 @@ def _esc_help(v: str, om: bool) -> str:
 def num(v: float) -> str:
     """Go-compatible float text; integral values without a fraction (``85520809984``)."""
     v = float(v)
+    if v.is_integer():  # the common case first (counts, flags, bytes); NaN and the infinities are not
+        return str(int(v)) if -1e15 < v < 1e15 else repr(v)
     if v != v:
         return "NaN"
     if v in (math.inf, -math.inf):
         return "+Inf" if v > 0 else "-Inf"
-    if v.is_integer() and -1e15 < v < 1e15:
-        return str(int(v))
     return repr(v)
+
+
+# value -> its text, for the values that repeat from one sample and one render to the next (0, 1,
+# a clock, an error count): the formatting is the larger part of writing a sample. Bounded.
+_NUMS: dict[float, str] = {}
+_NUMS_MAX = 8192
+
+
+def _num_cached(v: float) -> str:
+    s = num(v)
+    if len(_NUMS) < _NUMS_MAX:
+        _NUMS[v] = s
+    return s
+
+
+# (family, GPU label string, reading key) -> 'family{gpu=...,uuid=...,label="key"} ': the label part of a
+# keyed sample is the same from one render to the next (links, clocks, reasons), so it is escaped and
+# joined once, not on every scrape. Bounded: a churn of keys cannot grow it without limit.
+_PREFIXES: dict[tuple[str, str, Any], str] = {}
+_PREFIXES_MAX = 32_768  # about 8 MiB at most; a 64-GPU NVLink node needs about 12,000
+
+
+def _keyed_prefix(name: str, labels: tuple[str, ...], base: str, key: Any) -> str:
+    if len(labels) == 1:
+        pairs = f'{labels[0]}="{esc(str(key))}"'
+    else:
+        pairs = ",".join(f'{ln}="{esc(str(k))}"' for ln, k in zip(labels, key, strict=True))
+    if len(_PREFIXES) >= _PREFIXES_MAX:
+        _PREFIXES.clear()
+    p = _PREFIXES[(name, base, key)] = f"{name}{{{base},{pairs}}} "
+    return p
 
 
 def labelstr(labels: dict[str, str]) -> str:
@@ -175,6 +207,7 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
         _emit(out, "gpu_up", "".join(f"gpu_up{{{b}}} {1 if r.up else 0}\n" for _, r, b in rows))
 
     live = [(r, b) for _, r, b in rows if r.up]
+    nums = _NUMS
     for fam in GPU_FAMILIES:
         if not fields.exposed(fam.name):
             continue
@@ -184,17 +217,13 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
             for r, b in live:
                 v = getattr(r, attr)
                 if v is not None:
-                    lines.append(f"{name}{{{b}}} {num(v)}\n")
-        elif len(fam.labels) == 1:
-            lname = fam.labels[0]
-            for r, b in live:
-                for key, v in getattr(r, attr).items():
-                    lines.append(f'{name}{{{b},{lname}="{esc(str(key))}"}} {num(v)}\n')
+                    lines.append(f"{name}{{{b}}} {nums.get(v) or _num_cached(v)}\n")
         else:
+            labels, prefixes = fam.labels, _PREFIXES
             for r, b in live:
                 for key, v in getattr(r, attr).items():
-                    pairs = ",".join(f'{ln}="{esc(str(k))}"' for ln, k in zip(fam.labels, key, strict=True))
-                    lines.append(f"{name}{{{b},{pairs}}} {num(v)}\n")
+                    p = prefixes.get((name, b, key)) or _keyed_prefix(name, labels, b, key)
+                    lines.append(f"{p}{nums.get(v) or _num_cached(v)}\n")
         out.family(name, fam.kind, fam.help, "".join(lines), fam.unit)
 
     mig_hook = snap.mig_labels
