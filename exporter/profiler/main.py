@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deadline of one HTTP attempt, from connect to the last byte (default 10s)")
     g.add_argument("--prometheus-max-response-bytes", default="16MiB",
                    help="largest answer read; a longer one is refused unread (default 16MiB; B, KiB, MiB, GiB)")
+    g.add_argument("--prometheus-max-parse-bytes", default="32MiB",
+                   help="memory one answer may take to parse; a larger one is refused while read and its shard "
+                        "asked in halves (default 32MiB; bounds the profiler's memory, docs/profiler.md)")
     g.add_argument("--prometheus-header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="extra request header, repeatable (e.g. 'X-Scope-OrgID: team-a' for Mimir or Cortex)")
     g.add_argument("--prometheus-retries", default="2", help="extra attempts after a transient failure (default 2)")
@@ -212,6 +215,7 @@ class Settings:
     ca_file: str | None
     headers: dict[str, str]
     max_response_bytes: int
+    max_parse_bytes: int
     timeout_s: float
     retries: int
     query: QueryConfig
@@ -309,6 +313,7 @@ def parse_args(argv: list[str]) -> Settings:
         headers=_headers(a.prometheus_header),
         max_response_bytes=_size("--prometheus-max-response-bytes", a.prometheus_max_response_bytes,
                                  64 * 1024, 1024**3),
+        max_parse_bytes=_size("--prometheus-max-parse-bytes", a.prometheus_max_parse_bytes, 1024**2, 1024**3),
         timeout_s=parse_duration("--prometheus-timeout", a.prometheus_timeout, 0.1, 600),
         retries=_int("--prometheus-retries", a.prometheus_retries, 0, 10),
         query=QueryConfig(window_s=window, step_s=step, node_label=a.node_label, thresholds=th,
@@ -373,7 +378,8 @@ def _on_off(flag: str, value: str) -> bool:
 def build_profiler(s: Settings, out: IO[str] | None = None) -> Profiler:
     """Objects for ``s``; the Kubernetes client is optional only in a dry run."""
     client = PromClient(s.prometheus_url, timeout=s.timeout_s, retries=s.retries, token_file=s.token_file,
-                        ca_file=s.ca_file, headers=s.headers, max_response_bytes=s.max_response_bytes)
+                        ca_file=s.ca_file, headers=s.headers, max_response_bytes=s.max_response_bytes,
+                        max_parse_bytes=s.max_parse_bytes)
     store: NodeStore | None = None
     api: Any = None
     try:

@@ -25,7 +25,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,10 @@ TOO_LARGE = "prometheus_response_too_large"
 KINDS = (UNREACHABLE, TIMEOUT, HTTP_5XX, BAD_QUERY, BAD_RESPONSE, TOO_LARGE)
 
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+# The memory one answer may take to parse and convert (ParseCost); larger answers are refused
+# (prometheus_response_too_large) and the shard or range batch asked in halves. With the
+# answers of a cycle in flight this bounds the profiler's memory (docs/profiler.md, Memory).
+DEFAULT_MAX_PARSE_BYTES = 32 * 1024 * 1024
 
 
 NOT_PROMETHEUS = ("this is not a Prometheus API: point --prometheus-url at Prometheus (e.g. http://prometheus:9090), "
@@ -164,6 +168,7 @@ class PromClient:
         sleep: Callable[[float], None] = time.sleep,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         headers: Mapping[str, str] | None = None,
+        max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES,
     ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -174,6 +179,7 @@ class PromClient:
         self.backoff = backoff
         self.token_file = token_file
         self.max_response_bytes = max_response_bytes
+        self.max_parse_bytes = max_parse_bytes
         self.extra_headers = dict(headers or {})
         for name, value in self.extra_headers.items():
             if not valid_header(name, value):
@@ -191,40 +197,15 @@ class PromClient:
 
     def query(self, expr: str, at: float) -> list[Sample]:
         """Instant query evaluated at unix time ``at``; a scalar comes back as one Sample."""
-        data = self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
-        rtype, result = data.get("resultType"), data.get("result")
-        if not isinstance(result, list):
-            raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no result list")
-        try:
-            if rtype == "vector":
-                return [Sample(_labels(s["metric"]), _value(s["value"])) for s in result]
-            if rtype == "scalar":
-                return [Sample({}, _pair(result)[1])]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise PromError(BAD_RESPONSE, f"malformed vector in answer to {expr[:80]!r}: {exc}") from None
-        raise PromError(BAD_RESPONSE, f"unexpected resultType {rtype!r} for an instant query")
+        return self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, lambda d: _vector(d, expr))
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[RangeSeries]:
         """Range query from ``start`` to ``end`` (unix seconds) every ``step`` seconds."""
-        data = self._call(
+        return self._call(
             "/api/v1/query_range",
             {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"},
+            lambda d: _matrix(d, expr),
         )
-        if data.get("resultType") != "matrix":
-            raise PromError(BAD_RESPONSE, f"unexpected resultType {data.get('resultType')!r} for a range query")
-        result = data.get("result")
-        if not isinstance(result, list):
-            raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no result list")
-        try:
-            out = []
-            for s in result:
-                points = s["values"]
-                if not isinstance(points, list):
-                    raise TypeError(f"values are {type(points).__name__}, not a list")
-                out.append(RangeSeries(_labels(s["metric"]), _points(points)))
-            return out
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PromError(BAD_RESPONSE, f"malformed matrix in answer to {expr[:80]!r}: {exc}") from None
 
     # ---- transport ----------------------------------------------------------------------
 
@@ -242,7 +223,7 @@ class PromClient:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
-    def _call(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+    def _call(self, path: str, params: dict[str, str], convert: Callable[[dict[str, Any]], T]) -> T:
         last: PromError | None = None
         for attempt in range(self.retries + 1):
             if attempt:
@@ -251,7 +232,7 @@ class PromClient:
                 log.debug("retrying %s in %.2fs after: %s", path, delay, last)
                 self._sleep(delay)
             try:
-                return self._once(path, params)
+                return self._once(path, params, convert)
             except PromError as exc:
                 last = exc
                 if exc.kind not in (UNREACHABLE, TIMEOUT, HTTP_5XX):
@@ -259,7 +240,7 @@ class PromClient:
         assert last is not None
         raise last
 
-    def _once(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+    def _once(self, path: str, params: dict[str, str], convert: Callable[[dict[str, Any]], T]) -> T:
         body = urllib.parse.urlencode(params).encode()
         headers = self._headers()
         headers["Content-Type"] = "application/x-www-form-urlencoded"
@@ -268,7 +249,7 @@ class PromClient:
         where = printable(url, 300)
         status, raw = self._exchange(url, body, headers, where)
         if status != 200:
-            detail = _error_detail(raw)
+            detail = _error_detail(bytes(raw[:65536]))
             if status >= 500 or status == 429:
                 raise PromError(HTTP_5XX, f"{where}: HTTP {status}: {detail}")
             if status in (400, 422):
@@ -276,25 +257,16 @@ class PromClient:
             if status in (404, 405):  # an exporter, a Grafana or a wrong path prefix: not the query API
                 raise PromError(BAD_RESPONSE, f"{where}: HTTP {status}: {NOT_PROMETHEUS}")
             raise PromError(BAD_RESPONSE, f"{where}: HTTP {status}: {detail}")
-        try:
-            doc = json.loads(raw, parse_constant=_no_constant)
-        except ValueError as exc:
-            raise PromError(BAD_RESPONSE, f"{where}: answer is not JSON ({printable(str(exc))})") from None
-        except RecursionError:
-            raise PromError(BAD_RESPONSE, f"{where}: answer is nested too deeply to parse") from None
-        del raw
-        if not isinstance(doc, dict):
-            raise PromError(BAD_RESPONSE, f"{where}: answer is not a JSON object")
-        if doc.get("status") != "success":
-            raise PromError(BAD_QUERY, f"{where}: {printable(str(doc.get('errorType')), 80)}: "
-                                       f"{printable(str(doc.get('error')))}")
-        data = doc.get("data")
-        if not isinstance(data, dict):
-            raise PromError(BAD_RESPONSE, f"{where}: answer has no data object")
-        _log_warnings(doc.get("warnings"), where)
-        return data
+        # One answer is parsed and converted at a time, process-wide: the parser holds the GIL
+        # anyway, and so at most one parse tree (bounded by --prometheus-max-parse-bytes) exists.
+        with _PARSING:
+            result, error = _parse(raw, where, convert)
+            raw.clear()
+        if error is not None:
+            raise error
+        return cast(T, result)
 
-    def _exchange(self, url: str, body: bytes, headers: dict[str, str], where: str) -> tuple[int, bytes]:
+    def _exchange(self, url: str, body: bytes, headers: dict[str, str], where: str) -> tuple[int, bytearray]:
         """POST ``body`` to ``url``: (status, body read), all under one deadline of ``timeout`` s.
 
         Redirects are followed only within the origin of ``--prometheus-url`` (same scheme,
@@ -317,7 +289,7 @@ class PromClient:
         raise PromError(BAD_RESPONSE, f"{where}: more than {MAX_REDIRECTS} redirects")
 
     def _post(self, url: str, body: bytes, headers: dict[str, str], where: str,
-              deadline: float) -> tuple[int, str | None, bytes]:
+              deadline: float) -> tuple[int, str | None, bytearray]:
         parts = urllib.parse.urlsplit(url)
         target = parts.path or "/"
         if parts.query:
@@ -361,8 +333,9 @@ class PromClient:
             length = resp.getheader("Content-Length")
             if length is not None and length.strip().isdigit() and int(length) > self.max_response_bytes:
                 raise PromError(TOO_LARGE, self._too_large(where, f"announces {int(length)} bytes"))
-            chunks: list[bytes] = []
+            buf = bytearray()  # one buffer: chunks and their join would hold the answer twice
             size = 0
+            cost = ParseCost() if resp.status == 200 else None
             while True:
                 chunk = resp.read(min(1 << 20, self.max_response_bytes + 1 - size))
                 if not chunk:
@@ -370,13 +343,18 @@ class PromClient:
                 size += len(chunk)
                 if size > self.max_response_bytes:
                     raise PromError(TOO_LARGE, self._too_large(where, "is longer"))
-                chunks.append(chunk)
+                if cost is not None and cost.add(chunk) > self.max_parse_bytes:
+                    raise PromError(TOO_LARGE, (
+                        f"{where}: the answer would take more than --prometheus-max-parse-bytes "
+                        f"({self.max_parse_bytes} bytes) to parse (objects for {cost.bytes} bytes in its first "
+                        f"{size} bytes); not read further"))
+                buf += chunk
             if expired.is_set():  # the cut ends an answer without a length like a close would
                 raise TimeoutError
             if resp.length:  # reads of a given size stop at EOF without raising IncompleteRead
                 raise http.client.IncompleteRead(b"", resp.length)
             self.largest_response_bytes = max(self.largest_response_bytes, size)
-            return resp.status, resp.getheader("Location"), b"".join(chunks)
+            return resp.status, resp.getheader("Location"), buf
         except PromError:
             raise
         except TimeoutError:
@@ -402,6 +380,105 @@ class PromClient:
         return (f"{where}: the answer {what} than --prometheus-max-response-bytes "
                 f"({self.max_response_bytes} bytes); not read")
 
+
+def _parse(raw: bytearray, where: str,
+           convert: Callable[[dict[str, Any]], T]) -> tuple[T, None] | tuple[None, PromError]:
+    """``convert(data)`` of a JSON answer, or the PromError saying why not. The error is made
+    afresh, without traceback or context: those frames hold the parse tree, and an error kept
+    by a caller (a future, the cycle's result) would keep a tree of up to the parse bound alive."""
+    try:
+        doc = json.loads(raw, parse_constant=_no_constant)
+    except ValueError as exc:
+        return None, PromError(BAD_RESPONSE, f"{where}: answer is not JSON ({printable(str(exc))})")
+    except RecursionError:
+        return None, PromError(BAD_RESPONSE, f"{where}: answer is nested too deeply to parse")
+    try:
+        if not isinstance(doc, dict):
+            raise PromError(BAD_RESPONSE, f"{where}: answer is not a JSON object")
+        if doc.get("status") != "success":
+            raise PromError(BAD_QUERY, f"{where}: {printable(str(doc.get('errorType')), 80)}: "
+                                       f"{printable(str(doc.get('error')))}")
+        data = doc.get("data")
+        if not isinstance(data, dict):
+            raise PromError(BAD_RESPONSE, f"{where}: answer has no data object")
+        _log_warnings(doc.get("warnings"), where)
+        return convert(data), None
+    except PromError as exc:
+        return None, PromError(exc.kind, str(exc))
+    finally:
+        del doc
+
+
+def _vector(data: dict[str, Any], expr: str) -> list[Sample]:
+    rtype, result = data.get("resultType"), data.get("result")
+    if not isinstance(result, list):
+        raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no result list")
+    try:
+        if rtype == "vector":
+            return [Sample(_labels(s["metric"]), _value(s["value"])) for s in result]
+        if rtype == "scalar":
+            return [Sample({}, _pair(result)[1])]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise PromError(BAD_RESPONSE, f"malformed vector in answer to {expr[:80]!r}: {exc}") from None
+    raise PromError(BAD_RESPONSE, f"unexpected resultType {rtype!r} for an instant query")
+
+
+def _matrix(data: dict[str, Any], expr: str) -> list[RangeSeries]:
+    if data.get("resultType") != "matrix":
+        raise PromError(BAD_RESPONSE, f"unexpected resultType {data.get('resultType')!r} for a range query")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no result list")
+    try:
+        out = []
+        for s in result:
+            points = s["values"]
+            if not isinstance(points, list):
+                raise TypeError(f"values are {type(points).__name__}, not a list")
+            out.append(RangeSeries(_labels(s["metric"]), _points(points)))
+        return out
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PromError(BAD_RESPONSE, f"malformed matrix in answer to {expr[:80]!r}: {exc}") from None
+
+
+_PARSING = threading.Lock()
+T = TypeVar("T")
+
+
+class ParseCost:
+    """A bound, from the bytes alone, on the memory that parsing and converting an answer takes.
+
+    Counted chunk by chunk as the answer arrives (``bytes.count`` runs at memory speed), so an
+    answer that would parse into too many objects is refused before it is all read. Measured
+    costs per token of CPython 3.11's json (parse tree plus conversion, tracemalloc), rounded up:
+    an object 80 bytes (``{}`` in a list: 72), an array 128 (a range point, parsed and
+    converted), a value after a comma 40 (a float: 33), a key 140 (``{"":0}`` takes 192), a
+    string 32 per quote; the text itself twice (the decoded document, then its strings), or 9
+    times when it holds non-ASCII or ``\\u`` escapes (one astral character makes a whole string
+    4 bytes a character). Prometheus' own answers come out 1-3 times their measured cost.
+    """
+
+    __slots__ = ("_last", "length", "tokens", "wide")
+
+    def __init__(self) -> None:
+        self.tokens = 0  # bytes for the objects the tokens make
+        self.length = 0  # bytes of text
+        self.wide = False  # the text holds non-ASCII or \\u escapes
+        self._last = b""
+
+    def add(self, chunk: bytes) -> int:
+        """Count one more piece of the answer; the bound so far, in bytes."""
+        c = chunk.count
+        self.tokens += 80 * c(b"{") + 128 * c(b"[") + 40 * c(b",") + 140 * c(b":") + 32 * c(b'"')
+        self.length += len(chunk)
+        if not self.wide and (not chunk.isascii() or b"\\u" in chunk or (self._last == b"\\" and chunk[:1] == b"u")):
+            self.wide = True
+        self._last = chunk[-1:]
+        return self.bytes
+
+    @property
+    def bytes(self) -> int:
+        return self.tokens + self.length * (9 if self.wide else 2)
 
 MAX_REDIRECTS = 3
 _MAX_WARNINGS_LOGGED = 3

@@ -146,6 +146,20 @@ EXTERNAL = [
             "exporter's node won, so the profiler would annotate another Node)",
         "test": "tests/e2e/test_scrape_labels.py::test_the_scrape_sets_node_whatever_the_exporter_says",
         "figures": {"cases": 3, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "Prometheus answers that parse into gigabytes (profiler)",
+        "done": "the real profiler process (with a fake API server) against a Prometheus answering the "
+            "discovery queries with 600 nodes and every other query with 15 MiB (under the 16 MiB cap) "
+            "of empty objects, one-key objects, a valid vector or whitespace padding, six answers in "
+            "flight; answers of empty objects, nested arrays and non-ASCII strings to the client alone",
+        "happened": "peak RSS 80-190 MiB, under the Deployment's 256 MiB limit (before issue 26: over it, 2.3 "
+            "GiB for empty objects); an answer whose objects would pass --prometheus-max-parse-bytes is"
+            " refused while read (prometheus_response_too_large, its shard asked in halves); no "
+            "traceback",
+        "test": "tests/unit/profiler/test_memory_bound.py::test_profiler_memory_stays_under_its_limit_with_"
+            "hostile_answers, tests/unit/profiler/test_prom.py::test_answers_that_would_parse_into_too_"
+            "much_memory_are_refused",
+        "figures": {"cases": 7, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [

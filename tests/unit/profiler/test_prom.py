@@ -538,3 +538,27 @@ def test_trickling_answer_at_the_deadline_is_a_timeout(framing: str) -> None:
         server.sock.close()
     assert exc.value.kind == "prometheus_timeout", str(exc.value)
     assert took < 3.0
+
+
+@pytest.mark.parametrize("body", [
+    b"[" + b"{}," * 400_000 + b"{}]",  # 1.2 MB: 30 MB of objects
+    b'{"status":"success","data":{"resultType":"vector","result":[' + b"[[]]," * 300_000 + b"[]]}}",
+    b'{"status":"success","data":{"resultType":"vector","result":["\xc3\xa9' + b"a" * 1_000_000 + b'"]}}',
+])
+def test_answers_that_would_parse_into_too_much_memory_are_refused(api_factory: Any, body: bytes) -> None:
+    """Issue 26: the byte cap alone let 15 MiB of ``[{},{},...]`` take gigabytes once parsed."""
+    api = api_factory([(200, body)] * 3)
+    client = PromClient(f"http://127.0.0.1:{api.port}", retries=2, max_parse_bytes=4 * 1024 * 1024)
+    with pytest.raises(PromError) as exc:
+        client.query("up", 1.0)
+    assert exc.value.kind == "prometheus_response_too_large" and len(api.seen) == 1
+    assert "--prometheus-max-parse-bytes" in str(exc.value)
+    assert client.largest_response_bytes == 0  # refused while read, never parsed
+
+
+def test_the_parse_bound_lets_real_answers_through(api_factory: Any) -> None:
+    big = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"node": f"n{i}", "gpu": "0", "uuid": f"GPU-{i:08d}"}, "value": [1.0, "0.5"]} for i in range(5000)]}}
+    api = api_factory([(200, big)])
+    got = PromClient(f"http://127.0.0.1:{api.port}").query("up", 1.0)  # the default bound
+    assert len(got) == 5000 and got[4999].labels["uuid"] == "GPU-00004999"
