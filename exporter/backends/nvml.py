@@ -47,6 +47,7 @@ from exporter.backends.base import (
     BackendUnavailable,
     Device,
     GpuDown,
+    NoValue,
     Outcome,
     Verdict,
     si,
@@ -1058,8 +1059,12 @@ class NvmlBackend(Backend):
         ret = self._nv._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfo")(h, ctypes.byref(info))
         if ret:
             raise self._nv.NVMLError(ret)
-        if not 1 <= info.state <= 3:
+        if info.state == 0:
             raise self._nv.NVMLError(NOT_SUPPORTED)
+        if info.state == 0xFF:  # the one-byte field's "no value" (0xFFFFFFFF truncated): absent, counted
+            raise NoValue("no value (sentinel 0xff)")
+        if info.state > 3:  # a state this enum does not have: a value we cannot use
+            raise ValueError(f"fabric state {info.state} outside 0-3")
         return float(info.state)
 
 

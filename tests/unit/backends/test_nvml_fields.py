@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.fakenvml import UNKNOWN, FakeNvml
+from tests.fakes.fakenvml import GPU_IS_LOST, UNKNOWN, FakeNvml
 from tests.harness.exporter import ExporterProcess, sample
 
 
@@ -17,9 +17,9 @@ def start(fleet: FakeNvml, tmp_path: Path, *args: str) -> ExporterProcess:
 
 @pytest.mark.parametrize("excluded", [True, False])
 def test_an_excluded_family_makes_no_vendor_call(excluded: bool, tmp_path: Path) -> None:
-    """The power call answers UNKNOWN (a device fault: the GPU would be down). Excluded, it is never asked."""
+    """The power call answers GPU_IS_LOST (the GPU would be down). Excluded, it is never asked."""
     fleet = FakeNvml(tmp_path / "fleet.conf", gpus=2)
-    fleet.fail("nvmlDeviceGetPowerUsage", UNKNOWN, gpu=1)
+    fleet.fail("nvmlDeviceGetPowerUsage", GPU_IS_LOST, gpu=1)
     args = ("--fields-exclude", "gpu_power_watts") if excluded else ()
     with start(fleet, tmp_path, *args) as ex:
         s = ex.scrape()

@@ -72,6 +72,10 @@ READINGS: dict[str, tuple[str, dict[str, str], str]] = {
     "dec_util": ("gpu_decoder_utilization_ratio", {}, "gpu_decoder_utilization_ratio"),
     "mig_mode": ("gpu_mig_mode_enabled", {}, "gpu_mig_mode_enabled"),
     "nvlinks": ("gpu_link_up", {}, "gpu_link_up:count"),
+    "default_limit_mw": ("gpu_power_default_limit_watts", {}, "gpu_power_default_limit_watts"),
+    "compute_mode": ("gpu_compute_mode", {}, "gpu_compute_mode"),
+    "fabric_state": ("gpu_fabric_state", {}, "gpu_fabric_state"),
+    "recovery_action": ("gpu_recovery_action", {}, "gpu_recovery_action"),
 }
 NOT_READINGS = {
     "minor": "identity (device node), not published",
@@ -95,6 +99,7 @@ NOT_READINGS = {
     "lost": "the fake's fault injection",
     "delay_ms": "the fake's fault injection",
     "gpm_supported": "GPM support flag (GPM values: test_nvml_gpm.py)",
+    "fabric_status": "the fabric registration's nvmlReturn_t, not a value",
 }
 
 
