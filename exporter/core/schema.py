@@ -226,7 +226,9 @@ FAMILIES: tuple[Family, ...] = (
        "ECC errors by error_type (corrected, uncorrected) and counter (volatile: since the driver loaded; "
        "aggregate: lifetime, NVIDIA only; AMD's totals are volatile).",
        "health", "ecc_errors", "nvmlDeviceGetTotalEccErrors",
-       "ecc.errors.corrected.volatile.total ...", "amd-smi metric --ecc: total_correctable_count ...",
+       "ecc.errors.corrected.volatile.total, ecc.errors.uncorrected.volatile.total, "
+       "ecc.errors.corrected.aggregate.total, ecc.errors.uncorrected.aggregate.total",
+       "amd-smi metric --ecc: total_correctable_count ...",
        labels=("error_type", "counter")),
     _g("gpu_retired_pages", GAUGE, "1", "Retired framebuffer pages by cause (single_bit, double_bit).", "health",
        "retired_pages", "nvmlDeviceGetRetiredPages",

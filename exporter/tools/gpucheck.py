@@ -8,10 +8,11 @@ with our topology levels and times the collection. Exits 1 on any mismatch.
 
 ``--markdown FILE`` appends the result table to FILE (docs/validation.md).
 
-:data:`VALIDATION` holds one row per metric family (docs/validation.md's table is generated from
-it and the schema: ``python -m exporter.tools.gpucheck --write-docs``): the unit conversion and
-either the ``nvidia-smi --query-gpu`` fields that must equal it (:data:`FIELDS`, with their
-tolerances) or why ``--query-gpu`` cannot check it.
+:data:`VALIDATION` says, per metric family, the unit conversion and either the ``nvidia-smi
+--query-gpu`` fields that must equal it (:data:`FIELDS`, with their tolerances; each is one of the
+names in the schema row's nvidia-smi column) or why ``--query-gpu`` cannot check it. A family it
+does not list gets its row from the schema's (:func:`default_row`), so a new family needs no edit
+here. docs/validation.md's table is generated from both: ``python -m exporter.tools.gpucheck --write-docs``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 from exporter.backends.nvml import NvmlBackend
 from exporter.core.options import BackendOptions
 from exporter.core.readings import Collection, GpuReading
-from exporter.core.schema import FAMILIES
+from exporter.core.schema import FAMILIES, Family
 
 MiB = 2**20
 
@@ -320,13 +321,24 @@ def topo_matrix(smi: str) -> dict[tuple[int, int], str]:
     return out
 
 
+def smi_fields(fam: Family) -> list[str]:
+    """The ``nvidia-smi`` column of the family's schema row, as a list (``--query-gpu`` names or globs)."""
+    return [p.strip() for p in fam.smi.split(",") if p.strip()]
+
+
+def default_row(fam: Family) -> Row:
+    """A family :data:`VALIDATION` says nothing about: the schema row's own unit and nvidia-smi column."""
+    if fam.scope == "self":
+        return Row(_ONE, _SELF)
+    why = f"no --query-gpu comparison written (nvidia-smi: {fam.smi})" if fam.smi else "no nvidia-smi equivalent"
+    return Row(f"as read, in {fam.unit}" if fam.unit != "1" else _ONE, why)
+
+
 def validation_rows() -> list[tuple[str, str, str, str, str, str]]:
     """(family, NVML call, conversion, nvidia-smi fields, tolerance, amd-smi field) for every family."""
     out = []
     for fam in FAMILIES:
-        row = VALIDATION.get(fam.name) or (Row("none", _SELF) if fam.scope == "self" else None)
-        if row is None:
-            raise KeyError(f"{fam.name} has no row in exporter/tools/gpucheck.py VALIDATION")
+        row = VALIDATION.get(fam.name) or default_row(fam)
         fields = [f for f in FIELDS if f.family == fam.name]
         if row.not_comparable:
             smi, tol = f"not comparable: {row.not_comparable}", "-"

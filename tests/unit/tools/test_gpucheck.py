@@ -125,12 +125,32 @@ def test_every_family_has_a_validation_row() -> None:
     from exporter.tools.gpucheck import FIELDS, VALIDATION, validation_rows
 
     names = {f.name for f in FAMILIES}
-    rows = validation_rows()  # raises KeyError naming a family without a row
+    rows = validation_rows()
     assert [r[0] for r in rows] == [f.name for f in FAMILIES]
     assert {f.family for f in FIELDS} <= names
     for name, row in VALIDATION.items():
         checked = [f for f in FIELDS if f.family == name]
         assert bool(checked) != bool(row.not_comparable), f"{name}: fields and a not-comparable reason, or neither"
+
+
+def test_each_comparison_is_named_by_its_schema_row() -> None:
+    """gpucheck compares only ``--query-gpu`` fields that the family's schema row names in its nvidia-smi column."""
+    import fnmatch
+
+    from exporter.core.schema import family
+    from exporter.tools.gpucheck import FIELDS, smi_fields
+
+    for f in FIELDS:
+        named = smi_fields(family(f.family))
+        assert any(fnmatch.fnmatchcase(f.query, p) for p in named), f"{f.query} is not in {f.family}'s row: {named}"
+
+
+def test_a_family_without_a_validation_row_gets_the_schema_rows() -> None:
+    from exporter.core.schema import Family
+    from exporter.tools.gpucheck import default_row
+
+    row = default_row(Family("gpu_new_bytes", "gauge", "bytes", "New.", "memory", attr="new", smi="new.field"))
+    assert row.conversion == "as read, in bytes" and "nvidia-smi: new.field" in row.not_comparable
 
 
 def test_docs_validation_table_is_current() -> None:
