@@ -133,12 +133,17 @@ def main() -> int:
         if proc.returncode != 0:
             print(f"profiler exited {proc.returncode}", file=sys.stderr)
             return proc.returncode
-        print("profiler --dry-run --once: the merge patch it would send\n")
+        print("profiler --dry-run --once: the merge patches it would send\n")
         for line in proc.stdout.splitlines():
             doc = json.loads(line)
-            print(f"node {doc['node']}:")
-            for key, value in doc["patch"]["metadata"]["annotations"].items():
-                print(f"  {key}: {value}")
+            patch = doc["patch"]
+            if "metadata" in patch:  # the annotations (docs/annotations.md)
+                print(f"node {doc['node']}:")
+                for key, value in patch["metadata"]["annotations"].items():
+                    print(f"  {key}: {value}")
+            for cond in patch.get("status", {}).get("conditions", []):  # the GPUHealthy Node condition
+                print(f"node {doc['node']} condition {cond.get('type')}={cond.get('status')} "
+                      f"({cond.get('reason')}): {cond.get('message')}")
         return 0
     finally:
         exporter.terminate()
