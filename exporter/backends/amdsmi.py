@@ -63,12 +63,11 @@ from exporter.backends.base import (
 from exporter.core.options import BackendOptions
 from exporter.core.pci import canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
-from exporter.core.schema import GPU_FAMILIES, TOPOLOGY_LEVELS
+from exporter.core.schema import FAMILY_OF_ATTR, GPU_FAMILIES, TOPOLOGY_LEVELS
 
 log = logging.getLogger(__name__)
 PCI_VENDOR = 0x1002  # AMD: the sysfs ``vendor`` of its GPUs (gpu_pci_devices)
 
-_FAMILY_OF_ATTR = {f.attr: f.name for f in GPU_FAMILIES}
 _ATTR_OF_FAMILY = {f.name: f.attr for f in GPU_FAMILIES}
 
 # amdsmi_status_t codes (amdsmi_wrapper.py), grouped by what they mean for one reading.
@@ -437,7 +436,7 @@ class AmdSmiBackend(Backend):
                 v = self.classify(exc)
                 raise BackendError(f"amdsmi: {getattr(fn, '__name__', fn)} failed: {v.detail}", kind=DRIVER) from None
         base, _, detail = attr.partition(":")
-        reading = _FAMILY_OF_ATTR.get(base, base) + (f":{detail}" if detail else "")
+        reading = FAMILY_OF_ATTR.get(base, base) + (f":{detail}" if detail else "")
         value = self.call(gpu, reading, call, *args)
         return None if value is MISSING else value
 
@@ -446,7 +445,7 @@ class AmdSmiBackend(Backend):
         return str(names.get(code, f"amdsmi status {code}"))
 
     def _want(self, attr: str) -> bool:
-        return self.enabled(_FAMILY_OF_ATTR.get(attr, attr))
+        return self.enabled(FAMILY_OF_ATTR.get(attr, attr))
 
     def _want_peers(self) -> bool:
         return self.any_enabled("gpu_p2p_supported", "gpu_topology_level")
@@ -461,7 +460,7 @@ class AmdSmiBackend(Backend):
         if value is None:
             return None
         base, _, detail = attr.partition(":")
-        reading = _FAMILY_OF_ATTR.get(base, base) + (f":{detail}" if detail else "")
+        reading = FAMILY_OF_ATTR.get(base, base) + (f":{detail}" if detail else "")
         v = self.call(gpu, reading, si, value, factor, sentinels)
         return None if v is MISSING else float(v)
 
@@ -576,7 +575,7 @@ class AmdSmiBackend(Backend):
         for attr in sorted(attrs - {""}):
             value = getattr(r, attr, None)
             if value is None or value == {} or value == []:
-                r.unsupported.add(_FAMILY_OF_ATTR.get(attr, attr))
+                r.unsupported.add(FAMILY_OF_ATTR.get(attr, attr))
         return r
 
     def _read_values(self, d: _Device, r: GpuReading, gpu: Device) -> None:

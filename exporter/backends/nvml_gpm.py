@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from exporter.backends.base import MISSING, Device
+from exporter.core.schema import FAMILY_OF_ATTR
 
 if TYPE_CHECKING:
     from exporter.core.readings import GpuReading
@@ -58,15 +59,8 @@ _METRICS: tuple[tuple[int, str, str | None, float], ...] = (
 )
 # Device-wide counters: not per GPU instance.
 _DEVICE_ONLY = frozenset({"pcie_throughput", "nvlink_throughput"})
-FAMILY_OF = {
-    "graphics_engine_active_ratio": "gpu_graphics_engine_active_ratio",
-    "sm_active_ratio": "gpu_sm_active_ratio",
-    "sm_occupancy_ratio": "gpu_sm_occupancy_ratio",
-    "dram_active_ratio": "gpu_dram_active_ratio",
-    "pipe_active_ratio": "gpu_pipe_active_ratio",
-    "pcie_throughput": "gpu_pcie_throughput_bytes_per_second",
-    "nvlink_throughput": "gpu_nvlink_throughput_bytes_per_second",
-}
+# the family each GpuReading attribute above carries: the schema row's (a KeyError names a missing row)
+FAMILY_OF = {attr: FAMILY_OF_ATTR[attr] for _, attr, _, _ in _METRICS}
 FAMILIES = tuple(FAMILY_OF.values())
 
 

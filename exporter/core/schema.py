@@ -432,6 +432,8 @@ FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 # Per-GPU families read from one GpuReading attribute each (the generic part of the renderer).
 GPU_FAMILIES: tuple[Family, ...] = tuple(f for f in FAMILIES if f.scope == "gpu" and f.attr)
 MIG_FAMILIES: tuple[Family, ...] = tuple(f for f in FAMILIES if f.scope == "mig")
+# GpuReading attribute -> the name of the family it carries (a backend's bookkeeping, by attribute)
+FAMILY_OF_ATTR: dict[str, str] = {f.attr: f.name for f in GPU_FAMILIES}
 FILTERABLE: tuple[str, ...] = tuple(f.name for f in FAMILIES if f.filterable)
 
 # NVML topology levels (nvmlGpuTopologyLevel_t); AMD maps onto the same names.
