@@ -238,3 +238,57 @@ def png_size(path: Path) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
     w, h = struct.unpack(">II", data[16:24])
     return int(w), int(h)
+
+
+class Marks(HTMLParser):
+    """{card id: set of health badges (data-badge)} and each card's power sparkline ceiling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.badges: dict[str, set[str]] = {}
+        self.ceiling: dict[str, str] = {}
+        self.warn: set[str] = set()
+        self._card: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "section" and "card" in a.get("class", "").split():
+            self._card = a["data-id"]
+            self.badges[self._card] = set()
+            if "warn" in a["class"].split():
+                self.warn.add(self._card)
+        elif self._card is not None and "data-badge" in a:
+            self.badges[self._card].add(a["data-badge"])
+        elif self._card is not None and "power" in a.get("class", "").split() and "data-ceiling" in a:
+            self.ceiling[self._card] = a["data-ceiling"]
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "section":
+            self._card = None
+
+
+def test_live_page_marks_unhealthy_gpus_and_scales_power_to_the_limit(tmp_path: Path) -> None:
+    """Issue 28, finding 9: in `mixed` only LOST and MIG were marked; the throttled, power-capped,
+    ECC and XID GPUs looked healthy, and the power sparkline was scaled to its own recent peak."""
+    args = ["--backend", "simulated", "--simulated-gpus", "9", "--simulated-scenario", "mixed"]
+    with ExporterProcess(args) as ex:
+        # the faults develop in the first seconds (XID 13 at 1 s, the uncorrectable ECC error at 2 s)
+        wait_until(lambda: 'gpu_xid_errors_total{gpu="4"' in ex.scrape_text() and
+                   'error_type="uncorrected",counter="volatile"} 1' in ex.scrape_text(), 30, what="the faults")
+        dom = chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom", ex.url + "/")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        limits = {g: sample(ex.scrape(), "gpu_power_limit_watts", gpu=g) for g in ("2", "6", "8")}
+    page = Marks()
+    page.feed(dom.stdout)
+    assert len(page.badges) == 9, page.badges
+    b = page.badges
+    assert "throttled" in b["gpu-2"], b["gpu-2"]  # thermal
+    assert "power-capped" in b["gpu-6"], b["gpu-6"]
+    assert "ecc" in b["gpu-1"], b["gpu-1"]
+    assert "xid" in b["gpu-4"], b["gpu-4"]
+    for healthy in ("gpu-5", "gpu-7", "gpu-8"):  # leaking, starved, healthy: nothing to mark in health
+        assert b[healthy] == set(), (healthy, b[healthy])
+        assert healthy not in page.warn
+    assert {"gpu-1", "gpu-2", "gpu-4", "gpu-6"} <= page.warn
+    for g, limit in limits.items():
+        assert limit is not None and float(page.ceiling[f"gpu-{g}"]) == limit, (g, page.ceiling.get(f"gpu-{g}"), limit)
