@@ -34,7 +34,7 @@ class VendorError(Exception):
 
 
 class Toy(Backend):
-    """Vendor codes: 1 unsupported, 2 transient, 3 device fault, 4 driver gone."""
+    """Vendor codes: 1 unsupported, 2 transient, 3 device fault, 4 driver gone, 6 GPU lost, 7 init failed."""
 
     name: ClassVar[str] = "toy"
 
@@ -47,7 +47,8 @@ class Toy(Backend):
     def classify(self, exc: BaseException) -> Verdict:
         if isinstance(exc, VendorError):
             outcome, kind = {1: (Outcome.UNSUPPORTED, "unsupported"), 2: (Outcome.ERROR, "reading_error"),
-                             3: (Outcome.DOWN, "gpu_error"), 4: (Outcome.DRIVER, "driver")}[exc.code]
+                             3: (Outcome.DOWN, "gpu_error"), 4: (Outcome.DRIVER, "driver"),
+                             6: (Outcome.DOWN, "gpu_lost"), 7: (Outcome.DRIVER, "init_failed")}[exc.code]
             return Verdict(outcome, kind, str(exc))
         return super().classify(exc)
 
@@ -192,6 +193,7 @@ def test_the_log_lines_name_backend_gpu_reading_call_and_cause(caplog: pytest.Lo
         dev.begin()
         b.call(dev, "gpu_fan_speed_ratio", raising(VendorError(1)))
         b.call(dev, "gpu_clock_hertz:sm", raising(VendorError(2)))
+        b.call(dev, "gpu_ecc_mode_enabled", raising(VendorError(1)))
         b.call(dev, "gpu_power_watts", raising(ValueError("garbage")))
         b.call(dev, "gpu_energy_joules_total", raising(NoValue("no value (sentinel 0xffffffff)")))
         b.call(None, "gpu_topology_level", raising(VendorError(2)))
@@ -200,6 +202,8 @@ def test_the_log_lines_name_backend_gpu_reading_call_and_cause(caplog: pytest.Lo
                        "omitted"),
         (logging.INFO, "toy: GPU 3: gpu_clock_hertz:sm failed (vendorCall: vendor code 2); the series is omitted "
                        "while it fails"),
+        (logging.INFO, "toy: GPU 3: gpu_ecc_mode_enabled not available (vendorCall: vendor code 1); the series is "
+                       "omitted"),
         (logging.WARNING, "toy: GPU 3: gpu_power_watts failed (vendorCall: ValueError: garbage); the series is "
                           "omitted while it fails"),
         (logging.INFO, "toy: GPU 3: gpu_energy_joules_total failed (vendorCall: no value (sentinel 0xffffffff)); "
@@ -207,12 +211,12 @@ def test_the_log_lines_name_backend_gpu_reading_call_and_cause(caplog: pytest.Lo
         (logging.INFO, "toy: GPU -: gpu_topology_level failed (vendorCall: vendor code 2); the series is omitted "
                        "while it fails"),
     ]
-    assert b.drain_errors() == {"unsupported": 1, "reading_error": 4, "bad_value": 2, "no_value": 2}
-    assert dev.unsupported == {"gpu_fan_speed_ratio"}
+    assert b.drain_errors() == {"unsupported": 2, "reading_error": 4, "bad_value": 2, "no_value": 2}
+    assert dev.unsupported == {"gpu_fan_speed_ratio", "gpu_ecc_mode_enabled"}
     # another GPU, or another kind of failure of the same reading, is a new line
     b.call(Device(4), "gpu_clock_hertz:sm", raising(VendorError(2)))
     b.call(dev, "gpu_clock_hertz:sm", raising(ValueError("x")))
-    assert [m for _, m in lines(caplog)[5:]] == [
+    assert [m for _, m in lines(caplog)[6:]] == [
         "toy: GPU 4: gpu_clock_hertz:sm failed (vendorCall: vendor code 2); the series is omitted while it fails",
         "toy: GPU 3: gpu_clock_hertz:sm failed (vendorCall: ValueError: x); the series is omitted while it fails"]
 
@@ -241,6 +245,13 @@ def test_fatal_outcomes_raise_with_the_call_and_the_cause() -> None:
     with pytest.raises(BackendError) as sys_down:
         b.call(None, "gpu_topology_level", raising(VendorError(3)))
     assert (str(sys_down.value), sys_down.value.kind) == ("toy: vendorCall failed: vendor code 3", "gpu_error")
+    # the verdict's kind is the one counted, whatever the outcome's usual kind
+    with pytest.raises(GpuDown) as lost:
+        b.call(Device(0), "gpu_power_watts", raising(VendorError(6)))
+    assert lost.value.kind == "gpu_lost"
+    with pytest.raises(BackendError) as init:
+        b.call(Device(0), "gpu_power_watts", raising(VendorError(7)))
+    assert init.value.kind == "init_failed"
     assert BackendError("x").kind == "driver" and str(BackendError("x")) == "x"
     assert GpuDown("y").kind == "gpu_error" and str(GpuDown("y")) == "y"
     assert b.drain_errors() == {}  # fatal outcomes are counted by the engine, not here
@@ -325,13 +336,17 @@ def test_probe_logs_each_fallback_once_and_converts(caplog: pytest.LogCaptureFix
     assert b.drain_errors() == {"reading_error": 1, "bad_value": 1}
     # a remembered version still goes through the funnel, with its conversion
     assert b.probe(dev, "procs", cands, 1, convert=lambda v: v * 10) == 20
+    # ... and its failures count against that reading: unsupported now, never asked again
+    gone_later = (("v3", raising(VendorError(1))), ("v2", raising(VendorError(1))), ("v1", raising(VendorError(1))))
+    assert b.probe(dev, "procs", gone_later) is MISSING
+    assert "procs" in dev.unsupported and b.probe(dev, "procs", cands, 1) is MISSING
 
 
 def test_si_edge_cases() -> None:
     assert si(7) == 7.0 and type(si(7)) is float
     assert si("12.5") == 12.5 and si(" 3 ") == 3.0
     assert si(2.5, 2.0) == 5.0 and si(3, 1.5) == 4.5 and si(10, 0.5) == 5.0
-    assert si(1, 1e-9) == 1e-9 and si(5, 1e-6) == 5e-6
+    assert si(1, 1e-9) == 1e-9 and si(5, 1e-6) == 5e-6 and si(5, 0.0) == 0.0
     for bad in (True, False):
         with pytest.raises(TypeError, match="expected a number, got"):
             si(bad)
@@ -352,3 +367,92 @@ def test_backend_defaults() -> None:
     b = Toy()
     assert b.options.fields.enabled("gpu_power_watts") and b.enabled("gpu_power_watts")
     assert b.any_enabled("gpu_power_watts", "no_such_family")
+
+
+# --- suspect statuses (NVML UNKNOWN): the GPU's identity calls decide -------------------------------
+
+
+class Suspicious(Toy):
+    """Vendor code 9 is suspect; ``identity`` is what the identity calls do (None: they answer)."""
+
+    def __init__(self, identity: BaseException | None) -> None:
+        super().__init__()
+        self.identity = identity
+        self.checks: list[tuple[int, str]] = []
+
+    def classify(self, exc: BaseException) -> Verdict:
+        if isinstance(exc, VendorError) and exc.code == 9:
+            return Verdict(Outcome.SUSPECT, "reading_error", "vendor code 9")
+        return super().classify(exc)
+
+    def identity_fault(self, dev: Device, where: str) -> Verdict | None:
+        self.checks.append((dev.index, where))
+        if self.identity is None:
+            return None
+        return self.classify(self.identity)
+
+
+def test_a_suspect_status_with_a_healthy_identity_is_a_reading_error(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.backends")
+    b = Suspicious(None)
+    dev = Device(2)
+    dev.begin()
+    for reading in ("a", "b", "c", "d"):  # never "down after three": the identity answered
+        assert b.call(dev, reading, raising(VendorError(9))) is MISSING
+    assert b.checks == [(2, "vendorCall")], "the identity is checked once per GPU and collection"
+    assert dev.answered == 1 and dev.failed == 4
+    assert b.drain_errors() == {"reading_error": 4}
+    assert lines(caplog)[0] == (logging.INFO, "toy: GPU 2: a failed (vendorCall: vendor code 9); the series is "
+                                              "omitted while it fails")
+    dev.begin()
+    assert (dev.identity_checked, dev.identity_fault) == (False, None)
+    b.call(dev, "a", raising(VendorError(9)))
+    assert b.checks == [(2, "vendorCall"), (2, "vendorCall")], "checked again in the next collection"
+
+
+@pytest.mark.parametrize(("identity", "raised", "kind", "message"), [
+    (VendorError(3), GpuDown, "gpu_error",
+     "vendorCall: vendor code 9, and the identity call failed too: vendor code 3"),
+    (VendorError(2), GpuDown, "reading_error",
+     "vendorCall: vendor code 9, and the identity call failed too: vendor code 2"),
+    (VendorError(4), BackendError, "driver", "toy: vendorCall failed: vendor code 4"),
+    (KeyError("bug"), GpuDown, "reading_error",  # not a vendor status: the suspect call's own kind
+     "vendorCall: vendor code 9, and the identity call failed too: KeyError: 'bug'"),
+])
+def test_a_suspect_status_with_a_failing_identity_downs_the_gpu(
+        identity: BaseException, raised: type[Exception], kind: str, message: str) -> None:
+    b = Suspicious(identity)
+    dev = Device(1)
+    dev.begin()
+    with pytest.raises(raised) as exc:
+        b.call(dev, "gpu_power_watts", raising(VendorError(9)))
+    assert (str(exc.value), exc.value.kind) == (message, kind)  # type: ignore[attr-defined]
+    with pytest.raises(raised):  # the verdict is kept for the collection: not asked again
+        b.call(dev, "gpu_clock_hertz", raising(VendorError(9)))
+    assert len(b.checks) == 1 and dev.answered == 0
+
+
+def test_an_identity_checker_that_raises_downs_the_gpu() -> None:
+    class Buggy(Suspicious):
+        def identity_fault(self, dev: Device, where: str) -> Verdict | None:
+            raise RuntimeError("checker bug")
+
+    with pytest.raises(GpuDown) as exc:
+        Buggy(None).call(Device(0), "x", raising(VendorError(9)))
+    assert (str(exc.value), exc.value.kind) == (
+        "vendorCall: vendor code 9, and the identity call failed too: identity check: RuntimeError", "gpu_error")
+
+
+def test_a_suspect_status_outside_a_gpu_or_without_identity_calls_is_down() -> None:
+    with pytest.raises(BackendError) as exc:
+        Suspicious(None).call(None, "gpu_topology_level", raising(VendorError(9)))
+    assert (str(exc.value), exc.value.kind) == ("toy: vendorCall failed: vendor code 9", "reading_error")
+
+    class NoIdentity(Suspicious):
+        identity_fault = Backend.identity_fault  # type: ignore[assignment]
+
+    with pytest.raises(GpuDown) as down:
+        NoIdentity(None).call(Device(0), "x", raising(VendorError(9)))
+    assert (str(down.value), down.value.kind) == (
+        "vendorCall: vendor code 9, and the identity call failed too: no identity call to tell a reading fault "
+        "from a device fault", "gpu_error")
