@@ -5,7 +5,6 @@ document, the average power from the energy counter, GPU numbering, sizes and ti
 from __future__ import annotations
 
 import math
-import re
 import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -23,21 +22,7 @@ def iso_time(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-# --- sizes -----------------------------------------------------------------------------------
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(text: str) -> float:
-    """``8GiB``, ``512MiB``, ``8GB`` (10^9), ``8G`` (10^9) or plain bytes -> bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    size = float(m.group(1)) * _UNITS[unit] if m is not None and unit in _UNITS else math.nan
-    if not math.isfinite(size):  # also a 400-digit number, which float() makes infinite
-        shown = text if len(text) <= 40 else text[:37] + "..."
-        raise ValueError(f"{shown!r} is not a size; expected e.g. 8GiB, 512MiB, 10GB or a number of bytes")
-    return size
+# --- sizes (parsing: exporter.platform.units.parse_size) -------------------------------------
 
 
 def format_bytes(n: float | None) -> str:

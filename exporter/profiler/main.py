@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from exporter.core import logs
 from exporter.core.extras import MissingExtra, require
+from exporter.platform import units
 from exporter.profiler import sources
 from exporter.profiler.annotate import KubeError, NodeStore, build_api_client
 from exporter.profiler.classify import Thresholds
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("exporter.profiler")
 
 PROG = "gpu-exporter profile"
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?\Z")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
@@ -49,10 +48,10 @@ class UsageError(Exception):
 
 def parse_duration(flag: str, value: str, lo: float, hi: float) -> float:
     """``"30m"``, ``"1800s"``, ``"1h"``, ``"90"`` (seconds) -> seconds, within [lo, hi]."""
-    m = _DURATION.match(value.strip())
-    if not m:
-        raise UsageError(f"{flag} {value!r}: expected a duration such as 90s, 30m or 1h")
-    secs = float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        secs = units.parse_duration(value)
+    except ValueError:
+        raise UsageError(f"{flag} {value!r}: expected a duration such as 90s, 30m, 1h or 1h30m") from None
     if not lo <= secs <= hi:
         raise UsageError(f"{flag} {value!r}: must be between {_fmt_dur(lo)} and {_fmt_dur(hi)}")
     return secs
@@ -85,17 +84,15 @@ def _int(flag: str, value: str, lo: int, hi: int) -> int:
     return x
 
 
-_SIZE = re.compile(r"([0-9]{1,12})\s*(B|KiB|MiB|GiB|K|M|G|KB|MB|GB)?\Z")
-_SIZE_UNITS = {None: 1, "B": 1, "K": 1024, "KiB": 1024, "KB": 1000, "M": 1024**2, "MiB": 1024**2, "MB": 1000**2,
-               "G": 1024**3, "GiB": 1024**3, "GB": 1000**3}
 
 
 def _size(flag: str, value: str, lo: int, hi: int) -> int:
-    """``16MiB``, ``500KB``, ``1048576`` -> bytes, within [lo, hi]."""
-    m = _SIZE.match(value.strip())
-    if not m:
-        raise UsageError(f"{flag} {value!r}: expected a size such as 16MiB, 512KiB or 1048576")
-    n = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    """``16Mi``/``16MiB`` (2^20), ``16M`` (10^6), ``1048576`` -> bytes (Kubernetes quantity rules), within [lo, hi]."""
+    try:
+        n = units.parse_size(value)
+    except ValueError:
+        raise UsageError(f"{flag} {value!r}: expected a size such as 16MiB, 512KiB or 1048576 "
+                         "(Kubernetes quantities: 16M is 16 x 10^6 bytes, 16Mi and 16MiB 16 x 2^20)") from None
     if not lo <= n <= hi:
         raise UsageError(f"{flag} {value!r}: must be from {lo} bytes (64KiB) to {hi} bytes (1GiB)")
     return n

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from exporter.backends.simulated import SCENARIOS  # a light module: the table of scenarios
 from exporter.core.options import FieldFilter, Settings
+from exporter.platform import units
 from exporter.platform.configfile import ConfigError, read_yaml, shown_value
 
 
@@ -47,18 +48,16 @@ def _int_range(lo: int, hi: int) -> Callable[[object], int]:
 
 def _seconds(lo: float, hi: float) -> Callable[[object], float]:
     def parse(v: object) -> float:
-        allowed = f"expected seconds as a number in {lo:g}..{hi:g} (e.g. 10, 0.5, 30s)"
+        allowed = f"expected a duration in {lo:g}..{hi:g} seconds (e.g. 10, 0.5, 30s, 5m, 1h)"
         if isinstance(v, bool):
             raise ValueError(allowed)
         s = str(v).strip().lower()
-        mult = 1.0
-        for suffix, m in (("ms", 0.001), ("s", 1.0), ("m", 60.0)):
-            if s.endswith(suffix):
-                s, mult = s[: -len(suffix)], m
-                break
-        if not _DECIMAL.fullmatch(s):  # float() would also take "nan", "inf", "1_0" and non-ASCII digits
-            raise ValueError(allowed)
-        x = float(s) * mult
+        try:
+            x = units.parse_duration(s)  # the one duration parser: 1h, 1m30s, 250ms or bare seconds
+        except ValueError:
+            if not _DECIMAL.fullmatch(s):  # float() would also take "nan", "inf", "1_0" and non-ASCII digits
+                raise ValueError(allowed) from None
+            x = float(s)  # a signed or exponent number: refused by the range below unless in it
         if not (lo <= x <= hi):  # also rejects an overflow to inf
             raise ValueError(allowed)
         return x

@@ -32,7 +32,6 @@ from exporter.core.views import (  # noqa: F401 - re-exported for the tools
     gpu_stats,
     iso_time,
     numbered,
-    parse_size,
     stats_view,
 )
 from exporter.serve.engine import Engine

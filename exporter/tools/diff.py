@@ -12,6 +12,7 @@ import math
 import sys
 from typing import Any
 
+from exporter.platform.units import parse_size
 from exporter.tools.audit import (
     IGNORABLE,
     MIB,
@@ -24,7 +25,6 @@ from exporter.tools.audit import (
     diff_audits,
     fail,
     one_line,
-    parse_size,
 )
 from exporter.tools.gpus import check_number
 

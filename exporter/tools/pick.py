@@ -16,6 +16,7 @@ import math
 import re
 import sys
 
+from exporter.platform.units import parse_size
 from exporter.tools import gpus
 from exporter.tools.audit import (
     ToolError,
@@ -24,7 +25,6 @@ from exporter.tools.audit import (
     checked,
     fail,
     open_session,
-    parse_size,
     setup_logging,
 )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import exporter
-from exporter.core.views import parse_size
+from exporter.platform.units import parse_size
 from exporter.tools import gpus, pick
 from tests.harness.exporter import REPO
 
