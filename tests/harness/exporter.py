@@ -92,7 +92,9 @@ class ExporterProcess:
     def log(self) -> str:
         return Path(self.log_file.name).read_text(errors="replace")
 
-    def wait_healthy(self, timeout: float = 15.0) -> None:
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        # 30 s: a start that imports the kubernetes client (--per-process, DRA) took over 15 s on a
+        # loaded 2-core machine; the poll returns as soon as /healthz answers.
         def ok() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"exporter exited with {self.proc.returncode}:\n{self.log()}")
