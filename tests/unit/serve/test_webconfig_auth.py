@@ -124,8 +124,9 @@ def test_an_unknown_user_is_checked_against_a_dummy_hash_of_the_highest_cost(
     ("basic_auth_users:\n  a: '$2y$10$short'\n",
      "basic_auth_users.a: expected a whole bcrypt hash ($2y$10$ and 53 characters, from htpasswd -nBC 10; cost 4.."),
     ("basic_auth_users:\n  a: 12\n", "basic_auth_users.a: expected a whole bcrypt hash"),
-    ("basic_auth_users:\n  a: CHEAP\n", "basic_auth_users.a: "),  # cost 3: under what we accept
-    ("basic_auth_users:\n  a: DEAR\n", "basic_auth_users.a: "),  # one over the highest cost we accept
+    # cost 3: under what we accept; and one over the highest
+    ("basic_auth_users:\n  a: CHEAP\n", "basic_auth_users.a: bcrypt cost 3 is outside 4.."),
+    ("basic_auth_users:\n  a: DEAR\n", "basic_auth_users.a: bcrypt cost "),
 ])
 def test_bad_users_tables_are_refused(tmp_path: Path, users: str, expect: str) -> None:
     path = tmp_path / "web.yml"
@@ -177,3 +178,27 @@ def test_without_bcrypt_basic_auth_is_refused_at_load(tmp_path: Path, monkeypatc
     with pytest.raises(webconfig.ConfigError) as exc:
         webconfig.load(str(path))
     assert str(exc.value) == "basic_auth_users needs the bcrypt package (pip install bcrypt)"
+
+
+def test_cost_errors_say_how_to_make_a_good_hash(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  a: '{hashed().replace('$04$', '$03$')}'\n")
+    with pytest.raises(webconfig.ConfigError) as exc:
+        webconfig.load(str(path))
+    assert str(exc.value).endswith("htpasswd -nBC 10)")
+
+
+@pytest.mark.skipif(not hasattr(webconfig, "MAX_COST"), reason="no upper cost bound in this version")
+def test_the_highest_cost_we_accept_loads(tmp_path: Path) -> None:
+    top = webconfig.MAX_COST
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  a: '$2b${top:02d}$" + hashed()[7:] + "'\n")
+    cfg = webconfig.load(str(path))
+    assert cfg._dummy.startswith(f"$2b${top:02d}$".encode())
+
+
+def test_a_user_name_that_is_not_utf8_is_refused_not_a_crash(tmp_path: Path) -> None:
+    cfg = load(tmp_path, {"prom": hashed()})
+    odd = basic(b"pr\xffom", PASSWORD)
+    assert cfg.check(odd) is False and cfg.cached(odd) is False
+    assert cfg.check(basic("prom", PASSWORD))
