@@ -466,12 +466,11 @@ class NvmlBackend(Backend):
                 except GpuDown as down:
                     gpu.handle = None  # fetch the handle again next time: the GPU may come back
                     # identity as last seen, so gpu_info keeps one series for the GPU while it is down
-                    reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia", up=False,
-                                         up_reason=str(down), name=gpu.static.get("name"),
+                    reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia", name=gpu.static.get("name"),
                                          pci_bus_id=gpu.static.get("pci_bus_id"), serial=gpu.static.get("serial"),
                                          firmware_version=gpu.static.get("vbios_version"),
                                          driver_version=self._driver_version,
-                                         cuda_driver_version=self._cuda_version)
+                                         cuda_driver_version=self._cuda_version).down(str(down))
                     if not reading.uuid or not reading.pci_bus_id:
                         self._identity_from_sysfs(reading)
                     self.count_error(down.kind)

@@ -365,8 +365,8 @@ class SimulatedBackend(Backend):
         out.pci_devices = self.model.pci_devices()
         self._collections += 1
 
-    def _identity(self, i: int, up: bool = True) -> GpuReading:
-        return GpuReading(index=i, uuid=f"GPU-5140a7ed-0000-4000-8000-{i:012d}", vendor="simulated", up=up,
+    def _identity(self, i: int) -> GpuReading:
+        return GpuReading(index=i, uuid=f"GPU-5140a7ed-0000-4000-8000-{i:012d}", vendor="simulated",
                           name="Simulated GPU", pci_bus_id=f"0000:{0x10 + i:02x}:00.0", serial=f"SIM{i:08d}",
                           driver_version="0.0-simulated", cuda_driver_version=None)
 
@@ -374,9 +374,8 @@ class SimulatedBackend(Backend):
         m = self.model
         state = m.state(i)
         if not m.up(i, now):
-            r = self._identity(i, up=False)  # identity as last seen, as the NVML backend keeps it
-            r.up_reason = "nvmlDeviceGetUtilizationRates: GPU is lost (simulated)"
-            return r
+            # identity as last seen, as the NVML backend keeps it
+            return self._identity(i).down("nvmlDeviceGetUtilizationRates: GPU is lost (simulated)")
         r = self._identity(i)
         u = m.utilization(i, now)
         load = m.load(i, now)

@@ -129,6 +129,14 @@ class GpuReading:
     # fields this GPU reported as unsupported (names of metric families)
     unsupported: set[str] = field(default_factory=set)
 
+    def down(self, reason: str) -> GpuReading:
+        """This GPU's identity with ``up=False``, ``reason`` and no readings: what is published for a GPU
+        that exists but cannot be read (gpu_up 0, and gpu_info keeps its one series)."""
+        return GpuReading(index=self.index, uuid=self.uuid, vendor=self.vendor, up=False, up_reason=reason,
+                          name=self.name, pci_bus_id=self.pci_bus_id, serial=self.serial,
+                          driver_version=self.driver_version, cuda_driver_version=self.cuda_driver_version,
+                          firmware_version=self.firmware_version)
+
 
 @dataclass
 class PeerReading:

@@ -286,7 +286,7 @@ class Engine:
                 st.errors_total[kind] = st.errors_total.get(kind, 0) + 1
                 # A failed collection publishes no readings, never stale ones; the GPUs it last
                 # knew stay visible as gpu_up 0 (with their identity), so alerts see them go down.
-                coll.gpus[:] = [_down_copy(r, f"{kind}: {message}") for r in self._known.get(b.name, ())]
+                coll.gpus[:] = [r.down(f"{kind}: {message}") for r in self._known.get(b.name, ())]
                 coll.peers = []
                 st.gpus = 0
             elif not flight.timed_out:
@@ -323,9 +323,3 @@ class Engine:
         if self._failing.pop(name, None) is not None:
             log.info("backend %s: collection recovered", name)
 
-
-def _down_copy(r: GpuReading, reason: str) -> GpuReading:
-    """``r``'s identity with ``up=False`` and no readings."""
-    return GpuReading(index=r.index, uuid=r.uuid, vendor=r.vendor, up=False, up_reason=reason, name=r.name,
-                      pci_bus_id=r.pci_bus_id, serial=r.serial, driver_version=r.driver_version,
-                      cuda_driver_version=r.cuda_driver_version, firmware_version=r.firmware_version)
