@@ -11,8 +11,9 @@ backend's meaning of NVML's statuses (:meth:`NvmlBackend.classify`):
   reading this cycle, and is retried on the next;
 - ``UNKNOWN`` (999), which single functions return in the field (virtualised and containerised
   setups) as well as sick GPUs: suspect. The GPU's identity calls (``nvmlDeviceGetUUID``,
-  ``nvmlDeviceGetPciInfo``, once per collection) decide: they answer, so only that reading is
-  absent (``reading_error``); they fail too, so the GPU is down (``gpu_error``);
+  ``nvmlDeviceGetPciInfo``, once per collection; a MIG instance asks its GPU's) decide: they
+  answer, so only that reading is absent (``reading_error``); they fail too, so the GPU is
+  down (``gpu_error``);
 - ``UNINITIALIZED`` / ``DRIVER_NOT_LOADED`` / ``LIBRARY_NOT_FOUND`` / ``LIB_RM_VERSION_MISMATCH``:
   the whole collection fails (kind ``driver``) and NVML is initialised again next time;
 - anything else (``TIMEOUT``, ``INVALID_ARGUMENT``, a ctypes error, a malformed value, a
@@ -232,6 +233,11 @@ class _Gpu(Device):
         self.static: dict[str, Any] = {}
         self.mig_devs: dict[int, Device] = {}  # MIG slot -> its own probe state
 
+    def begin(self) -> None:
+        super().begin()
+        for d in self.mig_devs.values():  # its instances ask the GPU's identity afresh too
+            d.identity_checked, d.identity_fault = False, None
+
 
 def _number(factor: float = 1.0) -> Callable[[Any], float]:
     return lambda v: si(v, factor)
@@ -425,7 +431,9 @@ class NvmlBackend(Backend):
         just failed: None when both answer (or cannot be asked), else what the failure means."""
         nv = self._nv
         h = getattr(dev, "handle", None)
-        if h is None or nv is None:  # a MIG slot or no handle yet: nothing of the GPU to ask
+        if h is None and not isinstance(dev, _Gpu) and 0 <= dev.index < len(self._gpus):
+            h = self._gpus[dev.index].handle  # a MIG instance: its GPU's identity decides
+        if h is None or nv is None:  # no handle yet (or a system call): nothing of the GPU to ask
             return Verdict(Outcome.DOWN, GPU_ERROR, "no GPU handle to check the identity with")
         for name in ("nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo"):
             if name == where:

@@ -278,3 +278,18 @@ def test_a_process_whose_memory_is_not_available_is_counted_but_not_summed(tmp_p
                if n == "gpu_process_memory_used_bytes"}
     assert per_pid == {("0", "1234"): 2 * 2**30, ("1", "4321"): 2**30}
     assert sample(s, "gpu_processes_memory_used_bytes", gpu="1") == 2**30
+
+
+def test_unknown_error_from_a_mig_call_is_that_readings(fleet: FakeNvml, sysfs: Path) -> None:
+    """NVML_ERROR_UNKNOWN (999) from one MIG instance's call loses that MIG reading only while the
+    GPU's identity answers (issue 26): the identity asked is the parent GPU's."""
+    a = fleet.add_mig(0, 0, "3g.40gb", gi=1, ci=0, mem_total=40 * 2**30, mem_used=5 * 2**30)
+    with start(fleet, sysfs) as ex:
+        ex.scrape()
+        fleet.fail("nvmlDeviceGetComputeInstanceId", 999, gpu=0)  # a MIG-only call
+        s = ex.scrape()
+        assert sample(s, "gpu_up", gpu="0") == 1.0
+        assert sample(s, "gpu_mig_memory_total_bytes", gpu="0", mig_uuid=a) == 40 * 2**30
+        fleet.fail("nvmlDeviceGetUUID", 999, gpu=0)  # the GPU's identity fails too: the GPU is down
+        s = ex.scrape()
+        assert sample(s, "gpu_up", gpu="0") == 0.0 and sample(s, "gpu_up", gpu="1") == 1.0
