@@ -370,6 +370,24 @@ def uuid_regex(uuids: Iterable[str]) -> str:
     return "`" + "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", u) for u in sorted(set(uuids))) + "`"
 
 
+# scrape intervals people configure (seconds): an estimate within 12% of one is taken to be it
+_SCRAPE_INTERVALS = (1, 2, 3, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 300, 600)
+
+
+def scrape_interval(span_s: float, samples: float) -> float:
+    """The scrape interval that put ``samples`` samples in ``span_s`` seconds, in whole seconds.
+
+    ``span / (n - 0.5)``: a range holds n or n + 1 samples of a regular series depending on
+    where its ends fall (Prometheus 2 includes both). Snapped to a usual interval within 12%
+    (missed scrapes, a few per cent, must not stretch it), else rounded: a step even slightly
+    longer than the real interval skips a sample now and then, and that beat looks like a
+    period of its own.
+    """
+    est = span_s / max(samples - 0.5, 0.5)
+    usual = min(_SCRAPE_INTERVALS, key=lambda p: abs(math.log(p / est)))
+    return float(usual) if abs(usual - est) <= 0.12 * est else float(max(1, round(est)))
+
+
 # the last character of a node name (a DNS name: [a-z0-9], anything else falls in the last class)
 _NAME_CLASSES = ("[0-4]", "[5-9]", "[a-h]", "[i-q]", "[r-z]", "[^0-9a-z]")
 _MAX_NAME_DEPTH = 4  # 6^4 parts at most: a node list 1,296 times the cap is not split further
@@ -591,21 +609,21 @@ class Reader:
         """This GPU's utilisation range step: ``--step``, else its own scrape interval.
 
         From its own samples, never from other GPUs' (a shard's median made the step, and so
-        the patterns, depend on which GPUs shared the shard, that is on the fleet's size). The
-        denser half of the window gives the interval, so a gap or a GPU that appeared
-        mid-window does not stretch it; rounded to a whole second: a step even slightly
-        longer than the scrape interval skips a sample now and then, and that beat looks
-        like a period of its own.
+        the patterns, depend on which GPUs shared the shard, that is on the fleet's size): see
+        :func:`scrape_interval`. The whole window's count gives it, or the denser half's when
+        the halves differ by more than a tenth (a GPU that appeared or paused mid-window).
         """
         cfg = self.cfg
         step = cfg.step_s
         if step is None:
             count, early = finite(v.get("util_count")), finite(v.get("util_early"))
             step = 15.0
-            if count is not None and early is not None:
-                dense = max(early, count - early)
-                if dense > 1:
-                    step = cfg.window_s / 2 / dense
+            if count is not None and early is not None and count > 1:
+                late = count - early
+                if min(early, late) >= 0.9 * max(early, late):
+                    step = scrape_interval(cfg.window_s, count)
+                elif max(early, late) > 1:
+                    step = scrape_interval(cfg.window_s / 2, max(early, late))
         return float(max(1, round(max(step, cfg.min_step_s, cfg.window_s / cfg.max_points))))
 
     def _read_shard(self, b: QueryBuilder, nodes: list[str], at: float, mem_step: float,

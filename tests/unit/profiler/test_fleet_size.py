@@ -19,7 +19,7 @@ import pytest
 
 from exporter.profiler.classify import classify_gpu
 from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader
+from exporter.profiler.queries import QueryConfig, Reader, scrape_interval
 from tests.fakes.profiler_history import GpuHistory, labelled_set, sample_times, write_openmetrics
 from tests.harness.prom import OpenMetricsWriter, Prometheus
 
@@ -88,3 +88,15 @@ def test_patterns_do_not_depend_on_fleet_size(tmp_path: Path, caplog: pytest.Log
     assert sum(p == "periodic" for p, _ in small.values()) >= 50
     diffs = [f"{k}: {small[k]} at {TESTED} nodes, {big[k]} at {FLEET}" for k in sorted(small) if small[k] != big[k]]
     assert diffs == []
+
+
+@pytest.mark.parametrize(("span", "samples", "interval"), [
+    (1800, 61, 30), (1800, 60, 30),  # both ends of a closed range on a sample, or one
+    (1800, 121, 15), (1800, 119, 15),  # two missed scrapes
+    (1800, 31, 60), (900, 31, 30), (900, 30, 30),  # a half window, closed or half-open
+    (1800, 55, 30),  # 10% missed scrapes
+    (1800, 139, 13), (1800, 72, 25), (1800, 257, 7),  # unusual intervals stay themselves
+])  # fmt: skip
+def test_scrape_interval_from_one_gpus_count(span: float, samples: int, interval: int) -> None:
+    # (1800 / 31 = 29.03 s rounded to 29 s, the first per-GPU estimate, skipped a 30 s sample every 29 steps)
+    assert scrape_interval(span, samples) == interval
