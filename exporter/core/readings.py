@@ -129,6 +129,15 @@ class GpuReading:
     # fields this GPU reported as unsupported (names of metric families)
     unsupported: set[str] = field(default_factory=set)
 
+    def free_memory_bytes(self) -> float | None:
+        """Free device memory in bytes: the driver's figure, else total - used (never below 0), else None.
+        The one derivation, for every view (gpu-metrics JSON, /stats, the Python API)."""
+        if self.memory_free_bytes is not None:
+            return self.memory_free_bytes
+        if self.memory_total_bytes is not None and self.memory_used_bytes is not None:
+            return max(0.0, self.memory_total_bytes - self.memory_used_bytes)
+        return None
+
     def down(self, reason: str) -> GpuReading:
         """This GPU's identity with ``up=False``, ``reason`` and no readings: what is published for a GPU
         that exists but cannot be read (gpu_up 0, and gpu_info keeps its one series)."""

@@ -103,14 +103,6 @@ def _ratio(part: float | None, whole: float | None) -> float | None:
     return round(min(1.0, max(0.0, part / whole)), 6)
 
 
-def _free_bytes(g: GpuReading) -> float | None:
-    if g.memory_free_bytes is not None:
-        return g.memory_free_bytes
-    if g.memory_total_bytes is not None and g.memory_used_bytes is not None:
-        return max(0.0, g.memory_total_bytes - g.memory_used_bytes)
-    return None
-
-
 def gpu_stats(backend: str, g: GpuReading, power: tuple[float, float] | None) -> dict[str, Any]:
     """One GPU of the ``/stats`` view (SI units, like ``/metrics``)."""
     return {
@@ -126,7 +118,7 @@ def gpu_stats(backend: str, g: GpuReading, power: tuple[float, float] | None) ->
         "cuda_version": g.cuda_driver_version,
         "memory_total_bytes": _int(g.memory_total_bytes),
         "memory_used_bytes": _int(g.memory_used_bytes),
-        "memory_free_bytes": _int(_free_bytes(g)),
+        "memory_free_bytes": _int(g.free_memory_bytes()),
         "memory_used_ratio": _ratio(g.memory_used_bytes, g.memory_total_bytes),
         "utilization_ratio": _r(g.utilization_ratio, 6),
         "temperature_celsius": _r(g.temperature_celsius.get("gpu"), 2),

@@ -54,9 +54,7 @@ def gpu_metrics_view(snap: Snapshot) -> dict[str, Any]:
     gpus = []
     for number, _backend, g in numbered(snap):
         up = g.up
-        free = g.memory_free_bytes
-        if free is None and g.memory_total_bytes is not None and g.memory_used_bytes is not None:
-            free = max(0.0, g.memory_total_bytes - g.memory_used_bytes)
+        free = g.free_memory_bytes()
         gpus.append({
             "id": f"gpu-{number}",
             "name": g.name,

@@ -234,9 +234,7 @@ def status(number: int, g: GpuReading) -> GpuStatus:
     if not g.up:
         return GpuStatus(number, g.uuid, g.name, None, None, None, None, None, None, 0.0, False)
     total, used = g.memory_total_bytes, g.memory_used_bytes
-    free = g.memory_free_bytes
-    if free is None and total is not None and used is not None:
-        free = max(0.0, total - used)
+    free = g.free_memory_bytes()
     return GpuStatus(index=number, uuid=g.uuid, name=g.name, memory_total_bytes=_int(total),
                      memory_used_bytes=_int(used), memory_free_bytes=_int(free),
                      utilization_ratio=g.utilization_ratio, temperature_celsius=g.temperature_celsius.get("gpu"),

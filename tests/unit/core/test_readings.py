@@ -15,3 +15,11 @@ def test_down_keeps_identity_and_drops_readings() -> None:
                 "firmware_version")
     assert all(getattr(d, a) == getattr(r, a) for a in identity)
     assert d.power_watts is None and d.temperature_celsius == {} and d.unsupported == set()
+
+
+def test_free_memory_is_the_drivers_else_total_minus_used() -> None:
+    driver = GpuReading(0, "a", memory_free_bytes=5.0, memory_total_bytes=10.0, memory_used_bytes=1.0)
+    assert driver.free_memory_bytes() == 5
+    assert GpuReading(0, "a", memory_total_bytes=10.0, memory_used_bytes=4.0).free_memory_bytes() == 6
+    assert GpuReading(0, "a", memory_total_bytes=10.0, memory_used_bytes=12.0).free_memory_bytes() == 0
+    assert GpuReading(0, "a", memory_total_bytes=10.0).free_memory_bytes() is None
