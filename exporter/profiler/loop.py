@@ -217,6 +217,8 @@ class Profiler:
         # dry run: what the nodes would carry had the patches been sent (keeps hysteresis going)
         self._overlay: dict[str, dict[str, str]] = {}
         self._cond_overlay: dict[str, dict[str, str]] = {}
+        if health and not reader.cfg.health:
+            raise ValueError("the GPUHealthy condition needs the reader's health fields (QueryConfig(health=True))")
         self.health = health  # set the GPUHealthy Node condition (needs patch on nodes/status)
         self._at = 0.0  # the cycle's evaluation time
         self.cycle_started: float | None = None  # monotonic, while a cycle runs
