@@ -183,7 +183,6 @@ NVML_FI_DEV_MEMORY_TEMP = 82
 PSTATE_UNKNOWN = 32
 MEMORY_FAMILIES = ("gpu_memory_total_bytes", "gpu_memory_used_bytes", "gpu_memory_free_bytes",
                    "gpu_memory_reserved_bytes")
-PROCESS_FAMILIES = ("gpu_processes", "gpu_processes_memory_used_bytes", "gpu_process_memory_used_bytes")
 
 
 class _ProcessInfoV1(ctypes.Structure):

@@ -174,8 +174,6 @@ class Collection:
     pci_devices: int | None = None
     # non-fatal errors by kind during this collection, e.g. {"gpu_lost": 1}
     errors: dict[str, int] = field(default_factory=dict)
-    # the collection did not complete (timeout): the readings are partial
-    partial: bool = False
 
     def count_error(self, kind: str, n: int = 1) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + n

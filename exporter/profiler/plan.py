@@ -51,7 +51,7 @@ OMITTED_GPUS = "omitted-gpus"  # GPUs beyond --max-gpus-per-node or the byte bou
 GPU_FIELDS = ("pattern", "uuid", "period-seconds", "memory-growth-bytes-per-second", "holder")
 MAX_HOLDER_CHARS = 320  # one "namespace/pod" (63 + 1 + 253); a shared GPU lists what fits
 
-_GPU_KEY = re.compile(r"gpu-([0-9A-Za-z_.-]+)\.(pattern|uuid|period-seconds|memory-growth-bytes-per-second|holder)\Z")
+_GPU_KEY = re.compile(r"gpu-([0-9A-Za-z_.-]+)\.(" + "|".join(map(re.escape, GPU_FIELDS)) + r")\Z")
 _GPU_ID = re.compile(r"[0-9A-Za-z]([0-9A-Za-z_.-]{0,18}[0-9A-Za-z])?\Z")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?\Z")  # as we write numbers: no exponent, no NaN, ASCII digits

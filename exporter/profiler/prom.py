@@ -525,11 +525,6 @@ def printable(text: str, limit: int = 200) -> str:
     return flat if n <= limit and len(text) <= 4 * limit else flat[:limit] + "..."
 
 
-def _one_line(text: str, limit: int = 200) -> str:
-    """Kept for callers of the old name: see :func:`printable`."""
-    return printable(text, limit)
-
-
 def _error_detail(raw: bytes) -> str:
     """The Prometheus error of an error answer, or the start of the body, made printable."""
     try:

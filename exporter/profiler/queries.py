@@ -864,11 +864,3 @@ def _settle(futures: list[Future[T]]) -> list[T]:
 def _batches(items: list[str], size: int) -> list[list[str]]:
     return [items[i:i + size] for i in range(0, len(items), max(1, size))]
 
-
-def by_node(snapshot: Snapshot) -> dict[str, dict[str, GpuStats]]:
-    """Group a snapshot's GPUs by node name."""
-    out: dict[str, dict[str, GpuStats]] = {}
-    for (node, gpu), st in snapshot.gpus.items():
-        out.setdefault(node, {})[gpu] = st
-    return out
-

@@ -168,7 +168,7 @@ class Engine:
             # Readings older than one timeout window would be stale: serve only a fresh partial.
             fresh = time.monotonic() - flight.started <= 2 * self.timeout
             colls = [
-                Collection(backend=c.backend, gpus=list(c.gpus), peers=c.peers, partial=True)
+                Collection(backend=c.backend, gpus=list(c.gpus), peers=c.peers)
                 for c in flight.collections
             ] if fresh else []
         return Rendered(self._snapshot(colls), self.fields)
