@@ -20,7 +20,11 @@ Fair by construction (issue 26: twice, a few greedy but legal connections took e
   ``/healthz``, errors, 401/429), the ``probe`` lane (``/readyz``: its own threads, never behind a
   scrape), or the ``work`` lane (scrapes and the API: at most ``--max-connections`` requests waiting
   or being answered; beyond that, 503 at once, never a queue without bound). A request holds its slot
-  only while its answer is made, never while it is written.
+  only while its answer is made, never while it is written. A route's ``fast`` answer (bytes already
+  rendered) is tried on the I/O thread first: no thread hand-off for a cached scrape.
+* **Greedy clients are paced.** Pipelined requests already buffered get ``TURN_BUDGET_S`` per turn,
+  then a pause as long unless anything else happens, and together hold ``PIPELINED_SLOTS`` work
+  slots at most (waiting for one, not 503).
 * **bcrypt** runs in a lane of its own (one thread, at most ``BCRYPT_WAITING`` waiting: beyond, 503).
   The per-address failure limiter is charged *before* the check (and refunded when it passes), so
   concurrent guesses cannot all get a check; credentials that passed are cached (``webconfig.py``).
@@ -65,8 +69,10 @@ FAILURE_BURST = 10  # failed logins an address may make at once ...
 FAILURE_REFILL_S = 1.0  # ... then one more per this many seconds
 BCRYPT_WAITING = 32  # password checks waiting or running at once; more get 503 (bcrypt is ~100 ms of CPU)
 PROBE_THREADS = 4  # /readyz may wait for a collection (collect-on-scrape): a few, separate from scrapes
-SEND_CHUNK = 256 * 1024  # bytes per send(): one connection's turn stays short
+SEND_CHUNK = 64 * 1024  # bytes per send() and turn: a turn stays short however many clients read slowly
 ACCEPT_PER_TURN = 128
+TURN_BUDGET_S = 0.002  # pipelined requests answered per turn: this long at most
+PIPELINED_SLOTS = 4  # work slots all pipelined requests together may hold (a quarter of them at most)
 LANE_IDLE_S = 2.0  # a lane's thread with nothing to do for this long ends (a burst leaves no threads behind)
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
            408: "Request Timeout", 413: "Content Too Large", 414: "URI Too Long", 429: "Too Many Requests",
@@ -75,6 +81,8 @@ REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
 _SINGLE = frozenset({"content-length", "host", "authorization", "transfer-encoding"})  # twice: 400 (smuggling)
+_TARGET_BAD = re.compile(rb"[\x00-\x20\x7f]")  # controls and spaces: not in a request target
+_VALUE_BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls but tab: not in a header value
 _QVALUE = re.compile(r"(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)")
 
 
@@ -121,8 +129,7 @@ def parse_request(buf: bytearray | bytes) -> tuple[tuple[str, str, str, Headers]
         if len(lines) > MAX_HEADERS + 1 or pos - start > MAX_HEAD:
             raise _BadRequest(431, "too many headers")
     parts = lines[0].split(b" ")
-    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not parts[1] or any(c < 0x21 or c == 0x7F
-                                                                                   for c in parts[1]):
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not parts[1] or _TARGET_BAD.search(parts[1]):
         raise _BadRequest(400, "malformed request line")
     version = _VERSION.fullmatch(parts[2])
     if version is None:
@@ -135,7 +142,7 @@ def parse_request(buf: bytearray | bytes) -> tuple[tuple[str, str, str, Headers]
         if not sep or not _TOKEN.fullmatch(name):  # also rejects obs-fold and "Name :"
             raise _BadRequest(400, "malformed header")
         v = value.strip(b" \t")
-        if any((c < 0x20 and c != 0x09) or c == 0x7F for c in v):
+        if _VALUE_BAD.search(v):
             raise _BadRequest(400, "malformed header")
         key, text = name.decode("ascii").lower(), v.decode("latin-1")
         if key in headers:
@@ -223,6 +230,8 @@ class Handler:
 
 # (handler, path, query) -> Response
 Route = Callable[[Handler, str, str], Response]
+# the same, on the I/O thread, from what is ready now; None: the route's lane answers instead
+FastRoute = Callable[[Handler, str, str], "Response | None"]
 
 
 def _head(resp: Response, keep: bool, extra: dict[str, str]) -> bytes:
@@ -392,6 +401,7 @@ class GpuHTTPServer:
             self.live = LiveWebConfig(web)
         self.routes: dict[str, Route] = {}
         self.lanes: dict[str, Lane] = {}  # path -> lane; "work" when not named
+        self.fast: dict[str, FastRoute] = {}  # path -> answer from what is ready, on the I/O thread
         self.probe_paths = probe_paths
         self.read_timeout = read_timeout
         self.max_connections = max_connections
@@ -412,6 +422,8 @@ class GpuHTTPServer:
         self._closing: OrderedDict[_Conn, None] = OrderedDict()
         self._ready: deque[_Conn] = deque()  # more pipelined bytes to parse, next turn
         self._deferred: deque[tuple[_Conn, Handler, str]] = deque()  # pipelined, waiting for a work slot
+        self._pipelined = 0  # pipelined requests in the work lane
+        self._pipelined_cap = max(1, min(PIPELINED_SLOTS, max_connections // 4))
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._running = False
@@ -419,10 +431,16 @@ class GpuHTTPServer:
         self._next_web_check = 0.0
         self._accept_paused_until = 0.0
 
-    def route(self, path: str, fn: Route, lane: Lane = "work") -> None:
-        """Serve ``path`` with ``fn``: ``inline`` only for answers that never block (microseconds)."""
+    def route(self, path: str, fn: Route, lane: Lane = "work", fast: FastRoute | None = None) -> None:
+        """Serve ``path`` with ``fn``: ``inline`` only for answers that never block (microseconds).
+
+        ``fast``: tried first on the I/O thread, it answers from bytes already made (a cached
+        exposition) without a thread hand-off, or returns None to leave the request to ``fn``.
+        """
         self.routes[path] = fn
         self.lanes[path] = lane
+        if fast is not None:
+            self.fast[path] = fast
 
     @property
     def web(self) -> WebConfig | None:
@@ -486,7 +504,10 @@ class GpuHTTPServer:
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._sel.register(self.socket, selectors.EVENT_READ, _LISTEN)
-        timeout = 0.0 if self._ready or self._inbox else self._next_timeout()  # deferred: woken by an answer
+        # pipelined backlog alone: a pause as long as its budget, so greedy clients get half a core at
+        # most (in a pod with a CPU limit, burning the quota would throttle every answer); any other
+        # event ends the pause at once. Deferred requests are woken by an answer (the inbox).
+        timeout = 0.0 if self._inbox else TURN_BUDGET_S if self._ready else self._next_timeout()
         for key, mask in self._sel.select(timeout):
             data = key.data
             if data is None:
@@ -504,17 +525,28 @@ class GpuHTTPServer:
             if what == "stop":
                 self._stop.set()
             elif what == "answer":
-                self._send_answer(conn, *payload)
+                h, resp, pipelined = payload
+                self._pipelined -= pipelined
+                self._send_answer(conn, h, resp)
             elif what == "authed":
                 self._after_auth(conn, *payload)
-        while self._deferred and self._work.pending < max(1, self.max_connections // 2):
+        while self._deferred and self._pipelined < self._pipelined_cap:
             conn, h, path = self._deferred.popleft()
             if conn.state == _BUSY:
                 self._route(conn, h, path)
-        for _ in range(len(self._ready)):  # one request each, then the next connection's turn
+        # pipelined requests already buffered: one each, for a few milliseconds at most, so that a
+        # turn stays short however many connections pipeline (the rest wait for the next turn)
+        budget = time.monotonic() + TURN_BUDGET_S
+        for _ in range(len(self._ready)):
+            if time.monotonic() > budget:
+                break
             conn = self._ready.popleft()
             conn.queued = False
-            if conn.state == _READ:
+            if conn.state != _READ:
+                continue
+            if getattr(conn.sock, "pending", lambda: 0)():  # TLS bytes already decrypted: read them first
+                self._on_readable(conn, pipelined=True)
+            else:
                 self._parse(conn, pipelined=True)
         self._expire()
 
@@ -570,7 +602,7 @@ class GpuHTTPServer:
             sock.setblocking(False)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            web = self._web
+            web = self._web = self._io_web()  # per connection, as the toolkit reloads (a few stat calls)
             if web is not None and web.ssl_context is not None:
                 conn.sock = web.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 conn.web, conn.handshaken = web, False
@@ -581,7 +613,7 @@ class GpuHTTPServer:
         self._fresh[conn] = None
         self._want(conn, selectors.EVENT_READ)
 
-    def _on_readable(self, conn: _Conn) -> None:
+    def _on_readable(self, conn: _Conn, pipelined: bool = False) -> None:
         if not conn.handshaken and not self._handshake(conn):
             return
         try:
@@ -599,7 +631,7 @@ class GpuHTTPServer:
                     conn.eof = True  # half-closed: a request already here is still answered
                     break
                 if conn.state == _CLOSING:
-                    continue
+                    break  # read and dropped, one read a turn: the answer is out, EOF is awaited
                 conn.buf += chunk
                 if len(conn.buf) > MAX_HEAD + MAX_BODY or not getattr(conn.sock, "pending", lambda: 0)():
                     break
@@ -607,7 +639,7 @@ class GpuHTTPServer:
             self._close(conn)
             return
         if conn.state == _READ and not conn.queued:  # queued: its next request is parsed in its turn
-            self._parse(conn)
+            self._parse(conn, pipelined)
         if conn.eof and conn.state in (_READ, _CLOSING) and not conn.queued:
             self._close(conn)  # nothing more will come: not waiting for the rest of a request
 
@@ -648,13 +680,14 @@ class GpuHTTPServer:
                 self._error(conn, 431, "request too large")
             elif conn.eof:
                 self._close(conn)
+            else:
+                self._want(conn, selectors.EVENT_READ)  # the rest of the request: watched again
             return
         (command, target, version, headers), used = parsed
         del conn.buf[:used]
         self._fresh.pop(conn, None)
         self._idle.pop(conn, None)
-        conn.state = _BUSY
-        self._want(conn, 0)  # nothing more is read until this answer is written
+        conn.state = _BUSY  # nothing more is parsed until this answer is written
         conn_hdr = headers.get("connection", "").lower()
         conn.keep = ("keep-alive" in conn_hdr if version == "HTTP/1.0" else "close" not in conn_hdr) and not conn.eof
         h = Handler(self, conn.addr, command, target, version, headers)
@@ -704,6 +737,8 @@ class GpuHTTPServer:
                                                     headers={"Retry-After": "1"}))
             return
 
+        self._want(conn, 0)  # not watched while the check runs: nothing more is read meanwhile
+
         def job() -> None:
             ok = False
             try:
@@ -731,16 +766,26 @@ class GpuHTTPServer:
         if lane == "inline":
             self._send_answer(conn, h, _call(route, h))
             return
+        fast = self.fast.get(path)
+        if fast is not None:
+            resp = _call(fast, h)
+            if resp is not None:
+                self._send_answer(conn, h, resp)
+                return
         pool = self._probe if lane == "probe" else self._work
-        if pool is self._work and h.pipelined and pool.pending >= max(1, self.max_connections // 2):
-            # a pipelining client is willing to wait, and may hold half the slots at most: however
-            # many connections pipeline, the other half stays for requests sent one at a time
+        pipelined = pool is self._work and h.pipelined
+        if pipelined and self._pipelined >= self._pipelined_cap:
+            # a pipelining client is willing to wait, and all of them together hold a few slots at
+            # most: the rest (and the GIL) stay for requests sent one at a time
+            self._want(conn, 0)
             self._deferred.append((conn, h, path))
             return
         if pool is self._work and pool.pending >= self.max_connections:  # every slot answering: 503 at once
             self._error(conn, 503, "too many requests in progress", {"Retry-After": "1"})
             return
-        pool.submit(lambda: self._post("answer", conn, (h, _call(route, h))))
+        self._pipelined += pipelined
+        self._want(conn, 0)  # not watched while a lane makes the answer: nothing more is read meanwhile
+        pool.submit(lambda: self._post("answer", conn, (h, _call(route, h), pipelined)))
 
     def _error(self, conn: _Conn, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         """An error answer, then the connection is closed (after reading what is left, for a second)."""
@@ -798,10 +843,15 @@ class GpuHTTPServer:
             conn.served += 1
             conn.state, conn.deadline = _READ, time.monotonic() + self.read_timeout
             self._idle[conn] = None
-            self._want(conn, selectors.EVENT_READ)
-            if (conn.buf or getattr(conn.sock, "pending", lambda: 0)()) and not conn.queued:
-                conn.queued = True
-                self._ready.append(conn)  # pipelined: the next request, on the next turn
+            if conn.buf or getattr(conn.sock, "pending", lambda: 0)():
+                # pipelined: the next request on the next turn, and not watched until its bytes run
+                # out (a pipelining client must not cost a read on every turn)
+                self._want(conn, 0)
+                if not conn.queued:
+                    conn.queued = True
+                    self._ready.append(conn)
+            else:
+                self._want(conn, selectors.EVENT_READ)
 
     def _drain(self, conn: _Conn) -> None:
         try:  # half-close and drain, so that the answer is not lost to a reset
@@ -838,7 +888,7 @@ def _unauthorized() -> Response:
                     headers={"WWW-Authenticate": 'Basic realm="gpu-exporter", charset="UTF-8"'})
 
 
-def _call(route: Route, h: Handler) -> Response:
+def _call(route: Callable[[Handler, str, str], Any], h: Handler) -> Any:
     try:
         parts = urlsplit(h.path)
         return route(h, parts.path, parts.query)

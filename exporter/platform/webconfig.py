@@ -29,8 +29,8 @@ the inline ``cert``, ``key`` and ``client_ca`` are refused in favour of files. A
 be silently ineffective (``client_ca_file`` without ``client_auth_type``, ``min_version`` above
 ``max_version``, an empty ``tls_server_config``, a truncated bcrypt hash) is an error too.
 
-The file and the certificates it names are re-read when they change (checked on every connection
-and request, like the toolkit's per-connection reload), so rotated certificates take effect
+The file and the certificates it names are re-read when they change (checked on every new
+connection and once a second, like the toolkit's per-connection reload), so rotated certificates take effect
 without a restart; a change that does not load, or that would drop basic auth or TLS, is logged and the previous
 config stays in force (issue 26: a half-written file must never turn auth off).
 Passwords are checked with bcrypt in constant time whether or not the user exists (an unknown user

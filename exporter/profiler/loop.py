@@ -610,7 +610,8 @@ _LANDING = b"""<html><head><title>gpu-exporter profiler</title></head><body>
 
 SERVER_READ_TIMEOUT_S = 5.0  # a request (or taking an answer) on the profiler's own endpoint
 SERVER_REQUEST_DEADLINE_S = 10.0  # at most this, whatever the read timeout
-SERVER_MAX_CONNECTIONS = 32  # /metrics answered at once; /healthz has its own lane
+SERVER_MAX_CONNECTIONS = 32  # /metrics answered at once; /healthz never takes a slot
+EXPOSITION_TTL_S = 0.5  # /metrics bytes are shared for this long (the figures change once per cycle)
 
 
 def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Health,
@@ -620,14 +621,29 @@ def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Healt
 
     The exporter's server (exporter/platform/http.py), so the same fairness, limits, TLS and basic
     auth (``--web.config.file``): a request, or taking its answer, ends after
-    ``min(read_timeout_s, deadline_s)``; ``/healthz`` is answered in the probe lane, never behind a
+    ``min(read_timeout_s, deadline_s)``; ``/healthz`` is answered on the I/O thread, never behind a
     scrape, and is open under basic auth (saying only ok / not ok to an anonymous probe).
     """
     srv = GpuHTTPServer((address, port), max_connections=max_connections,
                         read_timeout=min(read_timeout_s, deadline_s), web=web, probe_paths=frozenset({"/healthz"}))
 
+    cache: list[tuple[float, bytes]] = []
+    cache_lock = threading.Lock()
+
     def metrics_route(h: Handler, path: str, query: str) -> Response:
-        return Response(200, metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
+        # rendered at most once per EXPOSITION_TTL_S and shared: a flood of scrapes costs what one does
+        with cache_lock:
+            now = time.monotonic()
+            if not cache or now - cache[0][0] >= EXPOSITION_TTL_S:
+                cache[:] = [(now, metrics.exposition())]
+            body = cache[0][1]
+        return Response(200, body, "text/plain; version=0.0.4; charset=utf-8")
+
+    def metrics_fast(h: Handler, path: str, query: str) -> Response | None:
+        last = cache[0] if cache else None  # the I/O thread: bytes already rendered, no lock, no work
+        if last is None or time.monotonic() - last[0] >= EXPOSITION_TTL_S:
+            return None
+        return Response(200, last[1], "text/plain; version=0.0.4; charset=utf-8")
 
     def healthz(h: Handler, path: str, query: str) -> Response:
         ok, why = health.check()
@@ -638,7 +654,7 @@ def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Healt
     def landing(h: Handler, path: str, query: str) -> Response:
         return Response(200, _LANDING, "text/html; charset=utf-8")
 
-    srv.route("/metrics", metrics_route)
-    srv.route("/healthz", healthz, "probe")
+    srv.route("/metrics", metrics_route, fast=metrics_fast)
+    srv.route("/healthz", healthz, "inline")  # reads a few fields: on the I/O thread, never behind a scrape
     srv.route("/", landing, "inline")
     return srv

@@ -108,12 +108,25 @@ class Engine:
             flight = self._join_or_start()
         return self._wait(flight)
 
-    def ready(self, max_age: float) -> tuple[bool, str]:
-        """Readiness: every backend initialised and collected successfully within ``max_age``."""
+    def cached(self) -> Rendered | None:
+        """What :meth:`scrape` would return now without waiting for a collection, or None (the HTTP
+        server answers from it on its I/O thread, and hands the scrape to a thread otherwise)."""
+        last = self._last
+        if last is None or (self.interval <= 0 and time.monotonic() - self._last_done >= self.cache_ttl):
+            return None
+        return last
+
+    def ready(self, max_age: float, wait: bool = True) -> tuple[bool, str] | None:
+        """Readiness: every backend initialised and collected successfully within ``max_age``.
+
+        ``wait=False``: None instead of collecting first (the HTTP server's I/O thread asks so).
+        """
         if not self.backends:
             return False, "no GPU backend available"
         now = time.time()
         if self.interval <= 0 and any(self._stale(st, now, max_age) for st in self.stats.values()):
+            if not wait:
+                return None
             self.scrape()  # no scraper yet: collect once so readiness does not wait for Prometheus
             now = time.time()
         for name, st in self.stats.items():

@@ -368,6 +368,10 @@ class Rendered:
         self._gz: dict[bool, bytes] = {}
         self._lock = threading.Lock()
 
+    def rendered(self, openmetrics: bool = False, gz: bool = False) -> bytes | None:
+        """The body if it is already rendered (no work, no lock), else None."""
+        return (self._gz if gz else self._bodies).get(openmetrics)
+
     def body(self, openmetrics: bool = False, gz: bool = False) -> bytes:
         with self._lock:  # concurrent scrapers of one collection wait for one render
             raw = self._bodies.get(openmetrics)

@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
 KINDS = ("pipeline", "noread", "idle", "trickle", "bcrypt")
 
@@ -95,8 +96,8 @@ class Driver:
 
     def run(self) -> None:
         next_round = time.monotonic()
-        while not self.stop.is_set():
-            for key, ev in self.sel.select(0.05):
+        while not self.stop.wait(0.005):  # 200 rounds a second at most: the attack, not this process,
+            for key, ev in self.sel.select(0.05):  # should load the machine that runs the test
                 state = key.data
                 s = state["sock"]
                 try:
@@ -135,6 +136,46 @@ class Driver:
                         pass
                     except OSError:
                         self._drop(state)
+
+
+def honest_scrapers(port: int, seconds: float, think: float, headers: dict[str, str], n: int = 50,
+                    ctx: Any = None) -> tuple[list[float], list[str]]:
+    """``n`` keep-alive scrapers (``ctx``: an ssl.SSLContext for https), one GET /metrics each ``think`` s
+    for ``seconds``: (latencies of the 200 answers, errors)."""
+    import http.client
+
+    lat: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def one(i: int) -> None:
+        conn: http.client.HTTPConnection = (http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=ctx)
+                                            if ctx else http.client.HTTPConnection("127.0.0.1", port, timeout=30))
+        stop.wait(think * i / n)
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                conn.request("GET", "/metrics", headers=headers)
+                resp = conn.getresponse()
+                ok = resp.status == 200 and resp.read()
+                with lock:
+                    (lat.append(time.perf_counter() - t0) if ok else errors.append(f"HTTP {resp.status}"))
+            except (OSError, http.client.HTTPException) as exc:
+                with lock:
+                    errors.append(type(exc).__name__)
+                conn.close()
+            stop.wait(think)
+        conn.close()
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    return lat, errors
 
 
 class HostileProcess:

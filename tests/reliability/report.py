@@ -160,6 +160,62 @@ EXTERNAL = [
             "hostile_answers, tests/unit/profiler/test_prom.py::test_answers_that_would_parse_into_too_"
             "much_memory_are_refused",
         "figures": {"cases": 7, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "pipelined requests (issue 26)",
+        "done": "32 connections each pipeline 2,000 GET /healthz and read the answers; meanwhile 40 probes, "
+            "each on a new connection",
+        "happened": "every probe 200 with p99 under 100 ms, the pipeliners answered in order meanwhile (before: "
+            "one thread per pipelined request, the I/O loop never got back to select(), every probe timed out)",
+        "test": "tests/unit/platform/test_fair_serving.py::test_pipelined_probes_do_not_starve_new_connections",
+        "figures": {"cases": 40, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "clients that never read (issue 26)",
+        "done": "70 connections each pipeline 250 GET /metrics (8 fake GPUs) and never read; meanwhile 20 "
+            "scrapes and 20 probes",
+        "happened": "every scrape and probe 200: a connection whose answer is not taken holds a file descriptor "
+            "and one answer's bytes, no slot (before: all 64 slots blocked in writes, 503 for everybody)",
+        "test": "tests/unit/platform/test_fair_serving.py::test_clients_that_never_read_hold_no_slot",
+        "figures": {"cases": 40, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "idle connections on the profiler's server (issue 26)",
+        "done": "64 idle connections to the profiler's /metrics port, then 8 probes and a scrape",
+        "happened": "all answered: the profiler runs the exporter's server (before: 32 idle sockets made "
+            "/healthz unanswerable, 8 of 8 failed)",
+        "test": "tests/unit/platform/test_fair_serving.py::test_the_profilers_server_survives_idle_connections",
+        "figures": {"cases": 9, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "bcrypt flooding (issue 26)",
+        "done": "64 concurrent wrong passwords from one address (cost 10); web configs with cost 15 and 16",
+        "happened": "at most 10 bcrypt checks, the rest 429 at once, the logged-in scraper still 200 (before: "
+            "all 64 checked, the limit was charged after bcrypt); costs above 14 exit 2 with one line",
+        "test": "tests/unit/platform/test_fair_serving.py::test_concurrent_wrong_passwords_are_charged_before_"
+            "the_check, ::test_bcrypt_costs_above_14_are_rejected_at_start",
+        "figures": {"cases": 3, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "half-written web config (issue 26)",
+        "done": "a running exporter with basic auth gets its web.yml replaced by an empty file, one cut after "
+            "http_server_config, one without basic_auth_users, one cut inside a hash",
+        "happened": "each refused with one error line; /metrics, /stats and the API stay 401 to anonymous "
+            "clients (before: 200 and \"reloaded\")",
+        "test": "tests/unit/platform/test_fair_serving.py::test_a_half_written_web_config_keeps_auth_on",
+        "figures": {"cases": 4, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "basic-auth user name that is not UTF-8 (issue 26)",
+        "done": "Authorization with the user name bytes ff fe: /healthz, /readyz, then 12 scrapes",
+        "happened": "probes 200 ok, scrapes 401 then 429: a counted failure (before: 500 and a traceback on "
+            "every request, probes included, never limited)",
+        "test": "tests/unit/platform/test_fair_serving.py::test_a_non_utf8_user_name_is_a_counted_failure",
+        "figures": {"cases": 14, "failures": 0}, "outcome": "make test"}),
+    ('Hostile input (hypothesis)', {
+        "scenario": "256 hostile connections of every kind, exporter and profiler (issue 26)",
+        "done": "256 connections at once from another process (pipelining, never reading, idle, trickling, "
+            "bcrypt flooding), from the scrapers' address or from 256 others; 50 keep-alive scrapers with "
+            "basic auth for 5 s; probes every 20 ms on new connections",
+        "happened": "no scrape or probe error; scrape p99 under 250 ms and probe p99 under 100 ms asserted "
+            "(on a 2-CPU machine shared with other work they came out at 0.1 to 0.35 s; before: no scrape "
+            "answered at all, every probe timed out)",
+        "test": "tests/unit/platform/test_fair_serving.py::test_256_hostile_connections_of_every_kind",
+        "figures": {"cases": 4}, "outcome": "make test"}),
 ]
 
 FIXED = [

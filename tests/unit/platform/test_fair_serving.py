@@ -22,11 +22,14 @@ import bcrypt
 import pytest
 
 from tests.harness.exporter import REPO, ExporterProcess, free_port, http_get
-from tests.harness.hostile import HostileProcess
+from tests.harness.hostile import HostileProcess, honest_scrapers
 from tests.harness.poll import wait_until
-from tests.reliability.support import percentile
+from tests.reliability.support import PROM_HEADERS, percentile
 
 PASSWORD = "s3cret-Pa55word"
+pytestmark = pytest.mark.serial  # latency figures: `make test` runs these alone (tests/conftest.py)
+HOSTILE = 256
+SCRAPERS = 50
 
 
 def auth(user: str | bytes, password: str = PASSWORD) -> dict[str, str]:
@@ -195,3 +198,54 @@ def test_a_half_written_web_config_keeps_auth_on(tmp_path: Path, cut: str) -> No
         assert ex.get("/metrics", auth("prometheus"))[0] == 200
         assert ex.log().count("keeping the previous one") == 1
         assert "reloaded" not in ex.log()
+
+
+# ---- the measure: 256 hostile connections of every kind against 50 honest scrapers and the probes ----
+
+
+def _probing(port: int, paths: tuple[str, ...], stop: threading.Event, out: list[tuple[int, float]]) -> None:
+    """The kubelet: a new connection per probe, no credentials; every 20 ms, so that p99 is a percentile
+    (over hundreds of probes), not the one slowest probe."""
+    while not stop.wait(0.02):
+        for path in paths:
+            out.append(_probe(port, path, timeout=5))
+
+
+@pytest.mark.parametrize("sources", ["same", "others"])
+@pytest.mark.parametrize("daemon", ["serve", "profile"])
+def test_256_hostile_connections_of_every_kind(tmp_path: Path, daemon: str, sources: str) -> None:
+    """Pipelining, not reading, idle, trickling and bcrypt flooding at once, from the honest clients'
+    address or from 256 others: 50 honest scrapers see no error and a p99 under 250 ms, probes under 100 ms."""
+    # cost 4: the flood still goes through the limiter and the bcrypt lane, but does not take a whole core
+    # of the machine that runs the test (the lane bounds that to one core: docs/security.md)
+    cfg = web_yml(tmp_path, rounds=4)
+    good = auth("prometheus")
+    server: ExporterProcess | ProfilerServer
+    if daemon == "serve":
+        server = ExporterProcess(["--backend", "simulated", "--simulated-gpus", "8", "--web.config.file", str(cfg)])
+        port, paths = server.port, ("/healthz", "/readyz")
+    else:
+        server = ProfilerServer("--web-config-file", str(cfg))
+        port, paths = server.port, ("/healthz",)
+    with server:
+        assert _probe(port, "/metrics", good, timeout=30)[0] == 200  # honest credentials pay bcrypt once
+        probes: list[tuple[int, float]] = []
+        stop = threading.Event()
+        prober = threading.Thread(target=_probing, args=(port, paths, stop, probes), daemon=True)
+        with HostileProcess(port, HOSTILE, sources) as hostile:
+            prober.start()
+            lat, errors = honest_scrapers(port, seconds=5.0, think=0.5, headers={**PROM_HEADERS, **good},
+                                          n=SCRAPERS)
+            stop.set()
+            prober.join(30)
+        alive = server.proc.poll() is None
+        out = server.log() if isinstance(server, ExporterProcess) else ""
+    out += server.output if isinstance(server, ProfilerServer) else ""
+    assert alive and "Traceback" not in out, out[-2000:]
+    assert hostile.counts["opened"] >= HOSTILE and hostile.counts["answer_bytes"] > 0, hostile.counts
+    assert errors == [], errors[:10]
+    assert len(lat) >= SCRAPERS * 5, len(lat)
+    assert percentile(lat, 99) < 0.25, f"scrape p99 {percentile(lat, 99):.3f}s, max {max(lat):.3f}s"
+    assert len(probes) >= 40 and {s for s, _ in probes} == {200}, (len(probes), sorted({s for s, _ in probes}))
+    p99 = percentile([t for _, t in probes], 99)
+    assert p99 < 0.1, f"probe p99 {p99:.3f}s, max {max(t for _, t in probes):.3f}s over {len(probes)}"

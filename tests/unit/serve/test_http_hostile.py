@@ -12,13 +12,13 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.harness.exporter import ExporterProcess, peer_closed, raw_request
+from tests.harness.hostile import honest_scrapers
 from tests.harness.poll import wait_until
 from tests.reliability.support import PROM_HEADERS, percentile
 
@@ -165,42 +165,6 @@ class Hostile:
             s.close()
 
 
-def _honest(port: int, ctx: ssl.SSLContext | None, seconds: float, think: float) -> tuple[list[float], list[str]]:
-    lat: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def one(i: int) -> None:
-        conn: http.client.HTTPConnection = (http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=ctx)
-                                            if ctx else http.client.HTTPConnection("127.0.0.1", port, timeout=30))
-        stop.wait(think * i / SCRAPERS)
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            try:
-                conn.request("GET", "/metrics", headers=PROM_HEADERS)
-                resp = conn.getresponse()
-                body = resp.read()
-                ok = resp.status == 200 and body
-                with lock:
-                    (lat.append(time.perf_counter() - t0) if ok else errors.append(f"HTTP {resp.status}"))
-            except (OSError, http.client.HTTPException) as exc:
-                with lock:
-                    errors.append(type(exc).__name__)
-                conn.close()
-            stop.wait(think)
-        conn.close()
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(SCRAPERS)]
-    for t in threads:
-        t.start()
-    stop.wait(seconds)
-    stop.set()
-    for t in threads:
-        t.join(30)
-    return lat, errors
-
-
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_hostile_connections_do_not_starve_honest_scrapers(tmp_path: Path, tls: bool) -> None:
     """256 hostile connections (idle, slow handshake, trickle) against the default --max-connections 64:
@@ -225,7 +189,7 @@ def test_hostile_connections_do_not_starve_honest_scrapers(tmp_path: Path, tls: 
 
         wait_until(up, 20, what="the exporter")
         with Hostile(ex.port, HOSTILE, ctx) as hostile:
-            lat, errors = _honest(ex.port, ctx, seconds=4.0, think=0.5)
+            lat, errors = honest_scrapers(ex.port, 4.0, 0.5, PROM_HEADERS, SCRAPERS, ctx)
         assert ex.proc.poll() is None
         assert "Traceback" not in ex.log()
     assert errors == [], errors[:10]
