@@ -71,7 +71,7 @@ BCRYPT_WAITING = 32  # password checks waiting or running at once; more get 503 
 PROBE_THREADS = 4  # /readyz may wait for a collection (collect-on-scrape): a few, separate from scrapes
 SEND_CHUNK = 64 * 1024  # bytes per send() and turn: a turn stays short however many clients read slowly
 ACCEPT_PER_TURN = 128
-TURN_BUDGET_S = 0.002  # pipelined requests answered per turn: this long at most
+TURN_BUDGET_S = 0.002  # pipelined requests answered, and TLS handshakes worked on, per turn: this long at most
 PIPELINED_SLOTS = 4  # work slots all pipelined requests together may hold (a quarter of them at most)
 LANE_IDLE_S = 2.0  # a lane's thread with nothing to do for this long ends (a burst leaves no threads behind)
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
@@ -508,7 +508,9 @@ class GpuHTTPServer:
         # most (in a pod with a CPU limit, burning the quota would throttle every answer); any other
         # event ends the pause at once. Deferred requests are woken by an answer (the inbox).
         timeout = 0.0 if self._inbox else TURN_BUDGET_S if self._ready else self._next_timeout()
-        for key, mask in self._sel.select(timeout):
+        events = self._sel.select(timeout)
+        handshakes_until = time.monotonic() + TURN_BUDGET_S
+        for key, mask in events:
             data = key.data
             if data is None:
                 with contextlib.suppress(OSError):
@@ -518,6 +520,8 @@ class GpuHTTPServer:
                 self._accept()
             elif data.state == _WRITE and mask & selectors.EVENT_WRITE:
                 self._flush(data)
+            elif not data.handshaken and time.monotonic() > handshakes_until:
+                continue  # TLS handshakes (about 1 ms of CPU each) get a budget per turn; the rest next turn
             elif data.state in (_READ, _CLOSING):
                 self._on_readable(data)
         while self._inbox:
