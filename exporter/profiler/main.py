@@ -22,7 +22,8 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from exporter.core import logs
 from exporter.core.extras import MissingExtra, require
-from exporter.platform import units
+from exporter.platform import settings, units
+from exporter.platform.configfile import ConfigError
 from exporter.profiler import sources
 from exporter.profiler.annotate import KubeError, NodeStore, build_api_client
 from exporter.profiler.classify import Thresholds
@@ -116,14 +117,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+# Environment names older than the PROFILER_<FLAG> twins, still read (after the PROFILER_ one).
+ENV_PREFIX, CONFIG_ENV = "PROFILER_", "PROFILER_CONFIG"
+ENV_TWINS = {"prometheus_url": "PROMETHEUS_URL", "leader_elect_namespace": "POD_NAMESPACE",
+             "listen_port": "PROFILER_PORT", "log_level": "LOG_LEVEL", "log_format": "LOG_FORMAT"}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
     p = _Parser(prog=PROG, description=(
         "Read GPU series back from Prometheus, classify each GPU's usage pattern over a window "
         "(idle, steady, periodic, bursty, growing, unknown) and write it to the Node's annotations. "
-        "See docs/profiler.md and docs/annotations.md."))
+        "See docs/profiler.md and docs/annotations.md. Every flag also reads the environment variable "
+        "PROFILER_<FLAG> (PROFILER_WINDOW for --window) and the YAML key of its name in --config FILE."))
+    settings.add_config_flags(p, CONFIG_ENV)
     g = p.add_argument_group("Prometheus")
-    g.add_argument("--prometheus-url", default=env("PROMETHEUS_URL"),
+    g.add_argument("--prometheus-url", default=None,
                    help="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090 (env PROMETHEUS_URL)")
     g.add_argument("--prometheus-token-file", help="file holding a bearer token, re-read on every request")
     g.add_argument("--prometheus-ca-file", help="CA bundle to verify an https Prometheus")
@@ -137,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prometheus-header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="extra request header, repeatable (e.g. 'X-Scope-OrgID: team-a' for Mimir or Cortex)")
     g.add_argument("--prometheus-retries", default="2", help="extra attempts after a transient failure (default 2)")
-    g.add_argument("--source", default=env("PROFILER_SOURCE", "auto"),
+    g.add_argument("--source", default="auto",
                    help="whose GPU series to read: gpu-exporter, dcgm (NVIDIA dcgm-exporter), amd (ROCm "
                         "device-metrics-exporter), or auto: whichever Prometheus holds, ours first on a node "
                         "with both (env PROFILER_SOURCE, default auto)")
@@ -170,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--leader-elect", action="store_true",
                    help="run as one of several replicas: only the holder of a coordination.k8s.io/v1 Lease "
                         "reads and writes (not with --once or --dry-run)")
-    e.add_argument("--leader-elect-namespace", default=env("POD_NAMESPACE"),
+    e.add_argument("--leader-elect-namespace", default=None,
                    help="namespace of the Lease and of the Events (env POD_NAMESPACE; default: the service "
                         "account's namespace)")
     e.add_argument("--leader-elect-lease-name", default="gpu-exporter-profiler", help="name of the Lease")
@@ -182,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time between attempts to acquire or renew the Lease (default 2s)")
     e.add_argument("--events", default="on", help="on or off: Events on a Node when a GPU turns growing or "
                                                   "allocated-idle (default on; not in a dry run)")
-    e.add_argument("--health-condition", default=env("PROFILER_HEALTH_CONDITION", "on"),
+    e.add_argument("--health-condition", default="on",
                    help="on or off: set the GPUHealthy condition on each GPU node (needs RBAC patch on "
                         "nodes/status; env PROFILER_HEALTH_CONDITION, default on)")
     e.add_argument("--events-per-minute", default="30", help="rate limit of the Events (default 30)")
@@ -190,17 +198,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--once", action="store_true", help="run one cycle and exit (cron style)")
     r.add_argument("--at", help="with --once: evaluate at this unix time instead of now (replay a past "
                                 "window, e.g. with --dry-run after an incident)")
-    r.add_argument("--interval", default=env("PROFILER_INTERVAL", "60s"),
+    r.add_argument("--interval", default="60s",
                    help="time between cycles (env PROFILER_INTERVAL, default 60s)")
     r.add_argument("--listen-address", default="0.0.0.0", help="address of /metrics and /healthz (default 0.0.0.0)")
-    r.add_argument("--listen-port", default=env("PROFILER_PORT", "9401"),
+    r.add_argument("--listen-port", default="9401",
                    help="port of /metrics and /healthz (env PROFILER_PORT, default 9401)")
-    r.add_argument("--web.config.file", dest="web_config_file", default=env("PROFILER_WEB_CONFIG_FILE"),
+    r.add_argument("--web.config.file", dest="web_config_file", default=None,
                    help="TLS and basic auth of /metrics and /healthz, in the exporter-toolkit format, as for "
                         "gpu-exporter serve (env PROFILER_WEB_CONFIG_FILE; docs/security.md)")
-    r.add_argument("--log-level", default=env("LOG_LEVEL", "info"),
+    r.add_argument("--log-level", default="info",
                    help="debug, info, warning or error (env LOG_LEVEL, default info)")
-    r.add_argument("--log-format", default=env("LOG_FORMAT", "text"),
+    r.add_argument("--log-format", default="text",
                    help="text or json, one object per line (env LOG_FORMAT, default text)")
     return p
 
@@ -232,6 +240,8 @@ class Settings:
     events_per_minute: int = 30
     web: WebConfig | None = None  # --web.config.file: TLS and basic auth of /metrics and /healthz
     health: bool = True
+    check_config: bool = False
+    described: str = ""  # --check-config: the settings in effect
 
 
 def _namespace(flag_value: str | None) -> str:
@@ -276,8 +286,13 @@ _DNS_SUBDOMAIN_NAME = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\
 
 
 def parse_args(argv: list[str]) -> Settings:
-    """Parse and validate; raises UsageError with a one-line message."""
-    a = build_parser().parse_args(argv)
+    """Parse and validate flags, environment and config file; raises UsageError with a one-line message."""
+    p = build_parser()
+    try:
+        p.set_defaults(**settings.layered_defaults(p, argv, ENV_PREFIX, CONFIG_ENV, ENV_TWINS))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    a = p.parse_args(argv)
     if not a.prometheus_url:
         raise UsageError("--prometheus-url is required (or set PROMETHEUS_URL), e.g. http://prometheus:9090")
     if not re.match(r"https?://[^/\s]+", a.prometheus_url):
@@ -335,6 +350,8 @@ def parse_args(argv: list[str]) -> Settings:
         events_per_minute=_int("--events-per-minute", a.events_per_minute, 1, 6000),
         web=_web_config(a.web_config_file),
         health=_on_off("--health-condition", a.health_condition),
+        check_config=a.check_config,
+        described=settings.describe(p, a, ENV_PREFIX) if a.check_config else "",
     )
 
 
@@ -410,6 +427,9 @@ def run(argv: list[str], out: IO[str] | None = None,
     except UsageError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2
+    if s.check_config:
+        sys.stdout.write(s.described)
+        return 0
     try:
         require("kubernetes", PROG)  # an extra since issue 28: `make run` does not install it
     except MissingExtra as exc:
