@@ -7,6 +7,8 @@ label hook on every per-GPU series), not through the escaping function alone.
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
@@ -74,4 +76,7 @@ def test_any_help_text_and_plugin_label_round_trip(doc: str, value: str) -> None
         assert len(got) == 1, fmt
         assert got[0].documentation == doc, fmt
         assert [s.labels["k"] for s in got[0].samples] == [value], fmt
-        assert sum(ln.startswith("# HELP plugin_thing ") for ln in body.splitlines()) == 1, fmt
+        helps = [ln for ln in body.splitlines() if ln.startswith("# HELP plugin_thing ")]
+        assert len(helps) == 1, fmt
+        if om:  # OpenMetrics' escaped-string: every backslash, quote and newline escaped (the parser is lenient)
+            assert re.fullmatch(r'(\\[\\"n]|[^\\"\n])*', helps[0][len("# HELP plugin_thing "):]), helps[0]
