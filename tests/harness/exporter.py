@@ -15,15 +15,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.harness.net import free_port
 from tests.harness.poll import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(url: str, headers: Mapping[str, str] | None = None, timeout: float = 10.0) -> tuple[int, bytes, dict]:

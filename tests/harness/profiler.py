@@ -119,9 +119,6 @@ def history_file(path: Path, histories: list[GpuHistory], node_label: bool = Tru
 
 def closed_port_url() -> str:
     """A URL on 127.0.0.1 where nothing listens (the port was free a moment ago)."""
-    import socket
+    from tests.harness.net import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"

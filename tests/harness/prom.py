@@ -37,7 +37,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -50,6 +49,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from tests.harness.net import free_port
 from tests.harness.poll import wait_until
 
 PROMETHEUS_BIN = os.environ.get("PROMETHEUS_BIN", "/usr/bin/prometheus")
@@ -71,13 +71,6 @@ def _binary(path: str) -> str:
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise RuntimeError(f"{path} not found or not executable: {_DEBIAN_HINT}")
     return path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def promtool(*args: str, input: str | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:

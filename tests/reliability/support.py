@@ -15,6 +15,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from tests.harness.net import free_port
 from tests.harness.poll import wait_until
 
 RESULTS_DIR = Path(__file__).resolve().parent / ".results"
@@ -316,9 +317,7 @@ class PromProxy:
         self._handler = Handler
         self._server: Any = None
         self._thread: threading.Thread | None = None
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
     def up(self) -> PromProxy:
