@@ -179,5 +179,4 @@ def test_profiler_memory_stays_under_its_limit_with_hostile_answers(shape: str, 
     assert outcome == "read" and peak < limit, (
         f"{shape}: {outcome}; peak RSS {peak:.0f} MiB, limit {limit:.0f} MiB\n{out[-2000:]}")
     assert "Traceback" not in out, out[-3000:]
-    assert api.patches() == []  # nothing read, nothing written
     print(f"{shape}: peak RSS {peak:.0f} MiB (limit {limit:.0f} MiB)")
