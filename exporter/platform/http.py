@@ -616,6 +616,8 @@ class GpuHTTPServer:
             return
         self._fresh[conn] = None
         self._want(conn, selectors.EVENT_READ)
+        if conn.handshaken:  # plain HTTP: the request often came with the connection (a probe): no extra turn
+            self._on_readable(conn)
 
     def _on_readable(self, conn: _Conn, pipelined: bool = False) -> None:
         if not conn.handshaken and not self._handshake(conn):

