@@ -15,9 +15,21 @@ import argparse
 import difflib
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from exporter.platform.configfile import ConfigError, read_yaml, shown_value
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse for every command: a usage error is one line, ``<message> (see <prog> --help)``, raised as
+    :meth:`usage_error` makes it (the command prints ``<prog>: error: ...`` and exits 2), never a usage dump."""
+
+    def usage_error(self, message: str) -> Exception:
+        return ConfigError(message)
+
+    def error(self, message: str) -> NoReturn:
+        raise self.usage_error(f"{message} (see {self.prog} --help)")
+
 
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 _SKIP = {"help", "config_file", "check_config"}

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any
 
 from exporter.core import logs
 from exporter.core.extras import MissingExtra, require
@@ -112,9 +112,9 @@ def _headers(items: list[str]) -> dict[str, str]:
     return out
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+class _Parser(settings.OneLineParser):
+    def usage_error(self, message: str) -> Exception:
+        return UsageError(message)
 
 
 # Environment names older than the PROFILER_<FLAG> twins, still read (after the PROFILER_ one).

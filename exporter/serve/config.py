@@ -19,6 +19,7 @@ from exporter.backends.simulated import SCENARIOS  # a light module: the table o
 from exporter.core.options import FieldFilter, Settings
 from exporter.platform import units
 from exporter.platform.configfile import ConfigError, read_yaml, shown_value
+from exporter.platform.settings import OneLineParser
 
 
 def _fail(setting: str, source: str, value: object, allowed: str) -> NoReturn:
@@ -235,11 +236,8 @@ SPECS: tuple[Spec, ...] = (
 _SPEC_BY_NAME = {s.name: s for s in SPECS}
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see gpu-exporter {self.prog.split()[-1]} --help)")
+class _OneLineParser(OneLineParser):
+    """The platform's parser: a usage error is a one-line ConfigError naming ``--help``, exit code 2."""
 
 
 def build_parser(prog: str = "gpu-exporter serve") -> argparse.ArgumentParser:

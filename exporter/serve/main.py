@@ -238,7 +238,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         settings = config.load(argv)
     except config.ConfigError as exc:
-        sys.stderr.write(f"gpu-exporter: error: {exc}\n")
+        sys.stderr.write(f"gpu-exporter serve: error: {exc}\n")
         return 2
     logs.setup(settings.log_level, settings.log_format)
     web = None
@@ -248,14 +248,14 @@ def main(argv: Sequence[str]) -> int:
         try:
             web = webconfig.load(settings.web_config_file)
         except config.ConfigError as exc:
-            sys.stderr.write(f"gpu-exporter: error: {exc}\n")
+            sys.stderr.write(f"gpu-exporter serve: error: {exc}\n")
             return 2
     if settings.check_config:
         from exporter.core.schema import FAMILIES
 
         problem = check_listen_address(settings.address, settings.port)
         if problem:
-            sys.stderr.write(f"gpu-exporter: error: {problem}\n")
+            sys.stderr.write(f"gpu-exporter serve: error: {problem}\n")
             return 2
 
         fields = options_from(settings).fields
@@ -273,7 +273,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         dra = start_dra(settings)  # before any backend: a bad setting is the only line printed
     except config.ConfigError as exc:
-        sys.stderr.write(f"gpu-exporter: error: {exc}\n")
+        sys.stderr.write(f"gpu-exporter serve: error: {exc}\n")
         return 2
     options = options_from(settings)
     chosen, ready = choose_backends(settings, options)
@@ -287,7 +287,7 @@ def main(argv: Sequence[str]) -> int:
         per_pod = start_process_attribution(settings, engine)
     except MissingExtra as exc:
         engine.stop()
-        sys.stderr.write(f"gpu-exporter: error: {exc}\n")
+        sys.stderr.write(f"gpu-exporter serve: error: {exc}\n")
         return 2
     attribution = start_attribution(settings, engine, dra)
     if dra is not None:
@@ -296,7 +296,7 @@ def main(argv: Sequence[str]) -> int:
         server = build_server(engine, settings.address, settings.port, settings.metrics_path,
                               settings.ready_max_age, settings.max_connections, settings.read_timeout, web)
     except OSError as exc:
-        sys.stderr.write(f"gpu-exporter: error: cannot listen on {host_port(settings.address, settings.port)}: "
+        sys.stderr.write(f"gpu-exporter serve: error: cannot listen on {host_port(settings.address, settings.port)}: "
                          f"{exc.strerror or exc}\n")
         return 2 if isinstance(exc, socket.gaierror) else 1  # a host name that does not resolve is bad input
     from exporter.serve.api import register

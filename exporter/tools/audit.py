@@ -34,6 +34,7 @@ from exporter.core.views import (  # noqa: F401 - re-exported for the tools
     numbered,
     stats_view,
 )
+from exporter.platform.settings import OneLineParser
 from exporter.serve.engine import Engine
 from exporter.tools import gpus
 
@@ -141,18 +142,20 @@ def _create_temp(directory: str, base: str) -> tuple[int, str]:
 # --- the CLI side: flags, backends, one reading ------------------------------------------------------
 
 
-class ToolParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage dump) and exit status 2."""
+class ToolParser(OneLineParser):
+    """The platform's parser: a usage error is one line (no usage dump) and exit status 2."""
 
-    def error(self, message: str) -> NoReturn:
-        raise ToolError(f"{message} (see {self.prog} --help)", code=2)
+    def usage_error(self, message: str) -> Exception:
+        return ToolError(message, code=2)
 
 
 def add_backend_arguments(p: argparse.ArgumentParser) -> None:
     """The flags every tool shares with ``serve`` (environment and ``--config`` work the same)."""
     g = p.add_argument_group("backend (as for gpu-exporter serve)")
+    from exporter import backends  # the registry imports only light modules
+
     g.add_argument("--backend", default=None,
-                   help="auto | nvml | amdsmi | rocm-smi | simulated, or a comma list (default auto; "
+                   help=f"auto | {' | '.join(backends.ordered())}, or a comma list (default auto; "
                         "env EXPORTER_BACKEND). auto never falls back to simulated")
     g.add_argument("--simulated-gpus", default=None, help="GPU count of --backend simulated (default 4)")
     g.add_argument("--config", dest="config_file", default=None, help="the exporter's YAML config file")

@@ -77,7 +77,7 @@ def test_bad_config_files(tmp_path: Path, name: str, content: str | None, expect
     res = run_serve("--config", str(path), "--check-config")
     assert res.returncode == 2, res
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpu-exporter: error: "), res.stderr
+    assert len(lines) == 1 and lines[0].startswith("gpu-exporter serve: error: "), res.stderr
     for part in expect:
         assert part.format(path=path) in lines[0], (part, lines[0])
     assert res.stdout == ""
