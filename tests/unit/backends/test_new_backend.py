@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.exporter import REPO, ExporterProcess, parse_samples
+from tests.harness.tree import package_copy
 
 ACME = '''\
 """A minimal vendor: two GPUs that report temperature and power."""
@@ -49,10 +50,7 @@ BACKEND = AcmeBackend
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the package with ``exporter/backends/acme.py`` added, and nothing else changed."""
-    root = tmp_path_factory.mktemp("tree")
-    shutil.copytree(REPO / "exporter", root / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "docs").mkdir()
-    shutil.copy(REPO / "docs" / "metrics.md", root / "docs" / "metrics.md")
+    root = package_copy(tmp_path_factory.mktemp("tree"))
     (root / "exporter" / "backends" / "acme.py").write_text(ACME)
     return root
 
@@ -73,7 +71,8 @@ def test_auto_detects_and_serves_it(tree: Path, tmp_path: Path) -> None:
     assert samples[("gpu_exporter_collector_success", frozenset({("backend", "acme")}))] == 1
     assert 'vendor="acme"' in text and 'backend="acme"' in text
     # its declaration is what it serves: the declared families, and those the exporter adds for every backend
-    served = {name for name, _ in samples if not name.startswith("gpu_exporter_")}
+    # (besides its self-metrics: gpu_exporter_*, process_*)
+    served = {name for name, _ in samples if name.startswith("gpu_") and not name.startswith("gpu_exporter_")}
     assert served == {"gpu_info", "gpu_up", "gpu_host_info", "gpu_temperature_celsius", "gpu_power_watts"}
 
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.harness.exporter import REPO, ExporterProcess, parse_samples
+from tests.harness.exporter import ExporterProcess, parse_samples
+from tests.harness.tree import package_copy
 
 ROW = '''    _g("gpu_widget_bytes", GAUGE, "bytes", "Bytes in the widget cache, by widget.", "memory", "widget_bytes",
        "nvmlDeviceGetWidgets", "widgets.used", "(none)", labels=("widget",)),
@@ -29,10 +29,7 @@ def _edit(path: Path, anchor: str, text: str, before: bool = False) -> None:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tree")
-    shutil.copytree(REPO / "exporter", root / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "docs").mkdir()
-    shutil.copy(REPO / "docs" / "metrics.md", root / "docs" / "metrics.md")
+    root = package_copy(tmp_path_factory.mktemp("tree"))
     pkg = root / "exporter"
     # 1. the row (at the end of the memory group)
     _edit(pkg / "core" / "schema.py", "    # --- thermal and power", ROW, before=True)

@@ -1,0 +1,17 @@
+"""A copy of the package in a temporary directory, to prove what adding a family or a backend touches."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.harness.exporter import REPO
+
+
+def package_copy(root: Path) -> Path:
+    """``root`` with a copy of ``exporter/`` and ``docs/metrics.md`` (what the docs generator rewrites);
+    ``python -m exporter`` run with ``cwd=root`` imports the copy."""
+    shutil.copytree(REPO / "exporter", root / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "docs").mkdir()
+    shutil.copy(REPO / "docs" / "metrics.md", root / "docs" / "metrics.md")
+    return root
