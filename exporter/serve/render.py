@@ -197,12 +197,12 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
                     base += "," + labelstr(extra_labels)
             rows.append((coll, r, base))
 
-    if fields.exposed("gpu_info"):
+    if fields.exposed("gpu_info"):  # labels in the row's order, each the reading's attribute of that name
+        info = FAMILY_BY_NAME["gpu_info"].labels
         _emit(out, "gpu_info", "".join(
-            f'gpu_info{{gpu="{r.index}",uuid="{esc(r.uuid)}",name="{esc(r.name or "")}",vendor="{esc(r.vendor)}",'
-            f'pci_bus_id="{esc(r.pci_bus_id or "")}",serial="{esc(r.serial or "")}",'
-            f'driver_version="{esc(r.driver_version or "")}",cuda_version="{esc(r.cuda_driver_version or "")}",'
-            f'backend="{esc(c.backend)}",vbios_version="{esc(r.firmware_version or "")}"}} 1\n' for c, r, _ in rows))
+            f'gpu_info{{gpu="{r.index}",uuid="{esc(r.uuid)}",'
+            + ",".join(f'{label}="{esc(_info_value(c, r, label))}"' for label in info) + "} 1\n"
+            for c, r, _ in rows))
     if fields.exposed("gpu_up"):
         _emit(out, "gpu_up", "".join(f"gpu_up{{{b}}} {1 if r.up else 0}\n" for _, r, b in rows))
 
@@ -264,6 +264,17 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
     if fields.exposed("gpu_field_unsupported"):
         _emit(out, "gpu_field_unsupported", "".join(
             f'gpu_field_unsupported{{{b},field="{esc(f)}"}} 1\n' for r, b in live for f in sorted(r.unsupported)))
+
+
+# gpu_info labels whose GpuReading attribute has another name; "backend" is the collection's
+_INFO_ATTR = {"cuda_version": "cuda_driver_version", "vbios_version": "firmware_version"}
+
+
+def _info_value(c: Collection, r: GpuReading, label: str) -> str:
+    if label == "backend":
+        return c.backend
+    v = getattr(r, _INFO_ATTR.get(label, label))
+    return "" if v is None else str(v)
 
 
 def _event_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
