@@ -4,7 +4,8 @@ The package is imported lazily in :meth:`AmdSmiBackend.init`. Without ROCm its w
 ``print()``s two lines (Python-level prints, so ``sys.stdout`` is redirected while importing)
 and raises ``KeyError``; that becomes ``BackendUnavailable("amdsmi not available: <reason>")``.
 
-Every library call goes through :meth:`AmdSmiBackend._call`, which sorts amdsmi status codes:
+Every library call goes through :meth:`AmdSmiBackend._call` into the vendor-call funnel
+(:meth:`~exporter.backends.base.Backend.call`), whose policy (``classify``) sorts amdsmi status codes:
 
 - not supported / no data / no permission: the reading is absent (logged once per field) and
   its family is listed in ``GpuReading.unsupported``;

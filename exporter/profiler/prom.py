@@ -1,4 +1,5 @@
-"""A small Prometheus HTTP API client (``/api/v1/query``, ``/api/v1/query_range``), urllib only.
+"""A small Prometheus HTTP API client (``/api/v1/query``, ``/api/v1/query_range``), standard library only
+(``http.client``).
 
 Retries transient failures (connection refused, timeout, HTTP 5xx/429) with exponential
 backoff and full jitter, up to ``retries`` extra attempts; a query error (HTTP 400/422,
