@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass
-class Settings:
+class ProfilerSettings:
     prometheus_url: str
     token_file: str | None
     ca_file: str | None
@@ -285,7 +285,7 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _DNS_SUBDOMAIN_NAME = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
-def parse_args(argv: list[str]) -> Settings:
+def parse_args(argv: list[str]) -> ProfilerSettings:
     """Parse and validate flags, environment and config file; raises UsageError with a one-line message."""
     p = build_parser()
     try:
@@ -318,7 +318,7 @@ def parse_args(argv: list[str]) -> Settings:
     if a.log_format not in ("text", "json"):
         raise UsageError(f"--log-format {a.log_format!r}: must be text or json")
     th = Thresholds(node_idle_util=_ratio("--idle-util", a.idle_util), node_idle_mem=_ratio("--idle-mem", a.idle_mem))
-    return Settings(
+    return ProfilerSettings(
         prometheus_url=a.prometheus_url,
         token_file=a.prometheus_token_file,
         ca_file=a.prometheus_ca_file,
@@ -389,7 +389,7 @@ def _on_off(flag: str, value: str) -> bool:
     return v in ("on", "true", "1")
 
 
-def build_profiler(s: Settings, out: IO[str] | None = None) -> Profiler:
+def build_profiler(s: ProfilerSettings, out: IO[str] | None = None) -> Profiler:
     """Objects for ``s``; the Kubernetes client is optional only in a dry run."""
     client = PromClient(s.prometheus_url, timeout=s.timeout_s, retries=s.retries, token_file=s.token_file,
                         ca_file=s.ca_file, headers=s.headers, max_response_bytes=s.max_response_bytes,

@@ -420,7 +420,7 @@ def selectable(uuid: str) -> bool:
 
 
 @dataclass
-class Snapshot:
+class FleetReading:
     """Everything one cycle read: per-GPU stats keyed by (node, gpu), and bookkeeping."""
 
     at: float
@@ -471,10 +471,10 @@ class Reader:
         self.queries_sent = 0  # logical queries, cumulative (HTTP retries not counted)
         # a shard's 3 aggregates, the next shard's 3 (prefetched) and 2 range batches
         self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="promql")
-        self.last: Snapshot | None = None  # bookkeeping of the last read (gpus empty when streamed)
+        self.last: FleetReading | None = None  # bookkeeping of the last read (gpus empty when streamed)
         self.picked: dict[str, int] = {}  # source -> nodes, as last discovered (logged when it changes)
 
-    def read(self, at: float) -> Snapshot:
+    def read(self, at: float) -> FleetReading:
         """All queries evaluated at unix time ``at``, every GPU kept; raises PromError on any failure."""
         gpus: dict[tuple[str, str], GpuStats] = {}
         snap = self.read_shards(at, gpus.update)
@@ -549,7 +549,7 @@ class Reader:
                 todo += subs
         return out
 
-    def read_shards(self, at: float, consume: Callable[[dict[tuple[str, str], GpuStats]], None]) -> Snapshot:
+    def read_shards(self, at: float, consume: Callable[[dict[tuple[str, str], GpuStats]], None]) -> FleetReading:
         """Read shard by shard, handing each shard's GPUs to ``consume`` before the next is read.
 
         A failed query fails the whole read (the caller then writes nothing): classifying
@@ -593,7 +593,7 @@ class Reader:
             consume(gpus)
         if dropped:
             log.warning("%d aggregate series had no node or GPU label; ignored", dropped)
-        self.last = Snapshot(at=at, gpus={}, queries=queries,
+        self.last = FleetReading(at=at, gpus={}, queries=queries,
                              util_step=steps.most_common(1)[0][0] if steps else 0.0,
                              mem_step=mem_step, dropped_series=dropped, shards=done)
         return self.last

@@ -31,7 +31,7 @@ def test_every_flag_has_an_env_twin_and_a_config_key(tmp_path: Path) -> None:
     assert "PROFILER_<FLAG>" in " ".join(parser.format_help().split())
 
 
-def _settings(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> main.Settings:
+def _settings(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> main.ProfilerSettings:
     for k in [k for k in __import__("os").environ if k.startswith("PROFILER_") or k in main.ENV_TWINS.values()]:
         monkeypatch.delenv(k)
     for k, v in env.items():
