@@ -456,3 +456,12 @@ def test_a_suspect_status_outside_a_gpu_or_without_identity_calls_is_down() -> N
     assert (str(down.value), down.value.kind) == (
         "vendorCall: vendor code 9, and the identity call failed too: no identity call to tell a reading fault "
         "from a device fault", "gpu_error")
+
+
+def test_a_backend_fills_what_it_declares_and_what_every_backend_gets() -> None:
+    class Declares(Toy):
+        families = frozenset({"gpu_power_watts"})
+
+    assert Declares.fills("gpu_power_watts") and not Declares.fills("gpu_utilization_ratio")
+    assert Declares.fills("gpu_info") and Toy.fills("gpu_up")  # identity rows: every backend
+    assert not Toy.fills("gpu_power_watts")

@@ -112,6 +112,8 @@ def test_acquire_renew_follow_and_take_over(api: FakeKubeAPI, client: Any, caplo
             assert lease(api)["spec"]["holderIdentity"] == "prof-a"
     assert taken is not None
     assert last_start + 10 <= taken <= last_start + 15, f"took over {taken - last_start:g}s after the last renewal"
+    # exactly a lease duration after B's read before the one that saw the change (at 500)
+    assert taken == pytest.approx(500.0 + 15)
     assert not a.e.is_leader(), "A would still be writing"
     took = lease(api)["spec"]
     assert took["holderIdentity"] == "prof-b" and took["leaseTransitions"] == 1
@@ -124,6 +126,16 @@ def test_acquire_renew_follow_and_take_over(api: FakeKubeAPI, client: Any, caplo
     assert "prof-a is not the leader" in caplog.text
     clock.now += 2
     assert b.e.step() is True and lease(api)["spec"]["leaseTransitions"] == 1
+    writes = [r.body for r in api.requests if r.resource == "leases" and r.method in ("POST", "PUT")]
+    assert writes and all((w["apiVersion"], w["kind"], w["metadata"]["name"]) ==
+                          ("coordination.k8s.io/v1", "Lease", LEASE) for w in writes)
+
+    # a replica restarted under the same name finds its own lease: it leads on, "renewed"
+    again = Replica(client, "prof-b", clock)
+    clock.now += 1
+    assert again.e.step() is True and again.changes == [True]
+    assert "prof-b is now the leader (gpu-exporter/gpu-exporter-profiler): renewed" in caplog.text
+    assert lease(api)["spec"]["leaseTransitions"] == 1
 
 
 def test_the_record_changing_restarts_the_followers_count(api: FakeKubeAPI, client: Any) -> None:
@@ -170,7 +182,7 @@ def test_lost_race_and_api_errors(api: FakeKubeAPI, client: Any, caplog: pytest.
         assert a.e.step() is False and not a.e.is_leader()
         assert "lost the race for the lease" in caplog.text
         assert a.e.step() is True and a.e.is_leader()
-    assert a.changes == [True, False, True, False, True]
+    assert a.changes == [True, False, True, False, True] and a.e.transitions == 3
 
     # any other error is raised for run() to count; leadership then ends at the renew deadline only
     api.inject("PUT", LEASES, 500)
@@ -208,7 +220,9 @@ def test_release_hands_the_lease_over_at_once(api: FakeKubeAPI, client: Any, cap
     assert lease(api)["spec"]["holderIdentity"] == "prof-b"
 
 
-def test_release_never_clears_another_replicas_lease(api: FakeKubeAPI, client: Any) -> None:
+def test_release_never_clears_another_replicas_lease(api: FakeKubeAPI, client: Any,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.profiler.leader")
     clock = Clock()
     a, b = Replica(client, "prof-a", clock), Replica(client, "prof-b", clock)
     assert a.e.step() and not b.e.step()
@@ -216,8 +230,15 @@ def test_release_never_clears_another_replicas_lease(api: FakeKubeAPI, client: A
     assert b.e.step() and b.e.step()
     a.e.leading.set()  # A has not noticed yet
     a.e.release()
+    a.e.leading.set()
+    with a.e._lock:
+        a.e._renewed_at = clock.now  # as if A had just renewed: it sees B's fresh lease and follows
+    a.e._last_poll = clock.now - 1  # a recent previous read (see the stall test below for an old one)
+    clock.now += 1
+    assert a.e.step() is False and not a.e.leading.is_set()
     assert lease(api)["spec"]["holderIdentity"] == "prof-b"
     assert not a.e.leading.is_set()
+    assert "prof-a is not the leader: following prof-b" in caplog.text
 
 
 def test_release_survives_an_api_error(api: FakeKubeAPI, client: Any, caplog: pytest.LogCaptureFixture) -> None:
@@ -230,7 +251,7 @@ def test_release_survives_an_api_error(api: FakeKubeAPI, client: Any, caplog: py
     assert "could not release the lease" in caplog.text
 
 
-@pytest.mark.parametrize("duration", [0, -3, "15", True, None, 2.5])
+@pytest.mark.parametrize("duration", [0, -3, "15", True, None, 2.5, 1])
 def test_a_lease_duration_we_cannot_use_falls_back_to_ours(api: FakeKubeAPI, client: Any, duration: Any) -> None:
     """The holder's leaseDurationSeconds counts when it is a positive number, else our own."""
     clock = Clock()
@@ -245,7 +266,7 @@ def test_a_lease_duration_we_cannot_use_falls_back_to_ours(api: FakeKubeAPI, cli
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 200
     assert not b.e.step()
-    want = duration if isinstance(duration, float) else 20.0
+    want = float(duration) if type(duration) in (int, float) and duration > 0 else 20.0
     clock.now += want - 0.1
     assert not b.e.step()
     clock.now += 0.2
@@ -273,12 +294,16 @@ def test_run_counts_errors_and_logs_one_warning_per_outage(api: FakeKubeAPI, cli
             return self.is_set()
 
     a.e.run(Stop())  # type: ignore[arg-type]
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "leader election" in r.message]
-    assert len(warnings) == 2, [r.message for r in warnings]
+    errors = [r for r in caplog.records if "Exception" in r.message and r.message.startswith("leader election: ")]
+    # each outage: a warning for its first error, debug for the rest
+    assert [r.levelno for r in errors] == [logging.WARNING, logging.DEBUG, logging.DEBUG, logging.WARNING,
+                                           logging.DEBUG], [r.message for r in errors]
+    warnings = [r for r in errors if r.levelno == logging.WARNING]
     assert all("ApiException" in r.message or "ServiceException" in r.message for r in warnings)
     debug = [r for r in caplog.records if r.levelno == logging.DEBUG and "leader election:" in r.message]
     assert len(debug) == 3  # the outages' later errors
     assert waits == [2.0] * 12, "the leader waits one retry period between attempts"
+    assert "prof-a is not the leader: stopping" in caplog.text
     # stopping released the lease
     assert lease(api)["spec"]["holderIdentity"] == "" and not a.e.is_leader()
 
@@ -286,7 +311,7 @@ def test_run_counts_errors_and_logs_one_warning_per_outage(api: FakeKubeAPI, cli
 def test_a_follower_wakes_when_the_lease_runs_out(api: FakeKubeAPI, client: Any) -> None:
     clock = Clock()
     a, b = Replica(client, "prof-a", clock), Replica(client, "prof-b", clock, retry_period_s=4.0,
-                                                     renew_deadline_s=8.0)
+                                                     renew_deadline_s=8.0, lease_duration_s=20.0)
     assert a.e.step()
     clock.now += 1
     waits: list[float] = []
@@ -301,7 +326,8 @@ def test_a_follower_wakes_when_the_lease_runs_out(api: FakeKubeAPI, client: Any)
             return self.is_set()
 
     b.e.run(Stop())  # type: ignore[arg-type]
-    # first read at 501 counts from then: 4 s waits, then exactly the rest of the lease (15 s from 501)
+    # first read at 501 counts from then: 4 s waits, then exactly the rest of the holder's lease (its 15 s,
+    # not our 20 s, from 501)
     assert waits[:3] == [4.0, 4.0, 4.0] and waits[3] == pytest.approx(3.0)
     assert b.e.holder == "prof-b"
 
@@ -323,3 +349,140 @@ def test_defaults() -> None:
     cfg = ElectionConfig(namespace=NS)
     assert (cfg.name, cfg.lease_duration_s, cfg.renew_deadline_s, cfg.retry_period_s) == (LEASE, 15.0, 10.0, 2.0)
     assert cfg.problem() is None
+
+
+def test_a_follower_wakes_for_the_last_fraction_of_a_second(api: FakeKubeAPI, client: Any) -> None:
+    clock = Clock()
+    a, b = Replica(client, "prof-a", clock), Replica(client, "prof-b", clock, retry_period_s=4.75,
+                                                     renew_deadline_s=9.0)
+    assert a.e.step()
+    waits: list[float] = []
+
+    class Stop:
+        def is_set(self) -> bool:
+            return b.e.leading.is_set() or len(waits) > 10
+
+        def wait(self, s: float) -> bool:
+            waits.append(round(s, 6))
+            clock.now += s
+            return self.is_set()
+
+    b.e.run(Stop())  # type: ignore[arg-type]
+    # 15 = 3 x 4.75 + 0.75: woken for the last 0.75 s, then leading (one more wait before the stop)
+    assert waits[:4] == [4.75, 4.75, 4.75, 0.75] and b.changes == [True, False]
+
+
+def test_errors_from_the_very_first_attempt(api: FakeKubeAPI, client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The API fails before the replica ever read the Lease: it keeps trying every retry period,
+    warns once, and takes the lease when the API answers."""
+    caplog.set_level(logging.DEBUG, logger="exporter.profiler.leader")
+    clock = Clock()
+    a = Replica(client, "prof-a", clock)
+    api.inject("*", LEASES, 503, times=3)
+    waits: list[float] = []
+
+    class Stop:
+        def is_set(self) -> bool:
+            return a.e.leading.is_set() or len(waits) > 10
+
+        def wait(self, s: float) -> bool:
+            waits.append(s)
+            clock.now += s
+            return self.is_set()
+
+    a.e.run(Stop())  # type: ignore[arg-type]
+    assert waits == [2.0] * 4 and a.changes == [True, False]  # led, then released when stopped
+    levels = [r.levelno for r in caplog.records if r.message.startswith("leader election: ") and "503" in r.message]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+
+
+def test_the_leader_steps_down_on_its_own_when_the_deadline_passes(api: FakeKubeAPI, client: Any,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.profiler.leader")
+    clock = Clock()
+    a = Replica(client, "prof-a", clock)
+    assert a.e.step()
+    clock.now += 9.99
+    assert a.e.is_leader() and a.changes == [True]
+    clock.now += 0.01
+    assert not a.e.is_leader() and not a.e.leading.is_set() and a.changes == [True, False]
+    assert "prof-a is not the leader: renew deadline passed" in caplog.text
+
+
+def test_a_short_lease_is_written_in_whole_seconds(api: FakeKubeAPI, client: Any) -> None:
+    clock = Clock()
+    a = Replica(client, "prof-a", clock, lease_duration_s=1.4, renew_deadline_s=1.0, retry_period_s=0.2)
+    assert a.e.step() and lease(api)["spec"]["leaseDurationSeconds"] == 1
+
+
+@pytest.mark.parametrize("call", ["get", "create", "update"])
+def test_every_lease_request_has_a_timeout(api: FakeKubeAPI, client: Any, call: str) -> None:
+    leases = LeaseClient(client, NS, LEASE, timeout=0.3)
+    current = leases.create({"holderIdentity": "x"})
+    api.inject("*", LEASES, None, times=20, delay=8.0)  # the API server hangs (urllib3 retries a GET or PUT)
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as exc:  # urllib3's timeout error, whatever it wraps
+        {"get": leases.get, "create": lambda: leases.create({}),
+         "update": lambda: leases.update(current, {})}[call]()
+    assert time.monotonic() - t0 < 6.0, f"{call} waited {time.monotonic() - t0:.1f}s"
+    assert "timed out" in str(exc.value).lower() or "timeout" in type(exc.value).__name__.lower()
+    api.clear_injections()
+
+
+def test_an_answer_that_is_not_a_lease_is_refused() -> None:
+    from exporter.profiler import leader
+
+    class Resp:
+        def __init__(self, data: bytes) -> None:
+            self.data, self.released = data, False
+
+        def release_conn(self) -> None:
+            self.released = True
+
+    for body in (b"[1, 2]", b'{"kind": "Status"}', b'{"metadata": "x"}'):
+        r = Resp(body)
+        with pytest.raises(ValueError, match=r"^the API server answered something that is not a Lease$"):
+            leader._json(r)
+        assert r.released
+    r = Resp(b"not json")
+    with pytest.raises(ValueError):
+        leader._json(r)
+    assert r.released, "the connection goes back to the pool whatever the answer"
+    assert leader._json(Resp(b'{"metadata": {}}')) == {"metadata": {}}
+
+
+def test_micro_time_is_utc_whatever_the_local_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exporter.profiler import leader
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        assert leader._micro_time(0) == "1970-01-01T00:00:00.000000Z"
+        assert leader._micro_time(1.5) == "1970-01-01T00:00:01.500000Z"
+        assert abs(stamp(leader._micro_time()) - time.time()) < 5
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+@pytest.mark.xfail(strict=True, reason="open finding (issue 30): a replica back from a pause counts a changed record "
+                   "from its read before the pause and takes a lease renewed during it; counting from no earlier "
+                   "than lease - renew deadline before the read fixes it but slowed test_leader.py's failover "
+                   "past its bound on this loaded machine: not landed")
+def test_a_replica_back_from_a_stall_never_takes_a_lease_renewed_during_it(api: FakeKubeAPI, client: Any) -> None:
+    """A replica counts a changed record from its previous read only when that read was recent:
+    after a long gap (a pause, a hung request) the change may be brand new, and counting from the
+    old read would take a lease its holder still writes under."""
+    clock = Clock()
+    a, b = Replica(client, "prof-a", clock), Replica(client, "prof-b", clock)
+    assert a.e.step() and not b.e.step()  # both read at 500
+    clock.now = 515.0  # A stalls; B (its previous read at 500) takes over
+    assert b.e.step() and b.e.is_leader()
+    clock.now = 516.0  # A is back: its previous read was at 500, but B renewed at 515
+    assert a.e.step() is False, "took a lease renewed a second ago"
+    assert lease(api)["spec"]["holderIdentity"] == "prof-b" and b.e.is_leader()
+    # A waits a whole lease from its first read after the gap (counting from at most a retry period
+    # before it), and B, still renewing, keeps it
+    for _ in range(10):
+        clock.now += 2
+        assert b.e.step() and not a.e.step()
