@@ -109,3 +109,14 @@ def test_help_text_is_written_only_in_its_row() -> None:
                 if hit:
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}: help of {hit}")
     assert not found, "\n".join(found)
+
+
+def test_any_enabled_is_true_when_one_family_of_the_group_is_collected() -> None:
+    f = FieldFilter(include=["gpu_power_watts"])
+    for _ in range(2):  # the second answer comes from the cache: the same
+        assert f.any_enabled("gpu_utilization_ratio", "gpu_power_watts") is True
+        assert f.any_enabled("gpu_utilization_ratio", "gpu_clock_hertz") is False
+        assert f.any_enabled("gpu_power_watts") is True
+    g = FieldFilter(exclude=["gpu_clock_*"])
+    assert g.any_enabled("gpu_clock_hertz", "gpu_clock_max_hertz") is False
+    assert g.any_enabled("gpu_clock_hertz", "gpu_power_watts") is True
