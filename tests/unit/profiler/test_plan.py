@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from exporter.profiler.classify import BURSTY, GROWING, IDLE, PERIODIC, STEADY, UNKNOWN, GpuProfile
@@ -339,3 +341,77 @@ def test_worst_case_node_stays_under_the_documented_bound() -> None:
     assert annotation_bytes(after, prefix) <= cfg.max_annotation_bytes
     assert int(after[prefix + "/omitted-gpus"]) > 0
     assert all(v.isprintable() for v in after.values())
+
+
+# --- the small rules, one by one (what make mutation judges plan.py by) ------------------------
+
+
+def test_bounded_holder_keeps_whole_entries_and_counts_the_rest() -> None:
+    from exporter.profiler.plan import MAX_HOLDER_CHARS, bounded_holder
+
+    assert bounded_holder(None) is None and bounded_holder("") is None
+    assert bounded_holder("ns/a") == "ns/a"
+    assert bounded_holder("ns/a,,ns/b,") == "ns/a,ns/b"  # empty entries dropped
+    pods = [f"team/pod-{i:03d}" for i in range(40)]  # 12 characters each
+    got = bounded_holder(",".join(pods))
+    assert got is not None and len(got) <= MAX_HOLDER_CHARS
+    kept, _, more = got.rpartition(",+")
+    n = len(kept.split(","))
+    assert kept.split(",") == pods[:n] and int(more) == 40 - n
+    assert len(",".join(pods[: n + 1])) + len(f",+{40 - n - 1}") > MAX_HOLDER_CHARS, "one more would have fitted"
+    # exactly at the bound: all kept, no counter
+    fit = ",".join(["a/" + "p" * 78] * 4)[:MAX_HOLDER_CHARS]
+    assert len(fit) <= MAX_HOLDER_CHARS and bounded_holder(fit) == fit
+    # a first entry longer than the bound is cut (a hostile name), never dropped to nothing
+    long = "ns/" + "x" * 400
+    assert bounded_holder(long) == long[:MAX_HOLDER_CHARS]
+    assert bounded_holder(long + ",ns/b") == long[:MAX_HOLDER_CHARS]
+
+
+def test_holder_entries_are_kubernetes_names() -> None:
+    from exporter.profiler.plan import clean_holders, valid_holder
+
+    assert valid_holder("team-a/train-0") and valid_holder("a/" + "p" * 253)
+    assert not valid_holder("a/" + "p" * 254) and not valid_holder("Team/x") and not valid_holder("nopod")
+    assert clean_holders(None) == (None, 0) and clean_holders("") == (None, 0)
+    assert clean_holders("a/b,BAD,c/d") == ("a/b,c/d", 1)
+    assert clean_holders("BAD,Worse") == (None, 2)
+
+
+@pytest.mark.parametrize(("name", "value", "ours"), [
+    ("pattern", "steady", True), ("pattern", "STEADY", False), ("gpu-0.pattern", "idle", True),
+    ("gpu-0.pattern", "", False), ("gpu-0.period-seconds", "62", True), ("gpu-0.period-seconds", "nan", False),
+    ("gpu-1.memory-growth-bytes-per-second", "-12.5", True), ("gpu-1.memory-growth-bytes-per-second", "1e3", False),
+    ("idle-gpus", "3", True), ("idle-gpus", "03", False), ("idle-gpus", "-1", False),
+    ("allocated-idle-gpus", "0", True), ("allocated-idle-gpus", "x", False),
+    ("gpu-0.holder", "ns/pod", True), ("gpu-0.holder", "ns/a,ns/b,+3", True), ("gpu-0.holder", "+3", False),
+    ("gpu-0.holder", "", False), ("gpu-0.holder", "ns/a,BAD", False), ("gpu-0.holder", "a/" + "p" * 400, False),
+    ("gpu-0.holder", ",".join(["ns/" + "p" * 60] * 5), True), ("gpu-0.holder", ",".join(["ns/" + "p" * 60] * 6), False),
+    ("best-gpu-score", "0.00", True), ("best-gpu-score", "1.00", True), ("best-gpu-score", "1.01", False),
+    ("best-gpu-score", "-0.01", False), ("best-gpu-score", "x", False),
+    ("best-gpu", "3", True), ("best-gpu", "-", False), ("owned-keys", "anything", True),
+])
+def test_what_counts_as_a_value_we_wrote(name: str, value: str, ours: bool) -> None:
+    from exporter.profiler.plan import _well_formed
+
+    assert _well_formed(name, value) is ours
+
+
+@pytest.mark.parametrize(("kw", "error"), [
+    ({"prefix": "Gpu.io"}, "annotation prefix 'Gpu.io' is not a lowercase DNS subdomain"),
+    ({"prefix": "a" * 254}, "is not a lowercase DNS subdomain"),
+    ({"hysteresis": 0}, "hysteresis 0 must be at least 1"),
+    ({"max_gpus_per_node": 0}, "max GPUs per node 0 must be 1 to 4096"),
+    ({"max_gpus_per_node": 4097}, "max GPUs per node 4097 must be 1 to 4096"),
+    ({"max_annotation_bytes": 2047}, "max annotation bytes 2047 must be 2048 to 131072"),
+    ({"max_annotation_bytes": 131073}, "max annotation bytes 131073 must be 2048 to 131072"),
+])
+def test_plan_config_refuses_what_it_cannot_keep(kw: dict, error: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(error)):
+        PlanConfig(**kw)
+
+
+def test_plan_config_bounds_are_inclusive() -> None:
+    for kw in ({"prefix": "a"}, {"prefix": "a" * 253}, {"hysteresis": 1}, {"max_gpus_per_node": 1},
+               {"max_gpus_per_node": 4096}, {"max_annotation_bytes": 2048}, {"max_annotation_bytes": 131072}):
+        PlanConfig(**kw)  # type: ignore[arg-type]
