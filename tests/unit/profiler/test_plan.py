@@ -415,3 +415,44 @@ def test_plan_config_bounds_are_inclusive() -> None:
     for kw in ({"prefix": "a"}, {"prefix": "a" * 253}, {"hysteresis": 1}, {"max_gpus_per_node": 1},
                {"max_gpus_per_node": 4096}, {"max_annotation_bytes": 2048}, {"max_annotation_bytes": 131072}):
         PlanConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_our_keys_are_listed_node_first_then_gpus_in_numeric_then_name_order() -> None:
+    _, a = apply({}, {g: gpu(STEADY) for g in ["10", "2", "b", "a"]})
+    assert a[P + "owned-keys"] == ("best-gpu,best-gpu-score,idle-gpus,pattern,"
+                                   "gpu-2.pattern,gpu-10.pattern,gpu-a.pattern,gpu-b.pattern")
+
+
+def test_record_helpers() -> None:
+    from exporter.profiler.plan import annotation_bytes, has_our_keys, owned_names
+
+    ann = {P + "owned-keys": "a, ,b,,x/y,pattern", P + "a": "bc", "other.io/x": "yyyy"}
+    assert owned_names(ann, "gpu-exporter.io") == {"a", "b", "pattern"}
+    assert owned_names({}, "gpu-exporter.io") == set()
+    assert has_our_keys(ann, "gpu-exporter.io") and not has_our_keys({"other.io/owned-keys": "a"}, "gpu-exporter.io")
+    assert annotation_bytes(ann, "gpu-exporter.io") == len(P + "owned-keys") + len("a, ,b,,x/y,pattern") + len(P + "a") + 2
+    assert annotation_bytes({"gpu-exporter.iox/a": "b"}, "gpu-exporter.io") == 0
+
+
+def test_pending_values_may_hold_colons_and_equals_signs() -> None:
+    assert parse_pending("gpu-0.holder=ns/a:b:2") == {"gpu-0.holder": ("ns/a:b", 2)}
+    assert parse_pending("a=b=c:1") == {"a": ("b=c", 1)}
+    assert parse_pending(None) == {} and parse_pending("") == {}
+
+
+@pytest.mark.parametrize(("name", "value", "ours"), [
+    ("gpu-0.uuid", "GPU-1f2e3d4c-0000-4a5b-8c9d-00000000000a", True), ("gpu-0.uuid", "not a uuid!", False),
+    ("gpu-0.holder", ",".join(["ns/" + "p" * 60] * 4 + ["ns/" + "p" * 61]), True),  # exactly 320 characters
+])
+def test_what_counts_as_a_value_we_wrote_at_the_edges(name: str, value: str, ours: bool) -> None:
+    from exporter.profiler.plan import MAX_HOLDER_CHARS, _well_formed
+
+    assert name != "gpu-0.holder" or len(value) == MAX_HOLDER_CHARS
+    assert _well_formed(name, value) is ours
+
+
+def test_the_longest_holder_name_kubernetes_allows() -> None:
+    from exporter.profiler.plan import valid_holder
+
+    longest = "n" * 63 + "/" + "p" * 253
+    assert len(longest) == 317 and valid_holder(longest)
