@@ -430,7 +430,8 @@ def test_record_helpers() -> None:
     assert owned_names(ann, "gpu-exporter.io") == {"a", "b", "pattern"}
     assert owned_names({}, "gpu-exporter.io") == set()
     assert has_our_keys(ann, "gpu-exporter.io") and not has_our_keys({"other.io/owned-keys": "a"}, "gpu-exporter.io")
-    assert annotation_bytes(ann, "gpu-exporter.io") == len(P + "owned-keys") + len("a, ,b,,x/y,pattern") + len(P + "a") + 2
+    want = len(P + "owned-keys") + len("a, ,b,,x/y,pattern") + len(P + "a") + 2
+    assert annotation_bytes(ann, "gpu-exporter.io") == want
     assert annotation_bytes({"gpu-exporter.iox/a": "b"}, "gpu-exporter.io") == 0
 
 
