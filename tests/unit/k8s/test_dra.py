@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,16 +86,15 @@ def test_a_device_without_identifying_attributes_is_not_guessed_from_its_name() 
 
 
 @pytest.fixture
-def api() -> Iterator[FakeKubeAPI]:
-    with FakeKubeAPI() as a:
-        yield a
+def api(kubeapi: FakeKubeAPI) -> FakeKubeAPI:
+    """The suite's fake API server (tests/conftest.py), under this file's name."""
+    return kubeapi
 
 
 @pytest.fixture
-def client(api: FakeKubeAPI, tmp_path: Path) -> Any:
-    from kubernetes import config
-
-    return config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
+def client(kube_client: Any) -> Any:
+    """The suite's real client for it (tests/conftest.py)."""
+    return kube_client
 
 
 @pytest.fixture

@@ -13,13 +13,10 @@ import logging
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from exporter.profiler.leader import ElectionConfig, LeaderElector, LeaseClient
@@ -52,14 +49,15 @@ class Replica:
 
 
 @pytest.fixture
-def api() -> Iterator[FakeKubeAPI]:
-    with FakeKubeAPI() as a:
-        yield a
+def api(kubeapi: FakeKubeAPI) -> FakeKubeAPI:
+    """The suite's fake API server (tests/conftest.py), under this file's name."""
+    return kubeapi
 
 
 @pytest.fixture
-def client(api: FakeKubeAPI, tmp_path: Path) -> Any:
-    return kube_config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
+def client(kube_client: Any) -> Any:
+    """The suite's real client for it (tests/conftest.py)."""
+    return kube_client
 
 
 def lease(api: FakeKubeAPI) -> dict[str, Any]:
