@@ -45,6 +45,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from exporter.backends.base import (
+    ATTRIBUTION_FAMILIES,
     BAD_VALUE,
     DRIVER,
     MISSING,
@@ -330,18 +331,14 @@ class AmdSmiBackend(Backend):
         "gpu_field_unsupported", "gpu_utilization_ratio", "gpu_memory_utilization_ratio",
         "gpu_encoder_utilization_ratio", "gpu_decoder_utilization_ratio", "gpu_memory_total_bytes",
         "gpu_memory_used_bytes", "gpu_memory_free_bytes", "gpu_temperature_celsius", "gpu_fan_speed_ratio",
-        "gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total", "gpu_clock_hertz",
-        "gpu_clock_max_hertz", "gpu_pcie_link_generation", "gpu_pcie_link_generation_max", "gpu_pcie_link_width",
-        "gpu_pcie_link_width_max", "gpu_pcie_replays_total", "gpu_graphics_engine_active_ratio",
-        "gpu_dram_active_ratio", "gpu_ecc_errors_total", "gpu_throttle_reason_active", "gpu_link_up",
-        "gpu_link_transferred_bytes_total", "gpu_processes", "gpu_processes_memory_used_bytes",
-        "gpu_process_memory_used_bytes", "gpu_mig_mode_enabled", "gpu_p2p_supported", "gpu_topology_level",
-        "gpu_pci_devices", "gpu_visible_devices", "gpu_allocation_info", "gpu_pod_utilization_ratio",
-        "gpu_pod_memory_used_bytes", "gpu_exporter_pod_attribution_up", "gpu_exporter_pod_resources_errors_total",
-        "gpu_exporter_pod_resources_devices", "gpu_exporter_pod_resources_last_success_timestamp_seconds",
-        "gpu_exporter_pod_resources_list_duration_seconds", "gpu_exporter_dra_attribution_up",
-        "gpu_exporter_dra_resourceslices_errors_total", "gpu_exporter_pod_processes",
-    })
+        "gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total", "gpu_clock_hertz", "gpu_clock_max_hertz",
+        "gpu_pcie_link_generation", "gpu_pcie_link_generation_max", "gpu_pcie_link_width", "gpu_pcie_link_width_max",
+        "gpu_pcie_replays_total", "gpu_graphics_engine_active_ratio", "gpu_dram_active_ratio", "gpu_ecc_errors_total",
+        "gpu_throttle_reason_active", "gpu_link_up", "gpu_link_transferred_bytes_total", "gpu_processes",
+        "gpu_processes_memory_used_bytes", "gpu_process_memory_used_bytes", "gpu_mig_mode_enabled", "gpu_p2p_supported",
+        "gpu_topology_level", "gpu_pci_devices", "gpu_visible_devices", "gpu_pod_utilization_ratio",
+        "gpu_pod_memory_used_bytes", "gpu_exporter_pod_processes",
+    }) | ATTRIBUTION_FAMILIES
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         super().__init__(options)

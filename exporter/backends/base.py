@@ -72,6 +72,21 @@ class BackendUnavailable(Exception):
     """This backend cannot run on this machine; the message says why."""
 
 
+#: Filled by the pod attribution plugins (exporter/k8s/: the kubelet's pod-resources API and DRA
+#: ResourceSlices) for the GPUs of any real backend; each real backend declares
+#: ``families = frozenset({...}) | ATTRIBUTION_FAMILIES`` instead of listing them again.
+ATTRIBUTION_FAMILIES: frozenset[str] = frozenset({
+    "gpu_allocation_info",
+    "gpu_exporter_pod_attribution_up",
+    "gpu_exporter_pod_resources_errors_total",
+    "gpu_exporter_pod_resources_devices",
+    "gpu_exporter_pod_resources_last_success_timestamp_seconds",
+    "gpu_exporter_pod_resources_list_duration_seconds",
+    "gpu_exporter_dra_attribution_up",
+    "gpu_exporter_dra_resourceslices_errors_total",
+})
+
+
 class BackendError(Exception):
     """A collection failed as a whole. ``kind`` labels the error counter."""
 

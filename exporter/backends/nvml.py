@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from exporter.backends.base import (
+    ATTRIBUTION_FAMILIES,
     DRIVER,
     GPU_ERROR,
     GPU_LOST,
@@ -270,20 +271,16 @@ class NvmlBackend(Backend):
         "gpu_pcie_link_generation_max", "gpu_pcie_link_width", "gpu_pcie_link_width_max", "gpu_pcie_replays_total",
         "gpu_pcie_throughput_bytes_per_second", "gpu_sm_active_ratio", "gpu_sm_occupancy_ratio",
         "gpu_graphics_engine_active_ratio", "gpu_pipe_active_ratio", "gpu_dram_active_ratio",
-        "gpu_nvlink_throughput_bytes_per_second", "gpu_ecc_mode_enabled", "gpu_ecc_errors_total",
-        "gpu_retired_pages", "gpu_retired_pages_pending", "gpu_remapped_rows", "gpu_remapped_rows_pending",
-        "gpu_remapped_rows_failed", "gpu_throttle_reason_active", "gpu_violation_seconds_total", "gpu_link_up",
-        "gpu_link_errors_total", "gpu_processes", "gpu_processes_memory_used_bytes", "gpu_process_memory_used_bytes",
+        "gpu_nvlink_throughput_bytes_per_second", "gpu_ecc_mode_enabled", "gpu_ecc_errors_total", "gpu_retired_pages",
+        "gpu_retired_pages_pending", "gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed",
+        "gpu_throttle_reason_active", "gpu_violation_seconds_total", "gpu_link_up", "gpu_link_errors_total",
+        "gpu_processes", "gpu_processes_memory_used_bytes", "gpu_process_memory_used_bytes",
         "gpu_power_default_limit_watts", "gpu_compute_mode", "gpu_fabric_state", "gpu_recovery_action",
-        "gpu_mig_mode_enabled", "gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes",
-        "gpu_mig_utilization_ratio", "gpu_p2p_supported", "gpu_topology_level", "gpu_xid_errors_total",
-        "gpu_xid_last_timestamp_seconds", "gpu_pci_devices", "gpu_visible_devices", "gpu_allocation_info",
-        "gpu_pod_utilization_ratio", "gpu_pod_memory_used_bytes", "gpu_exporter_pod_attribution_up",
-        "gpu_exporter_pod_resources_errors_total", "gpu_exporter_pod_resources_devices",
-        "gpu_exporter_pod_resources_last_success_timestamp_seconds",
-        "gpu_exporter_pod_resources_list_duration_seconds", "gpu_exporter_dra_attribution_up",
-        "gpu_exporter_dra_resourceslices_errors_total", "gpu_exporter_pod_processes",
-    })
+        "gpu_mig_mode_enabled", "gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes", "gpu_mig_utilization_ratio",
+        "gpu_p2p_supported", "gpu_topology_level", "gpu_xid_errors_total", "gpu_xid_last_timestamp_seconds",
+        "gpu_pci_devices", "gpu_visible_devices", "gpu_pod_utilization_ratio", "gpu_pod_memory_used_bytes",
+        "gpu_exporter_pod_processes",
+    }) | ATTRIBUTION_FAMILIES
     auto_priority: ClassVar[int | None] = 10
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -62,7 +62,7 @@ import time
 from typing import Any, ClassVar
 
 from exporter.backends.amdsmi import PCI_VENDOR, amd_uuid, dedupe_uuids, is_na
-from exporter.backends.base import BAD_VALUE, DRIVER, Backend, BackendError, BackendUnavailable
+from exporter.backends.base import ATTRIBUTION_FAMILIES, BAD_VALUE, DRIVER, Backend, BackendError, BackendUnavailable
 from exporter.core.options import BackendOptions
 from exporter.core.pci import canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading
@@ -304,14 +304,9 @@ class RocmSmiBackend(Backend):
         "gpu_field_unsupported", "gpu_utilization_ratio", "gpu_memory_utilization_ratio", "gpu_memory_total_bytes",
         "gpu_memory_used_bytes", "gpu_memory_free_bytes", "gpu_temperature_celsius", "gpu_fan_speed_ratio",
         "gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total", "gpu_clock_hertz",
-        "gpu_pcie_link_generation", "gpu_pcie_link_width", "gpu_pcie_replays_total",
-        "gpu_graphics_engine_active_ratio", "gpu_dram_active_ratio", "gpu_mig_mode_enabled", "gpu_pci_devices",
-        "gpu_visible_devices", "gpu_allocation_info", "gpu_exporter_pod_attribution_up",
-        "gpu_exporter_pod_resources_errors_total", "gpu_exporter_pod_resources_devices",
-        "gpu_exporter_pod_resources_last_success_timestamp_seconds",
-        "gpu_exporter_pod_resources_list_duration_seconds", "gpu_exporter_dra_attribution_up",
-        "gpu_exporter_dra_resourceslices_errors_total",
-    })
+        "gpu_pcie_link_generation", "gpu_pcie_link_width", "gpu_pcie_replays_total", "gpu_graphics_engine_active_ratio",
+        "gpu_dram_active_ratio", "gpu_mig_mode_enabled", "gpu_pci_devices", "gpu_visible_devices",
+    }) | ATTRIBUTION_FAMILIES
     min_interval: ClassVar[float] = 10.0
 
     def __init__(self, options: BackendOptions | None = None, binary: str | None = None) -> None:
