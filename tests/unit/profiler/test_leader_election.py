@@ -48,6 +48,23 @@ class Replica:
                                on_change=self.changes.append, clock=clock)
 
 
+def run_until_leading(b: Replica, clock: Clock) -> list[float]:
+    """Run ``b``'s elector loop on the fake clock until it leads (or 11 waits); return its waits (s)."""
+    waits: list[float] = []
+
+    class Stop:
+        def is_set(self) -> bool:
+            return b.e.leading.is_set() or len(waits) > 10
+
+        def wait(self, s: float) -> bool:
+            waits.append(round(s, 6))
+            clock.now += s
+            return self.is_set()
+
+    b.e.run(Stop())  # type: ignore[arg-type]
+    return waits
+
+
 @pytest.fixture
 def api(kubeapi: FakeKubeAPI) -> FakeKubeAPI:
     """The suite's fake API server (tests/conftest.py), under this file's name."""
@@ -312,18 +329,7 @@ def test_a_follower_wakes_when_the_lease_runs_out(api: FakeKubeAPI, client: Any)
                                                      renew_deadline_s=8.0, lease_duration_s=20.0)
     assert a.e.step()
     clock.now += 1
-    waits: list[float] = []
-
-    class Stop:
-        def is_set(self) -> bool:
-            return b.e.leading.is_set() or len(waits) > 10
-
-        def wait(self, s: float) -> bool:
-            waits.append(round(s, 6))
-            clock.now += s
-            return self.is_set()
-
-    b.e.run(Stop())  # type: ignore[arg-type]
+    waits = run_until_leading(b, clock)
     # first read at 501 counts from then: 4 s waits, then exactly the rest of the holder's lease (its 15 s,
     # not our 20 s, from 501)
     assert waits[:3] == [4.0, 4.0, 4.0] and waits[3] == pytest.approx(3.0)
@@ -354,18 +360,7 @@ def test_a_follower_wakes_for_the_last_fraction_of_a_second(api: FakeKubeAPI, cl
     a, b = Replica(client, "prof-a", clock), Replica(client, "prof-b", clock, retry_period_s=4.75,
                                                      renew_deadline_s=9.0)
     assert a.e.step()
-    waits: list[float] = []
-
-    class Stop:
-        def is_set(self) -> bool:
-            return b.e.leading.is_set() or len(waits) > 10
-
-        def wait(self, s: float) -> bool:
-            waits.append(round(s, 6))
-            clock.now += s
-            return self.is_set()
-
-    b.e.run(Stop())  # type: ignore[arg-type]
+    waits = run_until_leading(b, clock)
     # 15 = 3 x 4.75 + 0.75: woken for the last 0.75 s, then leading (one more wait before the stop)
     assert waits[:4] == [4.75, 4.75, 4.75, 0.75] and b.changes == [True, False]
 
