@@ -153,16 +153,6 @@ def _pattern_utilization(pattern: str, key: int, t: float) -> float:
     return 0.35 + 0.05 * (n - 0.5)  # leak
 
 
-def utilization_at(index: int, t: float) -> float:
-    """GPU utilisation ratio (0-1) of healthy simulated GPU ``index`` at unix time ``t``."""
-    return _pattern_utilization(pattern_of(index), index, t)
-
-
-def memory_used_at(index: int, t: float) -> float:
-    """Memory used in bytes (whole MiB) of healthy simulated GPU ``index`` at unix time ``t``."""
-    return _pattern_memory(pattern_of(index), index, t)
-
-
 def _pattern_memory(pattern: str, index: int, t: float) -> float:
     if pattern == "idle":
         return float(512 * MIB)

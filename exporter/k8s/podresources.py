@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-GRPC_DEFAULT_MAX_RECEIVE_BYTES = 4 * 2**20
 
 # Error kinds (label ``kind`` of gpu_exporter_pod_resources_errors_total), all pre-set to 0.
 ERROR_KINDS = (

@@ -186,7 +186,6 @@ class ProcessAttribution:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.builds = 0
 
     # --- inputs -------------------------------------------------------------------------------
 
@@ -232,6 +231,5 @@ class ProcessAttribution:
             self._pending, last = None, readings
             try:
                 self._view = build(readings, self._index, self.proc_root)
-                self.builds += 1
             except Exception:  # a bad process table must not stop later builds
                 log.exception("per-pod GPU attribution failed")

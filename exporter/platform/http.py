@@ -368,7 +368,6 @@ class _Conn:
     web: WebConfig | None = None  # the config its TLS handshake used (client_allowed_sans)
     handshaken: bool = True
     state: str = _READ
-    served: int = 0
     eof: bool = False  # the client half-closed: answer what is here, then close
     queued: bool = False  # in ``_ready``: its next pipelined request is parsed on the next turn
     events: int = 0  # what the selector waits for on its behalf
@@ -846,7 +845,6 @@ class GpuHTTPServer:
         elif not conn.keep:
             self._close(conn)
         else:
-            conn.served += 1
             conn.state, conn.deadline = _READ, time.monotonic() + self.read_timeout
             self._idle[conn] = None
             if conn.buf or getattr(conn.sock, "pending", lambda: 0)():

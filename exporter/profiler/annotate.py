@@ -103,7 +103,6 @@ class NodeStore:
         self.keep = keep_prefix + "/" if keep_prefix else None
         self._sleep = sleep
         self.requests_sent = 0
-        self.writes_sent = 0
 
     # ---- calls with retries ----
 
@@ -194,7 +193,6 @@ class NodeStore:
         body: dict[str, Any] = {"metadata": {"annotations": annotations}}
         if resource_version:
             body["metadata"]["resourceVersion"] = resource_version
-        self.writes_sent += 1
         doc = self._call("PATCH", f"node {name}", lambda: self.api.patch_node(
             name, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=self.timeout))
         return _node_info(doc, self.keep)
@@ -205,7 +203,6 @@ class NodeStore:
         conditions list merges by ``type``, so no other condition is touched (a JSON merge patch
         would replace the whole list). RBAC: ``patch`` on ``nodes/status``."""
         body = {"status": {"conditions": [condition]}}
-        self.writes_sent += 1
         try:
             self._call("PATCH", f"node {name} status", lambda: self.api.patch_node_status(
                 name, body, _content_type=STRATEGIC_MERGE_PATCH, _preload_content=False,

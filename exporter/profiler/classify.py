@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import mul
 from typing import Any
 
@@ -151,7 +151,6 @@ class PeriodResult:
 class TrendResult:
     slope: float  # Theil-Sen slope, value units per second
     z: float  # Mann-Kendall z (positive: rising)
-    half_slopes: tuple[float, float] = field(default=(0.0, 0.0))
 
 
 def finite(x: float | None) -> float | None:
@@ -412,7 +411,7 @@ def detect_growth(values: Sequence[float], step: float, total: float, window_s: 
     s2, _ = theil_sen_mann_kendall(values[half:], step)
     if min(s1, s2) < th.growth_half_ratio * slope:
         return None
-    return TrendResult(slope=slope, z=zval, half_slopes=(s1, s2))
+    return TrendResult(slope=slope, z=zval)
 
 
 # ---- per GPU and per node ----------------------------------------------------------------

@@ -92,7 +92,6 @@ class CycleResult:
     largest_response_bytes: int = 0  # the longest Prometheus answer read so far
     events: int = 0  # Kubernetes Events recorded
     status_writes: int = 0  # GPUHealthy condition patches (nodes/status) sent (dry run: that would be sent)
-    not_leader: bool = False  # writes stopped: this replica lost the lease during the cycle
     errors: list[str] = field(default_factory=list)  # kinds
     patterns: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, gpu) -> published
 
@@ -416,8 +415,6 @@ class Profiler:
                 res.unchanged += 1
             elif outcome in annotate.KINDS:
                 self._fail(res, outcome, message)
-            elif outcome == "not_leader":
-                res.not_leader = True
             if final is None:
                 if outcome != "gone":
                     self._keep_patterns(name, patterns)  # not written: the node still carries the old ones

@@ -428,7 +428,6 @@ class FleetReading:
     queries: int
     util_step: float
     mem_step: float
-    dropped_series: int = 0  # series with no node (no label and no gpu_host_info to join)
     shards: int = 1
 
 
@@ -595,7 +594,7 @@ class Reader:
             log.warning("%d aggregate series had no node or GPU label; ignored", dropped)
         self.last = FleetReading(at=at, gpus={}, queries=queries,
                              util_step=steps.most_common(1)[0][0] if steps else 0.0,
-                             mem_step=mem_step, dropped_series=dropped, shards=done)
+                             mem_step=mem_step, shards=done)
         return self.last
 
     def _stats(self, b: QueryBuilder, nodes: list[str], at: float) -> list[Future[list[Sample]]]:

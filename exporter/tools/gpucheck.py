@@ -415,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| GPU | field (nvidia-smi) | nvidia-smi | gpu-exporter | tolerance | result |",
              "|---|---|---|---|---|---|"]
     bad = 0
+    notes: dict[str, str] = {}  # nvidia-smi field -> what to know about a mismatch of it (Field.note)
     for i, row in enumerate(smi_rows):
         r0 = next((g for g in before.gpus if g.index == i), None)
         r1 = next((g for g in after.gpus if g.index == i), None)
@@ -429,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
             ours = [f.ours(r0), f.ours(r1)]
             ok = compare(f, smi, ours)
             bad += not ok
+            if not ok and f.note:
+                notes[f.query] = f.note
             tol = _tolerance(f)
             lines.append(f"| {i} | {f.query} | {_fmt(f, smi)} | {_fmt(f, ours[0])} | {tol} | "
                          f"{'ok' if ok else 'MISMATCH'} |")
@@ -448,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     for fam_name, why in VALIDATION.items():
         if why.not_comparable:
             lines.append(f"| - | {fam_name} | not comparable: {why.not_comparable} | - | - | skipped |")
+    if notes:  # after the table: a blank line ends it
+        lines += ["", *(f"note on {q}: {note}" for q, note in sorted(notes.items()))]
     name = after.gpus[0].name if after.gpus else "unknown"
     summary = (f"{time.strftime('%Y-%m-%d')}: {len(after.gpus)} x {name}, driver "
                f"{after.gpus[0].driver_version if after.gpus else '?'}, host {platform.node()}; "

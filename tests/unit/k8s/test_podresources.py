@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.samples import Sample
 
 from exporter.core.readings import GpuReading, MigReading
-from exporter.k8s.podresources import GRPC_DEFAULT_MAX_RECEIVE_BYTES, PodAttribution
+from exporter.k8s.podresources import PodAttribution
 from exporter.k8s.proto import podresources_pb2 as pb
 from tests.fakes.kubelet import FakeKubelet, pod, raw_field, response
 from tests.harness.poll import wait_until
@@ -26,6 +26,8 @@ U1 = "GPU-1f2e3d4c-0000-4a5b-8c9d-00000000000b"
 U2 = "GPU-1f2e3d4c-0000-4a5b-8c9d-00000000000c"
 MIG_A = "MIG-7c1d2e3f-1111-5a6b-9c8d-0000000000a1"
 MIG_B = "MIG-7c1d2e3f-1111-5a6b-9c8d-0000000000b2"
+
+GRPC_DEFAULT_MAX_RECEIVE_BYTES = 4 * 2**20  # grpc's default for a channel's received message
 
 
 def nvidia(*uuids: str) -> list[GpuReading]:

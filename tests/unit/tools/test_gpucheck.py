@@ -108,6 +108,8 @@ def test_not_active_matches_a_reason_the_gpu_lacks(tmp_path: Path) -> None:
     res = run_check(tmp_path, fleet, rows)
     assert res.returncode == 1 and "| 1 | clocks_event_reasons.sw_power_cap | 1 | absent | exact | MISMATCH |" \
         in res.stdout
+    # the field's note says what such a mismatch may mean, once
+    assert res.stdout.count('note on clocks_event_reasons.sw_power_cap: "Not Active" also matches') == 1
 
 
 def test_the_rest_is_listed_as_not_comparable_with_the_reason(tmp_path: Path) -> None:
