@@ -5,12 +5,15 @@ the Helm chart's copy) narrows that to annotations under ``gpu-exporter.io/``. I
 here with cel-python, as the API server would evaluate it, on sample admission requests: the
 profiler writing its own annotations is allowed; a foreign annotation key, a label change, a spec
 change (a taint) or a finalizer is denied; other users are not matched at all. The policy is taken
-from the rendered kustomize install, so the namespace variable is resolved as in a cluster.
+from the rendered install, with the parameter its binding names (the profiler's ServiceAccount) looked
+up in that install as the API server looks it up: the user name it matches is the one the profiler
+runs as, in whatever namespace an overlay or a Helm release puts it.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -47,13 +50,38 @@ NODE: dict[str, Any] = {
 }
 
 
-@cache
-def policy() -> dict[str, Any]:
-    proc = subprocess.run([tool("kubectl"), "kustomize", str(ROOT / "deploy" / "overlays" / "nvidia")],
-                          capture_output=True, text=True, timeout=120, check=False)
+Install = tuple[dict[str, Any], dict[str, Any] | None]  # the policy, and the parameter its binding names
+
+
+def _kustomize(path: Path) -> list[dict[str, Any]]:
+    proc = subprocess.run([tool("kubectl"), "kustomize", str(path)], capture_output=True, text=True, timeout=120,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
-    (found,) = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "ValidatingAdmissionPolicy"]
-    return found
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def _install(docs: list[dict[str, Any]]) -> Install:
+    """The policy of a rendered install and the object its binding passes as ``params``, looked up in that
+    install as the API server looks it up in the cluster (None: not found)."""
+    (found,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"]["policyName"] == found["metadata"]["name"]
+    kind, ref = found["spec"].get("paramKind"), binding["spec"].get("paramRef")
+    if kind is None:
+        return found, None
+    params = [d for d in docs if d["apiVersion"] == kind["apiVersion"] and d["kind"] == kind["kind"]
+              and d["metadata"]["name"] == ref["name"] and d["metadata"].get("namespace") == ref.get("namespace")]
+    return found, (params[0] if params else None)
+
+
+@cache
+def installed() -> Install:
+    """The kustomize install, as in a cluster: namespace gpu-exporter."""
+    return _install(_kustomize(ROOT / "deploy" / "overlays" / "nvidia"))
+
+
+def policy() -> dict[str, Any]:
+    return installed()[0]
 
 
 @cache
@@ -62,25 +90,34 @@ def _program(expression: str) -> Any:
     return env.program(env.compile(expression))
 
 
-def _activation(new: dict[str, Any], old: dict[str, Any], user: str) -> dict[str, Any]:
+def _activation(new: dict[str, Any], old: dict[str, Any], user: str, params: dict[str, Any] | None) -> dict[str, Any]:
     request = {"operation": "UPDATE", "resource": {"group": "", "version": "v1", "resource": "nodes"},
                "userInfo": {"username": user, "groups": ["system:serviceaccounts", "system:authenticated"]}}
-    return {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old),
-            "request": celpy.json_to_cel(request)}
+    act = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old),
+           "request": celpy.json_to_cel(request)}
+    if params is not None:
+        act["params"] = celpy.json_to_cel(params)
+    return act
 
 
-def matched(new: dict[str, Any], old: dict[str, Any], user: str) -> bool:
-    """Whether the policy applies: every matchCondition is true."""
-    act = _activation(new, old, user)
-    return all(bool(_program(c["expression"]).evaluate(act)) for c in policy()["spec"]["matchConditions"])
+def matched(new: dict[str, Any], old: dict[str, Any], user: str, install: Install | None = None) -> bool:
+    """Whether the policy applies: its parameter exists (parameterNotFoundAction Allow skips the
+    binding otherwise) and every matchCondition is true."""
+    found, params = install or installed()
+    if "paramKind" in found["spec"] and params is None:
+        return False
+    act = _activation(new, old, user, params)
+    return all(bool(_program(c["expression"]).evaluate(act)) for c in found["spec"]["matchConditions"])
 
 
-def denials(new: dict[str, Any], old: dict[str, Any], user: str = PROFILER) -> list[str]:
+def denials(new: dict[str, Any], old: dict[str, Any], user: str = PROFILER,
+            install: Install | None = None) -> list[str]:
     """Messages of the validations that fail for this update (empty: admitted)."""
-    if not matched(new, old, user):
+    if not matched(new, old, user, install):
         return []
-    act = _activation(new, old, user)
-    return [v["message"] for v in policy()["spec"]["validations"] if not bool(_program(v["expression"]).evaluate(act))]
+    found, params = install or installed()
+    act = _activation(new, old, user, params)
+    return [v["message"] for v in found["spec"]["validations"] if not bool(_program(v["expression"]).evaluate(act))]
 
 
 def changed(edit: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -183,6 +220,52 @@ def test_binding_denies() -> None:
     (b,) = binding
     assert b["spec"]["policyName"] == policy()["metadata"]["name"]
     assert b["spec"]["validationActions"] == ["Deny"]
+
+
+def test_the_parameter_is_the_profilers_own_service_account() -> None:
+    """The binding's parameter is the ServiceAccount the profiler's pods run as, in the install's namespace;
+    without it nobody can authenticate as the profiler, and every other user's Node update (the kubelets')
+    must not be refused: Allow, not Deny."""
+    docs = _kustomize(ROOT / "deploy" / "overlays" / "nvidia")
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"]["paramRef"]["parameterNotFoundAction"] == "Allow"
+    (dep,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpu-exporter-profiler"]
+    params = installed()[1]
+    assert params is not None, "the binding names a ServiceAccount the install does not create"
+    assert params["kind"] == "ServiceAccount"
+    assert params["metadata"]["name"] == dep["spec"]["template"]["spec"]["serviceAccountName"]
+    assert params["metadata"]["namespace"] == dep["metadata"]["namespace"] == "gpu-exporter"
+    # No parameter found (the ServiceAccount deleted): the binding is skipped, nobody is refused.
+    new, old = changed(lambda n: n["metadata"]["labels"].update({"team": "x"}))
+    assert denials(new, old, PROFILER, (policy(), None)) == []
+
+
+def _other_namespace_installs(tmp_path: Path) -> dict[str, tuple[str, Install]]:
+    """Installs in namespace telemetry: the overlay docs/deploy.md shows (`namespace:` above a vendor
+    overlay) and a Helm release; each with the profiler's user name there."""
+    from tests.e2e.test_helm import render
+
+    user = tmp_path / "mine"
+    user.mkdir()
+    rel = os.path.relpath(ROOT / "deploy" / "overlays" / "nvidia", user)  # kustomize takes relative paths only
+    (user / "kustomization.yaml").write_text(yaml.safe_dump({"namespace": "telemetry", "resources": [rel]}))
+    return {
+        "kustomize": ("system:serviceaccount:telemetry:gpu-exporter-profiler", _install(_kustomize(user))),
+        "helm": ("system:serviceaccount:telemetry:team-a-gpu-exporter-profiler",
+                 _install(list(render((), "telemetry", "team-a")))),
+    }
+
+
+def test_another_namespace_restricts_the_profiler_there(tmp_path: Path) -> None:
+    for how, (profiler, install) in _other_namespace_installs(tmp_path).items():
+        label = changed(lambda n: n["metadata"]["labels"].update({"team": "x"}))
+        assert matched(*label, profiler, install), f"{how}: the profiler in telemetry is not matched"
+        assert any("labels" in m for m in denials(*label, profiler, install)), how
+        own = changed(ALLOWED["changes its own annotation"])
+        assert denials(*own, profiler, install) == [], how
+        # the same ServiceAccount name in the default namespace (no longer the profiler) is not matched
+        for other in (PROFILER, profiler.replace(":telemetry:", ":gpu-exporter:")):
+            assert not matched(*label, other, install), f"{how}: {other} is matched"
 
 
 # ---- the status subresource: the GPUHealthy condition and nothing else -------------------------

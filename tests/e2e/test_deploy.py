@@ -113,6 +113,34 @@ def _render(rel: str) -> list[dict[str, Any]]:
     return docs
 
 
+def scraped_namespaces(sm: dict[str, Any]) -> list[str] | None:
+    """The namespaces prometheus-operator discovers a ServiceMonitor's Services in (None: all): its
+    namespaceSelector's matchNames, or the ServiceMonitor's own namespace where it names none."""
+    selector = sm["spec"].get("namespaceSelector") or {}
+    if selector.get("any"):
+        return None
+    return list(selector.get("matchNames") or [sm["metadata"]["namespace"]])
+
+
+def test_scraped_namespaces_reads_the_selector() -> None:
+    """Guards scraped_namespaces: each form of namespaceSelector as prometheus-operator reads it."""
+    sm = {"metadata": {"namespace": "a"}, "spec": {}}
+    assert scraped_namespaces(sm) == ["a"]
+    assert scraped_namespaces({**sm, "spec": {"namespaceSelector": {"matchNames": ["b"]}}}) == ["b"]
+    assert scraped_namespaces({**sm, "spec": {"namespaceSelector": {"any": True}}}) is None
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_kustomization_renders_without_a_warning(name: str) -> None:
+    """issue 28, finding 3: every render warned that `vars` is deprecated. Nothing on stderr at all."""
+    path = ROOT / KUSTOMIZATIONS[name]["path"]
+    proc = subprocess.run([_kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0 and proc.stdout, proc.stderr
+    assert proc.stderr == "", proc.stderr
+    assert "vars" not in yaml.safe_load((path / "kustomization.yaml").read_text())
+
+
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict[str, Any]]]:
     """Every kustomization rendered once per module (kubectl takes a few hundred ms each)."""
@@ -559,7 +587,7 @@ def test_service_and_servicemonitor_reach_the_exporter(rendered: dict[str, list[
 
     sm = _one(docs, "ServiceMonitor", "gpu-exporter")
     assert _selected(sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"])
-    assert NAMESPACE in sm["spec"]["namespaceSelector"]["matchNames"]
+    assert scraped_namespaces(sm) == [svc["metadata"]["namespace"]] == [NAMESPACE]
     (ep,) = sm["spec"]["endpoints"]
     assert ep["port"] == "metrics"
     assert ep["honorLabels"] is False, "an exporter's own node label must not win (issue 26)"

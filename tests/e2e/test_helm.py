@@ -356,8 +356,7 @@ def test_renamed_release_is_wired_to_itself() -> None:
         assert binding["roleRef"]["name"] == "team-a-gpu-exporter-profiler"
         assert binding["subjects"][0]["name"] == "team-a-gpu-exporter-profiler"
     vap = by[("ValidatingAdmissionPolicy", "team-a-gpu-exporter-profiler-node-annotations")]
-    expression = vap["spec"]["matchConditions"][0]["expression"]
-    assert "serviceaccount:gpu-exporter:team-a-gpu-exporter-profiler'" in expression
+    assert _profiler_identity(docs) == ("gpu-exporter", "team-a-gpu-exporter-profiler")
     assert vap["metadata"]["labels"]["app.kubernetes.io/instance"] == "team-a"
     vapb = by[("ValidatingAdmissionPolicyBinding", "team-a-gpu-exporter-profiler-node-annotations")]
     assert vapb["spec"]["policyName"] == vap["metadata"]["name"]
@@ -413,18 +412,34 @@ def old_namespace_references(docs: list[dict[str, Any]] | tuple[dict[str, Any], 
 def test_old_namespace_check_finds_references() -> None:
     """Guards the two tests below: the default install names its namespace in many places."""
     found = old_namespace_references(render(("namespace.create=true",)), OLD_NAMESPACE)
-    for where in ("Namespace/gpu-exporter", "ServiceMonitor/gpu-exporter.spec.namespaceSelector.matchNames[0]",
+    for where in ("Namespace/gpu-exporter", "ServiceMonitor/gpu-exporter.metadata.namespace",
                   "ClusterRoleBinding/gpu-exporter-profiler.subjects[0].namespace",
-                  "ValidatingAdmissionPolicy/gpu-exporter-profiler-node-annotations"):
+                  "ValidatingAdmissionPolicyBinding/gpu-exporter-profiler-node-annotations.spec.paramRef.namespace"):
         assert any(f.startswith(where) for f in found), (where, found)
 
 
+def _profiler_identity(docs: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> tuple[str, str]:
+    """The ServiceAccount (namespace, name) the admission policy binding passes as its parameter, after
+    checking that the install creates it and runs the profiler as it."""
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    ref = binding["spec"]["paramRef"]
+    assert any(d["kind"] == "ServiceAccount" and d["metadata"]["name"] == ref["name"]
+               and d["metadata"]["namespace"] == ref["namespace"] for d in docs), ref
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == ref["name"]
+    assert dep["metadata"]["namespace"] == ref["namespace"]
+    return ref["namespace"], ref["name"]
+
+
 def test_helm_other_namespace_leaves_no_reference() -> None:
+    from tests.e2e.test_deploy import scraped_namespaces
+
     docs = render(RENDERS["other-namespace"][0], OTHER_NAMESPACE)
     assert old_namespace_references(docs, OLD_NAMESPACE) == []
     for d in docs:
         if d["kind"] == "ServiceMonitor":
-            assert d["spec"]["namespaceSelector"]["matchNames"] == [OTHER_NAMESPACE]
+            assert scraped_namespaces(d) == [OTHER_NAMESPACE]
+    assert _profiler_identity(docs) == (OTHER_NAMESPACE, "gpu-exporter-profiler")
     (ns,) = [d for d in docs if d["kind"] == "Namespace"]
     assert ns["metadata"]["name"] == OTHER_NAMESPACE
 
@@ -446,13 +461,15 @@ def test_kustomize_other_namespace_leaves_no_reference(tmp_path: Path) -> None:
     proc = subprocess.run([tool("kubectl"), "kustomize", str(user)], capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", "no warning (issue 28, finding 3: `vars` is deprecated)"
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     assert old_namespace_references(docs, OLD_NAMESPACE) == []
+    from tests.e2e.test_deploy import scraped_namespaces
+
     for d in docs:
         if d["kind"] == "ServiceMonitor":
-            assert d["spec"]["namespaceSelector"]["matchNames"] == [OTHER_NAMESPACE]
-    (vap,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    assert f"serviceaccount:{OTHER_NAMESPACE}:gpu-exporter-profiler" in vap["spec"]["matchConditions"][0]["expression"]
+            assert scraped_namespaces(d) == [OTHER_NAMESPACE]
+    assert _profiler_identity(docs) == (OTHER_NAMESPACE, "gpu-exporter-profiler")
 
 
 # ---- Helm and kustomize agree -------------------------------------------------------------------------
