@@ -10,7 +10,10 @@ directly with the official client:
   so it never compares ``renewTime`` with its own clock: it notes when it saw the record
   change, and takes over once the record has not changed for ``lease_duration``. It counts
   from its previous read (the change happened after it), so a leader killed right after a
-  renewal is replaced within one lease duration of that renewal.
+  renewal is replaced within one lease duration of that renewal; but never from earlier than
+  ``lease_duration - renew_deadline`` before the read that saw the change returned (the
+  holder began that write before then, and writes for at most ``renew_deadline`` after), so
+  a previous read from before a pause or a hung request cannot take a lease renewed since.
 * Safety: ``lease_duration >= renew_deadline + retry_period`` (checked at start-up), so a
   follower can only take over once the old leader has stopped writing.
 * Every write of the Lease carries its ``resourceVersion``: of two followers racing for it,
@@ -170,13 +173,19 @@ class LeaderElector:
         started = self.clock()
         prev_poll, self._last_poll = self._last_poll, started
         lease = self.leases.get()
+        returned = self.clock()
         spec = (lease or {}).get("spec") or {}
         holder = str(spec.get("holderIdentity") or "")
         record = (holder, str(spec.get("renewTime") or ""), spec.get("leaseDurationSeconds"))
         if record != self._observed:
             self._observed = record
-            # it changed after our previous read: counting from then is safe and quick
-            self._observed_at = prev_poll if prev_poll is not None and lease is not None else started
+            # it changed after our previous read: counting from then is quick. But the holder began
+            # this write before our read returned, so it writes until at most the renew deadline
+            # after that: never count from earlier than (lease duration - renew deadline) before the
+            # read returned, or a previous read from before a pause or a hung request would take a
+            # lease renewed during it
+            since = prev_poll if prev_poll is not None and lease is not None else started
+            self._observed_at = max(since, returned - (self.cfg.lease_duration_s - self.cfg.renew_deadline_s))
         self.holder = holder
         if lease is not None and holder and holder != me and \
                 self.clock() < self._observed_at + self._duration(record[2]):

@@ -458,10 +458,6 @@ def test_micro_time_is_utc_whatever_the_local_zone(monkeypatch: pytest.MonkeyPat
         time.tzset()
 
 
-@pytest.mark.xfail(strict=True, reason="open finding (issue 30): a replica back from a pause counts a changed record "
-                   "from its read before the pause and takes a lease renewed during it; counting from no earlier "
-                   "than lease - renew deadline before the read fixes it but slowed test_leader.py's failover "
-                   "past its bound on this loaded machine: not landed")
 def test_a_replica_back_from_a_stall_never_takes_a_lease_renewed_during_it(api: FakeKubeAPI, client: Any) -> None:
     """A replica counts a changed record from its previous read only when that read was recent:
     after a long gap (a pause, a hung request) the change may be brand new, and counting from the
@@ -474,8 +470,55 @@ def test_a_replica_back_from_a_stall_never_takes_a_lease_renewed_during_it(api: 
     clock.now = 516.0  # A is back: its previous read was at 500, but B renewed at 515
     assert a.e.step() is False, "took a lease renewed a second ago"
     assert lease(api)["spec"]["holderIdentity"] == "prof-b" and b.e.is_leader()
-    # A waits a whole lease from its first read after the gap (counting from at most a retry period
-    # before it), and B, still renewing, keeps it
+    # A counts from no earlier than (lease duration - renew deadline) before its read returned, and
+    # B, still renewing, keeps it
     for _ in range(10):
         clock.now += 2
         assert b.e.step() and not a.e.step()
+
+
+class HangingLeases(LeaseClient):
+    """A LeaseClient whose next read hangs: ``during`` runs while it hangs, then the clock jumps to ``back``."""
+
+    def __init__(self, api_client: Any, clock: Clock) -> None:
+        super().__init__(api_client, NS, LEASE, timeout=5.0)
+        self.clock = clock
+        self.hang: tuple[Any, float] | None = None
+
+    def get(self) -> dict[str, Any] | None:
+        if self.hang is not None:
+            during, back = self.hang
+            self.hang = None
+            during()
+            self.clock.now = back
+        return super().get()
+
+
+def test_a_read_that_hung_never_takes_a_lease_renewed_while_it_hung(api: FakeKubeAPI, client: Any) -> None:
+    """The time that counts is when the read returned: a request that hung while another replica
+    took and renewed the lease must not count that change from before the request."""
+    clock = Clock()
+    a, c = Replica(client, "prof-a", clock), Replica(client, "prof-c", clock)
+    leases = HangingLeases(client, clock)
+    b = LeaderElector(leases, ElectionConfig(namespace=NS, identity="prof-b", lease_duration_s=15.0,
+                                             renew_deadline_s=10.0, retry_period_s=2.0), clock=clock)
+    assert a.e.step() and not b.step() and not c.e.step()  # all read at 500; A then dies
+
+    def c_takes_over() -> None:
+        clock.now = 515.0
+        assert c.e.step() and c.e.is_leader()
+
+    clock.now = 502.0
+    leases.hang = (c_takes_over, 516.0)  # B's read starts at 502 and returns at 516
+    assert b.step() is False, "took a lease renewed a second before its read returned"
+    assert lease(api)["spec"]["holderIdentity"] == "prof-c" and c.e.is_leader()
+    # B follows C while C renews; once C stops, B takes over within a lease duration of C's last renewal
+    for _ in range(5):
+        clock.now += 2
+        assert c.e.step() and not b.step()
+    last = clock.now
+    while not b.step():
+        assert clock.now < last + 15, "never took over"
+        assert lease(api)["spec"]["holderIdentity"] == "prof-c"
+        clock.now += 0.5
+    assert clock.now >= last + 10 and not c.e.is_leader()
