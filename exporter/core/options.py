@@ -74,31 +74,27 @@ class FieldFilter:
 
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
-    _enabled: dict[str, bool] = field(default_factory=dict, repr=False)
-    _any: dict[tuple[str, ...], bool] = field(default_factory=dict, repr=False)
+    _enabled: dict[str, bool] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for entry in (*self.include, *self.exclude):
             if not schema.match(entry):
                 raise FieldSelectionError(schema.unknown_family_message(entry))
+        # every family's answer once, here: backends ask per GPU per collection
+        for row in schema.FAMILIES:
+            inc = not self.include or any(fnmatch.fnmatchcase(row.name, p) for p in self.include)
+            self._enabled[row.name] = not row.filterable or (
+                inc and not any(fnmatch.fnmatchcase(row.name, p) for p in self.exclude))
 
     def enabled(self, family: str) -> bool:
-        hit = self._enabled.get(family)
-        if hit is None:
-            row = schema.family(family)  # KeyError for a glob or a typo: backends ask by exact name
-            if not row.filterable:
-                hit = True
-            else:
-                inc = not self.include or any(fnmatch.fnmatchcase(family, p) for p in self.include)
-                hit = inc and not any(fnmatch.fnmatchcase(family, p) for p in self.exclude)
-            self._enabled[family] = hit
-        return hit
+        try:
+            return self._enabled[family]
+        except KeyError:
+            schema.family(family)  # raises, naming the nearest family: backends ask by exact name, never a glob
+            raise
 
     def any_enabled(self, *families: str) -> bool:
-        hit = self._any.get(families)
-        if hit is None:  # asked per GPU per collection with the same few groups: cached like enabled()
-            hit = self._any[families] = any(self.enabled(f) for f in families)
-        return hit
+        return any(self.enabled(f) for f in families)
 
     def exposed(self, family: str) -> bool:
         return self.enabled(family) and (bool(self.include) or schema.family(family).default)
