@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.fakes.fakenvml import FakeNvml
 from tests.harness import cli_gate
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.prom import Prometheus
@@ -23,6 +24,7 @@ cli_gate.install()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "allow_traceback: a CLI run of this test is meant to print a traceback")
+    config.addinivalue_line("markers", "fleet(**kwargs): the FakeNvml arguments of the `fleet` fixture (e.g. gpus=4)")
 
 
 # Tests that measure latency, RSS slopes or lease timing: `make test` runs them on their own after the
@@ -46,6 +48,21 @@ def no_traceback_from_the_cli(request: pytest.FixtureRequest) -> Iterator[None]:
     found = cli_gate.take()
     if found and request.node.get_closest_marker("allow_traceback") is None:
         pytest.fail("a CLI command printed a traceback:\n" + "\n".join(found), pytrace=False)
+
+
+# ---- the fake NVML (tests/fakes/fakenvml.py) ---------------------------------------------
+
+
+@pytest.fixture
+def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> FakeNvml:
+    """A fake NVML fleet file, ``tmp_path/fleet.conf``; the real pynvml reads it once loaded.
+
+    Its ``FakeNvml`` keyword arguments come from the closest ``fleet`` marker, e.g. a module's
+    ``pytestmark = pytest.mark.fleet(gpus=4)``; without one, FakeNvml's defaults (8 GPUs).
+    A module that also loads NVML in process overrides ``fleet`` with a fixture that takes this one.
+    """
+    marker = request.node.get_closest_marker("fleet")
+    return FakeNvml(tmp_path / "fleet.conf", **(marker.kwargs if marker else {}))
 
 
 # ---- Prometheus (tests/harness/prom.py) -------------------------------------------------

@@ -32,13 +32,16 @@ def lib() -> ctypes.CDLL:
     return cdll
 
 
+pytestmark = pytest.mark.fleet(gpus=4)
+
+
 @pytest.fixture
-def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lib: ctypes.CDLL) -> Iterator[FakeNvml]:
-    fake = FakeNvml(tmp_path / "fleet.conf", gpus=4)
-    monkeypatch.setenv("FAKE_NVML_CONFIG", str(fake.path))
+def fleet(fleet: FakeNvml, monkeypatch: pytest.MonkeyPatch, lib: ctypes.CDLL) -> Iterator[FakeNvml]:
+    """The suite's fleet (tests/conftest.py; four GPUs), initialised in this process."""
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(fleet.path))
     live = lib.fakeNvmlGpmLiveSamples()
     pynvml.nvmlInit()
-    yield fake
+    yield fleet
     pynvml.nvmlShutdown()
     assert lib.fakeNvmlGpmLiveSamples() == live, "a test leaked GPM samples"
 

@@ -43,11 +43,11 @@ def lib() -> ctypes.CDLL:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lib: ctypes.CDLL) -> Iterator[FakeNvml]:
-    fake = FakeNvml(tmp_path / "fleet.conf")
-    monkeypatch.setenv("FAKE_NVML_CONFIG", str(fake.path))
+def fleet(fleet: FakeNvml, monkeypatch: pytest.MonkeyPatch, lib: ctypes.CDLL) -> Iterator[FakeNvml]:
+    """The suite's fleet (tests/conftest.py; FakeNvml's defaults), initialised in this process."""
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(fleet.path))
     pynvml.nvmlInit()
-    yield fake
+    yield fleet
     _shutdown_all()
 
 

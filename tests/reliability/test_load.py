@@ -35,9 +35,7 @@ from tests.reliability.support import (
 GPUS = 8
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> FakeNvml:
-    return FakeNvml(tmp_path / "fleet.conf", gpus=GPUS)
+pytestmark = pytest.mark.fleet(gpus=GPUS)  # the `fleet` fixture (tests/conftest.py)
 
 
 def exporter(fleet: FakeNvml, tmp_path: Path, *args: str) -> ExporterProcess:

@@ -15,9 +15,7 @@ from tests.harness.prom import Prometheus, check_metrics
 MiB = 2**20
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> FakeNvml:
-    return FakeNvml(tmp_path / "fleet.conf", gpus=2)
+pytestmark = pytest.mark.fleet(gpus=2)  # the `fleet` fixture (tests/conftest.py)
 
 
 def start(fleet: FakeNvml, tmp_path: Path, *args: str, wait: bool = True) -> ExporterProcess:

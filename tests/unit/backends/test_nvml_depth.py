@@ -20,9 +20,7 @@ def start(fleet: FakeNvml, sysfs: Path, *args: str) -> ExporterProcess:
                             "--collection-timeout", "30", *args], env=fleet.env())
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> FakeNvml:
-    return FakeNvml(tmp_path / "fleet.conf", gpus=4)
+pytestmark = pytest.mark.fleet(gpus=4)  # the `fleet` fixture (tests/conftest.py)
 
 
 @pytest.fixture

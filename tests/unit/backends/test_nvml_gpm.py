@@ -40,9 +40,7 @@ def start(fleet: FakeNvml, *args: str) -> ExporterProcess:
     return ExporterProcess(["--backend", "nvml", "--cache-ttl", "0", *args], env=fleet.env())
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> FakeNvml:
-    return FakeNvml(tmp_path / "fleet.conf", gpus=3)
+pytestmark = pytest.mark.fleet(gpus=3)  # the `fleet` fixture (tests/conftest.py)
 
 
 @pytest.fixture

@@ -30,9 +30,7 @@ def get_json(ex: ExporterProcess, path: str, schema: dict[str, Any]) -> dict[str
     return doc
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> FakeNvml:
-    return FakeNvml(tmp_path / "fleet.conf", gpus=3)
+pytestmark = pytest.mark.fleet(gpus=3)  # the `fleet` fixture (tests/conftest.py)
 
 
 @pytest.fixture

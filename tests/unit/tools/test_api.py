@@ -37,14 +37,16 @@ PUBLIC = {"Availability", "GpuStatus", "GpuUnavailable", "InsufficientGpus", "Mo
           "check_availability", "estimate_requirements", "query_gpus", "select_gpus", "wait_for_availability"}
 
 
+pytestmark = pytest.mark.fleet(gpus=4)
+
+
 @pytest.fixture
-def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
-    """Four fake GPUs that pynvml in this process reads (loaded once; the fleet file per test)."""
-    f = FakeNvml(tmp_path / "fleet.conf", gpus=4)
-    load_in_process(f.library)
-    monkeypatch.setenv("FAKE_NVML_CONFIG", str(f.path))
+def fleet(fleet: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
+    """The suite's fleet (four fake GPUs), read by pynvml in this process (loaded once; the fleet file per test)."""
+    load_in_process(fleet.library)
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(fleet.path))
     before = pynvml._nvmlLib_refcount  # another module of the session may hold NVML: only our change counts
-    yield f
+    yield fleet
     assert pynvml._nvmlLib_refcount == before, "the API left NVML initialised"
 
 

@@ -44,9 +44,7 @@ def popen(*args: str, env: Mapping[str, str] | None = None, **kw: Any) -> subpro
                             cwd=REPO, text=True, **kw)
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> FakeNvml:
-    return FakeNvml(tmp_path / "fleet.conf", gpus=4)
+pytestmark = pytest.mark.fleet(gpus=4)  # the `fleet` fixture (tests/conftest.py)
 
 
 def nvml(fleet: FakeNvml, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
