@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.fakes import fakeamdsmi
 from tests.fakes.fakenvml import FakeNvml
 from tests.harness import cli_gate
 from tests.harness.kubeapi import FakeKubeAPI
@@ -63,6 +65,17 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> FakeNvml:
     """
     marker = request.node.get_closest_marker("fleet")
     return FakeNvml(tmp_path / "fleet.conf", **(marker.kwargs if marker else {}))
+
+
+# ---- the fake amdsmi (tests/fakes/fakeamdsmi.py) -----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def fake_rocm() -> Path:
+    """The ``ROCM_PATH`` of the fake ``libamd_smi.so``, built once for the session (shared: never change it)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the fake libamd_smi.so")
+    return fakeamdsmi.built()
 
 
 # ---- Prometheus (tests/harness/prom.py) -------------------------------------------------

@@ -26,7 +26,7 @@ def exporter_for(backend: str, tmp: Path, *args: str) -> Iterator[ExporterProces
         fleet = FakeNvml(tmp / "fleet.conf", gpus=2, fans=1)
         ex = ExporterProcess(["--backend", "nvml", *common], env=fleet.env())
     elif backend == "amdsmi":
-        rocm = fakeamdsmi.build(tmp / "rocm")
+        rocm = fakeamdsmi.built()
         fake = fakeamdsmi.FakeAmdSmi(rocm, tmp / "amd-fleet.conf")
         fake.write(fakeamdsmi.two_gpu_fleet())
         ex = ExporterProcess(["--backend", "amdsmi", *common], env=fake.env())

@@ -4,9 +4,9 @@ The real ``amdsmi`` Python wrapper (pinned: :data:`PINNED_AMDSMI_VERSION`) loads
 through ``$ROCM_PATH/lib/libamd_smi.so``; ``$FAKE_AMDSMI_FLEET`` names the fleet file the
 fake serves. Nothing below our code is mocked in Python.
 
-Build (needs gcc; about a second)::
+Build (needs gcc; about a second, once per session: tests/harness/cbuild.py)::
 
-    rocm = build(tmp_dir)               # tmp_dir/rocm/lib/libamd_smi.so (+ librocm-core.so)
+    rocm = built()                      # .../rocm/lib/libamd_smi.so (+ librocm-core.so); shared, read-only
     fake = FakeAmdSmi(rocm, tmp_dir / "fleet.conf")
     fake.write(two_gpu_fleet())         # or any list of per-GPU dicts
     monkeypatch.setenv(...) for k, v in fake.env().items()
@@ -48,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.fakes.fake_amdsmi.gen_stubs import PINNED_AMDSMI_VERSION, installed_version
+from tests.harness import cbuild
 
 HERE = Path(__file__).resolve().parent / "fake_amdsmi"
 FLEET_ENV = "FAKE_AMDSMI_FLEET"
@@ -63,6 +64,7 @@ __all__ = [
     "PINNED_AMDSMI_VERSION",
     "FakeAmdSmi",
     "build",
+    "built",
     "fleet_text",
     "installed_version",
     "rocm_smi_json",
@@ -119,6 +121,16 @@ def build(dest: Path, symbols: set[str] | None = None) -> Path:
     if not core.exists():
         core.symlink_to(lib.name)  # getROCmVersion lives in the fake too
     return rocm
+
+
+def built(symbols: set[str] | None = None) -> Path:
+    """:func:`build`, once per source, installed ``amdsmi`` and ``symbols`` for every test process.
+
+    The returned ``ROCM_PATH`` is shared by every test: read it, never change it.
+    """
+    key = b"".join(p.read_bytes() for p in (HERE / "fake_amdsmi.c", HERE / "gen_stubs.py", Path(__file__)))
+    key += repr((installed_version(), None if symbols is None else sorted(symbols))).encode()
+    return cbuild.cached("fakeamdsmi", key, lambda work: build(work, symbols)) / "rocm"
 
 
 def fleet_text(gpus: Sequence[Mapping[str, object]], **top: object) -> str:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import mmap
 import os
 import re
@@ -57,9 +56,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.harness import cbuild
+
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "fake_nvml" / "fake_nvml.c"
-BUILD_ROOT = HERE / ".build"
+BUILD_ROOT = cbuild.BUILD_ROOT
 SONAME = "libnvidia-ml.so.1"
 CFLAGS = ("-std=c11", "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-fvisibility=hidden", "-pthread",
           f"-Wl,-soname,{SONAME}")
@@ -137,25 +138,16 @@ def _check_function(name: str) -> None:
 def _build(omit: tuple[str, ...]) -> Path:
     for name in omit:
         _check_function(name)
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + repr((omit, CFLAGS)).encode()).hexdigest()[:16]
-    out_dir = BUILD_ROOT / f"fakenvml-{key}"
-    lib = out_dir / SONAME
-    if lib.exists():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ignore = BUILD_ROOT / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("*\n")
-    # A private temp name, then an atomic rename: parallel test processes never see half a file.
-    tmp = out_dir / f".{SONAME}.{os.getpid()}.{threading.get_ident()}.tmp"
-    cmd = [os.environ.get("CC", "gcc"), *CFLAGS, *(f"-DOMIT_{n}" for n in omit), "-o", str(tmp), str(SOURCE)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"building the fake NVML failed ({' '.join(cmd)}):\n{proc.stderr}")
-    os.replace(tmp, lib)
-    return lib
+
+    def compile_into(out: Path) -> None:
+        cmd = [os.environ.get("CC", "gcc"), *CFLAGS, *(f"-DOMIT_{n}" for n in omit), "-o", str(out / SONAME),
+               str(SOURCE)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building the fake NVML failed ({' '.join(cmd)}):\n{proc.stderr}")
+
+    # once per source and omit list for the whole session, whatever the number of test processes
+    return cbuild.cached("fakenvml", SOURCE.read_bytes() + repr((omit, CFLAGS)).encode(), compile_into) / SONAME
 
 
 def build_library(omit: Sequence[str] = ()) -> Path:

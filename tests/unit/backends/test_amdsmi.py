@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,13 +29,6 @@ from tests.fakes.fakeamdsmi import FakeAmdSmi, rocm_smi_json, two_gpu_fleet
 GIB = 2**30
 MHZ = 1e6
 REPO = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="session")
-def fake_rocm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the fake libamd_smi.so")
-    return fakeamdsmi.build(tmp_path_factory.mktemp("fake-amdsmi"))
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from exporter.backends.rocm_smi import parse_rocm_smi_json
 from exporter.core.options import BackendOptions, FieldFilter
 from exporter.core.readings import Collection, GpuReading
 from tests.fakes.fakeamdsmi import FakeAmdSmi, rocm_smi_json, two_gpu_fleet
-from tests.unit.backends.test_amdsmi import REPO, backend, fake, fake_rocm  # noqa: F401 - pytest fixtures
+from tests.unit.backends.test_amdsmi import REPO, backend, fake  # noqa: F401 - pytest fixtures
 
 ACTIVITY = ("gpu_graphics_engine_active_ratio", "gpu_dram_active_ratio", "gpu_encoder_utilization_ratio",
             "gpu_decoder_utilization_ratio", "gpu_link_transferred_bytes_total")

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ import pytest
 from exporter.backends.amdsmi import AmdSmiBackend
 from exporter.core.options import BackendOptions, FieldFilter
 from exporter.core.readings import Collection, GpuReading
-from tests.fakes import fakeamdsmi
 from tests.fakes.fakeamdsmi import FakeAmdSmi, two_gpu_fleet
 
 U16, U32, U64 = 0xFFFF, 0xFFFF_FFFF, 0xFFFF_FFFF_FFFF_FFFF
@@ -76,13 +74,6 @@ NOT_READINGS = {
     "p2p.1": "topology pair key",
     "metrics.": "gpu_metrics bit masks and accumulators, read raw: test_throttle_status_sentinel_*",
 }
-
-
-@pytest.fixture(scope="module")
-def fake_rocm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the fake libamd_smi.so")
-    return fakeamdsmi.build(tmp_path_factory.mktemp("fake-amdsmi"))
 
 
 @pytest.fixture

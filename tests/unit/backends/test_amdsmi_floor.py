@@ -42,7 +42,7 @@ print(json.dumps({"gpus": [{k: getattr(g, k) for k in %r} | {"up": g.up} for g i
 
 
 def probe(tmp_path: Path, release: str) -> dict[str, object]:
-    rocm = fakeamdsmi.build(tmp_path / "rocm", symbols=fakeamdsmi.release_symbols(release))
+    rocm = fakeamdsmi.built(symbols=fakeamdsmi.release_symbols(release))
     fake = fakeamdsmi.FakeAmdSmi(rocm, tmp_path / "fleet.conf")
     fake.write(fakeamdsmi.two_gpu_fleet())
     env = {k: v for k, v in __import__("os").environ.items() if k != "ROCM_HOME"} | fake.env()

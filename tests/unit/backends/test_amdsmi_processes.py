@@ -15,7 +15,7 @@ from tests.fakes.fakeamdsmi import FakeAmdSmi, two_gpu_fleet
 from tests.harness.exporter import ExporterProcess
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
-from tests.unit.backends.test_amdsmi import fake, fake_rocm  # noqa: F401 - fixtures
+from tests.unit.backends.test_amdsmi import fake  # noqa: F401 - a fixture
 
 GIB = 2**30
 

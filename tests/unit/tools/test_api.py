@@ -333,7 +333,7 @@ def backend_env(backend: str, tmp: Path) -> dict[str, str]:
     if backend == "nvml":
         return FakeNvml(tmp / "fleet.conf", gpus=2).env()
     if backend == "amdsmi":
-        fake = fakeamdsmi.FakeAmdSmi(fakeamdsmi.build(tmp / "rocm"), tmp / "amd-fleet.conf")
+        fake = fakeamdsmi.FakeAmdSmi(fakeamdsmi.built(), tmp / "amd-fleet.conf")
         fake.write(fakeamdsmi.two_gpu_fleet())
         return fake.env()
     if backend == "rocm-smi":
