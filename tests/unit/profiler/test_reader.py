@@ -1,4 +1,8 @@
-"""The profiler against a real Prometheus holding backfilled synthetic history.
+"""The profiler's reads (exporter/profiler/queries.py ``Reader``), its classification and a full cycle
+against a real Prometheus holding backfilled synthetic history.
+
+Its neighbours: tests/unit/profiler/test_prom.py tests the Prometheus HTTP client (exporter/profiler/prom.py)
+against small fake servers; tests/harness/test_prom.py tests the real-Prometheus harness itself.
 
 One server per module holds: a labelled set of 120 GPUs whose series carry the ``node``
 label (as the shipped scrape configs produce), another 120 without it (joined on
@@ -13,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -33,6 +38,9 @@ from tests.fakes.profiler_history import (
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.profiler import history_file
 from tests.harness.prom import Prometheus
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 pytestmark = pytest.mark.prometheus
 
@@ -151,18 +159,9 @@ def test_scenario_node_every_case(prom: Prometheus) -> None:
     assert prof["4"].growth_bytes_per_second == pytest.approx(SCENARIO_GROWTH_BPS, rel=0.1)
 
 
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[tuple[FakeKubeAPI, object]]:
-    from kubernetes import config
-
-    with FakeKubeAPI() as api:
-        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
-        yield api, client
-        client.close()
-
-
-def test_full_cycle_annotates_nodes_and_then_goes_quiet(prom: Prometheus, kube: tuple[FakeKubeAPI, object]) -> None:
-    api, client = kube
+def test_full_cycle_annotates_nodes_and_then_goes_quiet(prom: Prometheus, kubeapi: FakeKubeAPI,
+                                                         kube_client: ApiClient) -> None:
+    api, client = kubeapi, kube_client
     foreign = {"example.com/owner": "team-a", "gpu-exporter.io.bak/pattern": "old"}
     # scn-a was annotated by an earlier run, when GPU 5 still existed
     api.add_node("scn-a", annotations={
