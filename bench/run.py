@@ -50,7 +50,7 @@ from exporter.core.options import BackendOptions
 from exporter.backends.nvml import NvmlBackend
 from exporter.core.readings import Collection, HostInfo
 from exporter.core.snapshot import BackendStats, Snapshot
-from exporter.serve.render import Rendered
+from exporter.serve.render import render
 from exporter.core.options import FieldFilter
 n = int(sys.argv[1])
 b = NvmlBackend(BackendOptions())
@@ -66,7 +66,7 @@ t0 = time.perf_counter()
 for _ in range(n):
     c = Collection("nvml")
     b.collect(c)
-    Rendered(Snapshot([c], host, {"nvml": BackendStats(success=True)}, 0.0), FieldFilter()).body()
+    render(Snapshot([c], host, {"nvml": BackendStats(success=True)}, 0.0), FieldFilter())
 both = (time.perf_counter() - t0) / n
 print(json.dumps({"collect_s": collect, "collect_render_s": both, "gpus": len(c.gpus)}))
 """

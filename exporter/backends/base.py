@@ -47,6 +47,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from exporter.core import schema
+from exporter.core.errors import DRIVER as DRIVER
+from exporter.core.errors import BackendError as BackendError
+from exporter.core.errors import BackendUnavailable as BackendUnavailable
 from exporter.core.options import BackendOptions
 from exporter.core.readings import Collection
 
@@ -59,17 +62,13 @@ BAD_VALUE = "bad_value"
 NO_VALUE = "no_value"
 GPU_LOST = "gpu_lost"
 GPU_ERROR = "gpu_error"
-DRIVER = "driver"
+# DRIVER ("driver"): exporter.core.errors, with the two collection failures the engine counts
 
 # "No value" sentinels of NVML and amdsmi for 32- and 64-bit fields (NVML_VALUE_NOT_AVAILABLE
 # as unsigned, UINT_MAX, ULLONG_MAX). A backend can add narrower ones (amdsmi's 0xFFFF).
 SENTINELS = frozenset({0xFFFF_FFFF, 0xFFFF_FFFF_FFFF_FFFF, 0x7FFF_FFFF_FFFF_FFFF, -1})
 NA_STRINGS = frozenset({"n/a", "na", "(secondary die)", "n/a (secondary die)", "", "not supported",
                         "[not supported]", "[n/a]", "unknown"})
-
-
-class BackendUnavailable(Exception):
-    """This backend cannot run on this machine; the message says why."""
 
 
 #: Filled by the pod attribution plugins (exporter/k8s/: the kubelet's pod-resources API and DRA
@@ -85,14 +84,6 @@ ATTRIBUTION_FAMILIES: frozenset[str] = frozenset({
     "gpu_exporter_dra_attribution_up",
     "gpu_exporter_dra_resourceslices_errors_total",
 })
-
-
-class BackendError(Exception):
-    """A collection failed as a whole. ``kind`` labels the error counter."""
-
-    def __init__(self, message: str, kind: str = DRIVER) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 class GpuDown(Exception):

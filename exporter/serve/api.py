@@ -18,12 +18,12 @@ from importlib import resources
 from typing import Any
 
 from exporter import backends
+from exporter.core.engine import Engine
 from exporter.core.options import FieldFilter
 from exporter.core.schema import FAMILIES
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import MIB, PowerTracker, iso_time, numbered, stats_view
 from exporter.platform.http import GpuHTTPServer, Handler, Response
-from exporter.serve.engine import Engine
 
 GPU_METRICS_PATH = "/api/v1/monitoring/gpu-metrics"
 STATS_PATH = "/stats"
@@ -101,7 +101,7 @@ def register(server: GpuHTTPServer, engine: Engine, metrics_path: str = "/metric
     page = live_page(metrics_path)
 
     def snapshot() -> Snapshot:
-        snap = engine.scrape().snap
+        snap = engine.scrape()
         tracker.observe(snap)
         return snap
 
@@ -109,7 +109,7 @@ def register(server: GpuHTTPServer, engine: Engine, metrics_path: str = "/metric
         return _json(gpu_metrics_view(snapshot()))
 
     def stats(h: Handler, path: str, query: str) -> Response:
-        snap = engine.scrape().snap
+        snap = engine.scrape()
         return _json(stats_view(snap, tracker.observe(snap)))
 
     def index(h: Handler, path: str, query: str) -> Response:

@@ -1,16 +1,23 @@
 """The exporter's routes on the shared server (``exporter/platform/http.py``): /metrics, /, /healthz, /readyz.
 
-Rendered bytes are shared by every scraper of a collection, so cost does not grow with the
-number of scrapers. ``/healthz`` is answered on the I/O thread itself and ``/readyz`` in the
-probe lane: neither ever waits behind a scrape.
+The engine hands out one snapshot per collection; the ``/metrics`` route renders it once per
+format and encoding and keeps the bytes (:class:`Exposition`), so that every scraper of a
+collection shares them and the cost does not grow with the number of scrapers. ``/healthz``
+is answered on the I/O thread itself and ``/readyz`` in the probe lane: neither ever waits
+behind a scrape.
 """
 
 from __future__ import annotations
 
+import gzip
+import threading
 from typing import TYPE_CHECKING
 
+from exporter.core.engine import Engine
+from exporter.core.options import FieldFilter
+from exporter.core.snapshot import Snapshot
 from exporter.platform.http import FastRoute, GpuHTTPServer, Handler, Response, Route, wants_gzip, wants_openmetrics
-from exporter.serve.engine import Engine
+from exporter.serve.render import render
 
 if TYPE_CHECKING:
     from exporter.platform.webconfig import WebConfig
@@ -26,6 +33,57 @@ LANDING = """<!doctype html><html><head><meta charset="utf-8"><title>gpu-exporte
 """
 
 
+class _Rendered:
+    """The exposition of one snapshot, per format and encoding, each rendered on first request."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.bodies: dict[bool, bytes] = {}
+        self.gz: dict[bool, bytes] = {}
+        self.lock = threading.Lock()
+
+
+class Exposition:
+    """The byte cache of the ``/metrics`` route: the rendered bodies of the last snapshot served.
+
+    The engine gives every scraper of one collection the same snapshot object, so the bytes are
+    keyed on its identity; a newer snapshot replaces them (an older one, a scraper that waited
+    long, is rendered without evicting the newer)."""
+
+    def __init__(self) -> None:
+        self._last: _Rendered | None = None  # replaced whole, so the I/O thread reads it unlocked
+        self._lock = threading.Lock()
+
+    def rendered(self, snap: Snapshot, openmetrics: bool = False, gz: bool = False) -> bytes | None:
+        """The body of ``snap`` if it is already rendered (no work, no lock), else None."""
+        last = self._last
+        if last is None or last.snap is not snap:
+            return None
+        return (last.gz if gz else last.bodies).get(openmetrics)
+
+    def body(self, snap: Snapshot, fields: FieldFilter, openmetrics: bool = False, gz: bool = False) -> bytes:
+        """The body of ``snap``, rendered now unless it already is (the same ``fields`` every time)."""
+        entry = self._last
+        if entry is None or entry.snap is not snap:
+            with self._lock:
+                entry = self._last
+                if entry is None or entry.snap is not snap:
+                    fresh = _Rendered(snap)
+                    if entry is None or snap.created >= entry.snap.created:
+                        self._last = fresh
+                    entry = fresh
+        with entry.lock:  # concurrent scrapers of one collection wait for one render
+            raw = entry.bodies.get(openmetrics)
+            if raw is None:
+                raw = entry.bodies[openmetrics] = render(snap, fields, openmetrics)
+            if not gz:
+                return raw
+            hit = entry.gz.get(openmetrics)
+            if hit is None:
+                hit = entry.gz[openmetrics] = gzip.compress(raw, compresslevel=5)
+            return hit
+
+
 def _metrics_answer(body: bytes, om: bool, gz: bool) -> Response:
     headers = {"Vary": "Accept, Accept-Encoding"}  # caches must key on what the answer depends on
     if gz:
@@ -33,16 +91,16 @@ def _metrics_answer(body: bytes, om: bool, gz: bool) -> Response:
     return Response(200, body, OPENMETRICS_TYPE if om else TEXT_TYPE, headers)
 
 
-def metrics_route(engine: Engine) -> Route:
+def metrics_route(engine: Engine, cache: Exposition) -> Route:
     def route(h: Handler, path: str, query: str) -> Response:
         om = wants_openmetrics(h.headers.get("Accept", ""))
         gz = wants_gzip(h.headers.get("Accept-Encoding", ""))
-        return _metrics_answer(engine.scrape().body(openmetrics=om, gz=gz), om, gz)
+        return _metrics_answer(cache.body(engine.scrape(), engine.fields, openmetrics=om, gz=gz), om, gz)
 
     return route
 
 
-def metrics_fast(engine: Engine) -> FastRoute:
+def metrics_fast(engine: Engine, cache: Exposition) -> FastRoute:
     """The answer from bytes already rendered, on the I/O thread (no thread hand-off); None when a
     collection or a render is needed, which the work lane then does."""
     def fast(h: Handler, path: str, query: str) -> Response | None:
@@ -51,7 +109,7 @@ def metrics_fast(engine: Engine) -> FastRoute:
             return None
         om = wants_openmetrics(h.headers.get("Accept", ""))
         gz = wants_gzip(h.headers.get("Accept-Encoding", ""))
-        body = last.rendered(openmetrics=om, gz=gz)
+        body = cache.rendered(last, openmetrics=om, gz=gz)
         return None if body is None else _metrics_answer(body, om, gz)
 
     return fast
@@ -85,7 +143,8 @@ def build_server(engine: Engine, address: str, port: int, metrics_path: str, rea
     def readyz_fast(h: Handler, path: str, query: str) -> Response | None:
         return readyz_answer(h, False)  # on the I/O thread unless a collection is needed first
 
-    srv.route(metrics_path, metrics_route(engine), fast=metrics_fast(engine))
+    cache = Exposition()
+    srv.route(metrics_path, metrics_route(engine, cache), fast=metrics_fast(engine, cache))
     srv.route("/", index, "inline")
     srv.route("/healthz", healthz, "inline")
     srv.route("/readyz", readyz, "probe", fast=readyz_fast)

@@ -20,10 +20,10 @@ from exporter.core.options import BackendOptions
 from exporter.serve import config
 
 if TYPE_CHECKING:
+    from exporter.core.engine import Engine
     from exporter.k8s.podresources import PodAttribution
     from exporter.k8s.resourceslices import ResourceSliceWatch
     from exporter.platform.http import GpuHTTPServer
-    from exporter.serve.engine import Engine
 
 log = logging.getLogger("exporter")
 
@@ -266,8 +266,8 @@ def main(argv: Sequence[str]) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         return 0
 
+    from exporter.core.engine import Engine
     from exporter.core.host import host_info
-    from exporter.serve.engine import Engine
     from exporter.serve.http import build_server
 
     try:

@@ -8,14 +8,14 @@ string is escaped once per collection, and the static topology block (quadratic 
 GPU count) is rendered once per driver initialisation and reused. The label part of each keyed
 sample and the text of repeating values are cached across renders (``python -m bench.render``).
 
-Rendering happens once per collection and format; all scrapers of that collection share
-the bytes. Extra families from plugins (pod attribution) are ``prometheus_client`` Metric
-objects and go through the same writer.
+Rendering happens once per collection and format: the ``/metrics`` route caches the bytes of
+the engine's last snapshot (exporter/serve/http.py), and all scrapers of that collection share
+them. Extra families from plugins (pod attribution) are ``prometheus_client`` Metric objects
+and go through the same writer.
 """
 
 from __future__ import annotations
 
-import gzip
 import math
 import platform
 import re
@@ -367,30 +367,3 @@ def utf8(text: str) -> bytes:
         return text.encode()
     except UnicodeEncodeError:
         return _SURROGATE.sub("\ufffd", text).encode()
-
-
-class Rendered:
-    """The exposition of one snapshot, rendered once and shared by every scraper."""
-
-    def __init__(self, snap: Snapshot, fields: FieldFilter) -> None:
-        self.snap = snap
-        self._fields = fields
-        self._bodies: dict[bool, bytes] = {}  # per format, rendered on first request
-        self._gz: dict[bool, bytes] = {}
-        self._lock = threading.Lock()
-
-    def rendered(self, openmetrics: bool = False, gz: bool = False) -> bytes | None:
-        """The body if it is already rendered (no work, no lock), else None."""
-        return (self._gz if gz else self._bodies).get(openmetrics)
-
-    def body(self, openmetrics: bool = False, gz: bool = False) -> bytes:
-        with self._lock:  # concurrent scrapers of one collection wait for one render
-            raw = self._bodies.get(openmetrics)
-            if raw is None:
-                raw = self._bodies[openmetrics] = render(self.snap, self._fields, openmetrics)
-            if not gz:
-                return raw
-            hit = self._gz.get(openmetrics)
-            if hit is None:
-                hit = self._gz[openmetrics] = gzip.compress(raw, compresslevel=5)
-            return hit

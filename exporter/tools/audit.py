@@ -1,7 +1,7 @@
 """Shared by the JSON API and the single-machine tools: one-shot readings, the ``/stats`` view,
 the average power from the energy counter, and the audit rule that ``diff`` applies.
 
-Every reading goes through the exporter's own :class:`~exporter.serve.engine.Engine` and backends,
+Every reading goes through the exporter's own :class:`~exporter.core.engine.Engine` and backends,
 so ``/metrics``, ``/stats``, ``snapshot``, ``record`` and ``pick`` always agree.
 """
 
@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
+from exporter.core.engine import Engine
 from exporter.core.options import Settings
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import (  # noqa: F401 - re-exported for the tools
@@ -35,7 +36,6 @@ from exporter.core.views import (  # noqa: F401 - re-exported for the tools
     stats_view,
 )
 from exporter.platform.settings import OneLineParser
-from exporter.serve.engine import Engine
 from exporter.tools import gpus
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The Python API for benchmark harnesses and autotuners (``import exporter``; docs/python-api.md).
 
 Every function reads the GPUs through the exporter's own backends and
-:class:`~exporter.serve.engine.Engine`, as ``/metrics`` does, and the CLI tools ``snapshot``,
+:class:`~exporter.core.engine.Engine`, as ``/metrics`` does, and the CLI tools ``snapshot``,
 ``record`` and ``pick`` are thin layers over this module: scoring, selection and aggregation
 exist once, here.
 
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from exporter.core.engine import Engine
 from exporter.core.options import BackendOptions, Settings
 from exporter.core.readings import GpuReading
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import MIB, format_bytes, iso_time, numbered
-from exporter.serve.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def session(settings: Settings) -> Iterator[Engine]:
 
 def read(engine: Engine) -> Snapshot:
     """One fresh collection from every backend; a failed backend is an error, not missing GPUs."""
-    snap = engine.scrape().snap
+    snap = engine.scrape()
     failed = [name for name, st in snap.stats.items() if not st.success]
     if failed:
         raise GpuUnavailable(f"collection failed for backend {', '.join(failed)} (see the warning logged)")
@@ -698,7 +698,7 @@ class Recorder:
 
 def sample(engine: Engine, recorder: Recorder, t0: float) -> bool:
     """Take one sample into ``recorder``; False (and a warning) when the collection failed."""
-    snap = engine.scrape().snap
+    snap = engine.scrape()
     failed = [n for n, st in snap.stats.items() if not st.success]
     if failed:
         log.warning("sample skipped: collection failed for backend %s", ", ".join(failed))
@@ -769,7 +769,7 @@ class Monitor:
 
     @staticmethod
     def _all_indices(engine: Engine) -> list[int]:
-        return [n for n, _, _ in numbered(engine.scrape().snap)]
+        return [n for n, _, _ in numbered(engine.scrape())]
 
     def _run(self) -> None:
         next_t = self._t0 + self.interval

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from exporter.serve.engine import Engine
+from exporter.core.engine import Engine
 from exporter.tools import gpus
 from exporter.tools.audit import (
     GIB,

@@ -1,6 +1,6 @@
 """The simulated backend's scenarios (``--simulated-scenario``), through the real serving path.
 
-The backend runs inside a real :class:`~exporter.serve.engine.Engine` and is rendered by the
+The backend runs inside a real :class:`~exporter.core.engine.Engine` and is rendered by the
 real renderer; only its clock is stepped by the test (the seam the backend offers), so a
 scenario's minutes pass in milliseconds. Each scenario must drive the families a real GPU in
 that state drives on the NVML backend.
@@ -16,10 +16,11 @@ import pytest
 
 from exporter.backends import simulated
 from exporter.backends.simulated import SCENARIOS, STATES, SimulatedBackend
+from exporter.core.engine import Engine
 from exporter.core.options import BackendOptions, FieldFilter
 from exporter.core.readings import HostInfo
 from exporter.serve import config
-from exporter.serve.engine import Engine
+from exporter.serve.render import render
 from tests.harness.exporter import REPO, parse_samples
 from tests.harness.prom import check_metrics
 
@@ -48,7 +49,7 @@ def expositions(scenario: str, gpus: int, times: list[float], start: float = 1_0
         engine.scrape()  # the backend starts (its faults develop from here) at the first collection, at ``start``
         for t in times:
             clock.t = start + t
-            yield engine.scrape().body().decode()
+            yield render(engine.scrape(), engine.fields).decode()
     finally:
         engine.stop()
 

@@ -96,7 +96,8 @@ def test_serve_imports_no_kubernetes_or_profiler() -> None:
     code = (
         "import sys\n"
         "from exporter import cli, backends\n"
-        "from exporter.serve import main, engine, http, render, config\n"
+        "from exporter.core import engine\n"
+        "from exporter.serve import main, http, render, config\n"
         "backends.registry(); config.load(['--backend','simulated'], environ={})\n"
         "heavy = [m for m in ('kubernetes', 'exporter.profiler', 'grpc', 'yaml') if m in sys.modules]\n"
         "print(','.join(heavy))\n"

@@ -62,7 +62,7 @@ def test_all_lists_exactly_the_public_api_and_loads_it_lazily() -> None:
     for name in PUBLIC:
         assert getattr(exporter, name) is getattr(api, name)
     code = ("import sys, exporter\n"
-            "assert 'exporter.tools.gpus' not in sys.modules and 'exporter.serve.engine' not in sys.modules\n"
+            "assert 'exporter.tools.gpus' not in sys.modules and 'exporter.core.engine' not in sys.modules\n"
             "exporter.GpuStatus\n"
             "assert 'exporter.tools.gpus' in sys.modules\n"
             "try:\n    exporter.no_such_name\nexcept AttributeError as e:\n    print(e)\n")

@@ -1,16 +1,19 @@
-"""Collection engine: runs the backends, shares one collection between concurrent scrapes.
+"""Collection engine: runs the backends, shares one collection between concurrent readers.
 
-Two modes:
+It returns a :class:`~exporter.core.snapshot.Snapshot`, never bytes: ``/metrics`` renders and
+caches the exposition of a snapshot (exporter/serve/http.py), the JSON API and the Python API
+(exporter/tools/gpus.py) read the snapshot itself. Two modes:
 
 - collect on scrape (``COLLECTION_INTERVAL=0``, the default): the first scrape starts a
   collection on the worker thread; scrapes arriving meanwhile join it. Everyone gets the
-  same rendered bytes. A scrape waits at most ``collection_timeout`` and then answers with
-  the GPUs read so far plus ``gpu_exporter_collector_success 0`` and a ``timeout`` error.
+  same snapshot object (so the HTTP route renders it once). A scrape waits at most
+  ``collection_timeout`` and then answers with the GPUs read so far plus
+  ``gpu_exporter_collector_success 0`` and a ``timeout`` error.
   A scrape arriving within ``cache_ttl`` (default 1 s) of the end of the last collection
   reuses it: NVML's utilisation is itself an average over 1/6-1 s, so a second
   Prometheus of an HA pair loses nothing, and a burst of scrapers costs one collection.
-- background (``COLLECTION_INTERVAL>0``): a thread collects every interval; scrapes serve
-  the last rendered bytes. Samples never carry timestamps.
+- background (``COLLECTION_INTERVAL>0``): a thread collects every interval; scrapes get
+  the last snapshot. Samples never carry timestamps.
 
 Backends with a ``min_interval`` (CLI-based, e.g. rocm-smi) are re-read at most that often.
 """
@@ -20,15 +23,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from exporter.backends.base import Backend, BackendError, BackendUnavailable
+from exporter.core.errors import BackendError, BackendUnavailable
 from exporter.core.options import DEFAULTS, FieldFilter
 from exporter.core.readings import Collection, GpuReading, HostInfo, MigReading
 from exporter.core.snapshot import BackendStats, LabelHook, MigLabelHook, Snapshot
-from exporter.serve.render import Rendered
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -38,12 +40,32 @@ log = logging.getLogger(__name__)
 FamilySource = Callable[[], Iterable["Metric"]]
 
 
+class Backend(Protocol):
+    """What the engine needs of a backend (:class:`exporter.backends.base.Backend` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def min_interval(self) -> float: ...  # seconds between real reads (CLI backends); 0: every collection
+
+    def init(self) -> None: ...
+
+    def collect(self, out: Collection) -> None: ...
+
+    def drain_errors(self) -> dict[str, int]: ...
+
+    def reset(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
 @dataclass
 class _Flight:
     started: float
     collections: list[Collection] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
-    result: Rendered | None = None
+    result: Snapshot | None = None
     timed_out: bool = False
     current: str | None = None  # backend being collected
 
@@ -51,14 +73,14 @@ class _Flight:
 class Engine:
     def __init__(
         self,
-        backends: list[Backend],
+        backends: Sequence[Backend],
         host: HostInfo,
-        fields: FieldFilter,
+        fields: FieldFilter,  # what /metrics and the JSON views publish (they read it here)
         collection_interval: float = DEFAULTS.collection_interval,
         collection_timeout: float = DEFAULTS.collection_timeout,
         cache_ttl: float = DEFAULTS.cache_ttl,
     ) -> None:
-        self.backends = backends
+        self.backends: tuple[Backend, ...] = tuple(backends)
         self.host = host
         self.fields = fields
         self.interval = collection_interval
@@ -79,7 +101,7 @@ class Engine:
         self._wake = threading.Condition(self._lock)
         self._flight: _Flight | None = None
         self._pending = False
-        self._last: Rendered | None = None
+        self._last: Snapshot | None = None
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._work, name="collector", daemon=True)
         self._worker.start()
@@ -94,8 +116,9 @@ class Engine:
         """The backend's init() already ran (``--backend auto`` probed it)."""
         self._initialised[name] = True
 
-    def scrape(self) -> Rendered:
-        """The exposition to serve now (collect on scrape, or the last background one)."""
+    def scrape(self) -> Snapshot:
+        """The snapshot to serve now (collect on scrape, or the last background one). Readers of one
+        collection get the same object, so a renderer can key its cache on it."""
         if self.interval > 0:
             last = self._last
             if last is not None:
@@ -108,7 +131,7 @@ class Engine:
             flight = self._join_or_start()
         return self._wait(flight)
 
-    def cached(self) -> Rendered | None:
+    def cached(self) -> Snapshot | None:
         """What :meth:`scrape` would return now without waiting for a collection, or None (the HTTP
         server answers from it on its I/O thread, and hands the scrape to a thread otherwise)."""
         last = self._last
@@ -161,13 +184,13 @@ class Engine:
                 self._wake.notify()
             return flight
 
-    def _wait(self, flight: _Flight) -> Rendered:
+    def _wait(self, flight: _Flight) -> Snapshot:
         remaining = self.timeout - (time.monotonic() - flight.started)
         if flight.done.wait(max(0.0, remaining)) and flight.result is not None:
             return flight.result
         return self._partial(flight)
 
-    def _partial(self, flight: _Flight) -> Rendered:
+    def _partial(self, flight: _Flight) -> Snapshot:
         """Answer a scrape whose collection overran the timeout: what was read so far."""
         with self._lock:
             if not flight.timed_out:
@@ -184,7 +207,7 @@ class Engine:
                 Collection(backend=c.backend, gpus=list(c.gpus), peers=c.peers)
                 for c in flight.collections
             ] if fresh else []
-        return Rendered(self._snapshot(colls), self.fields)
+        return self._snapshot(colls)
 
     def _work(self) -> None:
         while not self._stop.is_set():
@@ -220,8 +243,7 @@ class Engine:
                     observe(readings)
                 except Exception:  # a plugin must never break /metrics
                     log.exception("observer %r failed", observe)
-            snap = self._snapshot(flight.collections)
-            flight.result = Rendered(snap, self.fields)
+            flight.result = self._snapshot(flight.collections)
             if not flight.timed_out:
                 self._last = flight.result
                 self._last_done = time.monotonic()
