@@ -279,7 +279,9 @@ class PromClient:
             status, location, raw = self._post(url, body, headers, where, deadline)
             if status not in (301, 302, 303, 307, 308):
                 return status, raw
-            target = urllib.parse.urljoin(url, location or "")
+            if not location:  # nowhere to go: following it would only ask the same URL again
+                raise PromError(BAD_RESPONSE, f"{where}: HTTP {status} redirect without a Location")
+            target = urllib.parse.urljoin(url, location)
             if status not in (307, 308) or _origin(target) != _origin(self.base_url):
                 raise PromError(BAD_RESPONSE, (
                     f"{where}: HTTP {status} redirect to {printable(target, 200)} not followed (only 307/308 "

@@ -282,6 +282,7 @@ def test_credentials_never_follow_a_redirect_to_another_origin(api_factory: Any,
     assert red.seen[0]["authorization"] == "Bearer s3cret"  # the configured origin gets it
     assert elsewhere.seen == []  # the other origin got nothing at all
     assert exc.value.kind == BAD_RESPONSE and "not followed" in str(exc.value)
+    assert str(exc.value).endswith("set --prometheus-url to the final address"), "the error says what to do"
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -335,6 +336,126 @@ def test_same_origin_308_is_followed_with_the_token(tmp_path: Path) -> None:
         srv.server_close()
     assert len(got) == 2
     assert hits == [("/api/v1/query", "Bearer s3cret"), ("/prom/api/v1/query", "Bearer s3cret")]
+
+
+class Hops:
+    """A same-origin proxy that moves the API ``hops`` times (``/1/api/v1/query``, ``/1/2/...``)
+    with ``code``, then answers; records each path and its Authorization."""
+
+    def __init__(self, code: int, hops: int) -> None:
+        self.hits: list[tuple[str, str | None]] = []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.hits.append((self.path, self.headers.get("Authorization")))
+                depth = self.path.count("/") - 3  # "/api/v1/query" is depth 0
+                if depth < hops:
+                    self.send_response(code)
+                    self.send_header("Location", f"/{depth + 1}{self.path}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = json.dumps(VECTOR).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("code", [307, 308])
+def test_up_to_three_same_origin_redirects_are_followed_with_the_token(tmp_path: Path, code: int) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    for hops in (1, 3):
+        srv = Hops(code, hops)
+        try:
+            got = PromClient(f"http://127.0.0.1:{srv.port}", token_file=str(token), retries=0).query("up", 1.0)
+        finally:
+            srv.close()
+        assert len(got) == 2
+        assert [h[0] for h in srv.hits] == ["/api/v1/query", "/1/api/v1/query", "/2/1/api/v1/query",
+                                            "/3/2/1/api/v1/query"][:hops + 1]
+        assert {h[1] for h in srv.hits} == {"Bearer s3cret"}
+
+
+def test_a_fourth_redirect_is_refused_naming_where_it_pointed(tmp_path: Path) -> None:
+    srv = Hops(307, 10)
+    try:
+        with pytest.raises(PromError) as exc:
+            PromClient(f"http://127.0.0.1:{srv.port}", retries=0).query("up", 1.0)
+    finally:
+        srv.close()
+    assert len(srv.hits) == 4, "followed more or fewer than 3 redirects"
+    assert exc.value.kind == BAD_RESPONSE
+    assert str(exc.value).startswith(f"http://127.0.0.1:{srv.port}/4/3/2/1/api/v1/query: more than 3 redirects")
+
+
+def test_a_redirect_to_the_bare_origin_asks_for_its_root() -> None:
+    """A Location with no path means the origin's root, "/" on the request line (HTTP/1.1 5.3.1)."""
+    seen: list[str] = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append(self.path)
+            data = json.dumps(VECTOR).encode()
+            self.send_response(200 if self.path == "/" else 307)
+            if self.path != "/":
+                self.send_header("Location", f"http://127.0.0.1:{srv.server_address[1]}")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        got = PromClient(f"http://127.0.0.1:{srv.server_address[1]}", retries=0).query("up", 1.0)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert seen == ["/api/v1/query", "/"] and len(got) == 2
+
+
+@pytest.mark.parametrize("code", [301, 307, 308])
+def test_a_redirect_without_a_location_is_refused_at_once(code: int) -> None:
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append(self.path)
+            self.send_response(code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    seen: list[str] = []
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        with pytest.raises(PromError) as exc:
+            PromClient(f"http://127.0.0.1:{srv.server_address[1]}", retries=0).query("up", 1.0)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert seen == ["/api/v1/query"] and exc.value.kind == BAD_RESPONSE
+    assert f"HTTP {code} redirect without a Location" in str(exc.value)
 
 
 class Trickler:
