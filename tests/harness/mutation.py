@@ -1,6 +1,7 @@
 """``make mutation``: mutmut over the safety-critical modules, each with its own tests.
 
     python -m tests.harness.mutation [--jobs N] [MODULE ...]    (default: every module below)
+    python -m tests.harness.mutation --rerun PATTERN MODULE      (after new tests: only those mutants again)
 
 mutmut (3.x) reads its settings from ``[tool.mutmut]`` in the pyproject.toml of the directory
 it runs in, and mutates and tests a copy of the tree under ``mutants/``. Each module here gets
@@ -68,7 +69,14 @@ MODULES: dict[str, Module] = {
     "plan": Module("exporter/profiler/plan.py", ("tests/unit/profiler/test_plan.py",)),
     "leader": Module("exporter/profiler/leader.py", ("tests/unit/profiler/test_leader_deadline.py",
                                                      "tests/unit/profiler/test_leader_election.py")),
+    # the mapping from kubelet answers to GPU/MIG keys and holder labels; the gRPC connection loop
+    # (start/stop/_loop/_poll/_connect/_failed and its logging) is the transport, not the mapping
     "podresources": Module("exporter/k8s/podresources.py", ("tests/unit/k8s/test_podresources.py",),
+                           functions=tuple(f"exporter.k8s.podresources.{f}__*" for f in (
+                               "x_classify_resource", "x_parse_device_id", "x_reading_keys", "x__mig_profile_keys",
+                               "x_mig_keys", "xǁAllocationǁholder", "x__lookup", "x__match", "x__holder_labels",
+                               "xǁPodAttributionǁlabels_for", "xǁPodAttributionǁmig_labels_for",
+                               "xǁPodAttributionǁ_index", "xǁPodAttributionǁ_index_dra")),
                            isolation="forkserver"),
     "prom-caps": Module("exporter/profiler/prom.py", ("tests/unit/profiler/test_prom.py",),
                         functions=("exporter.profiler.prom.xǁPromClientǁ_post__*",
@@ -85,17 +93,22 @@ def _toml_list(items: tuple[str, ...] | list[str]) -> str:
     return "[" + ", ".join('"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items) + "]"
 
 
-def prepare(name: str, mod: Module) -> Path:
-    """A fresh copy of the tree for ``name``, with its ``[tool.mutmut]`` table."""
+def prepare(name: str, mod: Module, keep: bool = False) -> Path:
+    """A fresh copy of the tree for ``name``, with its ``[tool.mutmut]`` table; ``keep``: refresh the
+    files of the last run's copy instead, so mutmut keeps the verdicts of mutants it is not asked to rerun."""
     tree = WORK / name
+    if keep and (tree / "mutants").is_dir():
+        for f in _tracked():
+            if f != "pyproject.toml" and (REPO / f).is_file():
+                (tree / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / f, tree / f)
+        return tree
     if tree.exists():
         shutil.rmtree(tree)
     tree.mkdir(parents=True)
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, check=True).stdout.split(b"\0")
-    for f in (os.fsdecode(x) for x in files if x):
+    for f in _tracked():
         src = REPO / f
-        if src.is_file() and not f.startswith(".mutation/"):
+        if src.is_file():
             (tree / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, tree / f)
     pyproject = (tree / "pyproject.toml").read_text()
@@ -112,6 +125,13 @@ process_isolation = "{mod.isolation}"
 use_setproctitle = false
 """)
     return tree
+
+
+def _tracked() -> list[str]:
+    """The files git tracks or would track (the tree a clean clone has), but the runner's own copies."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    return [f for f in (os.fsdecode(x) for x in files if x) if not f.startswith(".mutation/")]
 
 
 def results(tree: Path, mod: Module) -> dict[str, str]:
@@ -137,10 +157,10 @@ def score(found: dict[str, str]) -> tuple[int, int]:
     return sum(s in DETECTED for s in judged), len(judged)
 
 
-def run(name: str, mod: Module, jobs: int) -> tuple[int, int, list[str]]:
-    tree = prepare(name, mod)
+def run(name: str, mod: Module, jobs: int, rerun: tuple[str, ...] = ()) -> tuple[int, int, list[str]]:
+    tree = prepare(name, mod, keep=bool(rerun))
     argv = ["nice", "-n", "10", sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs),
-            *mod.functions]
+            *(rerun or mod.functions)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "MUTANT_UNDER_TEST")}
     with open(tree / "mutmut.log", "wb") as log:
         proc = subprocess.run(argv, cwd=tree, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
@@ -161,18 +181,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("modules", nargs="*", metavar="MODULE", help=f"some of: {', '.join(MODULES)} (default: all)")
     p.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "1")),
                    help="mutmut children per module (default 1, or $MUTATION_JOBS)")
+    p.add_argument("--rerun", action="append", default=[], metavar="PATTERN",
+                   help="keep the last run's verdicts and test again only the mutants matching PATTERN (a mutmut "
+                        "name glob; repeatable), after new tests: the score is over every mutant of the module")
     args = p.parse_args(argv)
     names = args.modules or list(MODULES)
     unknown = [n for n in names if n not in MODULES]
     if unknown:
         p.error(f"unknown module {unknown[0]!r}; known: {', '.join(MODULES)}")
+    if args.rerun and len(names) != 1:
+        p.error("--rerun needs exactly one module")
     WORK.mkdir(exist_ok=True)
     rows = []
     below = []
     for name in names:
         mod = MODULES[name]
         print(f"mutation: {name} ({mod.path}; tests: {', '.join(mod.tests)})", flush=True)
-        killed, judged, left = run(name, mod, args.jobs)
+        killed, judged, left = run(name, mod, args.jobs, tuple(args.rerun))
         pct = 100.0 * killed / judged if judged else 0.0
         print(f"mutation: {name}: {killed}/{judged} killed ({pct:.1f}%)", flush=True)
         for s in left:
