@@ -3,7 +3,6 @@ path prefix, bearer token re-read, retries with bounded jittered backoff, TLS wi
 
 from __future__ import annotations
 
-import http.server
 import json
 import re
 import shutil
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from exporter.profiler.prom import BAD_QUERY, BAD_RESPONSE, HTTP_5XX, UNREACHABLE, PromClient, PromError
+from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
 
 VECTOR = {"status": "success", "data": {"resultType": "vector", "result": [
     {"metric": {"node": "n", "gpu": "0"}, "value": [1.0, "0.5"]},
@@ -25,37 +25,20 @@ VECTOR = {"status": "success", "data": {"resultType": "vector", "result": [
 ]}}
 
 
-class Api:
-    """Answers POSTs with ``answers`` in turn (status, body); records path and headers."""
+class Api(FakeHTTP):
+    """Answers POSTs with ``answers`` in turn (status, body); ``seen``: each request's path, headers and body."""
 
     def __init__(self, answers: list[tuple[int, Any]], tls: ssl.SSLContext | None = None) -> None:
         self.answers = answers
-        self.seen: list[tuple[str, dict[str, str], str]] = []
-        outer = self
+        super().__init__(self._answer, tls=tls)
 
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
-                outer.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-                code, doc = outer.answers[min(len(outer.seen), len(outer.answers)) - 1]
-                data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+    def _answer(self, req: Request) -> Reply:
+        code, doc = self.answers[min(len(self.requests), len(self.answers)) - 1]
+        return json_reply(doc, code, headers={})
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        if tls is not None:
-            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    @property
+    def seen(self) -> list[tuple[str, dict[str, str], str]]:
+        return [(r.path, r.headers, r.body.decode()) for r in self.requests]
 
 
 @pytest.fixture
@@ -241,28 +224,17 @@ def test_tls_with_a_private_ca(api_factory: Any, tmp_path: Path) -> None:
 # ---- hostile servers (issue 16) ------------------------------------------------------------------
 
 
-class Redirector:
-    """Answers every POST with ``code`` and ``Location: location``; records the headers it got."""
+class Redirector(FakeHTTP):
+    """Answers every POST with ``code`` and ``Location: location`` (``{port}``: its own); ``seen``: the headers
+    of each request."""
 
-    def __init__(self, code: int, location: str) -> None:
-        self.seen: list[dict[str, str]] = []
-        outer = self
+    def __init__(self, code: int, location: str, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(lambda req: Reply(code, headers={"Location": location.replace("{port}", str(self.port))}),
+                         tls=tls)
 
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.seen.append({k.lower(): v for k, v in self.headers.items()})
-                self.send_response(code)
-                self.send_header("Location", location.replace("{port}", str(outer.port)))
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+    @property
+    def seen(self) -> list[dict[str, str]]:
+        return [r.headers for r in self.requests]
 
 
 @pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
@@ -277,8 +249,7 @@ def test_credentials_never_follow_a_redirect_to_another_origin(api_factory: Any,
         with pytest.raises(PromError) as exc:
             client.query("up", 1.0)
     finally:
-        red.server.shutdown()
-        red.server.server_close()
+        red.close()
     assert red.seen[0]["authorization"] == "Bearer s3cret"  # the configured origin gets it
     assert elsewhere.seen == []  # the other origin got nothing at all
     assert exc.value.kind == BAD_RESPONSE and "not followed" in str(exc.value)
@@ -288,8 +259,7 @@ def test_credentials_never_follow_a_redirect_to_another_origin(api_factory: Any,
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_https_to_http_downgrade_is_not_followed(tmp_path: Path) -> None:
     cert, ctx = _self_signed(tmp_path)
-    red = Redirector(308, "http://127.0.0.1:{port}/api/v1/query")  # same host and port, plain http
-    red.server.socket = ctx.wrap_socket(red.server.socket, server_side=True)
+    red = Redirector(308, "http://127.0.0.1:{port}/api/v1/query", tls=ctx)  # same host and port, plain http
     token = tmp_path / "token"
     token.write_text("s3cret")
     try:
@@ -297,8 +267,7 @@ def test_https_to_http_downgrade_is_not_followed(tmp_path: Path) -> None:
             PromClient(f"https://127.0.0.1:{red.port}", ca_file=str(cert), token_file=str(token),
                        retries=0).query("up", 1.0)
     finally:
-        red.server.shutdown()
-        red.server.server_close()
+        red.close()
     assert len(red.seen) == 1 and "not followed" in str(exc.value)
 
 
@@ -306,36 +275,17 @@ def test_same_origin_308_is_followed_with_the_token(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret")
     # a proxy on the same origin that moves the API under /prom
-    hits: list[tuple[str, str | None]] = []
 
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            hits.append((self.path, self.headers.get("Authorization")))
-            if not self.path.startswith("/prom/"):
-                self.send_response(308)
-                self.send_header("Location", "/prom" + self.path)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            data = json.dumps(VECTOR).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(req: Request) -> Reply:
+        if not req.path.startswith("/prom/"):
+            return Reply(308, headers={"Location": "/prom" + req.path})
+        return json_reply(VECTOR, headers={})
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        got = PromClient(f"http://127.0.0.1:{srv.server_address[1]}", token_file=str(token)).query("up", 1.0)
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with FakeHTTP(answer) as srv:
+        got = PromClient(srv.url, token_file=str(token)).query("up", 1.0)
     assert len(got) == 2
-    assert hits == [("/api/v1/query", "Bearer s3cret"), ("/prom/api/v1/query", "Bearer s3cret")]
+    assert [(r.path, r.headers.get("authorization")) for r in srv.requests] == [
+        ("/api/v1/query", "Bearer s3cret"), ("/prom/api/v1/query", "Bearer s3cret")]
 
 
 class Hops:
