@@ -3,6 +3,7 @@ path prefix, bearer token re-read, retries with bounded jittered backoff, TLS wi
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import shutil
