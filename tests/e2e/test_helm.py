@@ -199,6 +199,86 @@ def test_both_vendors_get_one_daemonset_each() -> None:
         assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()), "the Service selects both"
 
 
+# ---- vendors are data: one entry of values.yaml each (issue 27) ------------------------------------
+
+# A vendor the chart has never seen, described only by values: its own backend, image, node labels,
+# device nodes and environment.
+NEW_VENDOR = {
+    "xpu": {
+        "attribution": False, "backend": "xpu-smi", "image": "xpu", "privileged": True,
+        "privilegedWhy": "Device cgroup access to /dev/dri.",
+        "hostDevices": [{"name": "dev-dri", "path": "/dev/dri", "type": "Directory"}],
+        "env": [{"name": "XPU_VISIBLE", "value": "all", "why": "every device"}],
+        "nodeLabels": [{"key": "feature.node.kubernetes.io/pci-8086.present", "values": ["true"]},
+                       {"key": "example.com/xpu"}],
+    },
+    "image": {"xpuRepository": "registry.example.com/gpu-exporter-xpu"},
+}
+
+
+def _render_values(tmp_path: Path, values: dict[str, Any], *sets: str) -> list[dict[str, Any]]:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    args = ["template", "gpu-exporter", str(CHART), "-n", OLD_NAMESPACE, "-f", str(path)]
+    for s in sets:
+        args += ["--set", s]
+    proc = helm(*args)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def test_a_new_vendor_is_one_values_entry(tmp_path: Path) -> None:
+    """No template names a vendor: an entry in the values is all a DaemonSet for a new one takes."""
+    docs = _render_values(tmp_path, NEW_VENDOR, "vendor={nvidia,xpu}")
+    errors = [e for obj in docs for e in _validation_errors(obj, KUBERNETES_SCHEMA_VERSION)]
+    assert not errors, "\n".join(errors)
+    ds = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DaemonSet"}
+    assert set(ds) == {"gpu-exporter-nvidia", "gpu-exporter-xpu"}
+    assert ds["gpu-exporter-nvidia"]["spec"]["selector"] != ds["gpu-exporter-xpu"]["spec"]["selector"]
+    pod = ds["gpu-exporter-xpu"]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["args"][1] == "--backend=xpu-smi"
+    assert c["image"] == "registry.example.com/gpu-exporter-xpu:0.1.0"
+    assert c["securityContext"]["privileged"] is True and "allowPrivilegeEscalation" not in c["securityContext"]
+    assert {"name": "XPU_VISIBLE", "value": "all"} in c["env"]
+    assert not any(e["name"].startswith("NVIDIA_") for e in c["env"])
+    assert [v for v in pod["volumes"] if "hostPath" in v] == [
+        {"name": "dev-dri", "hostPath": {"path": "/dev/dri", "type": "Directory"}}]
+    assert {"name": "dev-dri", "mountPath": "/dev/dri", "readOnly": True} in c["volumeMounts"]
+    assert "runtimeClassName" not in pod and "supplementalGroups" not in pod["securityContext"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"] for t in terms] == [
+        [{"key": "feature.node.kubernetes.io/pci-8086.present", "operator": "In", "values": ["true"]}],
+        [{"key": "example.com/xpu", "operator": "Exists"}],
+        [{"key": "gpu-exporter.io/gpu", "operator": "In", "values": ["xpu"]}],
+    ]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["POD_ATTRIBUTION"] == "off" and pod["securityContext"]["runAsUser"] == 65532
+    # Alone, it is the install's only DaemonSet, named as a single-vendor install is.
+    (alone,) = [d for d in _render_values(tmp_path, NEW_VENDOR, "vendor=xpu") if d["kind"] == "DaemonSet"]
+    assert alone["metadata"]["name"] == "gpu-exporter"
+
+
+def test_templates_name_no_vendor() -> None:
+    """What a vendor needs lives in its values entry; a template that tests for a vendor's name would
+    make the next vendor an edit of the template (issue 27: "a Helm ternary")."""
+    import re
+
+    for path in sorted((CHART / "templates").iterdir()):
+        text = path.read_text()
+        assert not re.search(r'"(nvidia|amd)"|\$amd\b|\$nvidia\b', text.replace('(list "nvidia" "amd")', "")), path.name
+
+
+def test_each_shipped_vendor_runs_a_backend_the_exporter_has() -> None:
+    from exporter import backends
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    entries = {k: v for k, v in values.items() if isinstance(v, dict) and "backend" in v}
+    assert set(entries) == {"nvidia", "amd"}
+    for name, entry in entries.items():
+        assert entry["backend"] in backends.names(), name
+
+
 # Bad values and the words the error must contain (the value's path and what is wrong).
 BAD_VALUES = {
     "vendor=intel": ("/vendor", "nvidia"),

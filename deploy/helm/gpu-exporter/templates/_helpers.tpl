@@ -49,7 +49,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* The vendors whose DaemonSet is rendered. */}}
+{{/* The vendors whose DaemonSet is rendered, space-separated: "both" is nvidia and amd, else one
+     vendor entry of values.yaml (a top-level key with a backend) or a list of them. */}}
 {{- define "gpu-exporter.vendors" -}}
-{{- if eq .Values.vendor "both" -}}nvidia amd{{- else -}}{{ .Values.vendor }}{{- end -}}
+{{- $names := list -}}
+{{- $wanted := kindIs "slice" .Values.vendor | ternary .Values.vendor (list .Values.vendor) -}}
+{{- range (eq (toString .Values.vendor) "both" | ternary (list "nvidia" "amd") $wanted) -}}
+{{- $entry := index $.Values . -}}
+{{- if not (and (kindIs "map" $entry) (hasKey $entry "backend")) -}}
+{{- fail (printf "values: at '/vendor': %q is no vendor entry (a top-level value with a backend, as nvidia and amd)" .) -}}
+{{- end -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- join " " (uniq $names) -}}
 {{- end -}}
