@@ -4,6 +4,9 @@
   (percent, MB = MiB, celsius, W, MHz). ``/metrics`` stays the SI source of truth.
 - ``GET /stats``: the audit view (identity, memory, average power from the energy counter,
   PCIe links, P2P/topology, host), the same document as ``gpu-exporter snapshot --json``.
+
+Both are views of one GPU field table, :data:`exporter.core.views.FIELDS` (as is the Python
+API's ``GpuStatus``).
 - ``GET /``: a dependency-free live page polling the two endpoints above.
 
 Both JSON endpoints read through ``engine.scrape()``, so they share collections (and the
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -22,7 +26,7 @@ from exporter.core.engine import Engine
 from exporter.core.options import FieldFilter
 from exporter.core.schema import FAMILIES
 from exporter.core.snapshot import Snapshot
-from exporter.core.views import MIB, PowerTracker, iso_time, numbered, stats_view
+from exporter.core.views import FIELDS, Field, GpuSource, PowerTracker, gpu_legacy, iso_time, numbered, stats_view
 from exporter.platform.http import GpuHTTPServer, Handler, Response
 
 GPU_METRICS_PATH = "/api/v1/monitoring/gpu-metrics"
@@ -32,46 +36,10 @@ JSON_TYPE = "application/json"
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
-def _mib(v: float | None) -> int | None:
-    return None if v is None else round(v / MIB)
-
-
-def _round(v: float | None, digits: int) -> float | None:
-    return None if v is None else round(v, digits)
-
-
-def _percent(ratio: float | None) -> float | None:
-    return None if ratio is None else round(ratio * 100, 2)
-
-
-def _mhz(clocks: dict[str, float], name: str) -> float | None:
-    hz = clocks.get(name)
-    return None if hz is None else round(hz / 1e6, 1)
-
-
-def gpu_metrics_view(snap: Snapshot) -> dict[str, Any]:
-    """The fleet manager's response (schema: GPU_METRICS). A reading the GPU lacks is null, never 0."""
-    gpus = []
-    for number, _backend, g in numbered(snap):
-        up = g.up
-        free = g.free_memory_bytes()
-        gpus.append({
-            "id": f"gpu-{number}",
-            "name": g.name,
-            "uuid": g.uuid,
-            "utilization": _percent(g.utilization_ratio) if up else None,
-            "memory": {
-                "total": _mib(g.memory_total_bytes),
-                "used": _mib(g.memory_used_bytes) if up else None,
-                "free": _mib(free) if up else None,
-            },
-            "temperature": _round(g.temperature_celsius.get("gpu"), 2) if up else None,
-            "power_usage": _round(g.power_watts, 3) if up else None,
-            "clock_speeds": {
-                "graphics": _mhz(g.clock_hertz, "graphics") if up else None,
-                "memory": _mhz(g.clock_hertz, "memory") if up else None,
-            },
-        })
+def gpu_metrics_view(snap: Snapshot, fields: Sequence[Field] = FIELDS) -> dict[str, Any]:
+    """The fleet manager's response (schema: GPU_METRICS): the gpu-metrics view of the field table
+    (:data:`exporter.core.views.FIELDS`). A reading the GPU lacks is null, never 0."""
+    gpus = [gpu_legacy(GpuSource(backend, number, g), fields) for number, backend, g in numbered(snap)]
     return {"timestamp": iso_time(snap.created), "gpus": gpus}
 
 

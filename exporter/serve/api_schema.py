@@ -1,15 +1,24 @@
 """JSON schemas (draft 2020-12) of the JSON API and of the files the CLI tools write.
 
 This module is the single source: ``docs/api.md`` embeds these schemas verbatim and a test
-checks that the two agree; the tests validate every response and file against them.
-Print one with ``python -m exporter.serve.api_schema gpu-metrics|stats|record``.
+checks that the two agree; the tests validate every response and file against them. The per-GPU
+parts of ``/stats`` and gpu-metrics are generated from the GPU field table
+(:data:`exporter.core.views.FIELDS`), as the documents themselves are.
+Print one with ``python -m exporter.serve.api_schema gpu-metrics|stats|record``; ``--write-docs``
+regenerates docs/api.md's field table and schemas.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from exporter.core.schema import render_blocks
+from exporter.core.views import FIELDS, Field
 
 _ISO8601 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$"
 _TIMESTAMP = {"type": "string", "format": "date-time", "pattern": _ISO8601}
@@ -39,61 +48,60 @@ def _obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[
 
 _STR_OR_NULL = {"type": ["string", "null"]}
 
-GPU_METRICS: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "urn:gpu-exporter:schema:gpu-metrics:v1",
-    "title": "GET /api/v1/monitoring/gpu-metrics (legacy units: %, MB = MiB, celsius, W, MHz)",
-    **_obj({
-        "timestamp": _TIMESTAMP,
-        "gpus": {"type": "array", "items": _obj({
-            "id": {"type": "string", "pattern": "^gpu-[0-9]+$"},
-            "name": _STR_OR_NULL,
-            "uuid": {"type": "string"},
-            "utilization": _num("GPU utilisation, percent 0-100 (nvidia-smi utilization.gpu)", 0, 100),
-            "memory": _obj({
-                "total": _num("framebuffer memory, MB = MiB (nvidia-smi memory.total [MiB])"),
-                "used": _num("MB = MiB (nvidia-smi memory.used [MiB])"),
-                "free": _num("MB = MiB (nvidia-smi memory.free [MiB])"),
-            }),
-            "temperature": _num("GPU die sensor, celsius (nvidia-smi temperature.gpu; amd-smi edge)", None),
-            "power_usage": _num("board power draw, W (nvidia-smi power.draw)"),
-            "clock_speeds": _obj({
-                "graphics": _num("MHz (nvidia-smi clocks.gr)"),
-                "memory": _num("MHz (nvidia-smi clocks.mem)"),
-            }),
-        })},
-    }),
-}
 
-_GPU_STATS = _obj({
-    "backend": {"type": "string"},
-    "index": {"type": "integer", "minimum": 0},
-    "uuid": {"type": "string"},
-    "name": _STR_OR_NULL,
-    "vendor": {"type": "string"},
-    "up": {"type": "boolean"},
-    "pci_bus_id": _STR_OR_NULL,
-    "serial": _STR_OR_NULL,
-    "driver_version": _STR_OR_NULL,
-    "cuda_version": _STR_OR_NULL,
-    "memory_total_bytes": _int("bytes (nvidia-smi memory.total)"),
-    "memory_used_bytes": _int("bytes (nvidia-smi memory.used)"),
-    "memory_free_bytes": _int("bytes (nvidia-smi memory.free)"),
-    "memory_used_ratio": _num("memory used / total, 0-1", 0, 1),
-    "utilization_ratio": _num("GPU utilisation, 0-1 (nvidia-smi utilization.gpu / 100)", 0, 1),
-    "temperature_celsius": _num("GPU die sensor, celsius", None),
-    "power_watts": _num("instantaneous power draw, W (nvidia-smi power.draw)"),
-    "power_average_watts": _num("average power over the last interval, W: energy counter difference / time"),
-    "power_average_seconds": _num("length of that interval, s"),
-    "power_limit_watts": _num("W (nvidia-smi power.limit)"),
-    "energy_joules": _num("energy counter since driver load, J"),
-    "pcie": _obj({
-        "generation": _int("current link generation (nvidia-smi pcie.link.gen.current)"),
-        "generation_max": _int("max link generation (nvidia-smi pcie.link.gen.max)"),
-        "width": _int("current link width, lanes (nvidia-smi pcie.link.width.current)"),
-        "width_max": _int("max link width, lanes (nvidia-smi pcie.link.width.max)"),
-    }),
-})
+def _nest(props: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """[(dotted key, schema)] in row order -> the properties of an object; ``pcie.width`` goes into the
+    sub-object ``pcie``, placed where its first member is."""
+    out: dict[str, Any] = {}
+    groups: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for key, schema in props:
+        head, _, rest = key.partition(".")
+        if rest:
+            out.setdefault(head, None)
+            groups.setdefault(head, []).append((rest, schema))
+        else:
+            out[head] = schema
+    for head, members in groups.items():
+        out[head] = _obj(_nest(members))
+    return out
+
+
+def _field(f: Field, doc: str, minimum: float | None, maximum: float | None, legacy: bool = False) -> dict[str, Any]:
+    """A row's schema; gpu-metrics says "number" for every reading (its MB are whole, but were never promised so)."""
+    if f.kind == "string":
+        out: dict[str, Any] = dict(_STR_OR_NULL) if f.nullable else {"type": "string"}
+        if f.pattern:
+            out["pattern"] = f.pattern
+        return out
+    if f.kind == "boolean":
+        return {"type": "boolean"}
+    if not f.nullable:
+        return {"type": f.kind, "minimum": minimum}
+    return _int(doc) if f.kind == "integer" and not legacy else _num(doc, minimum, maximum)
+
+
+def gpu_stats_schema(fields: Sequence[Field] = FIELDS) -> dict[str, Any]:
+    """One GPU of ``/stats``: the table's rows with a /stats key."""
+    return _obj(_nest([(key, _field(f, f.doc, f.minimum, f.maximum)) for f in fields
+                       if (key := f.stats_key) is not None]))
+
+
+def gpu_legacy_schema(fields: Sequence[Field] = FIELDS) -> dict[str, Any]:
+    """One GPU of gpu-metrics: the table's rows with a legacy key, in legacy units."""
+    return _obj(_nest([(f.legacy.key, _field(f, f.legacy.doc, f.legacy.minimum, f.legacy.maximum, legacy=True))
+                       for f in fields if f.legacy is not None]))
+
+
+def gpu_metrics_schema(fields: Sequence[Field] = FIELDS) -> dict[str, Any]:
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "urn:gpu-exporter:schema:gpu-metrics:v1",
+        "title": "GET /api/v1/monitoring/gpu-metrics (legacy units: %, MB = MiB, celsius, W, MHz)",
+        **_obj({"timestamp": _TIMESTAMP, "gpus": {"type": "array", "items": gpu_legacy_schema(fields)}}),
+    }
+
+
+GPU_METRICS: dict[str, Any] = gpu_metrics_schema()
 
 _P2P = _obj({
     "backend": {"type": "string"},
@@ -107,25 +115,30 @@ _P2P = _obj({
         "description": "capability -> supported: read, write, atomics, nvlink, xgmi (absent: not reported)"},
 })
 
-STATS: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "urn:gpu-exporter:schema:stats:v1",
-    "title": "GET /stats and gpu-exporter snapshot --json (SI units, like /metrics)",
-    **_obj({
-        "timestamp": _TIMESTAMP,
-        "host": _obj({
-            "node_name": {"type": "string"},
-            "processor": {"type": "string"},
-            "kernel": {"type": "string"},
-            "os": {"type": "string"},
-            "driver_version": _STR_OR_NULL,
-            "cuda_version": {"type": ["string", "null"],
-                             "description": "CUDA driver version; ROCm version on AMD"},
+
+def stats_schema(fields: Sequence[Field] = FIELDS) -> dict[str, Any]:
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "urn:gpu-exporter:schema:stats:v1",
+        "title": "GET /stats and gpu-exporter snapshot --json (SI units, like /metrics)",
+        **_obj({
+            "timestamp": _TIMESTAMP,
+            "host": _obj({
+                "node_name": {"type": "string"},
+                "processor": {"type": "string"},
+                "kernel": {"type": "string"},
+                "os": {"type": "string"},
+                "driver_version": _STR_OR_NULL,
+                "cuda_version": {"type": ["string", "null"],
+                                 "description": "CUDA driver version; ROCm version on AMD"},
+            }),
+            "gpus": {"type": "array", "items": gpu_stats_schema(fields)},
+            "p2p": {"type": "array", "items": _P2P},
         }),
-        "gpus": {"type": "array", "items": _GPU_STATS},
-        "p2p": {"type": "array", "items": _P2P},
-    }),
-}
+    }
+
+
+STATS: dict[str, Any] = stats_schema()
 
 _AGG = _obj({"min": _num("", None), "max": _num("", None), "mean": _num("", None)})
 
@@ -170,9 +183,35 @@ RECORD: dict[str, Any] = {
 SCHEMAS: dict[str, dict[str, Any]] = {"gpu-metrics": GPU_METRICS, "stats": STATS, "record": RECORD}
 
 
+def fields_table(fields: Sequence[Field] = FIELDS) -> str:
+    """docs/api.md: the GPU field table, and where each view shows each field."""
+    rows = ["| field | SI unit | read from | `/stats` | gpu-metrics | `GpuStatus` |", "|---|---|---|---|---|---|"]
+    for f in fields:
+        stats = "-" if f.stats_key is None else f"`{f.stats_key}`"
+        legacy = "-"
+        if f.legacy is not None:
+            legacy = f"`{f.legacy.key}`" + (f" ({f.legacy.unit})" if f.legacy.unit else "")
+        rows.append(f"| `{f.name}` | {f.unit or '-'} | `{f.source}` | {stats} | {legacy} | "
+                    f"{'yes' if f.status else '-'} |")
+    return "\n".join(rows) + "\n"
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+_SCHEMA_BLOCK = re.compile(r"(<!-- schema: ([\w-]+) -->\s*```json\n)(.*?)(\n```)", re.S)
+
+
+def render_docs(text: str) -> str:
+    """docs/api.md with its generated parts replaced: the GPU field table and each embedded schema."""
+    text = render_blocks(text, {"gpu-fields": fields_table()})
+    return _SCHEMA_BLOCK.sub(lambda m: m[1] + json.dumps(SCHEMAS[m[2]], indent=2) + m[4], text)
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--write-docs"]:
+        DOCS.write_text(render_docs(DOCS.read_text(encoding="utf-8")), encoding="utf-8")
+        return 0
     if len(argv) != 1 or argv[0] not in SCHEMAS:
-        sys.stderr.write(f"usage: python -m exporter.serve.api_schema {{{'|'.join(SCHEMAS)}}}\n")
+        sys.stderr.write(f"usage: python -m exporter.serve.api_schema {{{'|'.join(SCHEMAS)}|--write-docs}}\n")
         return 2
     sys.stdout.write(json.dumps(SCHEMAS[argv[0]], indent=2) + "\n")
     return 0

@@ -32,7 +32,7 @@ from exporter.core.engine import Engine
 from exporter.core.options import BackendOptions, Settings
 from exporter.core.readings import GpuReading
 from exporter.core.snapshot import Snapshot
-from exporter.core.views import MIB, format_bytes, iso_time, numbered
+from exporter.core.views import MIB, GpuSource, format_bytes, iso_time, numbered, status_values
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +218,6 @@ class GpuStatus:
     up: bool
 
 
-def _int(v: float | None) -> int | None:
-    return None if v is None or not math.isfinite(v) else round(v)
-
-
 def score(free: float | None, total: float | None, util: float | None) -> float:
     """0.6 x free fraction + 0.4 x (1 - utilisation); unknown free counts as 0, unknown utilisation as 1."""
     free_ratio = min(1.0, max(0.0, free / total)) if free is not None and total else 0.0
@@ -229,21 +225,19 @@ def score(free: float | None, total: float | None, util: float | None) -> float:
     return round(FREE_WEIGHT * free_ratio + IDLE_WEIGHT * (1.0 - busy), 6)
 
 
-def status(number: int, g: GpuReading) -> GpuStatus:
-    """The :class:`GpuStatus` of one reading (``number``: its index across backends)."""
+def status(number: int, g: GpuReading, backend: str = "") -> GpuStatus:
+    """The :class:`GpuStatus` of one reading (``number``: its index across backends): the rows of the field
+    table (:data:`exporter.core.views.FIELDS`) marked ``status``, its identity, and the score."""
+    values = status_values(GpuSource(backend, number, g))
     if not g.up:
-        return GpuStatus(number, g.uuid, g.name, None, None, None, None, None, None, 0.0, False)
-    total, used = g.memory_total_bytes, g.memory_used_bytes
-    free = g.free_memory_bytes()
-    return GpuStatus(index=number, uuid=g.uuid, name=g.name, memory_total_bytes=_int(total),
-                     memory_used_bytes=_int(used), memory_free_bytes=_int(free),
-                     utilization_ratio=g.utilization_ratio, temperature_celsius=g.temperature_celsius.get("gpu"),
-                     power_watts=g.power_watts, score=score(free, total, g.utilization_ratio), up=True)
+        return GpuStatus(index=number, **values, score=0.0)
+    ranked = score(values["memory_free_bytes"], values["memory_total_bytes"], values["utilization_ratio"])
+    return GpuStatus(index=number, **values, score=ranked)
 
 
 def statuses(snap: Snapshot) -> list[tuple[str, GpuStatus]]:
     """(backend, status) of every GPU of a collection, in index order."""
-    return [(backend, status(number, g)) for number, backend, g in numbered(snap)]
+    return [(backend, status(number, g, backend)) for number, backend, g in numbered(snap)]
 
 
 def query_gpus(backend: str = "auto") -> list[GpuStatus]:
