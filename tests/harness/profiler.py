@@ -3,16 +3,16 @@ and small builders shared by the profiler test modules."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 from tests.fakes.profiler_history import GpuHistory, write_openmetrics
+from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
 from tests.harness.prom import OpenMetricsWriter
 
 MODES = (None, "500", "garbage", "slow", "nan", "empty", "hang")
@@ -33,71 +33,49 @@ class FaultProxy:
         self.target = target.rstrip("/")
         self.mode = mode
         self.delay = delay
-        self.requests = 0
         self._release = threading.Event()
-        outer = self
+        self._http = FakeHTTP(self._answer, http11=True)
+        self.url = self._http.url
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    @property
+    def requests(self) -> int:
+        return len(self._http.requests)
 
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length)
-                outer.requests += 1
-                mode = outer.mode
-                if mode == "hang":
-                    outer._release.wait(120)
-                    mode = None
-                if mode == "slow":
-                    outer._release.wait(outer.delay)
-                if mode == "500":
-                    return self._send(500, b'{"status":"error","errorType":"internal","error":"injected"}')
-                if mode == "garbage":
-                    return self._send(200, b'{"status":"success","data":{"resultType":"vector","result":[{"met')
-                code, data = forward_post(outer.target + self.path, body, self.headers.get("Content-Type", ""))
-                if code == 200 and mode in ("nan", "empty"):
-                    doc = json.loads(data)
-                    if mode == "empty":
-                        doc["data"]["result"] = []
-                    else:
-                        for s in doc["data"]["result"]:
-                            if "value" in s:
-                                s["value"][1] = "NaN"
-                            for pt in s.get("values", []):
-                                pt[1] = "NaN"
-                    data = json.dumps(doc).encode()
-                return self._send(code, data)
-
-            def _send(self, code: int, data: bytes) -> None:
-                try:
-                    self.send_response(code)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    self.close_connection = True  # the client gave up (timeout)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+    def _answer(self, req: Request) -> Reply:
+        mode = self.mode
+        if mode == "hang":
+            self._release.wait(120)
+            mode = None
+        if mode == "slow":
+            self._release.wait(self.delay)
+        if mode == "500":
+            return json_reply(b'{"status":"error","errorType":"internal","error":"injected"}', 500)
+        if mode == "garbage":
+            return json_reply(b'{"status":"success","data":{"resultType":"vector","result":[{"met')
+        code, data = forward_post(self.target + req.path, req.body, req.headers.get("content-type", ""))
+        if code == 200 and mode in ("nan", "empty"):
+            doc = json.loads(data)
+            if mode == "empty":
+                doc["data"]["result"] = []
+            else:
+                for s in doc["data"]["result"]:
+                    if "value" in s:
+                        s["value"][1] = "NaN"
+                    for pt in s.get("values", []):
+                        pt[1] = "NaN"
+            data = json.dumps(doc).encode()
+        return json_reply(data, code)
 
     def release(self) -> None:
         """Let held ("hang") requests through."""
         self._release.set()
 
     def __enter__(self) -> Self:
-        self._thread.start()
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self._release.set()
-        self._server.shutdown()
-        self._server.server_close()
+        self._http.close()
 
 
 def forward_post(url: str, body: bytes, content_type: str) -> tuple[int, bytes]:

@@ -30,7 +30,6 @@ starts on those blocks in under a second. Both scale linearly with the sample co
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
 import os
@@ -39,7 +38,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -49,6 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from tests.harness.httpfake import FakeHTTP, Reply
 from tests.harness.net import free_port
 from tests.harness.poll import wait_until
 
@@ -237,7 +236,7 @@ def backfill_openmetrics(
     return proc
 
 
-class ExpositionServer:
+class ExpositionServer(FakeHTTP):
     """A tiny scrape target on 127.0.0.1 serving ``body`` (assign it to change what is served).
 
     ``url`` is the metrics URL, ``target`` the ``host:port`` for :class:`Prometheus`;
@@ -247,36 +246,13 @@ class ExpositionServer:
     def __init__(self, body: str = "", content_type: str = "text/plain; version=0.0.4") -> None:
         self.body = body
         self.content_type = content_type
-        self.scrapes = 0
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                data = outer.body.encode()
-                outer.scrapes += 1
-                self.send_response(200)
-                self.send_header("Content-Type", outer.content_type)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
+        super().__init__(lambda req: Reply(200, self.body.encode(), {"Content-Type": self.content_type}))
         self.target = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.target}/metrics"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="exposition", daemon=True)
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    @property
+    def scrapes(self) -> int:
+        return len(self.requests)
 
 
 class Prometheus:

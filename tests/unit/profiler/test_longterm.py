@@ -3,19 +3,17 @@ a bearer-token file, proven against a header-checking proxy in front of a real P
 
 from __future__ import annotations
 
-import http.server
 import io
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from exporter.profiler.main import run
 from tests.fakes.profiler_history import scenario_node
+from tests.harness.httpfake import FakeHTTP, Reply, Request
 from tests.harness.profiler import forward_post, history_file
 from tests.harness.prom import Prometheus
 
@@ -24,39 +22,21 @@ pytestmark = pytest.mark.prometheus
 END = float(int(time.time()) - 60)
 
 
-class TenantProxy:
+class TenantProxy(FakeHTTP):
     """Forwards to ``target`` only requests carrying ``X-Scope-OrgID: <tenant>`` and the bearer
     token; answers 401 otherwise, as Mimir does without an org id. Records what it saw."""
 
     def __init__(self, target: str, tenant: str, token: str) -> None:
-        self.seen: list[dict[str, str]] = []
-        outer = self
+        def answer(req: Request) -> Reply:
+            if req.headers.get("x-scope-orgid") != tenant or req.headers.get("authorization") != f"Bearer {token}":
+                return Reply(401, b"no org id\n")
+            return Reply(*forward_post(target + req.path, req.body, req.headers.get("content-type", "")))
 
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                outer.seen.append(headers)
-                if headers.get("x-scope-orgid") != tenant or headers.get("authorization") != f"Bearer {token}":
-                    return self._send(401, b"no org id\n")
-                self._send(*forward_post(target + self.path, body, self.headers.get("Content-Type", "")))
+        super().__init__(answer)
 
-            def _send(self, code: int, data: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    @property
+    def seen(self) -> list[dict[str, str]]:
+        return [r.headers for r in self.requests]
 
 
 @pytest.fixture(scope="module")
