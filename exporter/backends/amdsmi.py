@@ -40,7 +40,7 @@ import io
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -301,12 +301,12 @@ def _package_version() -> str:
 
 
 @dataclass
-class _Device:
-    """Static facts about one processor handle, read at initialisation."""
+class _Gpu(Device):
+    """Per-GPU state kept across collections (as nvml's ``_Gpu``): the funnel's call state
+    (:class:`~exporter.backends.base.Device`) and the static facts about one processor handle,
+    read at initialisation."""
 
-    index: int
-    handle: Any
-    uuid: str = ""
+    handle: Any = None
     name: str | None = None
     pci_bus_id: str | None = None
     serial: str | None = None
@@ -317,7 +317,6 @@ class _Device:
     partition_id: int | None = None
     numa_node: int | None = None
     edge_sensor: bool = True  # False: no edge sensor (MI300 class); read once per init
-    dev: Device = field(default_factory=lambda: Device(-1))  # call state until re-init
 
 
 class AmdSmiBackend(Backend):
@@ -345,7 +344,7 @@ class AmdSmiBackend(Backend):
         self._smi: ModuleType | None = None
         self._ready = False
         self._gfx_prev: dict[int, tuple[int, dict[int, float]]] = {}  # GPU -> (monotonic ns, pid -> gfx ns)
-        self._devices: list[_Device] = []
+        self._devices: list[_Gpu] = []
         self._peers: list[PeerReading] = []
         self._rocm_version: str | None = None
         # uuid -> (accumulation counter, residency per reason) from the previous collection
@@ -464,10 +463,10 @@ class AmdSmiBackend(Backend):
 
     # --- identity and topology (once per init) -------------------------------------------------
 
-    def _identify(self, index: int, handle: Any) -> _Device:
+    def _identify(self, index: int, handle: Any) -> _Gpu:
         smi = self._smi
         assert smi is not None
-        d = _Device(index=index, handle=handle, dev=Device(index))
+        d = _Gpu(index=index, handle=handle)
         asic = self._call(None, "name", smi.amdsmi_get_gpu_asic_info, handle) or {}
         board = self._call(None, "serial", smi.amdsmi_get_gpu_board_info, handle) or {}
         d.name = _text(asic.get("market_name")) or _text(board.get("product_name"))
@@ -550,13 +549,13 @@ class AmdSmiBackend(Backend):
         if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
             out.pci_devices = count_pci_gpus(self.options.sysfs_root, PCI_VENDOR)
 
-    def _read(self, d: _Device, out: Collection) -> GpuReading:
+    def _read(self, d: _Gpu, out: Collection) -> GpuReading:
         r = GpuReading(
             index=d.index, uuid=d.uuid, vendor=self.vendor, name=d.name, pci_bus_id=d.pci_bus_id,
             serial=d.serial, driver_version=d.driver_version, cuda_driver_version=self._rocm_version,
             firmware_version=d.firmware_version,
         )
-        gpu = d.dev
+        gpu = d  # its call state
         gpu.begin()
         try:
             self._read_values(d, r, gpu)
@@ -576,7 +575,7 @@ class AmdSmiBackend(Backend):
                 r.unsupported.add(FAMILY_OF_ATTR.get(attr, attr))
         return r
 
-    def _read_values(self, d: _Device, r: GpuReading, gpu: Device) -> None:
+    def _read_values(self, d: _Gpu, r: GpuReading, gpu: Device) -> None:
         smi = self._smi
         assert smi is not None
         h = d.handle
@@ -700,7 +699,7 @@ class AmdSmiBackend(Backend):
                                         memory_used_bytes=r.memory_used_bytes,
                                         utilization_ratio=r.utilization_ratio))
 
-    def _process_rates(self, d: _Device, gfx_ns: dict[int, float]) -> dict[int, float] | None:
+    def _process_rates(self, d: _Gpu, gfx_ns: dict[int, float]) -> dict[int, float] | None:
         """Per-process GFX engine share since the last collection: the growth of each process's
         cumulative engine time (``engine_usage.gfx``, ns, from the kernel's fdinfo) over the
         wall time between the two reads. A process seen for the first time has no rate yet
@@ -742,7 +741,7 @@ class AmdSmiBackend(Backend):
                 gpu, "pcie_replay_total", smi.amdsmi_get_gpu_pci_replay_counter, h), sentinels=SENTINELS)
         r.pcie_replay_total = replay
 
-    def _read_throttle(self, d: _Device, r: GpuReading, gpu: Device) -> None:
+    def _read_throttle(self, d: _Gpu, r: GpuReading, gpu: Device) -> None:
         """Throttle reasons from gpu_metrics: the status bits, or residency counters (MI300)."""
         smi = self._smi
         assert smi is not None
@@ -772,7 +771,7 @@ class AmdSmiBackend(Backend):
                 # active if the residency grew during the last collection interval
                 r.throttle_reasons[reason] = 1.0 if value > prev[1][reason] else 0.0
 
-    def _read_activity(self, d: _Device, r: GpuReading, gpu: Device) -> None:
+    def _read_activity(self, d: _Gpu, r: GpuReading, gpu: Device) -> None:
         """Engine activity and link data from gpu_metrics (amd-smi metric --usage; xgmi --metric).
 
         Activities are the firmware's averages in percent (``gpu_instance`` "": partitions are GPUs
@@ -817,7 +816,7 @@ class AmdSmiBackend(Backend):
         self._pcie_bytes[uuid] = (now, total)
         return total
 
-    def _gpu_metrics(self, d: _Device, gpu: Device, attr: str) -> Any:
+    def _gpu_metrics(self, d: _Gpu, gpu: Device, attr: str) -> Any:
         """The raw gpu_metrics table, read once per collection through the funnel as reading ``attr``."""
         metrics = self._metrics_now.get(d.index)
         if metrics is None:

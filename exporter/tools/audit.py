@@ -1,8 +1,10 @@
-"""Shared by the JSON API and the single-machine tools: one-shot readings, the ``/stats`` view,
-the average power from the energy counter, and the audit rule that ``diff`` applies.
+"""The single-machine tools' common layer (``snapshot``, ``record``, ``pick``, ``diff``): one-line
+errors, safe file writes, the backend flags, one-shot readings, the audit that ``snapshot`` takes
+and the rule that ``diff`` applies to two of them.
 
-Every reading goes through the exporter's own :class:`~exporter.core.engine.Engine` and backends,
-so ``/metrics``, ``/stats``, ``snapshot``, ``record`` and ``pick`` always agree.
+The audit is the ``/stats`` view of :mod:`exporter.core.views` (the JSON API serves the same
+view), and every reading goes through the exporter's own :class:`~exporter.core.engine.Engine`
+and backends, so ``/metrics``, ``/stats``, ``snapshot``, ``record`` and ``pick`` always agree.
 """
 
 from __future__ import annotations
@@ -24,17 +26,7 @@ from typing import Any, NoReturn, TypeVar
 from exporter.core.engine import Engine
 from exporter.core.options import Settings
 from exporter.core.snapshot import Snapshot
-from exporter.core.views import (  # noqa: F401 - re-exported for the tools
-    GIB,
-    MIB,
-    GpuKey,
-    PowerTracker,
-    format_bytes,
-    gpu_stats,
-    iso_time,
-    numbered,
-    stats_view,
-)
+from exporter.core.views import MIB, PowerTracker, format_bytes, stats_view
 from exporter.platform.settings import OneLineParser
 from exporter.tools import gpus
 

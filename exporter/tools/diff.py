@@ -12,10 +12,10 @@ import math
 import sys
 from typing import Any
 
+from exporter.core.views import MIB
 from exporter.platform.units import parse_size
 from exporter.tools.audit import (
     IGNORABLE,
-    MIB,
     Limits,
     ToolError,
     ToolParser,

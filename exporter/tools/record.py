@@ -27,9 +27,9 @@ import time
 from typing import Any
 
 from exporter.core.engine import Engine
+from exporter.core.views import GIB
 from exporter.tools import gpus
 from exporter.tools.audit import (
-    GIB,
     ToolError,
     ToolParser,
     add_backend_arguments,

@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from exporter.core.views import format_bytes
 from exporter.tools.audit import (
     ToolError,
     ToolParser,
@@ -17,7 +18,6 @@ from exporter.tools.audit import (
     check_writable,
     checked,
     fail,
-    format_bytes,
     open_session,
     setup_logging,
     take_audit,
