@@ -165,6 +165,8 @@ RENDERS = {
     "other-namespace": (("vendor=both", "namespace.create=true", "webConfig.secretName=web", "webConfig.tls=true"),
                         OTHER_NAMESPACE),
     "per-process": (("vendor=both", "namespace.create=true", "exporter.perProcess=true"), OLD_NAMESPACE),
+    "profiler-web-config": (("namespace.create=true", "profiler.webConfig.secretName=profiler-web",
+                             "profiler.webConfig.tls=true"), OLD_NAMESPACE),
     "dra": (("vendor=both", "namespace.create=true", "amd.attribution=true", "exporter.draAttribution=true"),
             OLD_NAMESPACE),
 }
@@ -288,6 +290,7 @@ BAD_VALUES = {
     "exporter.resources.limits.memory=lots": ("/exporter/resources/limits/memory", "pattern"),
     "profiler.enabled=maybe": ("/profiler/enabled", "boolean"),
     "exporter.colour=blue": ("/exporter", "colour"),
+    "profiler.webConfig.secretName=Bad_Name": ("/profiler/webConfig/secretName", "pattern"),
 }
 
 
@@ -344,6 +347,97 @@ def test_web_config_from_a_secret() -> None:
     assert c["livenessProbe"]["httpGet"]["scheme"] == c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     sm = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "gpu-exporter")
     assert sm["spec"]["endpoints"][0]["scheme"] == "https"
+
+
+def _profiler(docs: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The profiler's pod spec, its container and its ServiceMonitor."""
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    sm = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"].endswith("-profiler"))
+    pod = dep["spec"]["template"]["spec"]
+    return pod, pod["containers"][0], sm
+
+
+def test_profiler_web_config_from_a_secret() -> None:
+    """The profiler's /metrics takes --web.config.file as the exporter's does (issue 27: one HTTP layer)."""
+    docs = render(("profiler.webConfig.secretName=profiler-web", "profiler.webConfig.tls=true"))
+    pod, c, sm = _profiler(docs)
+    (flag,) = [a for a in c["args"] if a.startswith("--web.config.file=")]
+    path = Path(flag.split("=", 1)[1])
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "web-config"]
+    assert path.parent == Path(mount["mountPath"]) and mount["readOnly"] is True
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "web-config"]
+    assert vol["secret"] == {"secretName": "profiler-web"}
+    assert c["livenessProbe"]["httpGet"]["scheme"] == c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert sm["spec"]["endpoints"][0]["scheme"] == "https"
+    # the exporter's own web config is a separate value: untouched
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert not any(a.startswith("--web.config.file") for a in ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+@pytest.mark.parametrize("sets", [(), ("webConfig.secretName=web", "webConfig.tls=true"),
+                                  ("profiler.webConfig.secretName=profiler-web",)])
+def test_profiler_web_config_only_while_set(sets: tuple[str, ...]) -> None:
+    """Least privilege: no flag, no Secret mounted, plain http probes unless the profiler's value asks."""
+    pod, c, sm = _profiler(render(sets))
+    on = "profiler.webConfig.secretName=profiler-web" in sets
+    assert any(a.startswith("--web.config.file=") for a in c["args"]) is on
+    assert any("secret" in v for v in pod["volumes"]) is on
+    assert any(m["name"] == "web-config" for m in c["volumeMounts"]) is on
+    # TLS only with profiler.webConfig.tls
+    assert "scheme" not in c["livenessProbe"]["httpGet"] and "scheme" not in c["readinessProbe"]["httpGet"]
+    assert "scheme" not in sm["spec"]["endpoints"][0]
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_shipped_profiler_probes_pass_under_auth(tmp_path: Path, tls: bool) -> None:
+    """The profiler's probes, as rendered, run as the kubelet runs them against a real profiler with a web
+    config that turns on basic auth (and TLS where the chart says so): /healthz answers, /metrics wants
+    the password."""
+    import bcrypt
+
+    from tests.e2e.test_probes import kubelet_probe
+    from tests.harness.kubeapi import FakeKubeAPI
+    from tests.harness.net import free_port
+    from tests.harness.poll import wait_until
+
+    _, c, _ = _profiler(render(("profiler.webConfig.secretName=w", f"profiler.webConfig.tls={str(tls).lower()}")))
+    # the probes' named port is the port the profiler listens on (PROFILER_PORT)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    probes = [c[k]["httpGet"] for k in ("livenessProbe", "readinessProbe")]
+    assert all(ports[p["port"]] == int(env["PROFILER_PORT"]) for p in probes)
+    web = tmp_path / "web-config.yml"
+    text = "basic_auth_users:\n  prometheus: " + bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode() + "\n"
+    if tls:
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-days", "2", "-subj", "/CN=profiler", "-keyout", "tls.key", "-out", "tls.crt"],
+                       cwd=tmp_path, check=True, capture_output=True, timeout=60)
+        text = "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n" + text
+    web.write_text(text)
+    with FakeKubeAPI() as api:
+        port = free_port()
+        argv = [sys.executable, "-m", "exporter", "profile", "--kubeconfig", str(api.kubeconfig(tmp_path / "kc")),
+                "--prometheus-url", f"http://127.0.0.1:{free_port()}", "--listen-address", "127.0.0.1",
+                "--listen-port", str(port), "--web.config.file", str(web), "--log-level", "error"]
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            for probe in probes:
+                wait_until(lambda p=probe: _answer(port, p) == 200, 30, what=f"the profiler's probe {probe}")
+            assert kubelet_probe(port, {"path": "/metrics", "scheme": probes[0].get("scheme", "HTTP")}) == 401
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+        assert proc.returncode in (0, -15), err
+
+
+def _answer(port: int, probe: dict[str, Any]) -> int | None:
+    """A kubelet probe's status, None while nothing listens yet."""
+    from tests.e2e.test_probes import kubelet_probe
+
+    try:
+        return kubelet_probe(port, probe)
+    except OSError:
+        return None
 
 
 def test_switches_leave_objects_out() -> None:
