@@ -243,8 +243,8 @@ def statuses(snap: Snapshot) -> list[tuple[str, GpuStatus]]:
 def query_gpus(backend: str = "auto") -> list[GpuStatus]:
     """Every GPU now, in index order (``nvidia-smi --query-gpu=...`` / ``amd-smi metric``).
 
-    ``backend``: ``auto`` (NVML, then amdsmi, then rocm-smi; never simulated), ``nvml``,
-    ``amdsmi``, ``rocm-smi``, ``simulated``, or a comma list.
+    ``backend``: ``auto`` (the real backends in ``--backend auto`` order; never simulated), one
+    backend's name (``gpu-exporter serve --help`` lists them), or a comma list.
     """
     settings = settings_for(backend)
     with session(settings) as engine:

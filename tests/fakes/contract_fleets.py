@@ -1,44 +1,48 @@
-"""One two-GPU fleet per backend, each served by the real exporter process (for the contract test)."""
+"""One two-GPU fleet per backend, each served by the real exporter process (for the contract test).
+
+The backends are the exporter's registry (``exporter.backends``), so a new backend is contract-tested with
+no edit here; its fleet, when it needs a fake vendor library, is its own module in tests/fakes/fleets/.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import stat
-from collections.abc import Iterator
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tests.fakes import fakeamdsmi
-from tests.fakes.fakenvml import FakeNvml
+from exporter import backends
+from tests.fakes import fleets as fleets_package
 from tests.harness.exporter import ExporterProcess
 
-BACKENDS = ("simulated", "nvml", "amdsmi", "rocm-smi")
+Start = Callable[[Path, list[str]], ExporterProcess]
+
+
+def fleets() -> dict[str, Start]:
+    """Backend name -> how to start the exporter on its fleet, from the modules of tests/fakes/fleets/."""
+    found: dict[str, Start] = {}
+    for mod in pkgutil.iter_modules(fleets_package.__path__):
+        module = importlib.import_module(f"{fleets_package.__name__}.{mod.name}")
+        if module.BACKEND not in backends.registry():
+            raise ValueError(f"tests/fakes/fleets/{mod.name}.py: no backend named {module.BACKEND!r}")
+        found[module.BACKEND] = module.start
+    return found
+
+
+BACKENDS = tuple(backends.ordered())
+# where ``python -m exporter`` finds the package these backends came from (a test's copy of it, or this checkout)
+PACKAGE_ROOT = Path(backends.__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
 def exporter_for(backend: str, tmp: Path, *args: str) -> Iterator[ExporterProcess]:
     """A running exporter reading a two-GPU fleet through ``backend`` (``args``: more flags)."""
+    if backend not in backends.registry():
+        raise ValueError(backend)
     tmp.mkdir(parents=True, exist_ok=True)
     common = ["--cache-ttl", "0", "--collection-timeout", "30", "--sysfs-root", str(tmp / "sys"), *args]
-    if backend == "simulated":
-        ex = ExporterProcess(["--backend", "simulated", "--simulated-gpus", "2", *common])
-    elif backend == "nvml":
-        fleet = FakeNvml(tmp / "fleet.conf", gpus=2, fans=1)
-        ex = ExporterProcess(["--backend", "nvml", *common], env=fleet.env())
-    elif backend == "amdsmi":
-        rocm = fakeamdsmi.built()
-        fake = fakeamdsmi.FakeAmdSmi(rocm, tmp / "amd-fleet.conf")
-        fake.write(fakeamdsmi.two_gpu_fleet())
-        ex = ExporterProcess(["--backend", "amdsmi", *common], env=fake.env())
-    elif backend == "rocm-smi":
-        (tmp / "bin").mkdir(exist_ok=True)
-        (tmp / "rocm-smi.json").write_text(fakeamdsmi.rocm_smi_json(fakeamdsmi.two_gpu_fleet()))
-        script = tmp / "bin" / "rocm-smi"
-        script.write_text(f"#!/bin/sh\ncat '{tmp / 'rocm-smi.json'}'\n")
-        script.chmod(script.stat().st_mode | stat.S_IXUSR)
-        ex = ExporterProcess(["--backend", "rocm-smi", "--rocm-smi-path", str(script), *common],
-                             env={"PATH": f"{tmp / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"})
-    else:
-        raise ValueError(backend)
+    start = fleets().get(backend)
+    ex = start(tmp, common) if start else ExporterProcess(["--backend", backend, *common], cwd=PACKAGE_ROOT)
     with ex:
         yield ex

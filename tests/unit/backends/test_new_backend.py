@@ -1,5 +1,6 @@
 """Adding a vendor is one file: a minimal backend dropped into a copy of the package, and nothing else
-changed, is detected by ``--backend auto``, served, listed in ``--help`` and in the generated docs.
+changed, is detected by ``--backend auto``, served, listed in ``--help`` and in the generated docs, and
+contract-tested.
 
 The copy is the real package (``exporter/`` and ``docs/metrics.md``) in a temporary directory; the new
 module is the only file added, and no file of the copy is edited.
@@ -7,6 +8,7 @@ module is the only file added, and no file of the copy is edited.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -94,6 +96,27 @@ def test_generated_docs_list_it(tree: Path) -> None:
     assert rows["`gpu_memory_used_bytes`"][header.index("nvml")] == "yes"  # the others' columns are kept
     # the real checkout's docs are untouched
     assert "| acme |" not in (REPO / "docs" / "metrics.md").read_text()
+
+
+def test_the_contract_test_runs_it(tree: Path, tmp_path: Path) -> None:
+    """The contract fleets are the registry's backends: in the copy, acme (no fake library needed) is one of
+    them, and the contract test's own checks pass on its exposition."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tests.fakes.contract_fleets import BACKENDS, exporter_for\n"
+        "from tests.unit.backends import test_contract as c\n"
+        "assert BACKENDS[0] == 'acme', BACKENDS\n"
+        "with exporter_for('acme', Path(sys.argv[1])) as ex:\n"
+        "    text = {'acme': ex.scrape_text()}\n"
+        "c.test_support_table_is_true(text)\n"
+        "c.test_same_labels_for_the_same_family(text)\n"
+        "print('contract ok', ','.join(BACKENDS))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # the suite's tests/, after the copy's exporter/ (the cwd)
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "fleet")], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "contract ok acme," in done.stdout
 
 
 def test_a_declared_family_must_exist(tree: Path, tmp_path: Path) -> None:
