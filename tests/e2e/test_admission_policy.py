@@ -240,17 +240,25 @@ def test_the_parameter_is_the_profilers_own_service_account() -> None:
     assert denials(new, old, PROFILER, (policy(), None)) == []
 
 
-def _other_namespace_installs(tmp_path: Path) -> dict[str, tuple[str, Install]]:
-    """Installs in namespace telemetry: the overlay docs/deploy.md shows (`namespace:` above a vendor
-    overlay) and a Helm release; each with the profiler's user name there."""
-    from tests.e2e.test_helm import render
-
-    user = tmp_path / "mine"
+def _overlay(tmp_path: Path, name: str, **fields: Any) -> list[dict[str, Any]]:
+    """A user's overlay above deploy/overlays/nvidia with these kustomization fields, rendered."""
+    user = tmp_path / name
     user.mkdir()
     rel = os.path.relpath(ROOT / "deploy" / "overlays" / "nvidia", user)  # kustomize takes relative paths only
-    (user / "kustomization.yaml").write_text(yaml.safe_dump({"namespace": "telemetry", "resources": [rel]}))
+    (user / "kustomization.yaml").write_text(yaml.safe_dump({**fields, "resources": [rel]}))
+    return _kustomize(user)
+
+
+def _other_namespace_installs(tmp_path: Path) -> dict[str, tuple[str, Install]]:
+    """Installs in namespace telemetry: the overlay docs/deploy.md shows (`namespace:` above a vendor
+    overlay), the same with a namePrefix, and a Helm release; each with the profiler's user name there."""
+    from tests.e2e.test_helm import render
+
     return {
-        "kustomize": ("system:serviceaccount:telemetry:gpu-exporter-profiler", _install(_kustomize(user))),
+        "kustomize": ("system:serviceaccount:telemetry:gpu-exporter-profiler",
+                      _install(_overlay(tmp_path, "mine", namespace="telemetry"))),
+        "kustomize namePrefix": ("system:serviceaccount:telemetry:team-gpu-exporter-profiler",
+                                 _install(_overlay(tmp_path, "prefixed", namespace="telemetry", namePrefix="team-"))),
         "helm": ("system:serviceaccount:telemetry:team-a-gpu-exporter-profiler",
                  _install(list(render((), "telemetry", "team-a")))),
     }
@@ -264,7 +272,8 @@ def test_another_namespace_restricts_the_profiler_there(tmp_path: Path) -> None:
         own = changed(ALLOWED["changes its own annotation"])
         assert denials(*own, profiler, install) == [], how
         # the same ServiceAccount name in the default namespace (no longer the profiler) is not matched
-        for other in (PROFILER, profiler.replace(":telemetry:", ":gpu-exporter:")):
+        for other in (PROFILER, profiler.replace(":telemetry:", ":gpu-exporter:"),
+                      "system:serviceaccount:telemetry:gpu-exporter-profiler-x"):
             assert not matched(*label, other, install), f"{how}: {other} is matched"
 
 
