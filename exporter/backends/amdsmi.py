@@ -563,9 +563,7 @@ class AmdSmiBackend(Backend):
             self.count_error(down.kind)
             self.log_once(f"down:{d.index}:{down}", "amdsmi: GPU %d unreadable: %s", d.index, down,
                           level=logging.WARNING)
-            return GpuReading(index=d.index, uuid=d.uuid, vendor=self.vendor, name=d.name, pci_bus_id=d.pci_bus_id,
-                              serial=d.serial, driver_version=d.driver_version,
-                              cuda_driver_version=self._rocm_version).down(str(down))
+            return r.down(str(down))  # its identity, VBIOS included, and no readings
         attrs = {_ATTR_OF_FAMILY.get(x.partition(":")[0], "") for x in gpu.unsupported}
         for attr in list(attrs):
             attrs.update(_ALSO_ABSENT.get(attr, ()))

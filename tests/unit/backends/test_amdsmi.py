@@ -144,6 +144,9 @@ def test_injected_not_supported_on_one_call(fake: FakeAmdSmi, backend: AmdSmiBac
 
 def test_device_error_marks_only_that_gpu_down(fake: FakeAmdSmi, backend: AmdSmiBackend) -> None:
     gpus = two_gpu_fleet()
+    fake.write(gpus, rocm_version="6.2.1")
+    healthy = collect(backend).gpus[1]
+    backend.drain_errors()  # counted below: this collection's only
     gpus[1]["fail.all"] = fakeamdsmi.STATUS_DRM_ERROR
     fake.write(gpus, rocm_version="6.2.1")
     out = collect(backend)
@@ -152,6 +155,10 @@ def test_device_error_marks_only_that_gpu_down(fake: FakeAmdSmi, backend: AmdSmi
     assert not g1.up
     assert g1.up_reason is not None and "amdsmi_get_gpu_activity: AMDSMI_STATUS_DRM_ERROR" in g1.up_reason
     assert (g1.uuid, g1.index) == ("55ff74a1-0000-1000-8031-7e2a3c4d5e6f", 1)  # identity kept
+    # all of it, as while it answered (gpu_info keeps its labels; nvml keeps them the same way)
+    ident = ("name", "pci_bus_id", "serial", "driver_version", "cuda_driver_version", "firmware_version", "vendor")
+    assert healthy.firmware_version is not None
+    assert {k: getattr(g1, k) for k in ident} == {k: getattr(healthy, k) for k in ident}
     assert g1.power_watts is None and g1.temperature_celsius == {}
     assert backend.drain_errors() == {"reading_error": AmdSmiBackend.DOWN_AFTER, "gpu_error": 1}
 
