@@ -1,6 +1,6 @@
 """Adding a vendor is one file: a minimal backend dropped into a copy of the package, and nothing else
-changed, is detected by ``--backend auto``, served, listed in ``--help`` and in the generated docs, and
-contract-tested.
+changed, is detected by ``--backend auto``, served, listed in ``--help``, in the start-up banner and in the
+generated docs, and contract-tested.
 
 The copy is the real package (``exporter/`` and ``docs/metrics.md``) in a temporary directory; the new
 module is the only file added, and no file of the copy is edited.
@@ -81,6 +81,14 @@ def test_auto_detects_and_serves_it(tree: Path, tmp_path: Path) -> None:
 def test_help_lists_it(tree: Path) -> None:
     out = _run(tree, "-m", "exporter", "serve", "--help")
     assert "acme" in out.split("--backend BACKEND", 2)[2].split("--", 1)[0]
+
+
+def test_the_simulated_banner_names_it(tree: Path, tmp_path: Path) -> None:
+    """Serving simulated GPUs says which real backends to use instead: the registry's, acme first."""
+    with ExporterProcess(["--backend", "simulated", "--sysfs-root", str(tmp_path)], cwd=tree) as ex:
+        log = ex.log()
+    hint = log.split("Use --backend ", 1)[1].split(" in production", 1)[0].split("|")
+    assert hint[0] == "acme" and "nvml" in hint and "simulated" not in hint, hint
 
 
 def test_generated_docs_list_it(tree: Path) -> None:
