@@ -23,17 +23,20 @@ Versioned functions are called by their versioned names and probed once per GPU,
 first (processes ``_v3``, ``_v2``, v1; memory ``_v2``, v1; clock event reasons, then the
 older throttle reasons); the version that worked is remembered per GPU. Static values
 (identity, max clocks, max PCIe link, NVLink count) are read once per initialisation.
+
+pynvml's public API is called from here; anything below it (direct C calls with reused out
+values, functions pynvml no longer wraps, NVML's C structures) lives in ``nvml_private.py``,
+guarded: an internal the installed nvidia-ml-py lacks costs only the readings that need it.
+XID events: ``nvml_events.py``; GPM activity: ``nvml_gpm.py``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
-import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from exporter.backends.base import (
     ATTRIBUTION_FAMILIES,
@@ -54,7 +57,19 @@ from exporter.backends.base import (
     Verdict,
     si,
 )
+from exporter.backends.nvml_events import XidWatcher
 from exporter.backends.nvml_gpm import GpmReader
+from exporter.backends.nvml_private import (
+    NVML_MEMORY_V2,
+    U32,
+    U64,
+    Binding,
+    MemoryV1,
+    MemoryV2,
+    PerLink,
+    Utilization,
+    ViolationTime,
+)
 from exporter.core.pci import canonical_bus_id, count_pci_gpus, nvidia_proc_uuid, pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
@@ -88,40 +103,12 @@ _DRIVER_CODES = {UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VER
 _DOWN_CODES = {11, 14, 16, 28}
 
 CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))
-_U32, _U64 = ctypes.c_uint, ctypes.c_ulonglong
-
-
-class _ViolationTime(ctypes.Structure):
-    """``nvmlViolationTime_t`` (nvml.h; pynvml's ``c_nvmlViolationTime_t``), as a plain structure."""
-
-    _fields_ = [("referenceTime", ctypes.c_ulonglong), ("violationTime", ctypes.c_ulonglong)]
-
-
-class _Utilization(ctypes.Structure):
-    """``nvmlUtilization_t``: percent of the last sample period."""
-
-    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
-
-
-class _MemoryV1(ctypes.Structure):
-    """``nvmlMemory_t``: bytes; ``used`` includes the driver's reservation."""
-
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-
-class _MemoryV2(ctypes.Structure):
-    """``nvmlMemory_v2_t`` (``version`` = nvmlMemory_v2): bytes; ``used`` excludes ``reserved``."""
-
-    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
-                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-
-NVML_MEMORY_V2 = ctypes.sizeof(_MemoryV2) | 2 << 24  # NVML_STRUCT_VERSION(Memory, 2)
+_U32, _U64 = U32, U64
 
 
 def _memory(o: Sequence[Any]) -> tuple[float, float, float, float | None]:
     m = o[0]
-    return si(m.total), si(m.used), si(m.free), si(m.reserved) if isinstance(m, _MemoryV2) else None
+    return si(m.total), si(m.used), si(m.free), si(m.reserved) if isinstance(m, MemoryV2) else None
 
 
 def _utilization(o: Sequence[Any]) -> tuple[float, float]:
@@ -186,12 +173,6 @@ MEMORY_FAMILIES = ("gpu_memory_total_bytes", "gpu_memory_used_bytes", "gpu_memor
                    "gpu_memory_reserved_bytes")
 
 
-class _ProcessInfoV1(ctypes.Structure):
-    """``nvmlProcessInfo_v1_t`` (drivers before R470 have only the unversioned processes call)."""
-
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
-
-
 @dataclass(frozen=True)
 class _Direct:
     """Every NVML call the backend makes directly with a reused C value (NvmlBackend._build_direct),
@@ -209,19 +190,6 @@ class _Direct:
     decoder: Callable[[Any], Sequence[Any]]
     retired: tuple[tuple[Callable[[Any], float], str, str], ...]
     pstate: Callable[[Any], float]
-
-
-class _PerLink(Generic[_K]):
-    """One per-link NVML function for one GPU (``fn(handle, *args, &value)`` per argument tuple),
-    set up once: each call writes into its own slot of one C array, so a collection is one C call
-    per link and one pass over the array, with no per-call Python objects."""
-
-    def __init__(self, symbol: str, ctype: Any, args: Sequence[tuple[int, ...]], keys: Sequence[_K]) -> None:
-        self.symbol = symbol
-        self.values = (ctype * len(args))()
-        size = ctypes.sizeof(ctype)
-        self.calls = [(*a, ctypes.byref(self.values, size * i)) for i, a in enumerate(args)]
-        self.keys = list(keys)
 
 
 class _Gpu(Device):
@@ -285,14 +253,16 @@ class NvmlBackend(Backend):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._nv: Any = None
+        self._nv: Any = None  # the pynvml module (its public API; internals: self.binding)
+        #: pynvml and its internals, guarded (nvml_private.py); made by the first init()
+        self.binding: Binding
         self._gpus: list[_Gpu] = []
         self._driver_version: str | None = None
         self._cuda_version: str | None = None
         self._lock = threading.Lock()  # NVML handles are shared with the event watcher
         self._initialised = False
         self._peers: list[PeerReading] | None = None
-        self._xid = _XidWatcher(self)
+        self._xid = XidWatcher(self)
         self._gpm = GpmReader(self)  # SM/tensor/DRAM/NVLink/PCIe activity (nvml_gpm.py)
         self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
         self._system_dev = Device(-1)  # probe state of system-level calls
@@ -301,14 +271,16 @@ class NvmlBackend(Backend):
     # --- lifecycle ---------------------------------------------------------------------------
 
     def init(self) -> None:
+        if self._nv is None:
+            try:
+                self.binding = Binding.load()
+            except ImportError as exc:  # pragma: no cover - a declared dependency
+                raise BackendUnavailable(f"nvidia-ml-py is not installed: {exc}") from None
+            self._nv = self.binding.nv
+        binding, pynvml = self.binding, self._nv
+        self._d = self._build_direct(binding)
         try:
-            import pynvml
-        except ImportError as exc:  # pragma: no cover - a declared dependency
-            raise BackendUnavailable(f"nvidia-ml-py is not installed: {exc}") from None
-        self._nv = pynvml
-        self._d = self._build_direct()
-        try:
-            self._nvml_init(pynvml)
+            self._init_nvml(binding)
         except pynvml.NVMLError as exc:
             code = getattr(exc, "value", None)
             if code == LIBRARY_NOT_FOUND:
@@ -336,17 +308,14 @@ class NvmlBackend(Backend):
             self._xid.start(self._gpus)
 
     @staticmethod
-    def _nvml_init(pynvml: Any) -> None:
+    def _init_nvml(binding: Binding) -> None:
         """``nvmlInit()`` (nvmlInitWithFlags), or ``nvmlInit_v2`` on drivers older than flags (probed once)."""
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
+            binding.nv.nvmlInit()
+        except binding.error as exc:
             if getattr(exc, "value", None) != FUNCTION_NOT_FOUND:
                 raise
-            fn = pynvml._nvmlGetFunctionPointer("nvmlInit_v2")
-            pynvml._nvmlCheckReturn(fn())
-            with pynvml.libLoadLock:  # keep pynvml's refcount right for nvmlShutdown()
-                pynvml._nvmlLib_refcount += 1
+            binding.init_v2()
 
     def reset(self) -> None:
         self._shutdown_nvml()
@@ -366,27 +335,10 @@ class NvmlBackend(Backend):
         self._gpus = []
         self._peers = None
 
-    def _legacy(self, symbol: str, *args: Any) -> Any:
-        """Call an unversioned NVML symbol that ``pynvml`` no longer wraps (drivers before its ``_v2``)."""
-        nv = self._nv
-        fn = nv._nvmlGetFunctionPointer(symbol)
-        nv._nvmlCheckReturn(fn(*args))
-
-    def _count_v1(self) -> int:
-        n = ctypes.c_uint(0)
-        self._legacy("nvmlDeviceGetCount", ctypes.byref(n))
-        return int(n.value)
-
-    def _handle_v1(self, index: int) -> Any:
-        nv = self._nv
-        h = nv.c_nvmlDevice_t()
-        self._legacy("nvmlDeviceGetHandleByIndex", ctypes.c_uint(index), ctypes.byref(h))
-        return h
-
     def _enumerate(self) -> None:
         nv = self._nv
         count = self._system("device_count", (("nvmlDeviceGetCount_v2", nv.nvmlDeviceGetCount),
-                                               ("nvmlDeviceGetCount", self._count_v1)), convert=int)
+                                               ("nvmlDeviceGetCount", self.binding.count_v1)), convert=int)
         if count is None or not 0 <= count <= 4096:
             raise BackendError("nvmlDeviceGetCount failed", kind=DRIVER)
         if len(self._gpus) != count:
@@ -506,7 +458,7 @@ class NvmlBackend(Backend):
         nv = self._nv
         if gpu.handle is None:
             h = self.probe(gpu, "handle", (("nvmlDeviceGetHandleByIndex_v2", nv.nvmlDeviceGetHandleByIndex),
-                                           ("nvmlDeviceGetHandleByIndex", self._handle_v1)), gpu.index)
+                                           ("nvmlDeviceGetHandleByIndex", self.binding.handle_v1)), gpu.index)
             if h is MISSING:
                 raise GpuDown("nvmlDeviceGetHandleByIndex failed", GPU_ERROR)
             gpu.handle = h
@@ -554,70 +506,11 @@ class NvmlBackend(Backend):
         self._read_fabric_and_recovery(gpu, r, h)
         r.unsupported = {f.partition(":")[0] for f in gpu.unsupported if f != "handle" and f.startswith("gpu_")}
 
-    def _direct(self, symbol: str, out_type: Any, args: tuple[int, ...] = (), member: str = "value",
-                factor: float = 1.0) -> Callable[[Any], float]:
-        """``symbol(handle, *args, &out)`` as ``si(out.member, factor)``, for the funnel.
-
-        What pynvml's one-value wrappers do, without a new C value, argument conversions and a
-        wrapper frame per call (a third of a reading's cost at 40 readings per GPU). The out value
-        is reused: collections are serialised by the backend's lock.
-        """
-        out = out_type()
-        tail = (*args, ctypes.byref(out))
-        lookup = self._nv._nvmlGetFunctionPointer  # raises FUNCTION_NOT_FOUND as the wrappers do
-        error = self._nv.NVMLError
-
-        def get(h: Any) -> float:
-            ret = lookup(symbol)(h, *tail)
-            if ret:
-                raise error(ret)
-            return si(getattr(out, member), factor)
-
-        get.__name__ = symbol  # what the funnel's log lines name
-        return get
-
-    def _direct_outs(self, symbol: str, outs: Sequence[Any], args: tuple[int, ...] = (),
-                     version: int | None = None) -> Callable[[Any], Sequence[Any]]:
-        """``symbol(handle, *args, &outs[0], &outs[1], ...)`` returning ``outs`` themselves (reused
-        C values: the funnel's conversion reads them before the next call). ``version``: written
-        into ``outs[0].version`` before each call (versioned NVML structures)."""
-        tail = (*args, *(ctypes.byref(o) for o in outs))
-        lookup = self._nv._nvmlGetFunctionPointer
-        error = self._nv.NVMLError
-        first = outs[0]
-
-        def get(h: Any) -> Sequence[Any]:
-            if version is not None:
-                first.version = version
-            ret = lookup(symbol)(h, *tail)
-            if ret:
-                raise error(ret)
-            return outs
-
-        get.__name__ = symbol
-        return get
-
-    def _retired_count(self, cause: int) -> Callable[[Any], float]:
-        """nvmlDeviceGetRetiredPages(device, cause, &count, NULL): the size query of pynvml's
-        wrapper alone (we publish the count, not the addresses), SUCCESS or INSUFFICIENT_SIZE."""
-        count = ctypes.c_uint(0)
-        ref = ctypes.byref(count)
-        lookup = self._nv._nvmlGetFunctionPointer
-        error = self._nv.NVMLError
-
-        def get(h: Any) -> float:
-            count.value = 0
-            ret = lookup("nvmlDeviceGetRetiredPages")(h, cause, ref, None)
-            if ret and ret != INSUFFICIENT_SIZE:
-                raise error(ret)
-            return si(count.value)
-
-        get.__name__ = "nvmlDeviceGetRetiredPages"
-        return get
-
-    def _build_direct(self) -> _Direct:
-        """The direct calls, for the enabled families (the field selection is fixed at start)."""
-        d, u32 = self._direct, ctypes.c_uint
+    def _build_direct(self, b: Binding) -> _Direct:
+        """The direct calls (nvml_private.py), for the enabled families (the field selection is fixed
+        at start). Nothing is looked up here: a function or internal that is missing fails its reading
+        when asked, never the initialisation."""
+        d, u32 = b.direct, U32
         return _Direct(
             simple=[(reading, d(symbol, out, args, member, factor), attr, key)
                     for family, reading, symbol, out, args, member, factor, attr, key in SIMPLE
@@ -630,16 +523,16 @@ class NvmlBackend(Backend):
                  for ctype, cname in ((0, "volatile"), (1, "aggregate"))],
             # nvmlDeviceGetViolationStatus(device, policy): time throttled by each policy, ns -> s
             violation=[(f"gpu_violation_seconds_total:{pname}",
-                        d("nvmlDeviceGetViolationStatus", _ViolationTime, (policy,), "violationTime", 1e-9), pname)
+                        d("nvmlDeviceGetViolationStatus", ViolationTime, (policy,), "violationTime", 1e-9), pname)
                        for policy, pname in VIOLATION_POLICIES],
-            utilization=self._direct_outs("nvmlDeviceGetUtilizationRates", [_Utilization()]),
-            memory_v2=self._direct_outs("nvmlDeviceGetMemoryInfo_v2", [_MemoryV2()], version=NVML_MEMORY_V2),
-            memory_v1=self._direct_outs("nvmlDeviceGetMemoryInfo", [_MemoryV1()]),
-            remapped=self._direct_outs("nvmlDeviceGetRemappedRows", [u32(), u32(), u32(), u32()]),
-            encoder=self._direct_outs("nvmlDeviceGetEncoderUtilization", [u32(), u32()]),
-            decoder=self._direct_outs("nvmlDeviceGetDecoderUtilization", [u32(), u32()]),
-            retired=((self._retired_count(0), "gpu_retired_pages:single_bit", "single_bit"),
-                     (self._retired_count(1), "gpu_retired_pages:double_bit", "double_bit")),
+            utilization=b.direct_outs("nvmlDeviceGetUtilizationRates", [Utilization()]),
+            memory_v2=b.direct_outs("nvmlDeviceGetMemoryInfo_v2", [MemoryV2()], version=NVML_MEMORY_V2),
+            memory_v1=b.direct_outs("nvmlDeviceGetMemoryInfo", [MemoryV1()]),
+            remapped=b.direct_outs("nvmlDeviceGetRemappedRows", [u32(), u32(), u32(), u32()]),
+            encoder=b.direct_outs("nvmlDeviceGetEncoderUtilization", [u32(), u32()]),
+            decoder=b.direct_outs("nvmlDeviceGetDecoderUtilization", [u32(), u32()]),
+            retired=((b.retired_count(0), "gpu_retired_pages:single_bit", "single_bit"),
+                     (b.retired_count(1), "gpu_retired_pages:double_bit", "double_bit")),
             pstate=d("nvmlDeviceGetPerformanceState", _U32),  # P0-P15; 32 is "unknown"
         )
 
@@ -678,12 +571,12 @@ class NvmlBackend(Backend):
             n = self._field_value(gpu, h, "gpu_link_up:count", NVML_FI_DEV_NVLINK_LINK_COUNT)
             links = st["nvlinks"] = tuple(range(int(n))) if n and 0 < n <= 64 else ()
             if links:  # each per-link call's arguments, slot and label pair are the same every collection
-                st["link_state_plan"] = _PerLink("nvmlDeviceGetNvLinkState", ctypes.c_uint,
-                                                 [(link,) for link in links], links)
+                st["link_state_plan"] = self.binding.per_link("nvmlDeviceGetNvLinkState", U32,
+                                                              [(link,) for link in links], links)
                 pairs = [(link, c, n) for link in links for n, c in NVLINK_ERROR_COUNTERS]
-                st["link_error_plan"] = _PerLink("nvmlDeviceGetNvLinkErrorCounter", ctypes.c_ulonglong,
-                                                 [(link, c) for link, c, _ in pairs],
-                                                 [(n, str(link)) for link, _, n in pairs])
+                st["link_error_plan"] = self.binding.per_link("nvmlDeviceGetNvLinkErrorCounter", U64,
+                                                              [(link, c) for link, c, _ in pairs],
+                                                              [(n, str(link)) for link, _, n in pairs])
         gpu.static = st
 
     def _read_memory(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
@@ -693,21 +586,6 @@ class NvmlBackend(Backend):
                        h, convert=_memory)
         if m is not MISSING:
             r.memory_total_bytes, r.memory_used_bytes, r.memory_free_bytes, r.memory_reserved_bytes = m
-
-    def _processes_v1(self, h: Any) -> list[Any]:
-        """``nvmlDeviceGetComputeRunningProcesses`` (v1 structs), which ``pynvml`` no longer wraps."""
-        nv = self._nv
-        fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses")
-        count = ctypes.c_uint(0)
-        ret = fn(h, ctypes.byref(count), None)
-        if ret == 0:
-            return []
-        if ret != INSUFFICIENT_SIZE:
-            raise nv.NVMLError(ret)
-        count.value = count.value * 2 + 5  # room for processes started in between
-        infos = (_ProcessInfoV1 * count.value)()
-        nv._nvmlCheckReturn(fn(h, ctypes.byref(count), infos))
-        return [infos[i] for i in range(count.value)]
 
     def _field_value(self, gpu: _Gpu, h: Any, reading: str, field_id: int) -> float | None:
         """One ``nvmlDeviceGetFieldValues`` entry; each entry carries its own return code."""
@@ -802,7 +680,7 @@ class NvmlBackend(Backend):
             mig = r.mig_mode_enabled == 1.0
             self._gpm.read(gpu, h, r, [m.gpu_instance_id for m in r.mig if m.gpu_instance_id >= 0] if mig else [])
 
-    def _per_link(self, plan: _PerLink[_K], h: Any) -> dict[_K, float]:
+    def _per_link(self, plan: PerLink[_K], h: Any) -> dict[_K, float]:
         """``plan``'s NVML function for each of its argument tuples, as one reading of the funnel:
         the value of each call that answered, under its key.
 
@@ -811,10 +689,9 @@ class NvmlBackend(Backend):
         a driver or device fault, or no link answering at all, is raised for the funnel to judge.
         """
         nv = self._nv
-        fn = nv._nvmlGetFunctionPointer(plan.symbol)
-        rets = [fn(h, *args) for args in plan.calls]
+        rets, values = plan.call(h)
         # unsigned C integers: si()'s checks reduce to the sentinels
-        out = {key: float(v) for key, v, ret in zip(plan.keys, plan.values[:], rets, strict=True)
+        out = {key: float(v) for key, v, ret in zip(plan.keys, values, rets, strict=True)
                if ret == 0 and v not in SENTINELS}
         if len(out) < len(rets):
             failed = [ret for ret in rets if ret != 0]
@@ -844,7 +721,7 @@ class NvmlBackend(Backend):
         res = self.probe(gpu, "gpu_processes", (
             ("nvmlDeviceGetComputeRunningProcesses_v3", lambda x: nv.nvmlDeviceGetComputeRunningProcesses_v3(x)),
             ("nvmlDeviceGetComputeRunningProcesses_v2", lambda x: nv.nvmlDeviceGetComputeRunningProcesses_v2(x)),
-            ("nvmlDeviceGetComputeRunningProcesses", self._processes_v1),
+            ("nvmlDeviceGetComputeRunningProcesses", self.binding.processes_v1),
         ), h, convert=convert)
         if res is MISSING:
             return
@@ -1058,133 +935,18 @@ class NvmlBackend(Backend):
     def _fabric_state(self, h: Any) -> float:
         """The fabric state 1-3; state 0 (NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: no fabric) is
         NOT_SUPPORTED, so the funnel leaves the family absent and stops asking."""
-        info = _FabricInfo()
-        ret = self._nv._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfo")(h, ctypes.byref(info))
-        if ret:
-            raise self._nv.NVMLError(ret)
-        if info.state == 0:
+        state = self.binding.fabric_state(h)
+        if state == 0:
             raise self._nv.NVMLError(NOT_SUPPORTED)
-        if info.state == 0xFF:  # the one-byte field's "no value" (0xFFFFFFFF truncated): absent, counted
+        if state == 0xFF:  # the one-byte field's "no value" (0xFFFFFFFF truncated): absent, counted
             raise NoValue("no value (sentinel 0xff)")
-        if info.state > 3:  # a state this enum does not have: a value we cannot use
-            raise ValueError(f"fabric state {info.state} outside 0-3")
-        return float(info.state)
-
-
-class _FabricInfo(ctypes.Structure):
-    """``nvmlGpuFabricInfo_t`` (nvml.h, R525+): ``state`` is an ``unsigned char``
-    (nvmlGpuFabricState_t), which pynvml's structure declares wider."""
-
-    _fields_ = [("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int), ("cliqueId", ctypes.c_uint),
-                ("state", ctypes.c_ubyte)]
+        if state > 3:  # a state this enum does not have: a value we cannot use
+            raise ValueError(f"fabric state {state} outside 0-3")
+        return float(state)
 
 
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 
-
-XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
-
-
-class _XidWatcher:
-    """Background thread that waits on an NVML event set for XID errors.
-
-    It never blocks a scrape: collections read its counters under a short lock. It
-    survives a lost GPU (that GPU just stops reporting) and a driver reload (the backend
-    stops it before nvmlShutdown and starts a new one after the next nvmlInit). Counts
-    are kept for the life of the process, so ``gpu_xid_errors_total`` is a true counter.
-    """
-
-    WAIT_MS = 500  # bounds how long stop() waits for the thread
-
-    def __init__(self, backend: NvmlBackend) -> None:
-        self.b = backend
-        self.counts: dict[tuple[int, str, str], float] = {}
-        self.last: dict[tuple[int, str], float] = {}
-        self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, gpus: list[_Gpu]) -> None:
-        self.stop()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(list(gpus), self._stop), name="nvml-xid",
-                                        daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.WAIT_MS / 1000 * 4)
-            self._thread = None
-
-    def snapshot(self) -> tuple[dict[tuple[int, str, str], float], dict[tuple[int, str], float]]:
-        with self.lock:
-            return dict(self.counts), dict(self.last)
-
-    def _run(self, gpus: list[_Gpu], stop: threading.Event) -> None:
-        """Register every reachable GPU and wait; rebuild the event set after any error.
-
-        A lost GPU makes the wait fail (or its registration fail): the set is rebuilt with
-        the GPUs that still answer, and rebuilt again periodically while one is missing, so
-        it rejoins when it comes back.
-        """
-        while not stop.is_set():
-            try:
-                missing = self._watch(gpus, stop)
-            except Exception as exc:  # noqa: BLE001 - a bug or a broken library: back off, keep going
-                self.b.log_once(f"xid:crash:{type(exc).__name__}", "nvml: XID watcher failed: %r", exc,
-                                level=logging.WARNING)
-                missing = None
-            if stop.wait(1.0 if missing is None else 0.0):
-                return
-
-    def _watch(self, gpus: list[_Gpu], stop: threading.Event) -> int | None:
-        """One event set's life. Returns None after an error (caller backs off)."""
-        nv = self.b._nv
-        try:
-            evset = nv.nvmlEventSetCreate()
-        except Exception as exc:  # noqa: BLE001 - the watcher thread must survive any failure
-            self.b.log_once("xid:create", "nvml: XID events unavailable: %s", self.b._err(exc))
-            return None
-        uuids: dict[int, str] = {}
-        try:
-            for g in gpus:
-                try:
-                    h = nv.nvmlDeviceGetHandleByIndex(g.index)
-                    nv.nvmlDeviceRegisterEvents(h, XID_EVENT, evset)
-                    uuids[g.index] = g.uuid or nv.nvmlDeviceGetUUID(h)
-                except Exception as exc:  # noqa: BLE001 - the watcher thread must survive any failure
-                    self.b.log_once(f"xid:register:{g.index}", "nvml: GPU %d: XID events unavailable: %s",
-                                    g.index, self.b._err(exc))
-            if not uuids:
-                return None
-            rebuild_at = time.monotonic() + (30.0 if len(uuids) < len(gpus) else float("inf"))
-            while not stop.is_set() and time.monotonic() < rebuild_at:
-                try:
-                    data = nv.nvmlEventSetWait_v2(evset, self.WAIT_MS)
-                except Exception as exc:  # noqa: BLE001 - the watcher thread must survive any failure
-                    if getattr(exc, "value", None) == TIMEOUT:
-                        continue
-                    self.b.log_once(f"xid:wait:{getattr(exc, 'value', None)}",
-                                    "nvml: XID wait failed (%s); re-registering the GPUs that answer",
-                                    self.b._err(exc))
-                    return None
-                if not (data.eventType & XID_EVENT):
-                    continue
-                try:
-                    idx = int(nv.nvmlDeviceGetIndex(data.device))
-                except Exception:  # noqa: BLE001 - the watcher thread must survive any failure
-                    continue
-                key = (idx, uuids.get(idx, ""), str(int(data.eventData)))
-                with self.lock:
-                    self.counts[key] = self.counts.get(key, 0.0) + 1.0
-                    self.last[(idx, key[1])] = time.time()
-            return len(gpus) - len(uuids)
-        finally:
-            try:
-                nv.nvmlEventSetFree(evset)
-            except Exception:  # noqa: BLE001 - the watcher thread must survive any failure
-                pass
 
 def _field_number(v: Any) -> float:
     """Decode an ``nvmlFieldValue_t`` union by its ``valueType`` (sentinels are "no value")."""

@@ -18,7 +18,6 @@ without it (``isSupportedDevice`` 0: before Hopper) gives absent families and on
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import threading
@@ -30,6 +29,7 @@ from exporter.backends.base import MISSING, Device
 from exporter.core.schema import FAMILY_OF_ATTR
 
 if TYPE_CHECKING:
+    from exporter.backends.nvml_private import Binding
     from exporter.core.readings import GpuReading
 
 log = logging.getLogger(__name__)
@@ -65,10 +65,10 @@ FAMILIES = tuple(FAMILY_OF.values())
 
 
 class _Host(Protocol):
-    """What the reader needs of the NVML backend (its funnel and field selection); not imported,
-    so the backend can import this module."""
+    """What the reader needs of the NVML backend (its funnel, field selection and the loaded
+    binding); not imported, so the backend can import this module."""
 
-    _nv: Any
+    binding: Binding
 
     def call(self, dev: Device | None, reading: str, fn: Callable[..., Any], *args: Any,
              convert: Callable[[Any], Any] | None = None) -> Any: ...
@@ -102,8 +102,9 @@ class GpmReader:
         self._pairs: dict[tuple[int, str, str], _Pair] = {}  # (gpu index, uuid, gpu_instance) -> samples
         self._seen: set[tuple[int, str, str]] = set()
         self._available: bool | None = None  # the driver has GPM (probed once per initialisation)
-        self._request: Any = None  # one reused nvmlGpmMetricsGet_t (about 19 KB)
+        self._request: Any = None  # one reused nvmlGpmMetricsGet_t (about 19 KB; nvml_private.py)
         self._slots: list[Any] = []  # its metrics[], element by element (views, not copies)
+        self._version = 0  # its version (NVML_GPM_METRICS_GET_VERSION)
         self._lock = threading.Lock()
         self._wanted: dict[bool, list[tuple[int, str, str | None, float]]] = {}  # whole GPU? -> metrics asked
 
@@ -130,11 +131,11 @@ class GpmReader:
 
     def supported(self, gpu: Device, handle: Any, static: dict[str, Any]) -> bool:
         """GPM on this driver and this GPU (cached in the GPU's static readings); logs once if not."""
-        nv = self._b._nv
+        nv = self._b.binding.nv
         if self._available is None:
-            # One system-level probe, so a driver before R520 gives one log line, not one per GPU.
-            ok = self._b.call(None, "gpm:nvmlGpmQueryDeviceSupport", nv._nvmlGetFunctionPointer,
-                              "nvmlGpmQueryDeviceSupport")
+            # One system-level probe, so a driver before R520 (or a binding without GPM's internals)
+            # gives one log line, not one per GPU.
+            ok = self._b.call(None, "gpm:nvmlGpmQueryDeviceSupport", self._b.binding.gpm_probe)
             self._available = ok is not MISSING
         if not self._available:
             return False
@@ -157,7 +158,7 @@ class GpmReader:
         """
         if not self.supported(gpu, handle, getattr(gpu, "static", {})):
             return False
-        nv = self._b._nv
+        nv = self._b.binding.nv
         if instances:
             for gi in sorted(set(instances)):
                 self._one(gpu, r, str(gi), lambda s, gi=gi: nv.nvmlGpmMigSampleGet(handle, gi, s))
@@ -204,7 +205,7 @@ class GpmReader:
                 slot[key2] = v
 
     def _alloc(self, gpu: Device) -> _Pair | None:
-        nv = self._b._nv
+        nv = self._b.binding.nv
         a = self._b.call(gpu, "gpm:alloc", nv.nvmlGpmSampleAlloc)
         if a is MISSING:
             return None
@@ -220,39 +221,28 @@ class GpmReader:
 
     def _release(self, sample: Any) -> None:
         try:
-            self._b._nv.nvmlGpmSampleFree(sample)
+            self._b.binding.nv.nvmlGpmSampleFree(sample)
         except Exception:  # noqa: BLE001 - freeing after a driver reload may fail; nothing to do
             pass
 
     def _request_for(self) -> Any:
-        """One ``nvmlGpmMetricsGet_t`` for the whole initialisation, as plain ctypes (the layout of
-        nvml.h and pynvml's ``c_nvmlGpmMetricsGet_t``): pynvml's printable structures cost a Python
-        call per field read, which is most of GPM's cost at 16 metrics per GPU."""
+        """One ``nvmlGpmMetricsGet_t`` for the whole initialisation (nvml_private.py: plain ctypes, as
+        pynvml's printable structures cost a Python call per field read, which is most of GPM's
+        cost at 16 metrics per GPU)."""
         if self._request is None:
-            nv = self._b._nv
-
-            class Metric(ctypes.Structure):
-                _fields_ = [("metricId", ctypes.c_uint), ("nvmlReturn", ctypes.c_int), ("value", ctypes.c_double),
-                            ("shortName", ctypes.c_void_p), ("longName", ctypes.c_void_p), ("unit", ctypes.c_void_p)]
-
-            class MetricsGet(ctypes.Structure):
-                _fields_ = [("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint),
-                            ("sample1", nv.c_nvmlGpmSample_t), ("sample2", nv.c_nvmlGpmSample_t),
-                            ("metrics", Metric * nv.NVML_GPM_METRIC_MAX)]
-
-            self._request = MetricsGet()
-            self._slots = list(self._request.metrics)
+            self._request, self._slots = self._b.binding.gpm_request()
+            self._version = self._request.version
         return self._request
 
     def _metrics(self, s1: Any, s2: Any, whole: bool) -> list[tuple[str, str | None, float]]:
         """``nvmlGpmMetricsGet`` over (s1, s2): (attribute, key, value) of each metric that answered."""
-        nv = self._b._nv
+        nv = self._b.binding.nv
         wanted = self._wanted.get(whole)
         if wanted is None:  # the field selection is fixed at start: filtered once per shape
             wanted = self._wanted[whole] = [m for m in _METRICS if (whole or m[1] not in _DEVICE_ONLY)
                                             and self._b.enabled(FAMILY_OF[m[1]])]
         mg = self._request_for()
-        mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+        mg.version = self._version
         mg.numMetrics = len(wanted)
         mg.sample1, mg.sample2 = s1, s2
         slots = self._slots  # views into mg.metrics (NVML_GPM_METRIC_MAX of them), made once: indexing makes an object
