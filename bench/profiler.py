@@ -121,10 +121,10 @@ def run_bench(nodes: int, periodic_only: bool = False, conditions: bool = True) 
             prom_pid = prom._proc.pid if prom._proc is not None else None
             extra = [] if conditions else ["--health-condition", "off"]
             first = _once(prom.url, kubeconfig, Path(tmp) / "first.log", end, prom_pid, extra)
-            patches_first = len([r for r in api.patches() if r.resource == "nodes"])
+            patches_first, status_first, events_first = _writes(api)
             api.clear_requests()
             second = _once(prom.url, kubeconfig, Path(tmp) / "second.log", end, prom_pid, extra)
-            patches_second = len([r for r in api.patches() if r.resource == "nodes"])
+            patches_second, status_second, events_second = _writes(api)
             got = {(n, k[len("gpu-exporter.io/gpu-"):-len(".pattern")]): v
                    for n in api.nodes() for k, v in api.node(n)["metadata"]["annotations"].items()
                    if k.startswith("gpu-exporter.io/gpu-") and k.endswith(".pattern")}
@@ -150,12 +150,23 @@ def run_bench(nodes: int, periodic_only: bool = False, conditions: bool = True) 
         "patches_first": patches_first,
         "patches_second": patches_second,
         "condition_writes": [first["condition_writes"], second["condition_writes"]],
+        "status_writes": [status_first, status_second],
+        "events": [events_first, events_second],
         "errors": [first["errors"], second["errors"]],
         "peak_rss_mib": max(first["peak_rss_mib"], second["peak_rss_mib"]),
         "largest_answer_mib": round(max(first["largest_answer"], second["largest_answer"]) / 2**20, 2),
         "classified_as_generated": round(correct / len(hist), 4),
         "max_annotation_bytes": max(sizes) if sizes else 0,
     }
+
+
+def _writes(api: FakeKubeAPI) -> tuple[int, int, int]:
+    """Requests the fake API server received: (Node patches, ``nodes/status`` patches, Event
+    writes), counted on the server's side, not from the profiler's log."""
+    reqs = api.requests
+    return (sum(1 for r in reqs if r.method == "PATCH" and r.resource == "nodes"),
+            sum(1 for r in reqs if r.method == "PATCH" and r.resource == "nodes/status"),
+            sum(1 for r in reqs if r.method in ("POST", "PATCH") and r.resource == "events"))
 
 
 _CYCLE = re.compile(r"cycle: ([0-9.]+)s \(read ([0-9.]+)s, classify ([0-9.]+)s, write ([0-9.]+)s\), (\d+) queries "
@@ -207,7 +218,8 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         ("cycle_first_s", "first cycle (s)"), ("cycle_steady_s", "no-change cycle (s)"),
         ("queries_per_cycle", "queries / cycle"), ("shards", "shards"), ("patches_first", "patches, first cycle"),
         ("patches_second", "patches, no-change cycle"),
-        ("condition_writes", "condition writes: first / no-change cycle"),
+        ("status_writes", "status writes (nodes/status PATCH): first / no-change cycle"),
+        ("events", "Events written: first / no-change cycle"),
         ("classified_as_generated", "classified as generated"),
         ("max_annotation_bytes", "largest node annotations (bytes)"),
         ("peak_rss_mib", "profiler peak RSS (MiB)"), ("largest_answer_mib", "largest answer (MiB)"),

@@ -79,8 +79,13 @@ def gpu_causes(st: GpuStats, critical: Iterable[int] = CRITICAL_XIDS) -> list[st
     """The causes (CAUSES order) that make one reporting GPU unhealthy; [] when none."""
     if st.up is not None and st.up == 0:
         return [LOST]
-    h = st.health or {}
-    codes = frozenset(critical)
+    h = st.health
+    if not h:
+        return []  # no health field published (or all read as absent): nothing to find
+    return _causes(h, critical if isinstance(critical, frozenset) else frozenset(critical))
+
+
+def _causes(h: Mapping[str, float], codes: frozenset[int]) -> list[str]:
     out: list[str] = []
     xid = _f(h, "xid")
     if xid is not None and xid > 0:
@@ -105,18 +110,38 @@ def _gpu_sort(g: str) -> tuple[int, int, str]:
     return (0, int(g), "") if g.isdigit() else (1, 0, g)
 
 
+_ALL_HEALTHY: dict[int, Observed] = {}  # "N GPUs healthy", one shared (frozen) object per N
+
+
 def observe(gpus: Mapping[str, GpuStats], critical: Iterable[int] = CRITICAL_XIDS) -> Observed:
-    """The node's condition from its GPUs' stats (every GPU Prometheus knows on it)."""
-    fresh = {g: st for g, st in gpus.items() if st.fresh}
+    """The node's condition from its GPUs' stats (every GPU Prometheus knows on it).
+
+    O(GPUs) with a few attribute reads per healthy GPU: it runs for every node every cycle
+    (80,000 GPUs at 10,000 nodes), and nearly every GPU is healthy."""
+    codes = critical if isinstance(critical, frozenset) else frozenset(critical)
+    sick = False
+    fresh = 0
+    for st in gpus.values():
+        if st.fresh:
+            fresh += 1
+            if (st.up is not None and st.up == 0) or (st.health and _causes(st.health, codes)):
+                sick = True
+        else:
+            sick = True  # lost, unless no GPU of the node is fresh (then the exporter is not scraped)
     if not fresh:
         return Observed(UNKNOWN, NOT_SCRAPED, "no recent sample from the node's GPU exporter")
+    if not sick:
+        obs = _ALL_HEALTHY.get(fresh)
+        if obs is None:
+            obs = Observed(TRUE, HEALTHY, f"{fresh} GPUs healthy")
+            if len(_ALL_HEALTHY) < 256:
+                _ALL_HEALTHY[fresh] = obs
+        return obs
     found: dict[str, list[str]] = {}
     for g in sorted(gpus, key=_gpu_sort):
         st = gpus[g]
-        for cause in gpu_causes(st, critical) if st.fresh else [LOST]:
+        for cause in gpu_causes(st, codes) if st.fresh else [LOST]:
             found.setdefault(cause, []).append(g)
-    if not found:
-        return Observed(TRUE, HEALTHY, f"{len(fresh)} GPUs healthy")
     reason = next(c for c in CAUSES if c in found)
     parts = [f"{c}: GPU {', '.join(found[c])}" for c in CAUSES if c in found]
     return Observed(FALSE, reason, "; ".join(parts)[:MAX_MESSAGE])

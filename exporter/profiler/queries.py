@@ -59,6 +59,7 @@ folds those into one series per GPU.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -92,9 +93,10 @@ SCORE_THROTTLE_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slow
 # every metric a shard's aggregates select: series of any of them without the node label need the join
 JOINED_METRICS = (UTIL, SM_ACTIVE, MEM_USED, MEM_FREE, MEM_TOTAL, UP, ALLOCATION)
 
-# the health fields' stats (health.py reads them from GpuStats.health)
-HEALTH_STATS = frozenset(("up", "xid", "xid_min", "xid_max", "xid_last", "xid_changes", "xid_before", "ecc", "remap",
-                          "retire", "width", "width_max"))
+# the health fields' stats (health.py reads them from GpuStats.health; ``up`` is GpuStats.up)
+HEALTH_STATS = ("xid", "xid_min", "xid_max", "xid_last", "xid_changes", "xid_before", "ecc", "remap", "retire", "width",
+                "width_max")
+_HEALTH_KEYS = tuple(("mem_" + name, name) for name in HEALTH_STATS)  # as the memory query's stats arrive
 
 EMPTY = "prometheus_empty"  # error kind: every query answered, none had a GPU series
 
@@ -389,6 +391,7 @@ def uuid_regex(uuids: Iterable[str]) -> str:
 _SCRAPE_INTERVALS = (1, 2, 3, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 300, 600)
 
 
+@functools.lru_cache(maxsize=4096)  # a few (span, count) pairs per fleet, asked for every GPU every cycle
 def scrape_interval(span_s: float, samples: float) -> float:
     """The scrape interval that put ``samples`` samples in ``span_s`` seconds, in whole seconds.
 
@@ -653,10 +656,17 @@ class Reader:
         stats: dict[tuple[str, str, str], dict[str, float]] = {}
         uuid_labels: dict[str, str] = {}
         dropped = 0
+        nl = cfg.node_label
         for prefix, samples in (("util_", util), ("mem_", mem)):
+            names: dict[str, str] = {}  # stat -> prefixed name, made once per answer, not per series
             for s in samples:
-                k = key_of(s.labels)
-                stat = s.labels.get("stat")
+                labels = s.labels
+                if b.ours:  # _key inlined: the loop runs for every series of every shard
+                    node, gpu = labels.get(nl, ""), labels.get("gpu", "")
+                    k = (node, gpu, labels.get("uuid", "")) if node and gpu else None
+                else:
+                    k = key_of(labels)
+                stat = labels.get("stat")
                 if stat is None:
                     raise PromError(BAD_RESPONSE, "aggregate series without its 'stat' label")
                 if k is None:
@@ -664,13 +674,17 @@ class Reader:
                     continue
                 if k[0] not in in_shard:
                     continue  # named by a label of higher rank than the one that selected it
-                v = stats.setdefault(k, {})
-                name = prefix + stat
+                v = stats.get(k)
+                if v is None:
+                    v = stats[k] = {}
+                name = names.get(stat)
+                if name is None:
+                    name = names[stat] = prefix + stat
                 old = v.get(name)
                 # one GPU scraped by several jobs (or named by several labels): the larger value
                 v[name] = s.value if old is None or not s.value <= old else old
                 if k[2] and k[2] not in uuid_labels:
-                    uuid_labels[k[2]] = "uuid" if b.ours else src.uuid_label(s.labels)
+                    uuid_labels[k[2]] = "uuid" if b.ours else src.uuid_label(labels)
         del util, mem
         holders: dict[tuple[str, str, str], dict[str, float]] = {}
         for s in alloc:
@@ -707,7 +721,10 @@ class Reader:
                 throttle_ratio=v.get("mem_score_throttle"),
             )  # fmt: skip
             if cfg.health:
-                st.health = {k[4:]: x for k, x in v.items() if k[4:] in HEALTH_STATS}
+                # only the fields a GPU has (none, on most fleets): health.py skips a GPU without any
+                fields = {name: v[key] for key, name in _HEALTH_KEYS if key in v}
+                if fields:
+                    st.health = fields
             holder = holders.get((node, gpu, uuid))
             if holder:
                 st.holders = holder
