@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from exporter.backends.base import MISSING, Device
-from exporter.core.schema import FAMILY_OF_ATTR
+from exporter.core.schema import FAMILY_OF_ATTR, GPU_FAMILIES, Family
 
 if TYPE_CHECKING:
     from exporter.backends.nvml_private import Binding
@@ -37,30 +37,34 @@ log = logging.getLogger(__name__)
 MIB = 1048576.0
 WHOLE_GPU = ""  # the gpu_instance key of a whole GPU's values (an empty label is no label)
 
-# NVML_GPM_METRIC_* id -> (reading attribute, dict key or None, factor)
-RATIO = 0.01
-_METRICS: tuple[tuple[int, str, str | None, float], ...] = (
-    (1, "graphics_engine_active_ratio", None, RATIO),  # GRAPHICS_UTIL
-    (2, "sm_active_ratio", None, RATIO),  # SM_UTIL
-    (3, "sm_occupancy_ratio", None, RATIO),  # SM_OCCUPANCY
-    (10, "dram_active_ratio", None, RATIO),  # DRAM_BW_UTIL
-    (5, "pipe_active_ratio", "tensor", RATIO),  # ANY_TENSOR_UTIL
-    (7, "pipe_active_ratio", "tensor_hmma", RATIO),  # HMMA_TENSOR_UTIL
-    (9, "pipe_active_ratio", "tensor_imma", RATIO),  # IMMA_TENSOR_UTIL
-    (6, "pipe_active_ratio", "tensor_dfma", RATIO),  # DFMA_TENSOR_UTIL
-    (11, "pipe_active_ratio", "fp64", RATIO),  # FP64_UTIL
-    (12, "pipe_active_ratio", "fp32", RATIO),  # FP32_UTIL
-    (13, "pipe_active_ratio", "fp16", RATIO),  # FP16_UTIL
-    (4, "pipe_active_ratio", "integer", RATIO),  # INTEGER_UTIL
-    (20, "pcie_throughput", "tx", MIB),  # PCIE_TX_PER_SEC
-    (21, "pcie_throughput", "rx", MIB),  # PCIE_RX_PER_SEC
-    (61, "nvlink_throughput", "tx", MIB),  # NVLINK_TOTAL_TX_PER_SEC
-    (60, "nvlink_throughput", "rx", MIB),  # NVLINK_TOTAL_RX_PER_SEC
-)
-# Device-wide counters: not per GPU instance.
-_DEVICE_ONLY = frozenset({"pcie_throughput", "nvlink_throughput"})
-# the family each GpuReading attribute above carries: the schema row's (a KeyError names a missing row)
-FAMILY_OF = {attr: FAMILY_OF_ATTR[attr] for _, attr, _, _ in _METRICS}
+RATIO = 0.01  # GPM's percent -> a ratio
+_FACTORS = {"ratio": RATIO, "bytes per second": MIB}  # a row's unit -> what one GPM unit is in it
+# how a value is filed in its GpuReading dict: by (label, gpu_instance), by gpu_instance, by label
+BY_KEY_AND_INSTANCE, BY_INSTANCE, BY_KEY = 0, 1, 2
+
+
+def _from_schema(rows: Iterable[Family] = GPU_FAMILIES) -> tuple[tuple[int, str, str | None, float, int], ...]:
+    """The metrics GPM is asked for, from the schema rows that carry NVML_GPM_METRIC_* ids (their
+    ``gpm`` column): (metric id, reading attribute, label value or None, factor, how it is filed).
+    Adding a GPM family is its row (and the reading's field): nothing here."""
+    out: list[tuple[int, str, str | None, float, int]] = []
+    for f in rows:
+        if not f.gpm:
+            continue
+        factor = _FACTORS.get(f.unit)
+        if factor is None:
+            raise ValueError(f"{f.name}: GPM gives percent or MiB/s, not {f.unit!r}")
+        instance = "gpu_instance" in f.labels
+        shape = (BY_KEY_AND_INSTANCE if len(f.labels) > 1 else BY_INSTANCE) if instance else BY_KEY
+        out.extend((metric, f.attr, key or None, factor, shape) for metric, key in f.gpm)
+    return tuple(out)
+
+
+_METRICS = _from_schema()
+# Device-wide counters (rows without gpu_instance): not per GPU instance.
+_DEVICE_ONLY = frozenset(m[1] for m in _METRICS if m[4] == BY_KEY)
+# the family each GpuReading attribute above carries: its schema row's
+FAMILY_OF = {attr: FAMILY_OF_ATTR[attr] for _, attr, _, _, _ in _METRICS}
 FAMILIES = tuple(FAMILY_OF.values())
 
 
@@ -106,7 +110,7 @@ class GpmReader:
         self._slots: list[Any] = []  # its metrics[], element by element (views, not copies)
         self._version = 0  # its version (NVML_GPM_METRICS_GET_VERSION)
         self._lock = threading.Lock()
-        self._wanted: dict[bool, list[tuple[int, str, str | None, float]]] = {}  # whole GPU? -> metrics asked
+        self._wanted: dict[bool, list[tuple[int, str, str | None, float, int]]] = {}  # whole GPU? -> metrics asked
 
     def wanted(self) -> bool:
         return self._b.any_enabled(*FAMILIES)
@@ -193,13 +197,13 @@ class GpmReader:
             pair.prev, pair.spare = pair.spare, pair.prev
         if values is MISSING:
             return
-        for attr, key2, v in values:
-            if gi != WHOLE_GPU and attr in _DEVICE_ONLY:
+        for attr, key2, shape, v in values:
+            if gi != WHOLE_GPU and shape == BY_KEY:  # a device-wide counter
                 continue
             slot = getattr(r, attr)
-            if attr == "pipe_active_ratio":
+            if shape == BY_KEY_AND_INSTANCE:
                 slot[(key2, gi)] = v
-            elif key2 is None:
+            elif shape == BY_INSTANCE:
                 slot[gi] = v
             else:
                 slot[key2] = v
@@ -234,8 +238,9 @@ class GpmReader:
             self._version = self._request.version
         return self._request
 
-    def _metrics(self, s1: Any, s2: Any, whole: bool) -> list[tuple[str, str | None, float]]:
-        """``nvmlGpmMetricsGet`` over (s1, s2): (attribute, key, value) of each metric that answered."""
+    def _metrics(self, s1: Any, s2: Any, whole: bool) -> list[tuple[str, str | None, int, float]]:
+        """``nvmlGpmMetricsGet`` over (s1, s2): (attribute, key, how it is filed, value) of each metric
+        that answered."""
         nv = self._b.binding.nv
         wanted = self._wanted.get(whole)
         if wanted is None:  # the field selection is fixed at start: filtered once per shape
@@ -250,9 +255,9 @@ class GpmReader:
             slot.metricId = m[0]
         nv.nvmlGpmMetricsGet(mg)
         out = []
-        for res, (_, attr, key, factor) in zip(slots, wanted, strict=False):
+        for res, (_, attr, key, factor, shape) in zip(slots, wanted, strict=False):
             v = res.value
             # A metric's own error (e.g. NOT_SUPPORTED on this GPU or instance) leaves it absent.
             if res.nvmlReturn == 0 and math.isfinite(v) and v >= 0.0:
-                out.append((attr, key, v / 100.0 if factor == RATIO else v * factor))  # 47.25 % -> 0.4725
+                out.append((attr, key, shape, v / 100.0 if factor == RATIO else v * factor))  # 47.25 % -> 0.4725
         return out

@@ -58,6 +58,9 @@ class Family:
     smi: str = ""  # nvidia-smi equivalent
     amd: str = ""  # amd-smi equivalent
     every_backend: bool = False  # filled by the exporter whatever the backend; else as backends declare it
+    # NVIDIA GPM: the NVML_GPM_METRIC_* ids read into ``attr``, each with its label value ("" for none
+    # besides gpu_instance); in % (unit "ratio") or MiB/s ("bytes per second"). nvml_gpm.py reads these.
+    gpm: tuple[tuple[int, str], ...] = ()
 
     @property
     def base(self) -> str:
@@ -79,8 +82,9 @@ _AMD_MM = ("gpu_metrics average_mm_activity, else the mean of vcn_activity (amd-
 
 
 def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, nvml: str, smi: str, amd: str,
-       labels: tuple[str, ...] = (), when: str = "") -> Family:
-    return Family(name, kind, unit, help_, group, "gpu", labels, attr, when=when, nvml=nvml, smi=smi, amd=amd)
+       labels: tuple[str, ...] = (), when: str = "", gpm: tuple[tuple[int, str], ...] = ()) -> Family:
+    return Family(name, kind, unit, help_, group, "gpu", labels, attr, when=when, nvml=nvml, smi=smi, amd=amd,
+                  gpm=gpm)
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -179,18 +183,18 @@ FAMILIES: tuple[Family, ...] = (
        "pcie", "pcie_throughput", "nvmlGpmMetricsGet PCIE_TX/RX_PER_SEC (MiB/s); else "
        "nvmlDeviceGetPcieThroughput (KB/s)", "nvidia-smi dmon -s t",
        "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"pcie\"}[5m]))", labels=("direction",),
-       when="GPM (from the second collection), or --pcie-throughput"),
+       when="GPM (from the second collection), or --pcie-throughput", gpm=((20, "tx"), (21, "rx"))),
     # --- activity: what share of the GPU works (DCGM_FI_PROF_*; NVIDIA GPM, AMD gpu_metrics) ------
     _g("gpu_sm_active_ratio", GAUGE, "ratio",
        "Fraction of SMs busy over the last collection interval (0-1), by gpu_instance (MIG; empty: whole GPU).",
        "activity", "sm_active_ratio", "nvmlGpmMetricsGet SM_UTIL (%)",
        "(DCGM_FI_PROF_SM_ACTIVE; dcgmi dmon -e 1002)", "(none: gpu_metrics has no per-CU activity)",
-       labels=("gpu_instance",), when=_GPM),
+       labels=("gpu_instance",), when=_GPM, gpm=((2, ""),)),
     _g("gpu_sm_occupancy_ratio", GAUGE, "ratio",
        "Resident warps as a fraction of the SMs' maximum over the last collection interval (0-1), by gpu_instance.",
        "activity", "sm_occupancy_ratio", "nvmlGpmMetricsGet SM_OCCUPANCY (%)",
        "(DCGM_FI_PROF_SM_OCCUPANCY; dcgmi dmon -e 1003)", "(none: gpu_metrics has no occupancy)",
-       labels=("gpu_instance",), when=_GPM),
+       labels=("gpu_instance",), when=_GPM, gpm=((3, ""),)),
     _g("gpu_graphics_engine_active_ratio", GAUGE, "ratio",
        "Fraction of time the graphics/compute engine was active over the last collection interval (0-1), by "
        "gpu_instance.", "activity", "graphics_engine_active_ratio",
@@ -198,13 +202,15 @@ FAMILIES: tuple[Family, ...] = (
        "gpu_metrics average_gfx_activity (amd-smi metric --usage: gfx_activity; rocm-smi: GPU use (%)). AMD "
        "differs: averaged over the firmware's own window, not the collection interval; the same value as "
        "gpu_utilization_ratio; gpu_instance is empty (partitions are GPUs)", labels=("gpu_instance",),
-       when=_GPM_OR_AMD),
+       when=_GPM_OR_AMD, gpm=((1, ""),)),
     _g("gpu_pipe_active_ratio", GAUGE, "ratio",
        "Fraction of time the SMs' pipe was active over the last collection interval (0-1), by pipe (tensor, "
        "tensor_hmma, tensor_imma, tensor_dfma, fp64, fp32, fp16, integer) and gpu_instance.", "activity",
        "pipe_active_ratio", "nvmlGpmMetricsGet *_TENSOR_UTIL, FP64/FP32/FP16/INTEGER_UTIL (%)",
        "(DCGM_FI_PROF_PIPE_*_ACTIVE; dcgmi dmon -e 1004)", "(none: gpu_metrics has no pipe activity)",
-       labels=("pipe", "gpu_instance"), when=_GPM),
+       labels=("pipe", "gpu_instance"), when=_GPM,
+       gpm=((5, "tensor"), (7, "tensor_hmma"), (9, "tensor_imma"), (6, "tensor_dfma"), (11, "fp64"), (12, "fp32"),
+            (13, "fp16"), (4, "integer"))),
     _g("gpu_dram_active_ratio", GAUGE, "ratio",
        "Device memory bandwidth used as a fraction of the maximum over the last collection interval (0-1), by "
        "gpu_instance.", "activity", "dram_active_ratio",
@@ -212,13 +218,13 @@ FAMILIES: tuple[Family, ...] = (
        "gpu_metrics average_umc_activity (amd-smi metric --usage: umc_activity; rocm-smi: GPU Memory Read/Write "
        "Activity (%)). AMD differs: the share of time the memory controller (UMC) was busy, not bandwidth over "
        "peak bandwidth; averaged over the firmware's window; the same value as gpu_memory_utilization_ratio",
-       labels=("gpu_instance",), when=_GPM_OR_AMD),
+       labels=("gpu_instance",), when=_GPM_OR_AMD, gpm=((10, ""),)),
     _g("gpu_nvlink_throughput_bytes_per_second", GAUGE, "bytes per second",
        "NVLink traffic over all links by direction (tx, rx), bytes per second, over the last collection interval.",
        "activity", "nvlink_throughput", "nvmlGpmMetricsGet NVLINK_TOTAL_TX/RX_PER_SEC (MiB/s)",
        "(DCGM_FI_PROF_NVLINK_TX/RX_BYTES; nvidia-smi nvlink -gt d)",
        "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"xgmi\"}[5m]))", labels=("direction",),
-       when=_GPM),
+       when=_GPM, gpm=((61, "tx"), (60, "rx"))),
     # --- health ----------------------------------------------------------------------------------
     _g("gpu_ecc_mode_enabled", GAUGE, "1", "1 when ECC is enabled.", "health", "ecc_mode_enabled",
        "nvmlDeviceGetEccMode", "ecc.mode.current", "amd-smi static --ras"),
