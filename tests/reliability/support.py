@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import math
 import os
@@ -15,7 +14,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from tests.harness.net import free_port
+from tests.harness.httpfake import JSON, FakeHTTP, Reply, Request, json_reply
 from tests.harness.poll import wait_until
 
 RESULTS_DIR = Path(__file__).resolve().parent / ".results"
@@ -262,81 +261,50 @@ class PromProxy:
     """
 
     def __init__(self, target: str, delay: float = 3.0) -> None:
-        import http.server
-        import urllib.request
-
         self.target = target.rstrip("/")
         self.mode: str | None = None
         self.delay = delay
-        self.requests = 0
-        self.authorization: list[str | None] = []  # the Authorization header of each request
         self._release = threading.Event()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            wbufsize = 1 << 20  # headers and body in one write: no Nagle / delayed-ACK stall per answer
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.requests += 1
-                outer.authorization.append(self.headers.get("Authorization"))
-                mode = outer.mode
-                if mode == "500":
-                    return self._send(500, b'{"status":"error","errorType":"internal","error":"injected"}')
-                if mode == "slow":
-                    outer._release.wait(outer.delay)
-                req = urllib.request.Request(outer.target + self.path, data=body, method="POST",
-                                             headers={"Content-Type": self.headers.get("Content-Type", "")})
-                with urllib.request.urlopen(req, timeout=30) as r:
-                    data = r.read()
-                if mode == "truncated":
-                    return self._send(200, data[: len(data) // 2])
-                if mode == "cut":
-                    return self._send(200, data[: len(data) // 2], length=len(data), close=True)
-                return self._send(200, data)
-
-            def _send(self, code: int, data: bytes, length: int | None = None, close: bool = False) -> None:
-                try:
-                    self.send_response(code)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data) if length is None else length))
-                    self.end_headers()
-                    self.wfile.write(data)
-                    self.wfile.flush()
-                except OSError:
-                    pass
-                if close:
-                    self.close_connection = True
-                    with contextlib.suppress(OSError):
-                        self.connection.shutdown(socket.SHUT_RDWR)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._handler = Handler
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self.port = free_port()
+        self._http = FakeHTTP(self._answer, http11=True)
+        self._http.down()  # listening starts with up()
+        self.port = self._http.port
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def up(self) -> PromProxy:
-        import http.server
+    @property
+    def requests(self) -> int:
+        return len(self._http.requests)
 
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), self._handler)
-        server.daemon_threads = True
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
+    @property
+    def authorization(self) -> list[str | None]:
+        """The Authorization header of each request."""
+        return [r.headers.get("authorization") for r in self._http.requests]
+
+    def _answer(self, req: Request) -> Reply:
+        import urllib.request
+
+        mode = self.mode
+        if mode == "500":
+            return json_reply(b'{"status":"error","errorType":"internal","error":"injected"}', 500)
+        if mode == "slow":
+            self._release.wait(self.delay)
+        fwd = urllib.request.Request(self.target + req.path, data=req.body, method="POST",
+                                     headers={"Content-Type": req.headers.get("content-type", "")})
+        with urllib.request.urlopen(fwd, timeout=30) as r:
+            data = r.read()
+        if mode == "truncated":
+            return json_reply(data[: len(data) // 2])
+        if mode == "cut":
+            return Reply(200, data[: len(data) // 2], JSON, length=len(data), close=True)
+        return json_reply(data)
+
+    def up(self) -> PromProxy:
+        self._http.up()
         return self
 
     def down(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            self._release.set()
-            server.shutdown()
-            server.server_close()
-            self._release.clear()
+        self._release.set()
+        self._http.down()
+        self._release.clear()
 
     def __enter__(self) -> PromProxy:
         return self.up()

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from exporter.backends.rocm_smi import RocmSmiParseError, parse_rocm_smi_json
 from exporter.core.readings import GpuReading
 from exporter.serve import config as exporter_config
+from tests.harness.httpfake import FakeHTTP, json_reply
 from tests.reliability.support import Result
 
 FAST, LONG = 300, 3000
@@ -455,40 +456,12 @@ def _answers(draw: Callable[[st.SearchStrategy[Any]], Any], typed: bool) -> dict
             "/api/v1/query_range": json.dumps(_matrix(draw, typed)).encode()}
 
 
-class _JsonServer:
+class _JsonServer(FakeHTTP):
     """Answers POSTs on 127.0.0.1 with the canned body for the path (a stand-in Prometheus)."""
 
     def __init__(self) -> None:
-        import http.server
-        import threading
-
         self.answers: dict[str, bytes] = {}
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            wbufsize = 1 << 20  # headers and body in one write: no Nagle / delayed-ACK stall per answer
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                body = outer.answers.get(self.path, b"{}")
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(lambda req: json_reply(self.answers.get(req.path, b"{}")), http11=True)
 
 
 def _prometheus_answers(budget: int, typed: bool, result: Result) -> None:

@@ -11,22 +11,20 @@ the memory limit that deploy/base/profiler-deployment.yaml and the Helm chart gi
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
+from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
 from tests.harness.prom import free_port
@@ -61,53 +59,30 @@ HOSTILE: dict[str, Callable[[], bytes]] = {
 }
 
 
-class HostileProm:
-    """Discovery queries get a fleet of NODES nodes; every other query gets ``body``."""
+class HostileProm(FakeHTTP):
+    """Discovery queries get a fleet of NODES nodes; every other query gets ``body`` (``answered`` counts
+    those, under ``lock``)."""
 
     def __init__(self, body: bytes) -> None:
         self.body = body
         self.answered = 0
-        self.lock = threading.Lock()
-        outer = self
         nodes = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
             {"metric": {"node": f"n-{i}", "source": "gpu-exporter"}, "value": [1700000000, "8"]}
             for i in range(NODES)]}}).encode()
         zero = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
             {"metric": {}, "value": [1700000000, "0"]}]}}).encode()
 
-        class H(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        def answer(req: Request) -> Reply:
+            query = urllib.parse.parse_qs(req.body.decode()).get("query", [""])[0]
+            if 'node=""' in query:
+                return json_reply(zero)
+            if "count by" in query and '"source"' in query:
+                return json_reply(nodes)
+            with self.lock:
+                self.answered += 1
+            return json_reply(self.body)
 
-            def do_POST(self) -> None:
-                form = urllib.parse.parse_qs(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
-                query = form.get("query", [""])[0]
-                if 'node=""' in query:
-                    data = zero
-                elif "count by" in query and '"source"' in query:
-                    data = nodes
-                else:
-                    data = outer.body
-                    with outer.lock:
-                        outer.answered += 1
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except OSError:
-                    pass  # the client refused the rest
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-        self.url = "http://127.0.0.1:" + str(server.server_address[1])
-
-    def close(self) -> None:
-        self.server.shutdown(), self.server.server_close()
+        super().__init__(answer)
 
 
 def _mebibytes(quantity: str) -> float:
