@@ -15,16 +15,12 @@ import pytest
 
 from exporter.profiler.loop import ProfilerMetrics, make_server
 from tests.harness.poll import wait_until
-
-
-class _Health:
-    def check(self) -> tuple[bool, str]:
-        return True, "ok"
+from tests.harness.profiler_http import AlwaysHealthy
 
 
 @pytest.fixture
 def server() -> Iterator[ThreadingHTTPServer]:
-    srv = make_server("127.0.0.1", 0, ProfilerMetrics(), _Health(),  # type: ignore[arg-type]
+    srv = make_server("127.0.0.1", 0, ProfilerMetrics(), AlwaysHealthy(),  # type: ignore[arg-type]
                       read_timeout_s=0.5, deadline_s=1.5, max_connections=8)
     threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
     yield srv
