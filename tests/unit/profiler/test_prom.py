@@ -3,7 +3,6 @@ path prefix, bearer token re-read, retries with bounded jittered backoff, TLS wi
 
 from __future__ import annotations
 
-import http.server
 import json
 import re
 import shutil
@@ -289,41 +288,22 @@ def test_same_origin_308_is_followed_with_the_token(tmp_path: Path) -> None:
         ("/api/v1/query", "Bearer s3cret"), ("/prom/api/v1/query", "Bearer s3cret")]
 
 
-class Hops:
+class Hops(FakeHTTP):
     """A same-origin proxy that moves the API ``hops`` times (``/1/api/v1/query``, ``/1/2/...``)
     with ``code``, then answers; records each path and its Authorization."""
 
     def __init__(self, code: int, hops: int) -> None:
-        self.hits: list[tuple[str, str | None]] = []
-        outer = self
+        def answer(req: Request) -> Reply:
+            depth = req.path.count("/") - 3  # "/api/v1/query" is depth 0
+            if depth < hops:
+                return Reply(code, headers={"Location": f"/{depth + 1}{req.path}"})
+            return json_reply(VECTOR, headers={})
 
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.hits.append((self.path, self.headers.get("Authorization")))
-                depth = self.path.count("/") - 3  # "/api/v1/query" is depth 0
-                if depth < hops:
-                    self.send_response(code)
-                    self.send_header("Location", f"/{depth + 1}{self.path}")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                data = json.dumps(VECTOR).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        super().__init__(answer)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    @property
+    def hits(self) -> list[tuple[str, str | None]]:
+        return [(r.path, r.headers.get("authorization")) for r in self.requests]
 
 
 @pytest.mark.parametrize("code", [307, 308])
@@ -356,55 +336,22 @@ def test_a_fourth_redirect_is_refused_naming_where_it_pointed(tmp_path: Path) ->
 
 def test_a_redirect_to_the_bare_origin_asks_for_its_root() -> None:
     """A Location with no path means the origin's root, "/" on the request line (HTTP/1.1 5.3.1)."""
-    seen: list[str] = []
 
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            seen.append(self.path)
-            data = json.dumps(VECTOR).encode()
-            self.send_response(200 if self.path == "/" else 307)
-            if self.path != "/":
-                self.send_header("Location", f"http://127.0.0.1:{srv.server_address[1]}")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(req: Request) -> Reply:
+        if req.path == "/":
+            return json_reply(VECTOR, headers={})
+        return json_reply(VECTOR, 307, headers={"Location": srv.url})  # the origin alone: no path
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        got = PromClient(f"http://127.0.0.1:{srv.server_address[1]}", retries=0).query("up", 1.0)
-    finally:
-        srv.shutdown()
-        srv.server_close()
-    assert seen == ["/api/v1/query", "/"] and len(got) == 2
+    with FakeHTTP(answer) as srv:
+        got = PromClient(srv.url, retries=0).query("up", 1.0)
+    assert [r.path for r in srv.requests] == ["/api/v1/query", "/"] and len(got) == 2
 
 
 @pytest.mark.parametrize("code", [301, 307, 308])
 def test_a_redirect_without_a_location_is_refused_at_once(code: int) -> None:
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            seen.append(self.path)
-            self.send_response(code)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    seen: list[str] = []
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        with pytest.raises(PromError) as exc:
-            PromClient(f"http://127.0.0.1:{srv.server_address[1]}", retries=0).query("up", 1.0)
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with FakeHTTP(lambda req: Reply(code)) as srv, pytest.raises(PromError) as exc:
+        PromClient(srv.url, retries=0).query("up", 1.0)
+    seen = [r.path for r in srv.requests]
     assert seen == ["/api/v1/query"] and exc.value.kind == BAD_RESPONSE
     assert f"HTTP {code} redirect without a Location" in str(exc.value)
 
