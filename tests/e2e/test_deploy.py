@@ -24,6 +24,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.harness.httpfake import FakeHTTP, Reply, Request
 from tests.harness.tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -997,44 +998,23 @@ def test_rocm_release_check_catches_mixed_releases() -> None:
     assert any("amdsmi==" in p for p in rocm_release_problems(unpinned_wheel, "amdsmi>=7.0,<7.1"))
 
 
-class _Registry:
+class _Registry(FakeHTTP):
     """A registry on 127.0.0.1 with Docker Hub's anonymous token flow and two manifests."""
 
     def __init__(self) -> None:
-        import http.server
-        import threading
-
         self.manifests = {"library/python/manifests/3.11-slim-bookworm": b'{"schemaVersion": 2, "python": 1}',
                           "rocm/dev-ubuntu-22.04/manifests/7.0.2": b'{"schemaVersion": 2, "rocm": 1}'}
-        registry = self
+        super().__init__(self._answer)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                base = f"http://127.0.0.1:{self.server.server_address[1]}"
-                if self.path.startswith("/token?"):
-                    self._send(200, b'{"token": "t0k"}')
-                elif self.headers.get("Authorization") != "Bearer t0k":
-                    self._send(401, b"{}", {"WWW-Authenticate": f'Bearer realm="{base}/token",service="reg",'
-                                                                  f'scope="repository:x:pull"'})
-                elif (body := registry.manifests.get(self.path.removeprefix("/v2/"))) is not None:
-                    self._send(200, body, {"Docker-Content-Digest": _sha(body)})
-                else:
-                    self._send(404, b"{}")
-
-            def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-                self.send_response(code)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _answer(self, req: Request) -> Reply:
+        if req.path.startswith("/token?"):
+            return Reply(200, b'{"token": "t0k"}')
+        if req.headers.get("authorization") != "Bearer t0k":
+            return Reply(401, b"{}", {"WWW-Authenticate": f'Bearer realm="{self.url}/token",service="reg",'
+                                                          f'scope="repository:x:pull"'})
+        if (body := self.manifests.get(req.path.removeprefix("/v2/"))) is not None:
+            return Reply(200, body, {"Docker-Content-Digest": _sha(body)})
+        return Reply(404, b"{}")
 
 
 def _sha(body: bytes) -> str:
@@ -1075,7 +1055,7 @@ def test_refresh_base_digests_rewrites_every_base_image(tmp_path: Path) -> None:
         assert proc.returncode == 2
         assert proc.stderr.count("\n") == 1 and "rocm/dev-ubuntu-22.04:7.0.2" in proc.stderr and "404" in proc.stderr
     finally:
-        reg.server.shutdown()
+        reg.close()
 
 
 def _build_image(tmp_path: Path, tools: dict[str, str]) -> subprocess.CompletedProcess[str]:
