@@ -302,6 +302,8 @@ FIELDS: tuple[Field, ...] = (
           stats="pcie.width_max", doc="max link width, lanes (nvidia-smi pcie.link.width.max)"),
 )
 
+FIELD: dict[str, Field] = {f.name: f for f in FIELDS}
+
 
 def _put(out: dict[str, Any], key: str, value: Any) -> None:
     """``out[key] = value``, a dotted key into nested objects (created in row order)."""

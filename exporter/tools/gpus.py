@@ -32,7 +32,7 @@ from exporter.core.engine import Engine
 from exporter.core.options import BackendOptions, Settings
 from exporter.core.readings import GpuReading
 from exporter.core.snapshot import Snapshot
-from exporter.core.views import MIB, GpuSource, format_bytes, iso_time, numbered, status_values
+from exporter.core.views import FIELD, MIB, GpuSource, format_bytes, iso_time, numbered, status_values
 
 log = logging.getLogger(__name__)
 
@@ -597,7 +597,9 @@ class Recording:
         }
 
 
-_READINGS = ("utilization_ratio", "memory_used_bytes", "memory_used_ratio", "temperature_celsius", "power_watts")
+# what a recording samples: rows of the GPU field table, read as the JSON views read them (SI, unrounded)
+_READINGS = tuple(FIELD[name] for name in ("utilization_ratio", "memory_used_bytes", "memory_used_ratio",
+                                           "temperature_celsius", "power_watts"))
 
 
 class _Track:
@@ -605,7 +607,7 @@ class _Track:
 
     def __init__(self, number: int, uuid: str, name: str | None, pad: int) -> None:
         self.number, self.uuid, self.name = number, uuid, name
-        self.values: dict[str, list[float | None]] = {k: [None] * pad for k in _READINGS}
+        self.values: dict[str, list[float | None]] = {f.name: [None] * pad for f in _READINGS}
         self.energy_first: float | None = None
         self.energy_last: float | None = None
         self.lost_at: float | None = None
@@ -616,15 +618,12 @@ class _Track:
             if self.lost_at is None:
                 self.lost_at = t
                 self.lost_reason = "gone from the device list" if g is None else g.up_reason or "unreadable"
-            for k in _READINGS:
-                self.values[k].append(None)
+            for values in self.values.values():
+                values.append(None)
             return
-        total, used = g.memory_total_bytes, g.memory_used_bytes
-        self.values["utilization_ratio"].append(g.utilization_ratio)
-        self.values["memory_used_bytes"].append(used)
-        self.values["memory_used_ratio"].append(used / total if used is not None and total else None)
-        self.values["temperature_celsius"].append(g.temperature_celsius.get("gpu"))
-        self.values["power_watts"].append(g.power_watts)
+        src = GpuSource("", self.number, g)
+        for f in _READINGS:
+            self.values[f.name].append(f.read(src))
         if g.energy_joules is not None:
             if self.energy_first is None:
                 self.energy_first = g.energy_joules

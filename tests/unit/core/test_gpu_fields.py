@@ -92,3 +92,18 @@ def test_every_source_reads_a_reading() -> None:
 def test_docs_show_the_table_and_the_schemas_of_the_code() -> None:
     text = DOCS.read_text(encoding="utf-8")
     assert render_docs(text) == text, "docs/api.md is stale: python -m exporter.serve.api_schema --write-docs"
+
+
+def test_a_recording_samples_what_the_views_show() -> None:
+    """``record``/``Monitor`` sample the table's rows: a derived value (memory used / total, clamped) is the
+    one /stats shows, not a second derivation."""
+    from exporter.tools.gpus import _Track
+
+    g = GpuReading(index=0, uuid="GPU-0", memory_total_bytes=1e9, memory_used_bytes=1.2e9,  # a driver's overcount
+                   temperature_celsius={"gpu": 41.0, "memory": 60.0}, utilization_ratio=0.25)
+    track = _Track(0, "GPU-0", None, 0)
+    track.add(g, 0.0)
+    stats = stats_view(_snap(g), {})["gpus"][0]
+    for name in ("memory_used_ratio", "temperature_celsius", "utilization_ratio"):
+        assert track.values[name] == [stats[name]], name
+    assert stats["memory_used_ratio"] == 1.0
