@@ -11,7 +11,7 @@ BACKEND = "amdsmi"
 
 
 def start(tmp: Path, args: list[str]) -> ExporterProcess:
-    rocm = fakeamdsmi.build(tmp / "rocm")
+    rocm = fakeamdsmi.built()  # compiled once per session (tests/harness/cbuild.py)
     fake = fakeamdsmi.FakeAmdSmi(rocm, tmp / "amd-fleet.conf")
     fake.write(fakeamdsmi.two_gpu_fleet())
     return ExporterProcess(["--backend", "amdsmi", *args], env=fake.env())
