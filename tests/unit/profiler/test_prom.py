@@ -334,17 +334,19 @@ def test_a_fourth_redirect_is_refused_naming_where_it_pointed(tmp_path: Path) ->
     assert str(exc.value).startswith(f"http://127.0.0.1:{srv.port}/4/3/2/1/api/v1/query: more than 3 redirects")
 
 
-def test_a_redirect_to_the_bare_origin_asks_for_its_root() -> None:
-    """A Location with no path means the origin's root, "/" on the request line (HTTP/1.1 5.3.1)."""
-
+@pytest.mark.parametrize(("location", "asked"), [
+    ("{url}", "/"),  # the origin alone, no path: its root, "/" on the request line (HTTP/1.1 5.3.1)
+    ("/prom/api/v1/query?tenant=a%20b&x=1", "/prom/api/v1/query?tenant=a%20b&x=1"),  # the query goes along
+])
+def test_a_redirect_asks_for_its_path_and_query(location: str, asked: str) -> None:
     def answer(req: Request) -> Reply:
-        if req.path == "/":
+        if req.path == asked:
             return json_reply(VECTOR, headers={})
-        return json_reply(VECTOR, 307, headers={"Location": srv.url})  # the origin alone: no path
+        return json_reply(VECTOR, 307, headers={"Location": location.replace("{url}", srv.url)})
 
     with FakeHTTP(answer) as srv:
         got = PromClient(srv.url, retries=0).query("up", 1.0)
-    assert [r.path for r in srv.requests] == ["/api/v1/query", "/"] and len(got) == 2
+    assert [r.path for r in srv.requests] == ["/api/v1/query", asked] and len(got) == 2
 
 
 @pytest.mark.parametrize("code", [301, 307, 308])
