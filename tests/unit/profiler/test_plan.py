@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.profiler.classify import BURSTY, GROWING, IDLE, PERIODIC, STEADY, UNKNOWN, GpuProfile
 from exporter.profiler.plan import (
@@ -126,6 +128,19 @@ def test_relative_dead_bands_hold_inside_and_write_outside(cfg: PlanConfig, peri
                          P + "gpu-1.memory-growth-bytes-per-second": f"{growth:.0f}"}, f"{side=}, {period0=}"
 
 
+def test_a_number_moved_by_exactly_its_dead_band() -> None:
+    """At exactly the band (docs/profiler.md, dead bands): a period or growth rate is kept (it is
+    rewritten once it moves by more than 10% or 25%), the score is rewritten (it moves by 0.05 or more)."""
+    _, a = apply({}, {"0": gpu(PERIODIC, period=100.0), "1": gpu(GROWING, growth=1_000_000.0)})
+    assert apply(a, {"0": gpu(PERIODIC, period=110.0), "1": gpu(GROWING, growth=1_250_000.0)})[0] == {}
+    p, _ = apply(a, {"0": gpu(PERIODIC, period=110.001), "1": gpu(GROWING, growth=1_250_001.0)})
+    assert p == {P + "gpu-0.period-seconds": "110", P + "gpu-1.memory-growth-bytes-per-second": "1250001"}
+    cfg = PlanConfig(score_deadband=0.25)  # a band that is exact in binary: 0.75 - 0.5 == 0.25
+    _, a = apply({}, {"0": gpu(STEADY, score=0.5)}, cfg)
+    assert apply(a, {"0": gpu(STEADY, score=0.74)}, cfg)[0] == {}
+    assert apply(a, {"0": gpu(STEADY, score=0.75)}, cfg)[0] == {P + "best-gpu-score": "0.75"}
+
+
 def test_best_gpu_and_score_dead_band() -> None:
     _, a = apply({}, {"0": gpu(STEADY, score=0.50), "1": gpu(STEADY, score=0.52)})
     assert (a[P + "best-gpu"], a[P + "best-gpu-score"]) == ("1", "0.52")
@@ -237,7 +252,7 @@ def test_garbage_published_values_are_replaced_at_once(name: str, garbage: str) 
     assert after == good and P + "pending" not in patch
 
 
-@pytest.mark.parametrize("garbage", ["nan", "inf", "1_000", "٣", "1e3", ""])
+@pytest.mark.parametrize("garbage", ["nan", "inf", "1_000", "٣", "1e3", "", "9" * 400])  # 400 digits: float() says inf
 def test_garbage_pattern_numbers_are_not_kept(garbage: str) -> None:
     _, good = apply({}, {"0": gpu(PERIODIC, period=60.0)})
     tampered = {**good, P + "gpu-0.period-seconds": garbage}
@@ -366,6 +381,42 @@ def test_bounded_holder_keeps_whole_entries_and_counts_the_rest() -> None:
     long = "ns/" + "x" * 400
     assert bounded_holder(long) == long[:MAX_HOLDER_CHARS]
     assert bounded_holder(long + ",ns/b") == long[:MAX_HOLDER_CHARS]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=150), min_size=1, max_size=12))
+def test_bounded_holder_never_exceeds_the_bound_and_keeps_as_many_whole_entries_as_fit(sizes: list[int]) -> None:
+    """Any list of holders: the result fits MAX_HOLDER_CHARS with its ``,+N``; it is the leading
+    entries, whole, and N counts exactly the others; one more entry (and its counter) would not fit."""
+    from exporter.profiler.plan import MAX_HOLDER_CHARS, bounded_holder
+
+    entries = [f"ns/{'p' * n}{i}" for i, n in enumerate(sizes)]
+    got = bounded_holder(",".join(entries))
+    assert got is not None and len(got) <= MAX_HOLDER_CHARS
+    if len(",".join(entries)) <= MAX_HOLDER_CHARS:
+        assert got == ",".join(entries)
+        return
+    if len(entries[0]) > MAX_HOLDER_CHARS or "+" not in got:
+        assert got == entries[0][:MAX_HOLDER_CHARS]
+        assert len(entries[0]) + len(f",+{len(entries) - 1}") > MAX_HOLDER_CHARS
+        return
+    kept, _, more = got.rpartition(",+")
+    n = len(kept.split(","))
+    assert kept.split(",") == entries[:n] and int(more) == len(entries) - n
+    tail = f",+{len(entries) - n - 1}" if len(entries) - n - 1 else ""
+    assert len(",".join(entries[: n + 1])) + len(tail) > MAX_HOLDER_CHARS, "one more would have fitted"
+
+
+def test_a_new_periodic_phase_writes_its_own_period_not_a_leftover_inside_the_dead_band() -> None:
+    """A period published under an earlier pattern is no measurement of this one: once the pattern
+    changes to periodic, its period is written even within the dead band of what is there."""
+    left = {P + "gpu-0.pattern": "bursty", P + "gpu-0.period-seconds": "60",
+            P + "owned-keys": "gpu-0.pattern,gpu-0.period-seconds"}
+    for cfg in (PlanConfig(hysteresis=1), CFG):
+        a = left
+        for _ in range(cfg.hysteresis):
+            _, a = apply(a, {"0": gpu(PERIODIC, period=62.0)}, cfg)
+        assert a[P + "gpu-0.pattern"] == "periodic" and a[P + "gpu-0.period-seconds"] == "62", cfg
 
 
 def test_holder_entries_are_kubernetes_names() -> None:
