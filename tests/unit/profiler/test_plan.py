@@ -141,6 +141,33 @@ def test_a_number_moved_by_exactly_its_dead_band() -> None:
     assert apply(a, {"0": gpu(STEADY, score=0.75)}, cfg)[0] == {P + "best-gpu-score": "0.75"}
 
 
+def test_a_held_allocated_idle_pattern_keeps_its_holder() -> None:
+    """While the hysteresis holds allocated-idle (the pod just went), the holder stays with it."""
+    held_by = GpuInput("GPU-a", GpuProfile("allocated-idle", util_mean=0.0, mem_used_ratio=0.0, score=1.0,
+                                           holder="ml/notebook"))
+    _, a = apply({}, {"0": held_by})
+    assert a[P + "gpu-0.holder"] == "ml/notebook"
+    p, a = apply(a, {"0": gpu(IDLE, util=0.0, mem=0.0)})
+    assert a[P + "gpu-0.pattern"] == "allocated-idle" and a[P + "gpu-0.holder"] == "ml/notebook", p
+    _, a = apply(a, {"0": gpu(IDLE, util=0.0, mem=0.0)})
+    assert a[P + "gpu-0.pattern"] == "idle" and P + "gpu-0.holder" not in a
+
+
+def test_a_pending_record_we_do_not_own_never_counts() -> None:
+    """Our prefix's ``pending`` only counts when owned-keys lists it: a hand-written one cannot
+    cut the hysteresis short."""
+    _, a = apply({}, {"0": gpu(STEADY)})
+    assert P + "pending" not in a[P + "owned-keys"].split(",")
+    forged = {**a, P + "pending": "gpu-0.pattern=bursty:1"}
+    _, after = apply(forged, {"0": gpu(BURSTY)})
+    assert after[P + "gpu-0.pattern"] == "steady", "one evaluation changed the pattern"
+
+
+def test_a_pattern_the_profiler_does_not_know_is_written_unknown() -> None:
+    _, a = apply({}, {"0": GpuInput("", GpuProfile("STEADY", util_mean=0.5, mem_used_ratio=0.5, score=0.5))})
+    assert a[P + "gpu-0.pattern"] == "unknown" and a[P + "pattern"] == "unknown"
+
+
 def test_best_gpu_and_score_dead_band() -> None:
     _, a = apply({}, {"0": gpu(STEADY, score=0.50), "1": gpu(STEADY, score=0.52)})
     assert (a[P + "best-gpu"], a[P + "best-gpu-score"]) == ("1", "0.52")
