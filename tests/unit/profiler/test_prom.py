@@ -10,13 +10,14 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from exporter.profiler.prom import BAD_QUERY, BAD_RESPONSE, HTTP_5XX, UNREACHABLE, PromClient, PromError
+from exporter.profiler.prom import BAD_QUERY, BAD_RESPONSE, HTTP_5XX, TIMEOUT, UNREACHABLE, PromClient, PromError
 from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
 
 VECTOR = {"status": "success", "data": {"resultType": "vector", "result": [
@@ -386,6 +387,49 @@ class Trickler:
                     conn.sendall(b" ")
             except OSError:
                 return
+
+
+@pytest.mark.timeout(20)  # without a connect timeout it would hang for minutes
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_server_that_never_accepts_is_a_timeout_within_the_deadline(scheme: str) -> None:
+    """Connecting is under the deadline too: a listener whose accept queue is full drops the SYN
+    (the client retransmits for minutes), as a blackholed address does."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    fill = []
+    for _ in range(3):  # fill the accept queue: nothing is ever accepted
+        c = socket.socket()
+        c.setblocking(False)
+        try:
+            c.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fill.append(c)
+    try:
+        start = time.monotonic()
+        with pytest.raises(PromError) as exc:
+            PromClient(f"{scheme}://127.0.0.1:{port}", timeout=1.0, retries=0).query("up", 1.0)
+        took = time.monotonic() - start
+    finally:
+        for c in (*fill, srv):
+            c.close()
+    assert exc.value.kind == TIMEOUT and "no answer within 1s" in str(exc.value)
+    assert took < 10, f"{took:.1f}s for a 1 s deadline"
+
+
+def test_a_deadline_that_has_passed_asks_nothing(api_factory: Any) -> None:
+    api = api_factory([(200, VECTOR)])
+    with pytest.raises(PromError) as exc:
+        PromClient(f"http://127.0.0.1:{api.port}", timeout=1e-9, retries=0).query("up", 1.0)
+    assert exc.value.kind == TIMEOUT and str(exc.value).endswith("/api/v1/query: no answer within 1e-09s")
+    assert api.seen == []
+
+
+def test_a_deadline_under_a_second_is_kept_not_rounded_down(api_factory: Any) -> None:
+    api = api_factory([(200, VECTOR)])
+    assert len(PromClient(f"http://127.0.0.1:{api.port}", timeout=0.95, retries=0).query("up", 1.0)) == 2
 
 
 def test_one_deadline_bounds_a_trickling_server() -> None:
