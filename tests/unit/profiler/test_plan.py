@@ -385,6 +385,88 @@ def test_worst_case_node_stays_under_the_documented_bound() -> None:
     assert all(v.isprintable() for v in after.values())
 
 
+def _annotated(after: dict[str, str]) -> list[int]:
+    return sorted(int(k[len(P) + 4:].split(".")[0]) for k in after if re.fullmatch(re.escape(P) + r"gpu-\d+\.pattern", k))
+
+
+def test_the_byte_bound_leaves_out_the_highest_gpus_whole_and_counts_them() -> None:
+    holders = ",".join(f"team-{i}/{'p' * 90}" for i in range(3))
+
+    def gpus(pattern: str, n: int = 12) -> dict[str, GpuInput]:
+        return {str(i): GpuInput(f"GPU-{i:04d}", GpuProfile(pattern, util_mean=0.0, mem_used_ratio=0.0, score=1.0,
+                                                           holder=holders if pattern == "allocated-idle" else None))
+                for i in range(n)}
+
+    cfg = PlanConfig(max_annotation_bytes=2048)
+    _, a = apply({}, gpus("allocated-idle"), cfg)
+    kept = _annotated(a)
+    n = len(kept)
+    assert kept == list(range(n)) and 1 <= n <= 10, kept  # the lowest ids, at least two left out
+    assert a[P + "omitted-gpus"] == str(12 - n)
+    assert all(not k.startswith(f"{P}gpu-{i}.") for k in a for i in range(n, 12))
+    assert annotation_bytes(a, cfg.prefix) <= 2048
+    bigger = plan_node({}, gpus("allocated-idle", n + 1), PlanConfig(max_annotation_bytes=131072))
+    assert annotation_bytes(bigger, cfg.prefix) > 2048, "one more GPU would have fitted"
+    # a change pending for every GPU: recorded for the GPUs still annotated, and only for them
+    _, b = apply(a, gpus("bursty"), cfg)
+    shown = _annotated(b)
+    assert shown and annotation_bytes(b, cfg.prefix) <= 2048
+    assert set(parse_pending(b[P + "pending"])) == {f"gpu-{i}.pattern" for i in shown}
+    assert b[P + "omitted-gpus"] == str(12 - len(shown))
+
+
+def test_a_node_exactly_at_the_byte_bound_keeps_every_gpu() -> None:
+    gpus = {str(i): gpu(STEADY, uuid=f"GPU-5140a7ed-0000-4000-8000-{i:012d}") for i in range(40)}
+    size = annotation_bytes(plan_node({}, gpus, CFG), CFG.prefix)
+    assert 2048 <= size < CFG.max_annotation_bytes
+    _, after = apply({}, gpus, PlanConfig(max_annotation_bytes=size))
+    assert len(_annotated(after)) == 40 and P + "omitted-gpus" not in after
+    _, after = apply({}, gpus, PlanConfig(max_annotation_bytes=size - 1))
+    assert after[P + "omitted-gpus"] == "1" and _annotated(after) == list(range(39))
+
+
+def test_allocated_idle_count_and_best_gpu_among_the_annotated() -> None:
+    ai = GpuInput("", GpuProfile("allocated-idle", util_mean=0.0, mem_used_ratio=0.0, score=0.3, holder="ml/a"))
+    _, a = apply({}, {"0": ai, "1": ai, "2": gpu(STEADY, score=0.2)})
+    assert a[P + "allocated-idle-gpus"] == "2"
+    _, a = apply({}, {"0": gpu(STEADY, score=0.2)})
+    assert P + "allocated-idle-gpus" not in a  # absent means none
+    # the best GPU is one the node shows: GPU 1 (better) is beyond --max-gpus-per-node
+    _, a = apply({}, {"0": gpu(STEADY, score=0.2), "1": gpu(STEADY, score=0.9)}, PlanConfig(max_gpus_per_node=1))
+    assert a[P + "best-gpu"] == "0" and a[P + "best-gpu-score"] == "0.20"
+    # a tie goes to the lowest GPU id, as numbers ("9" before "10")
+    _, a = apply({}, {str(i): gpu(STEADY, score=0.5) for i in (10, 9, 11)})
+    assert a[P + "best-gpu"] == "9"
+    # a GPU without a score is never the best one
+    unscored = GpuInput("", GpuProfile(STEADY, util_mean=0.5, mem_used_ratio=0.5, score=None))
+    _, a = apply({}, {"0": unscored, "1": gpu(STEADY, score=0.1)})
+    assert a[P + "best-gpu"] == "1"
+
+
+def test_idle_count_needs_both_utilisation_and_memory() -> None:
+    half = GpuInput("", GpuProfile(IDLE, util_mean=0.0, mem_used_ratio=None, score=None))
+    _, a = apply({}, {"0": half})
+    assert P + "idle-gpus" not in a  # nothing measured: no count, rather than a 0 that means "none idle"
+    _, a = apply({}, {"0": half, "1": gpu(IDLE, util=0.0, mem=0.0)})
+    assert a[P + "idle-gpus"] == "1"
+
+
+def test_the_best_gpu_moves_only_when_another_is_better_by_more_than_the_band() -> None:
+    cfg = PlanConfig(score_deadband=0.25)  # exact in binary
+    _, a = apply({}, {"0": gpu(STEADY, score=0.5), "1": gpu(STEADY, score=0.25)}, cfg)
+    assert a[P + "best-gpu"] == "0"
+    assert apply(a, {"0": gpu(STEADY, score=0.5), "1": gpu(STEADY, score=0.75)}, cfg)[0] == {}
+    p, _ = apply(a, {"0": gpu(STEADY, score=0.5), "1": gpu(STEADY, score=0.76)}, cfg)
+    assert p == {P + "best-gpu": "1", P + "best-gpu-score": "0.76"}
+
+
+def test_other_pending_candidates_are_kept_in_the_record() -> None:
+    """The GPUHealthy condition's candidate (health.py) rides in the same pending record."""
+    desired = plan_node({}, {"0": gpu(STEADY)}, CFG, extra_pending={"condition": ("False", 1)})
+    assert parse_pending(desired[P + "pending"]) == {"condition": ("False", 1)}
+    assert "pending" in desired[P + "owned-keys"].split(",")
+
+
 # --- the small rules, one by one (what make mutation judges plan.py by) ------------------------
 
 
