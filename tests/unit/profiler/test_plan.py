@@ -517,15 +517,19 @@ def test_bounded_holder_never_exceeds_the_bound_and_keeps_as_many_whole_entries_
 
 
 def test_a_new_periodic_phase_writes_its_own_period_not_a_leftover_inside_the_dead_band() -> None:
-    """A period published under an earlier pattern is no measurement of this one: once the pattern
-    changes to periodic, its period is written even within the dead band of what is there."""
+    """A period (growth rate) published under an earlier pattern is no measurement of this one: once the
+    pattern changes to periodic (growing), its number is written even within the dead band of what is there."""
     left = {P + "gpu-0.pattern": "bursty", P + "gpu-0.period-seconds": "60",
             P + "owned-keys": "gpu-0.pattern,gpu-0.period-seconds"}
+    grew = {P + "gpu-1.pattern": "bursty", P + "gpu-1.memory-growth-bytes-per-second": "1000",
+            P + "owned-keys": "gpu-1.pattern,gpu-1.memory-growth-bytes-per-second"}
     for cfg in (PlanConfig(hysteresis=1), CFG):
-        a = left
+        a, b = left, grew
         for _ in range(cfg.hysteresis):
             _, a = apply(a, {"0": gpu(PERIODIC, period=62.0)}, cfg)
+            _, b = apply(b, {"1": gpu(GROWING, growth=1100.0)}, cfg)
         assert a[P + "gpu-0.pattern"] == "periodic" and a[P + "gpu-0.period-seconds"] == "62", cfg
+        assert b[P + "gpu-1.pattern"] == "growing" and b[P + "gpu-1.memory-growth-bytes-per-second"] == "1100", cfg
 
 
 def test_holder_entries_are_kubernetes_names() -> None:
