@@ -172,7 +172,7 @@ class PromClient:
         max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES,
     ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"Prometheus URL {base_url!r} must be http:// or https:// with a host")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout

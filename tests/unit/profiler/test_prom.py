@@ -194,7 +194,8 @@ def test_broken_http_answers(reply: bytes, named: str) -> None:
 
 
 def test_bad_urls_are_refused() -> None:
-    for url in ("prometheus:9090", "ftp://x", "http://"):
+    # ":9090" has a netloc but no host: connecting to "" would reach this machine, not a Prometheus
+    for url in ("prometheus:9090", "ftp://x", "http://", "http://:9090", "https://user@:9090/prom"):
         with pytest.raises(ValueError):
             PromClient(url)
 
