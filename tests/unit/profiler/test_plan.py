@@ -386,7 +386,8 @@ def test_worst_case_node_stays_under_the_documented_bound() -> None:
 
 
 def _annotated(after: dict[str, str]) -> list[int]:
-    return sorted(int(k[len(P) + 4:].split(".")[0]) for k in after if re.fullmatch(re.escape(P) + r"gpu-\d+\.pattern", k))
+    gpu_pattern = re.compile(re.escape(P) + r"gpu-(\d+)\.pattern")
+    return sorted(int(m.group(1)) for k in after if (m := gpu_pattern.fullmatch(k)))
 
 
 def test_the_byte_bound_leaves_out_the_highest_gpus_whole_and_counts_them() -> None:
