@@ -261,7 +261,8 @@ class Engine:
         stats = {k: BackendStats(**vars(v)) for k, v in self.stats.items()}
         for st in stats.values():
             st.errors_total = dict(st.errors_total)
-        intervals = {b.name: self.interval if self.interval > 0 else b.min_interval for b in self.backends}
+        for b in self.backends:
+            stats[b.name].interval_seconds = self.interval if self.interval > 0 else b.min_interval
         hook = None
         if self.gpu_labels is not None:
             # Freeze the extra labels now, so that one exposition agrees with the families above
@@ -279,7 +280,7 @@ class Engine:
                 return mig_frozen.get((id(r), id(m)), {})
 
         return Snapshot(collections=collections, host=self.host, stats=stats, created=time.time(),
-                        gpu_labels=hook, extra_families=extra, intervals=intervals, mig_labels=mig_hook)
+                        gpu_labels=hook, extra_families=extra, mig_labels=mig_hook)
 
     # --- one backend -----------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from exporter.core.schema import TOPOLOGY_LEVELS
+
 
 @dataclass
 class MigReading:
@@ -159,6 +161,17 @@ class PeerReading:
     topology_level: str | None = None
     topology_level_value: float | None = None
 
+    @property
+    def levels(self) -> dict[str, float]:
+        """The topology level as ``{name: value}``, empty when not read: the backend's value, else
+        NVML's number for the name (-1 for a name it does not know)."""
+        if self.topology_level is None:
+            return {}
+        value = self.topology_level_value
+        if value is None:
+            value = float(TOPOLOGY_LEVELS.get(self.topology_level, -1))
+        return {self.topology_level: value}
+
 
 @dataclass
 class Collection:
@@ -177,6 +190,11 @@ class Collection:
 
     def count_error(self, kind: str, n: int = 1) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + n
+
+    @property
+    def visible_devices(self) -> int | None:
+        """GPUs the vendor library sees, published beside ``pci_devices`` (None when the bus was not read)."""
+        return None if self.pci_devices is None else len(self.gpus)
 
 
 @dataclass

@@ -8,15 +8,25 @@ each backend that fills it (:class:`~exporter.backends.base.Backend`; docs/exten
 Which backend fills what is the backends' declaration, never a column here: a row says only
 ``every_backend`` when the exporter itself fills it whatever the backend (identity, self-metrics).
 
-A row's ``scope`` says which labels come first and where the value comes from:
+A row's ``scope`` says which labels come first and where the value comes from; the renderer
+(exporter/serve/render.py) writes every family from its row alone, and its ``attr`` names the value:
 
 - ``gpu``: one sample per GPU (``gpu``, ``uuid``, then ``labels``) from the reading's ``attr``;
-  a scalar attribute gives one sample, a dict one sample per key (tuple keys: one label each);
-- ``mig``: per MIG instance / compute partition of a GPU;
-- ``peer``: per ordered GPU pair (topology);
-- ``event``, ``node``, ``host``, ``pod``: per XID code, per vendor on the bus, the host, per
-  pod allocation;
-- ``self``: the exporter's own health, always published (not filterable).
+  a scalar attribute gives one sample, a dict one sample per key (tuple keys: one label each), a
+  set one sample of 1 per member. Rows the exporter fills for ``every_backend`` are published for
+  a GPU that is down too (its identity); the others only for a GPU that answered;
+- ``mig``: per MIG instance / compute partition of a GPU, from the ``MigReading``'s ``attr``;
+- ``peer``: per ordered GPU pair (topology), from the ``PeerReading``'s ``attr`` (a dict);
+- ``event``: from the ``Collection``'s ``attr``, a dict keyed by (gpu, uuid, the row's labels);
+- ``node``: per backend's collection (``vendor``), from the ``Collection``'s ``attr``;
+- ``host``: the host (``HostInfo``);
+- ``pod``: per pod allocation, from the pod attribution plugin (exporter/k8s);
+- ``self``: the exporter's own health, always published (not filterable): per backend (first
+  label) from its ``BackendStats``'s ``attr``; the process (``process_*``, prometheus_client's
+  ProcessCollector); or from a plugin.
+
+A row whose name ends in ``_info`` is an info family: one sample of 1 per GPU, host or build, its
+labels the attributes of that name (of the reading, ``HostInfo`` or the build).
 
 ``default=False`` families are collected (the JSON API and ``snapshot`` show them) but are
 left off ``/metrics`` unless ``--fields-include`` selects them: the GPU-pair topology is
@@ -50,7 +60,7 @@ class Family:
     group: str  # field group (docs/metrics.md sections)
     scope: str = "gpu"
     labels: tuple[str, ...] = ()  # labels after the scope's (per-GPU: after gpu, uuid)
-    attr: str = ""  # GpuReading attribute (scope "gpu") or MigReading attribute (scope "mig")
+    attr: str = ""  # where the value is read, per scope (see above): GpuReading, MigReading, PeerReading ...
     when: str = ""  # a condition for the series to exist (MIG on, an opt-in flag, an event seen ...)
     default: bool = True  # on /metrics without field selection
     filterable: bool = True
@@ -96,11 +106,11 @@ FAMILIES: tuple[Family, ...] = (
            smi="name, uuid, pci.bus_id, serial, driver_version, vbios_version",
            amd="amd-smi static --asic --board --driver --vbios", every_backend=True),
     Family("gpu_up", GAUGE, "1", "1 when the GPU answered this collection, 0 when it is lost or unreadable.",
-           "identity", nvml="NVML_ERROR_GPU_IS_LOST and device faults -> 0",
+           "identity", attr="up", nvml="NVML_ERROR_GPU_IS_LOST and device faults -> 0",
            smi="(nvidia-smi: 'GPU is lost')", amd="(amd-smi: device errors)", every_backend=True),
     Family("gpu_field_unsupported", GAUGE, "1",
            "1 for each metric family this GPU or driver does not support (so absence is explained).", "identity",
-           labels=("field",), when="a reading is unsupported",
+           labels=("field",), attr="unsupported", when="a reading is unsupported",
            nvml="NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION", smi="[N/A], [Not Supported]",
            amd="N/A, AMDSMI_STATUS_NOT_SUPPORTED"),
     Family("gpu_host_info", GAUGE, "1", "Host identity; value is always 1.", "identity", scope="host",
@@ -325,26 +335,26 @@ FAMILIES: tuple[Family, ...] = (
            smi="(none)", amd="(partitions are GPUs)"),
     # --- topology (off /metrics by default: N x (N-1) series) -----------------------------------------
     Family("gpu_p2p_supported", GAUGE, "1", "1 when peer-to-peer access from gpu to peer is supported, by capability.",
-           "topology", "peer", ("capability",), default=False,
+           "topology", "peer", ("capability",), "p2p", default=False,
            nvml="nvmlDeviceGetP2PStatus", smi="nvidia-smi topo -p2p rwna", amd="amd-smi topology -a"),
     Family("gpu_topology_level", GAUGE, "1",
            "PCIe/NVLink topology level between gpu and peer (NVML levels: 0 internal, 10 single switch, "
            "20 multiple switches, 30 host bridge, 40 NUMA node, 50 system); label level names it.",
-           "topology", "peer", ("level",), default=False,
+           "topology", "peer", ("level",), "levels", default=False,
            nvml="nvmlDeviceGetTopologyCommonAncestor", smi="nvidia-smi topo -m", amd="amd-smi topology -t"),
     # --- events and the bus ----------------------------------------------------------------------
     Family("gpu_xid_errors_total", COUNTER, "1",
            "XID errors reported by the driver since the exporter started, by xid code.", "events", "event",
-           ("xid",), when="after an XID event", nvml="nvmlEventSetWait_v2 (XID events)",
+           ("xid",), "xid_counts", when="after an XID event", nvml="nvmlEventSetWait_v2 (XID events)",
            smi="(dmesg: NVRM: Xid)", amd="(none)"),
     Family("gpu_xid_last_timestamp_seconds", GAUGE, "seconds", "Unix time of the last XID error on this GPU.",
-           "events", "event", when="after an XID event", nvml="nvmlEventSetWait_v2",
+           "events", "event", attr="xid_last_seconds", when="after an XID event", nvml="nvmlEventSetWait_v2",
            smi="(dmesg)", amd="(none)"),
     Family("gpu_pci_devices", GAUGE, "1", "GPUs of this vendor present on the PCI bus (sysfs).", "bus", "node",
-           ("vendor",), when="sysfs readable",
+           ("vendor",), "pci_devices", when="sysfs readable",
            smi="lspci -d 10de::0300, 10de::0302", amd="lspci -d 1002::0300, 1002::0380"),
     Family("gpu_visible_devices", GAUGE, "1", "GPUs of this vendor visible to the vendor library.", "bus", "node",
-           ("vendor",), when="sysfs readable", nvml="nvmlDeviceGetCount",
+           ("vendor",), "visible_devices", when="sysfs readable", nvml="nvmlDeviceGetCount",
            smi="nvidia-smi -L (count)", amd="amd-smi list (count)"),
     # --- pod attribution (exporter/k8s) -------------------------------------------------------------
     Family("gpu_allocation_info", GAUGE, "1",
@@ -400,24 +410,24 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpu_exporter_build_info", GAUGE, "1", "gpu-exporter build; value is always 1.", "self", "self",
            ("version", "python_version"), filterable=False, every_backend=True),
     Family("gpu_exporter_collector_success", GAUGE, "1", "1 when the backend's last collection succeeded.", "self",
-           "self", ("backend",), filterable=False, every_backend=True),
+           "self", ("backend",), attr="success", filterable=False, every_backend=True),
     Family("gpu_exporter_collector_duration_seconds", GAUGE, "seconds", "Duration of the backend's last collection.",
-           "self", "self", ("backend",), filterable=False, every_backend=True),
+           "self", "self", ("backend",), attr="duration_seconds", filterable=False, every_backend=True),
     Family("gpu_exporter_collection_errors_total", COUNTER, "1",
            "Collection errors by backend and kind (docs/metrics.md lists the kinds).", "self", "self",
-           ("backend", "kind"), when="after an error", filterable=False, every_backend=True),
+           ("backend", "kind"), when="after an error", attr="errors_total", filterable=False, every_backend=True),
     Family("gpu_exporter_gpus", GAUGE, "1", "GPUs the backend returned in its last collection.", "self", "self",
-           ("backend",), filterable=False, every_backend=True),
+           ("backend",), attr="gpus", filterable=False, every_backend=True),
     Family("gpu_exporter_last_success_timestamp_seconds", GAUGE, "seconds",
            "Unix time of the backend's last successful collection.", "self", "self", ("backend",),
-           filterable=False, every_backend=True),
+           attr="last_success_seconds", filterable=False, every_backend=True),
     Family("gpu_exporter_collections_total", COUNTER, "1", "Collections run by the backend.", "self", "self",
-           ("backend",), filterable=False, every_backend=True),
+           ("backend",), attr="collections_total", filterable=False, every_backend=True),
     Family("gpu_exporter_collection_interval_seconds", GAUGE, "seconds",
            "Minimum seconds between real reads of the backend: 0 reads on scrape, at most once per "
            "--cache-ttl (default 1 s); CLI backends "
            "(rocm-smi, a subprocess) are read at most every COLLECTION_INTERVAL, default 10 s.", "self", "self",
-           ("backend",), filterable=False, every_backend=True),
+           ("backend",), attr="interval_seconds", filterable=False, every_backend=True),
     # The exporter process itself, as every Prometheus client library publishes it (issue 28), read
     # from /proc/self by prometheus_client's ProcessCollector; absent where there is no /proc.
     Family("process_cpu_seconds_total", COUNTER, "seconds", "User and system CPU time of the exporter process.",
@@ -437,7 +447,6 @@ FAMILIES: tuple[Family, ...] = (
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 # Per-GPU families read from one GpuReading attribute each (the generic part of the renderer).
 GPU_FAMILIES: tuple[Family, ...] = tuple(f for f in FAMILIES if f.scope == "gpu" and f.attr)
-MIG_FAMILIES: tuple[Family, ...] = tuple(f for f in FAMILIES if f.scope == "mig")
 # GpuReading attribute -> the name of the family it carries (a backend's bookkeeping, by attribute)
 FAMILY_OF_ATTR: dict[str, str] = {f.attr: f.name for f in GPU_FAMILIES}
 FILTERABLE: tuple[str, ...] = tuple(f.name for f in FAMILIES if f.filterable)

@@ -31,6 +31,7 @@ class BackendStats:
     last_success_seconds: float | None = None
     gpus: int = 0
     collections_total: int = 0
+    interval_seconds: float | None = None  # minimum seconds between real reads (set in each snapshot's copy)
 
 
 @dataclass
@@ -41,7 +42,6 @@ class Snapshot:
     created: float
     gpu_labels: LabelHook | None = None
     extra_families: list[Metric] = field(default_factory=list)
-    intervals: dict[str, float] = field(default_factory=dict)  # backend -> seconds between real reads
     mig_labels: MigLabelHook | None = None
 
 

@@ -1,12 +1,19 @@
 """Turn one collection snapshot into exposition bytes (Prometheus text and OpenMetrics).
 
+Every family is written from its schema row (exporter/core/schema.py): name, type, help, unit,
+labels, and the ``attr`` its value is read from, in the scope's object (a GPU's reading, a MIG
+instance, a GPU pair, a collection, the host, a backend's self-metrics). Nothing here names a
+family, so a new row is rendered with no change here (tests/unit/serve/test_render_rows.py).
+
 Every render builds its families afresh from the snapshot (as a client_python custom
 collector would), so no label set can go stale. We write the exposition ourselves rather
 than through ``prometheus_client.generate_latest``: that costs ~4 us per sample, which at
-8 GPUs (~900 samples) alone is four times our 1 ms scrape budget. Here each GPU's label
-string is escaped once per collection, and the static topology block (quadratic in the
-GPU count) is rendered once per driver initialisation and reused. The label part of each keyed
-sample and the text of repeating values are cached across renders (``python -m bench.render``).
+8 GPUs (~1,400 samples) alone is several times our scrape budget. What repeats from one render
+to the next is made once and kept, bounded: each row's ``# HELP``/``# TYPE`` header, each GPU's
+label part of each sample (``family{gpu,uuid,link,...} ``, per GPU label string and key), and the
+text of repeating values; the static topology block (quadratic in the GPU count) is rendered once
+per driver initialisation. A sample then costs two dict lookups and one concatenation
+(``python -m bench.render``).
 
 Rendering happens once per collection and format: the ``/metrics`` route caches the bytes of
 the engine's last snapshot (exporter/serve/http.py), and all scrapers of that collection share
@@ -16,17 +23,19 @@ and go through the same writer.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import platform
 import re
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from exporter.core.options import FieldFilter
-from exporter.core.readings import Collection, GpuReading, PeerReading
-from exporter.core.schema import COUNTER, FAMILY_BY_NAME, GAUGE, GPU_FAMILIES, MIG_FAMILIES, TOPOLOGY_LEVELS
+from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
+from exporter.core.schema import COUNTER, FAMILIES, FAMILY_BY_NAME, GAUGE, Family
 from exporter.core.snapshot import Snapshot
-from exporter.core.version import VERSION as __version__
+from exporter.core.version import VERSION
 
 if TYPE_CHECKING:  # plugins hand us prometheus_client Metrics; serving alone never imports it
     from prometheus_client.metrics_core import Metric
@@ -58,58 +67,135 @@ def num(v: float) -> str:
     return repr(v)
 
 
-# value -> its text, for the values that repeat from one sample and one render to the next (0, 1,
-# a clock, an error count): the formatting is the larger part of writing a sample. Bounded.
-_NUMS: dict[float, str] = {}
-_NUMS_MAX = 8192
-
-
-def _num_cached(v: float) -> str:
-    s = num(v)
-    if len(_NUMS) < _NUMS_MAX:
-        _NUMS[v] = s
-    return s
-
-
-# (family, GPU label string, reading key) -> 'family{gpu=...,uuid=...,label="key"} ': the label part of a
-# keyed sample is the same from one render to the next (links, clocks, reasons), so it is escaped and
-# joined once, not on every scrape. Bounded: a churn of keys cannot grow it without limit.
-_PREFIXES: dict[tuple[str, str, Any], str] = {}
-_PREFIXES_MAX = 32_768  # about 8 MiB at most; a 64-GPU NVLink node needs about 12,000
-
-
-def _keyed_prefix(name: str, labels: tuple[str, ...], base: str, key: Any) -> str:
-    if len(labels) == 1:
-        pairs = f'{labels[0]}="{esc(str(key))}"'
-    else:
-        pairs = ",".join(f'{ln}="{esc(str(k))}"' for ln, k in zip(labels, key, strict=True))
-    if len(_PREFIXES) >= _PREFIXES_MAX:
-        _PREFIXES.clear()
-    p = _PREFIXES[(name, base, key)] = f"{name}{{{base},{pairs}}} "
-    return p
-
-
 def labelstr(labels: dict[str, str]) -> str:
     return ",".join(f'{k}="{esc(str(v))}"' for k, v in labels.items())
+
+
+def _pairs(labels: tuple[str, ...], key: Any) -> str:
+    """``label="value",...`` for a keyed reading's key (a tuple key: one label each)."""
+    if len(labels) == 1:
+        return f'{labels[0]}="{esc(str(key))}"'
+    return ",".join(f'{ln}="{esc(str(k))}"' for ln, k in zip(labels, key, strict=True))
+
+
+class _Values(dict[float, str]):
+    """value -> its text and the line's end (``"1\\n"``), for the values that repeat from one sample
+    and one render to the next (0, 1, a clock, an error count): the formatting is the larger part of
+    writing a sample. Bounded; NaN (never equal to itself) is not kept."""
+
+    def __missing__(self, v: float) -> str:
+        s = num(v) + "\n"
+        if len(self) < _VALUES_MAX and v == v:
+            self[v] = s
+        return s
+
+
+_VALUES_MAX = 8192
+_VALUES = _Values()
+
+
+class _Keyed(dict[Any, str]):
+    """Reading key -> ``family{<GPU labels>,label="key"} `` for one family and one GPU label string:
+    the label part of a keyed sample is the same from one render to the next (links, clocks,
+    reasons), so it is escaped and joined once. Bounded: a churn of keys cannot grow it.
+
+    ``last`` is the GPU's last (values, keys in order, text) of the family: most keyed readings (link
+    error counters, link states, throttle reasons, ECC counts) do not change between collections,
+    and equal values under the same keys in the same order give the same text, so the text is
+    reused after one comparison."""
+
+    __slots__ = ("head", "labels", "last")
+
+    def __init__(self, head: str, labels: tuple[str, ...]) -> None:
+        super().__init__()
+        self.head = head
+        self.labels = labels
+        self.last: tuple[dict[Any, float], list[Any], str] | None = None  # replaced whole: renders may overlap
+
+    def __missing__(self, key: Any) -> str:
+        if len(self) >= _KEYS_MAX:
+            self.clear()
+        p = self[key] = f"{self.head}{_pairs(self.labels, key)}}} "
+        return p
+
+
+_KEYS_MAX = 4096  # keys of one family on one GPU (a 64-GPU NVLink node has about 200)
+
+
+class _GpuText:
+    """The cached sample prefixes of one GPU label string (``gpu="0",uuid="..."`` and any pod labels)."""
+
+    __slots__ = ("base", "keyed", "scalar")
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.scalar: dict[str, str] = {}  # family -> 'family{base} '
+        self.keyed: dict[str, _Keyed] = {}  # family -> its _Keyed for this GPU
+
+    def one(self, name: str) -> str:
+        p = self.scalar.get(name)
+        if p is None:
+            p = self.scalar[name] = f"{name}{{{self.base}}} "
+        return p
+
+    def per_key(self, row: Family) -> _Keyed:
+        k = self.keyed.get(row.name)
+        if k is None:
+            k = self.keyed[row.name] = _Keyed(f"{row.name}{{{self.base},", row.labels)
+        return k
+
+
+_GPU_TEXT: dict[str, _GpuText] = {}
+_GPU_TEXT_MAX = 4096  # GPU label strings (pod labels churn them); about 4 MiB at 64 NVLink GPUs
+_gpu_text_lock = threading.Lock()
+
+
+def _gpu_text(base: str) -> _GpuText:
+    t = _GPU_TEXT.get(base)
+    if t is None:
+        with _gpu_text_lock:
+            if len(_GPU_TEXT) >= _GPU_TEXT_MAX:
+                _GPU_TEXT.clear()
+            t = _GPU_TEXT.setdefault(base, _GpuText(base))
+    return t
+
+
+# --- family headers -------------------------------------------------------------------------
+
+
+def _header(name: str, kind: str, help_: str, unit: str, om: bool) -> str:
+    if om and kind == COUNTER and name.endswith("_total"):
+        name = name[: -len("_total")]  # OpenMetrics names the counter family without _total
+    head = f"# HELP {name} {_esc_help(help_, om)}\n# TYPE {name} {kind}\n"
+    om_unit = unit.replace(" ", "_")
+    if om and unit != "1" and name.endswith("_" + om_unit):  # OpenMetrics: the unit is the name's suffix
+        head += f"# UNIT {name} {om_unit}\n"
+    return head
+
+
+# row name -> (text header, OpenMetrics header), made once per process
+_HEADERS: dict[str, tuple[str, str]] = {
+    f.name: (_header(f.name, f.kind, f.help, f.unit, False), _header(f.name, f.kind, f.help, f.unit, True))
+    for f in FAMILIES}
 
 
 class _Out:
     """Accumulates families in one format (text 0.0.4 or OpenMetrics 1.0)."""
 
-    def __init__(self, openmetrics: bool) -> None:
+    def __init__(self, openmetrics: bool, fields: FieldFilter) -> None:
         self.om = openmetrics
+        self.fields = fields
         self.parts: list[str] = []
 
+    def row(self, f: Family, body: str) -> None:
+        if body:
+            self.parts.append(_HEADERS[f.name][self.om])
+            self.parts.append(body)
+
     def family(self, name: str, kind: str, help_: str, body: str, unit: str = "1") -> None:
-        if not body:
-            return
-        if self.om and kind == COUNTER and name.endswith("_total"):
-            name = name[: -len("_total")]  # OpenMetrics names the counter family without _total
-        self.parts.append(f"# HELP {name} {_esc_help(help_, self.om)}\n# TYPE {name} {kind}\n")
-        om_unit = unit.replace(" ", "_")
-        if self.om and unit != "1" and name.endswith("_" + om_unit):  # OpenMetrics: the unit is the name's suffix
-            self.parts.append(f"# UNIT {name} {om_unit}\n")
-        self.parts.append(body)
+        if body:
+            self.parts.append(_header(name, kind, help_, unit, self.om))
+            self.parts.append(body)
 
 
 def _render_metric(out: _Out, m: Metric) -> None:
@@ -123,71 +209,76 @@ def _render_metric(out: _Out, m: Metric) -> None:
     out.family(name, kind, m.documentation, body, fam.unit if fam is not None else "1")
 
 
-# --- topology cache -------------------------------------------------------------------------
-
-_topo_lock = threading.Lock()
-_topo_cache: dict[int, tuple[list[PeerReading], frozenset[int], str, str]] = {}
+# --- the rows, by where their values come from ------------------------------------------------
 
 
-def _topology_bodies(peers: list[PeerReading], up: frozenset[int], uuids: dict[int, str]) -> tuple[str, str]:
-    """Bodies of gpu_p2p_supported and gpu_topology_level; cached while the list is the same.
-
-    Backends hand out the same static list object until the driver is re-initialised.
-    """
-    key = id(peers)
-    with _topo_lock:
-        hit = _topo_cache.get(key)
-        if hit is not None and hit[0] is peers and hit[1] == up:
-            return hit[2], hit[3]
-    p2p: list[str] = []
-    topo: list[str] = []
-    for p in peers:
-        if p.gpu not in up or p.peer not in up:
-            continue  # a lost GPU publishes nothing, topology included
-        base = f'gpu="{p.gpu}",uuid="{esc(uuids.get(p.gpu, ""))}",peer="{p.peer}"'
-        for cap, v in p.p2p.items():
-            p2p.append(f'gpu_p2p_supported{{{base},capability="{esc(cap)}"}} {num(v)}\n')
-        if p.topology_level is not None:
-            value = p.topology_level_value
-            if value is None:
-                value = float(TOPOLOGY_LEVELS.get(p.topology_level, -1))
-            topo.append(f'gpu_topology_level{{{base},level="{esc(p.topology_level)}"}} {num(value)}\n')
-    bodies = ("".join(p2p), "".join(topo))
-    with _topo_lock:
-        if len(_topo_cache) > 16:
-            _topo_cache.clear()
-        _topo_cache[key] = (peers, up, bodies[0], bodies[1])
-    return bodies
+def _is_info(f: Family) -> bool:
+    return f.name.endswith("_info")
 
 
-# --- families -------------------------------------------------------------------------------
-# Every family's name, type and help come from its schema row (exporter/core/schema.py).
+_SET_FIELDS = frozenset(f.name for f in dataclasses.fields(GpuReading) if f.default_factory is set)
 
 
-def _emit(out: _Out, name: str, body: str) -> None:
-    f = FAMILY_BY_NAME[name]
-    out.family(f.name, f.kind, f.help, body, f.unit)
+def _rows(scope: str, *, every_backend: bool | None = None, sets: bool = False) -> tuple[Family, ...]:
+    return tuple(f for f in FAMILIES if f.scope == scope and (f.attr or _is_info(f))
+                 and (every_backend is None or f.every_backend == every_backend)
+                 and (f.attr in _SET_FIELDS) == sets)
 
 
-_process: list[Any] = []  # prometheus_client's ProcessCollector, made on first use
+# The exposition order: a GPU's identity, its readings, its MIG instances, GPU pairs, events,
+# the bus, what a GPU could not read, the host, the exporter itself, plugins.
+_GPU_ALL = _rows("gpu", every_backend=True)  # published for a GPU that is down too
+_GPU_READ = _rows("gpu", every_backend=False)  # for a GPU that answered
+_GPU_SETS = _rows("gpu", every_backend=False, sets=True)  # explanations: after the readings they explain
+_MIG = _rows("mig")
+_PEER = _rows("peer")
+_EVENT = _rows("event")
+_NODE = _rows("node")
+_HOST = _rows("host")
+_SELF = _rows("self")
+
+# Labels whose value is an attribute of another name (any other label: the attribute of its name).
+# A GPU info row's labels: "backend" is the collection's.
+_INFO_ATTR: dict[str, Callable[[Any], object]] = {
+    "cuda_version": lambda r: r.cuda_driver_version, "vbios_version": lambda r: r.firmware_version}
+# A MIG row's labels, from its MigReading
+_MIG_ATTR: dict[str, Callable[[Any], object]] = {
+    "gpu_instance": lambda m: m.gpu_instance_id, "compute_instance": lambda m: m.compute_instance_id,
+    "mig_profile": lambda m: m.profile, "mig_uuid": lambda m: m.uuid}
 
 
-def _process_families(out: _Out) -> None:
-    """process_* of the exporter itself (CPU, memory, start time, file descriptors) from /proc/self,
-    with the schema's names and help; nothing where /proc is missing."""
-    if not _process:
-        from prometheus_client import ProcessCollector
+@dataclasses.dataclass(frozen=True)
+class _Build:
+    """The exporter's build, the object of the self scope's info rows."""
 
-        _process.append(ProcessCollector(registry=None))
-    for m in _process[0].collect():
-        for s in m.samples:
-            if s.name in FAMILY_BY_NAME:
-                _emit(out, s.name, f"{s.name} {num(float(s.value))}\n")
+    version: str = VERSION
+    python_version: str = platform.python_version()
 
 
-def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
+_BUILD = _Build()
+
+
+def _attr_text(obj: object, label: str, aliases: dict[str, Callable[[Any], object]]) -> str:
+    alias = aliases.get(label)
+    v = getattr(obj, label) if alias is None else alias(obj)
+    return "" if v is None else str(v)
+
+
+def _info_line(name: str, head: str, obj: object, labels: tuple[str, ...], coll: Collection | None = None) -> str:
+    """An info family's one sample: its labels the attributes of ``obj`` (a GPU's "backend": its collection's)."""
+    values = (coll.backend if coll is not None and ln == "backend" else _attr_text(obj, ln, _INFO_ATTR)
+              for ln in labels)
+    pairs = ",".join(f'{ln}="{esc(v)}"' for ln, v in zip(labels, values, strict=True))
+    return f"{name}{{{head}{pairs}}} 1\n"
+
+
+# --- GPUs, MIG, pairs ----------------------------------------------------------------------------
+
+
+def _gpu_families(out: _Out, snap: Snapshot) -> None:
+    exposed, values = out.fields.exposed, _VALUES
     hook = snap.gpu_labels
-    rows: list[tuple[Collection, GpuReading, str]] = []
+    gpus: list[tuple[Collection, GpuReading, _GpuText]] = []
     for coll in snap.collections:
         for r in coll.gpus:
             base = f'gpu="{r.index}",uuid="{esc(r.uuid)}"'
@@ -195,106 +286,145 @@ def _gpu_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
                 extra_labels = hook(r)
                 if extra_labels:
                     base += "," + labelstr(extra_labels)
-            rows.append((coll, r, base))
+            gpus.append((coll, r, _gpu_text(base)))
 
-    if fields.exposed("gpu_info"):  # labels in the row's order, each the reading's attribute of that name
-        info = FAMILY_BY_NAME["gpu_info"].labels
-        _emit(out, "gpu_info", "".join(
-            f'gpu_info{{gpu="{r.index}",uuid="{esc(r.uuid)}",'
-            + ",".join(f'{label}="{esc(_info_value(c, r, label))}"' for label in info) + "} 1\n"
-            for c, r, _ in rows))
-    if fields.exposed("gpu_up"):
-        _emit(out, "gpu_up", "".join(f"gpu_up{{{b}}} {1 if r.up else 0}\n" for _, r, b in rows))
+    for f in _GPU_ALL:
+        if exposed(f.name):
+            if _is_info(f):  # the GPU's identity alone: pod labels are on its other series
+                out.row(f, "".join(_info_line(f.name, f'gpu="{r.index}",uuid="{esc(r.uuid)}",', r, f.labels, c)
+                                   for c, r, _ in gpus))
+            else:
+                out.row(f, _gpu_body(f, [(r, t) for _, r, t in gpus], values))
 
-    live = [(r, b) for _, r, b in rows if r.up]
-    nums = _NUMS
-    for fam in GPU_FAMILIES:
-        if not fields.exposed(fam.name):
-            continue
-        name, attr = fam.name, fam.attr
-        lines: list[str] = []
-        if not fam.labels:
-            for r, b in live:
-                v = getattr(r, attr)
-                if v is not None:
-                    lines.append(f"{name}{{{b}}} {nums.get(v) or _num_cached(v)}\n")
-        else:
-            labels, prefixes = fam.labels, _PREFIXES
-            for r, b in live:
-                for key, v in getattr(r, attr).items():
-                    p = prefixes.get((name, b, key)) or _keyed_prefix(name, labels, b, key)
-                    lines.append(f"{p}{nums.get(v) or _num_cached(v)}\n")
-        out.family(name, fam.kind, fam.help, "".join(lines), fam.unit)
+    live = [(r, t) for _, r, t in gpus if r.up]
+    for f in _GPU_READ:
+        if exposed(f.name):
+            out.row(f, _gpu_body(f, live, values))
 
-    mig_hook = snap.mig_labels
-    for fam in MIG_FAMILIES:
-        if not fields.exposed(fam.name):
+    _mig_families(out, snap, [(r, t) for r, t in live if r.mig])
+    _peer_families(out, snap)
+    _collection_families(out, snap)
+
+    for f in _GPU_SETS:
+        if exposed(f.name):
+            one = values[1]
+            out.row(f, "".join(t.per_key(f)[k] + one for r, t in live for k in sorted(getattr(r, f.attr))))
+
+
+def _gpu_body(f: Family, gpus: list[tuple[GpuReading, _GpuText]], values: _Values) -> str:
+    """One family's samples over ``gpus``: the hot loop of a render (two lookups and a join per sample)."""
+    attr, name = f.attr, f.name
+    if not f.labels:
+        return "".join([t.one(name) + values[v] for r, t in gpus if (v := getattr(r, attr)) is not None])
+    lines: list[str] = []
+    for r, t in gpus:
+        d = getattr(r, attr)
+        if d:
+            p = t.per_key(f)
+            last = p.last
+            # equal values have equal text (1 == 1.0: "1"); the keys' order too. No per-item objects:
+            # they would cost more than the text, and wake the garbage collector.
+            if last is not None and d == last[0] and list(d) == last[1]:
+                lines.append(last[2])
+            else:
+                text = "".join([p[k] + values[v] for k, v in d.items()])
+                p.last = (dict(d), list(d), text)  # a copy: a backend may hand out the same dict, changed
+                lines.append(text)
+    return "".join(lines)
+
+
+def _mig_families(out: _Out, snap: Snapshot, gpus: list[tuple[GpuReading, _GpuText]]) -> None:
+    hook, mig_hook = snap.gpu_labels, snap.mig_labels
+    for f in _MIG:
+        if not out.fields.exposed(f.name):
             continue
         lines = []
-        for r, b in live:
+        for r, t in gpus:
             for mig in r.mig:
-                v = getattr(mig, fam.attr)
+                v = getattr(mig, f.attr)
                 if v is None:
                     continue
-                ci = "" if mig.compute_instance_id is None else str(mig.compute_instance_id)
-                mb = b
+                mb = t.base
                 if mig_hook is not None and not (hook is not None and hook(r)):
                     held = mig_hook(r, mig)  # the container holding this instance (the GPU has no one holder)
                     if held:
-                        mb = f"{b},{labelstr(held)}"
-                lines.append(f'{fam.name}{{{mb},gpu_instance="{mig.gpu_instance_id}",compute_instance="{ci}",'
-                             f'mig_profile="{esc(mig.profile or "")}",mig_uuid="{esc(mig.uuid or "")}"}} {num(v)}\n')
-        out.family(fam.name, fam.kind, fam.help, "".join(lines), fam.unit)
+                        mb = f"{mb},{labelstr(held)}"
+                lines.append(f"{f.name}{{{mb},{_mig_pairs(f.labels, mig)}}} {num(v)}\n")
+        out.row(f, "".join(lines))
 
-    want_p2p, want_topo = fields.exposed("gpu_p2p_supported"), fields.exposed("gpu_topology_level")
-    p2p_body, topo_body = [], []
+
+def _mig_pairs(labels: tuple[str, ...], mig: MigReading) -> str:
+    return ",".join(f'{ln}="{esc(_attr_text(mig, ln, _MIG_ATTR))}"' for ln in labels)
+
+
+_topo_lock = threading.Lock()
+_topo_cache: dict[int, tuple[list[PeerReading], frozenset[int], tuple[str, ...]]] = {}
+
+
+def _peer_bodies(peers: list[PeerReading], up: frozenset[int], uuids: dict[int, str]) -> tuple[str, ...]:
+    """The body of each peer row; cached while the list is the same.
+
+    Backends hand out the same static list object until the driver is re-initialised.
+    """
+    key = id(peers)
+    with _topo_lock:
+        hit = _topo_cache.get(key)
+        if hit is not None and hit[0] is peers and hit[1] == up:
+            return hit[2]
+    bodies: list[list[str]] = [[] for _ in _PEER]
+    for p in peers:
+        if p.gpu not in up or p.peer not in up:
+            continue  # a lost GPU publishes nothing, topology included
+        base = f'gpu="{p.gpu}",uuid="{esc(uuids.get(p.gpu, ""))}",peer="{p.peer}"'
+        for f, lines in zip(_PEER, bodies, strict=True):
+            for k, v in getattr(p, f.attr).items():
+                lines.append(f"{f.name}{{{base},{_pairs(f.labels, k)}}} {num(v)}\n")
+    out = tuple("".join(lines) for lines in bodies)
+    with _topo_lock:
+        if len(_topo_cache) > 16:
+            _topo_cache.clear()
+        _topo_cache[key] = (peers, up, out)
+    return out
+
+
+def _peer_families(out: _Out, snap: Snapshot) -> None:
+    wanted = [out.fields.exposed(f.name) for f in _PEER]
+    if not any(wanted):
+        return
+    bodies: list[list[str]] = [[] for _ in _PEER]
     for coll in snap.collections:
-        if coll.peers and (want_p2p or want_topo):
+        if coll.peers:
             up = frozenset(r.index for r in coll.gpus if r.up)
-            a, b2 = _topology_bodies(coll.peers, up, {r.index: r.uuid for r in coll.gpus})
-            p2p_body.append(a)
-            topo_body.append(b2)
-    if want_p2p:
-        _emit(out, "gpu_p2p_supported", "".join(p2p_body))
-    if want_topo:
-        _emit(out, "gpu_topology_level", "".join(topo_body))
-
-    _event_families(out, snap, fields)
-
-    if fields.exposed("gpu_field_unsupported"):
-        _emit(out, "gpu_field_unsupported", "".join(
-            f'gpu_field_unsupported{{{b},field="{esc(f)}"}} 1\n' for r, b in live for f in sorted(r.unsupported)))
+            for lines, body in zip(bodies, _peer_bodies(coll.peers, up, {r.index: r.uuid for r in coll.gpus}),
+                                   strict=True):
+                lines.append(body)
+    for f, want, lines in zip(_PEER, wanted, bodies, strict=True):
+        if want:
+            out.row(f, "".join(lines))
 
 
-# gpu_info labels whose GpuReading attribute has another name; "backend" is the collection's
-_INFO_ATTR = {"cuda_version": "cuda_driver_version", "vbios_version": "firmware_version"}
+# --- per collection: events, the bus -----------------------------------------------------------
 
 
-def _info_value(c: Collection, r: GpuReading, label: str) -> str:
-    if label == "backend":
-        return c.backend
-    v = getattr(r, _INFO_ATTR.get(label, label))
-    return "" if v is None else str(v)
-
-
-def _event_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
-    xid: list[str] = []
-    last: list[str] = []
-    pci: list[str] = []
-    vis: list[str] = []
-    for coll in snap.collections:
-        for (idx, uuid, code), n in sorted(coll.xid_counts.items()):
-            xid.append(f'gpu_xid_errors_total{{gpu="{idx}",uuid="{esc(uuid)}",xid="{esc(code)}"}} {num(n)}\n')
-        for (idx, uuid), ts in sorted(coll.xid_last_seconds.items()):
-            last.append(f'gpu_xid_last_timestamp_seconds{{gpu="{idx}",uuid="{esc(uuid)}"}} {num(ts)}\n')
-        if coll.pci_devices is not None:
-            vendor = esc(_vendor_of(coll))
-            pci.append(f'gpu_pci_devices{{vendor="{vendor}"}} {coll.pci_devices}\n')
-            vis.append(f'gpu_visible_devices{{vendor="{vendor}"}} {len(coll.gpus)}\n')
-    for name, body in (("gpu_xid_errors_total", xid), ("gpu_xid_last_timestamp_seconds", last),
-                       ("gpu_pci_devices", pci), ("gpu_visible_devices", vis)):
-        if fields.exposed(name):
-            _emit(out, name, "".join(body))
+def _collection_families(out: _Out, snap: Snapshot) -> None:
+    for f in _EVENT:  # a dict keyed by (gpu, uuid, the row's labels)
+        if out.fields.exposed(f.name):
+            names = f.all_labels
+            out.row(f, "".join(f"{f.name}{{{_pairs(names, k)}}} {num(n)}\n"
+                               for coll in snap.collections for k, n in sorted(getattr(coll, f.attr).items())))
+    scoped: dict[int, dict[str, str]] = {}  # a collection's node labels, made when first needed
+    for f in _NODE:  # one value per backend's collection
+        if out.fields.exposed(f.name):
+            lines = []
+            for i, coll in enumerate(snap.collections):
+                v = getattr(coll, f.attr)
+                if v is not None:
+                    labels = scoped.get(i)
+                    if labels is None:
+                        labels = scoped[i] = {"vendor": _vendor_of(coll), "backend": coll.backend}
+                    pairs = ",".join(f'{ln}="{esc(labels[ln])}"' for ln in f.all_labels)
+                    lines.append(f"{f.name}{{{pairs}}} {num(v)}\n")
+            out.row(f, "".join(lines))
 
 
 def _vendor_of(coll: Collection) -> str:
@@ -306,50 +436,59 @@ def _vendor_of(coll: Collection) -> str:
     return cls.vendor if cls is not None else "unknown"
 
 
-def _self_families(out: _Out, snap: Snapshot, fields: FieldFilter) -> None:
-    h = snap.host
-    _emit(out, "gpu_host_info",
-          f'gpu_host_info{{node="{esc(h.node)}",cpu_model="{esc(h.cpu_model)}",kernel="{esc(h.kernel)}",'
-          f'os="{esc(h.os)}"}} 1\n')
-    _emit(out, "gpu_exporter_build_info",
-          f'gpu_exporter_build_info{{version="{__version__}",python_version="{platform.python_version()}"}} 1\n')
-    lines: dict[str, list[str]] = {n: [] for n in (
-        "gpu_exporter_collector_success", "gpu_exporter_collector_duration_seconds",
-        "gpu_exporter_collection_errors_total", "gpu_exporter_gpus", "gpu_exporter_last_success_timestamp_seconds",
-        "gpu_exporter_collections_total", "gpu_exporter_collection_interval_seconds")}
-    for name, st in sorted(snap.stats.items()):
-        lab = f'backend="{esc(name)}"'
-        lines["gpu_exporter_collector_success"].append(
-            f"gpu_exporter_collector_success{{{lab}}} {1 if st.success else 0}\n")
-        lines["gpu_exporter_collector_duration_seconds"].append(
-            f"gpu_exporter_collector_duration_seconds{{{lab}}} {num(st.duration_seconds)}\n")
-        lines["gpu_exporter_gpus"].append(f"gpu_exporter_gpus{{{lab}}} {st.gpus}\n")
-        lines["gpu_exporter_collections_total"].append(
-            f"gpu_exporter_collections_total{{{lab}}} {st.collections_total}\n")
-        if st.last_success_seconds is not None:
-            lines["gpu_exporter_last_success_timestamp_seconds"].append(
-                f"gpu_exporter_last_success_timestamp_seconds{{{lab}}} {num(st.last_success_seconds)}\n")
-        for kind, n in sorted(st.errors_total.items()):
-            lines["gpu_exporter_collection_errors_total"].append(
-                f'gpu_exporter_collection_errors_total{{{lab},kind="{esc(kind)}"}} {n}\n')
-    for backend, every in sorted(snap.intervals.items()):
-        lines["gpu_exporter_collection_interval_seconds"].append(
-            f'gpu_exporter_collection_interval_seconds{{backend="{esc(backend)}"}} {num(every)}\n')
-    for family_name, body in lines.items():
-        _emit(out, family_name, "".join(body))
+# --- the host and the exporter itself -------------------------------------------------------------
+
+_process: list[Any] = []  # prometheus_client's ProcessCollector, made on first use
+
+
+def _self_families(out: _Out, snap: Snapshot) -> None:
+    for f in _HOST:
+        if out.fields.exposed(f.name):
+            out.row(f, _info_line(f.name, "", snap.host, f.labels) if _is_info(f) else
+                    "" if (v := getattr(snap.host, f.attr)) is None else f"{f.name} {num(v)}\n")
+    backends = sorted(snap.stats.items())
+    for f in _SELF:
+        if not out.fields.exposed(f.name):
+            continue
+        if _is_info(f):
+            out.row(f, _info_line(f.name, "", _BUILD, f.labels))
+            continue
+        lines = []
+        for backend, st in backends:  # the first label names the backend, any further ones a dict's key
+            v = getattr(st, f.attr)
+            head = f'{f.name}{{{f.labels[0]}="{esc(backend)}"'
+            if isinstance(v, dict):
+                lines += [f"{head},{_pairs(f.labels[1:], k)}}} {num(n)}\n" for k, n in sorted(v.items())]
+            elif v is not None:
+                lines.append(f"{head}}} {num(v)}\n")
+        out.row(f, "".join(lines))
     _process_families(out)
     for m in snap.extra_families:
         fam = FAMILY_BY_NAME.get(m.name + "_total" if m.type == COUNTER and not m.name.endswith("_total")
                                  else m.name)
-        if fam is None or fields.exposed(fam.name):  # plugin families are schema rows too (a test checks)
+        if fam is None or out.fields.exposed(fam.name):  # plugin families are schema rows too (a test checks)
             _render_metric(out, m)
+
+
+def _process_families(out: _Out) -> None:
+    """process_* of the exporter itself (CPU, memory, start time, file descriptors) from /proc/self,
+    the rows among prometheus_client's ProcessCollector samples; nothing where /proc is missing."""
+    if not _process:
+        from prometheus_client import ProcessCollector
+
+        _process.append(ProcessCollector(registry=None))
+    for m in _process[0].collect():
+        for s in m.samples:
+            f = FAMILY_BY_NAME.get(s.name)
+            if f is not None:
+                out.row(f, f"{s.name} {num(float(s.value))}\n")
 
 
 def render(snap: Snapshot, fields: FieldFilter, openmetrics: bool = False) -> bytes:
     """The Prometheus text 0.0.4 (or OpenMetrics 1.0) exposition of one snapshot."""
-    out = _Out(openmetrics)
-    _gpu_families(out, snap, fields)
-    _self_families(out, snap, fields)
+    out = _Out(openmetrics, fields)
+    _gpu_families(out, snap)
+    _self_families(out, snap)
     if openmetrics:
         out.parts.append("# EOF\n")
     return utf8("".join(out.parts))
