@@ -259,7 +259,7 @@ class NvmlBackend(Backend):
         self._gpus: list[_Gpu] = []
         self._driver_version: str | None = None
         self._cuda_version: str | None = None
-        self._lock = threading.Lock()  # NVML handles are shared with the event watcher
+        self._lock = threading.Lock()  # one collection at a time: the direct calls reuse their C out values
         self._initialised = False
         self._peers: list[PeerReading] | None = None
         self._xid = XidWatcher(self)
