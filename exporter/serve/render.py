@@ -145,8 +145,9 @@ class _GpuText:
         return k
 
 
+# GPU label string -> its texts (about 20 kB per NVLink GPU). Pod labels churn the strings: what
+# the last render did not use is dropped once there are more than twice as many as it used (+16).
 _GPU_TEXT: dict[str, _GpuText] = {}
-_GPU_TEXT_MAX = 4096  # GPU label strings (pod labels churn them); about 4 MiB at 64 NVLink GPUs
 _gpu_text_lock = threading.Lock()
 
 
@@ -154,10 +155,16 @@ def _gpu_text(base: str) -> _GpuText:
     t = _GPU_TEXT.get(base)
     if t is None:
         with _gpu_text_lock:
-            if len(_GPU_TEXT) >= _GPU_TEXT_MAX:
-                _GPU_TEXT.clear()
             t = _GPU_TEXT.setdefault(base, _GpuText(base))
     return t
+
+
+def _gpu_text_prune(used: list[_GpuText]) -> None:
+    if len(_GPU_TEXT) > 2 * len(used) + 16:
+        keep = {t.base for t in used}
+        with _gpu_text_lock:
+            for base in [b for b in _GPU_TEXT if b not in keep]:
+                del _GPU_TEXT[base]
 
 
 # --- family headers -------------------------------------------------------------------------
@@ -287,6 +294,7 @@ def _gpu_families(out: _Out, snap: Snapshot) -> None:
                 if extra_labels:
                     base += "," + labelstr(extra_labels)
             gpus.append((coll, r, _gpu_text(base)))
+    _gpu_text_prune([t for _, _, t in gpus])
 
     for f in _GPU_ALL:
         if exposed(f.name):

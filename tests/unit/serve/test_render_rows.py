@@ -109,3 +109,37 @@ def test_a_new_row_of_every_scope_is_rendered_from_the_row_alone() -> None:
     assert re.search(r'^gpu_exporter_test_info\{version="[^"]+"\} 1$', text, re.M)
     assert "gpu_test_peer{" not in text  # default=False: off /metrics ...
     assert 'gpu_test_peer{gpu="0",uuid="GPU-a",peer="2",cap="read"} 1' in _render("gpu_test_peer").splitlines()
+
+
+def test_the_render_caches_do_not_grow_with_pod_churn() -> None:
+    """Pod labels are part of each GPU's label string: a node that sees a new pod on every scrape for
+    a day must not keep the text of every pod it ever saw."""
+    import tracemalloc
+
+    from exporter.core.options import FieldFilter
+    from exporter.core.readings import Collection, GpuReading, HostInfo
+    from exporter.core.snapshot import BackendStats, Snapshot
+    from exporter.serve.render import render
+
+    links = {(link, c): 0.0 for link in range(18) for c in ("crc_flit", "replay", "recovery")}
+
+    def snap(pod: int) -> Snapshot:
+        gpus = [GpuReading(index=i, uuid=f"GPU-{i}", power_watts=100.0, clock_hertz={"sm": 1e9, "mem": 2e9},
+                           link_errors=dict(links)) for i in range(2)]
+        return Snapshot([Collection("nvml", gpus)], HostInfo("n", "c", "k"), {"nvml": BackendStats()}, 0.0,
+                        gpu_labels=lambda r: {"pod": f"job-{pod}-{r.index}", "namespace": "ml"})
+
+    fields = FieldFilter()
+    for pod in range(200):
+        render(snap(pod), fields)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for pod in range(200, 1200):
+            body = render(snap(pod), fields)
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert b'pod="job-1199-1"' in body and b"gpu_link_errors_total{" in body
+    # kept: the texts of at most 2 x 2 + 16 GPU label strings, about 20 kB each here (all 2,000: 40 MB)
+    assert grown < 1024 * 1024, f"the render caches grew by {grown} bytes over 1,000 pods"
