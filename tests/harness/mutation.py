@@ -71,7 +71,9 @@ MODULES: dict[str, Module] = {
                                                      "tests/unit/profiler/test_leader_election.py")),
     # the mapping from kubelet answers to GPU/MIG keys and holder labels; the gRPC connection loop
     # (start/stop/_loop/_poll/_connect/_failed and its logging) is the transport, not the mapping
-    "podresources": Module("exporter/k8s/podresources.py", ("tests/unit/k8s/test_podresources.py",),
+    # test_dra.py: MIG instances and DRA devices (mig_labels_for, _index_dra), through the same fake kubelet
+    "podresources": Module("exporter/k8s/podresources.py", ("tests/unit/k8s/test_podresources.py",
+                                                            "tests/unit/k8s/test_dra.py"),
                            functions=tuple(f"exporter.k8s.podresources.{f}__*" for f in (
                                "x_classify_resource", "x_parse_device_id", "x_reading_keys", "x__mig_profile_keys",
                                "x_mig_keys", "xǁAllocationǁholder", "x__lookup", "x__match", "x__holder_labels",

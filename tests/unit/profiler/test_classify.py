@@ -28,6 +28,8 @@ from exporter.profiler.classify import (
     detrend,
     dominant_pattern,
     fill_gaps,
+    health_factor,
+    holder_all_window,
     is_idle_for_node,
     theil_sen_mann_kendall,
 )
@@ -231,3 +233,55 @@ def test_scores_and_node_rules() -> None:
     # total: values that are not patterns (read back from a tampered annotation) are not counted
     assert dominant_pattern(["", "x", "STEADY", "unknown "]) == UNKNOWN
     assert dominant_pattern(["x", "x", IDLE]) == IDLE
+
+
+def test_availability_score_clamps_both_inputs() -> None:
+    assert availability_score(0.5, 1.5) == pytest.approx(0.3)  # utilisation over 1 counts as 1
+    assert availability_score(1.5, 0.5) == pytest.approx(0.8)  # free memory over 1 counts as 1
+    assert availability_score(-0.5, -0.5) == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(("kw", "factor"), [
+    ({}, 1.0),  # nothing published: costs nothing
+    ({"xid_rise": 0.5}, 0.0),  # any rise, even a fraction (increase() extrapolates)
+    ({"ecc_rise": 0.5}, 0.0),
+    ({"xid_rise": 3.0, "throttle_ratio": 0.1}, 0.0),
+    ({"xid_rise": 0.0, "ecc_rise": 0.0, "throttle_ratio": 0.25}, 0.75),
+    ({"throttle_ratio": 1.5}, 0.0),  # a ratio over 1 counts as the whole window
+    ({"throttle_ratio": -0.5}, 1.0),
+    ({"throttle_ratio": math.nan, "xid_rise": math.nan, "ecc_rise": math.inf}, 1.0),  # not a reading
+])
+def test_health_factor(kw: dict[str, float], factor: float) -> None:
+    assert health_factor(_stats(**kw)) == pytest.approx(factor)
+    score = classify_gpu(_stats(util_mean=0.0, util_std=0.0, util_p95=0.0, mem_used_mean=0.0, **kw)).score
+    assert score == pytest.approx(factor)
+
+
+@pytest.mark.parametrize(("kw", "used", "score"), [
+    ({"mem_used_mean": 20 * GIB, "mem_total": 80 * GIB}, 0.25, 0.6 * 0.75 + 0.2),
+    ({"mem_used_mean": 100 * GIB, "mem_total": 80 * GIB}, 1.0, 0.2),  # ratios clamp to 0-1
+    ({"mem_used_mean": 20 * GIB, "mem_free_mean": 100 * GIB, "mem_total": 80 * GIB}, 0.25, 0.6 + 0.2),
+    ({"mem_used_mean": None, "mem_free_mean": 20 * GIB, "mem_total": 80 * GIB}, None, 0.6 * 0.25 + 0.2),
+    ({"mem_used_mean": None, "mem_total": 80 * GIB}, None, None),  # no memory reading: no score
+    ({"mem_used_mean": 0.5, "mem_total": 1.0}, 0.5, 0.6 * 0.5 + 0.2),  # any positive total divides
+    ({"mem_used_mean": 0.0, "mem_total": 0.0}, None, None),  # no total: no ratios
+    ({"mem_used_mean": 1.0, "mem_total": -1.0}, None, None),
+])
+def test_memory_ratios_and_score(kw: dict[str, float | None], used: float | None, score: float | None) -> None:
+    p = classify_gpu(_stats(util_mean=0.5, util_std=0.01, util_p95=0.52, **kw))
+    assert p.mem_used_ratio == (None if used is None else pytest.approx(used))
+    assert p.score == (None if score is None else pytest.approx(score, abs=1e-4))
+
+
+@pytest.mark.parametrize(("step", "window", "holders", "held"), [
+    (15.0, 1800.0, {"ml/a": 120.0, "ml/b": 108.0, "ml/c": 107.9}, "ml/a,ml/b"),  # 90% of 120 scrapes
+    (1.0, 600.0, {"ml/b": 540.0, "ml/a": 600.0}, "ml/a,ml/b"),  # sorted; any positive step
+    (30.0, 1800.0, {"ml/a": 54.0, "ml/b": 53.9}, "ml/a"),
+    (15.0, 1800.0, {"ml/a": math.nan, "ml/b": math.inf}, None),  # counts that are not numbers
+    (15.0, 1800.0, {"ml/a": 10.0}, None),
+    (15.0, 1800.0, {}, None),
+    (0.0, 1800.0, {"ml/a": 120.0}, None),  # no step: no count to compare with
+])
+def test_holder_for_the_whole_window(step: float, window: float, holders: dict[str, float], held: str | None) -> None:
+    st = _stats(util_step=step, window_s=window, holders=holders)
+    assert holder_all_window(st, TH) == held
