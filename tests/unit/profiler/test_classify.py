@@ -285,3 +285,23 @@ def test_memory_ratios_and_score(kw: dict[str, float | None], used: float | None
 def test_holder_for_the_whole_window(step: float, window: float, holders: dict[str, float], held: str | None) -> None:
     st = _stats(util_step=step, window_s=window, holders=holders)
     assert holder_all_window(st, TH) == held
+
+
+def test_enough_samples_is_at_least_the_minimum_and_any_in_the_older_half() -> None:
+    assert classify_gpu(_stats(util_count=20.0)).pattern == STEADY  # min_samples 20: at least
+    assert classify_gpu(_stats(util_count=19.0)).pattern == UNKNOWN
+    assert classify_gpu(_stats(util_early=1.0)).pattern == STEADY  # one sample in the older half will do
+    assert classify_gpu(_stats(util_early=0.0)).pattern == UNKNOWN
+
+
+def test_utilisation_is_reported_as_a_ratio_clamped_to_one() -> None:
+    p = classify_gpu(_stats(util_mean=1.04, util_std=0.01, util_p95=1.05))  # rate() over a counter can overshoot
+    assert p.util_mean == 1.0 and p.score == pytest.approx(0.6 * 0.5)
+
+
+def test_node_idle_rule_is_strictly_below_both_thresholds() -> None:
+    def prof(util: float, mem: float) -> GpuProfile:
+        return GpuProfile(IDLE, util_mean=util, mem_used_ratio=mem)
+
+    assert is_idle_for_node(prof(0.29, 0.49), TH)
+    assert not is_idle_for_node(prof(0.30, 0.2), TH) and not is_idle_for_node(prof(0.1, 0.50), TH)
