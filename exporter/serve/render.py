@@ -24,7 +24,6 @@ and go through the same writer.
 from __future__ import annotations
 
 import dataclasses
-import math
 import platform
 import re
 import threading
@@ -60,11 +59,9 @@ def num(v: float) -> str:
     v = float(v)
     if v.is_integer():  # the common case first (counts, flags, bytes); NaN and the infinities are not
         return str(int(v)) if -1e15 < v < 1e15 else repr(v)
-    if v != v:
-        return "NaN"
-    if v in (math.inf, -math.inf):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(v)
+    if v - v == 0.0:  # finite (an infinity or NaN minus itself is NaN): the next most common case
+        return repr(v)
+    return "NaN" if v != v else "+Inf" if v > 0 else "-Inf"
 
 
 def labelstr(labels: dict[str, str]) -> str:

@@ -143,3 +143,13 @@ def test_the_render_caches_do_not_grow_with_pod_churn() -> None:
     assert b'pod="job-1199-1"' in body and b"gpu_link_errors_total{" in body
     # kept: the texts of at most 2 x 2 + 16 GPU label strings, about 20 kB each here (all 2,000: 40 MB)
     assert grown < 1024 * 1024, f"the render caches grew by {grown} bytes over 1,000 pods"
+
+
+def test_value_text() -> None:
+    """Go's float text, which Prometheus parses back exactly; integral values without a fraction."""
+    from exporter.serve.render import num
+
+    cases = [(0.0, "0"), (-0.0, "0"), (5.0, "5"), (True, "1"), (85520809984, "85520809984"), (2.5, "2.5"),
+             (-3.5e-9, "-3.5e-09"), (1e16, "1e+16"), (0.1 + 0.2, "0.30000000000000004"), (float("nan"), "NaN"),
+             (float("inf"), "+Inf"), (float("-inf"), "-Inf")]
+    assert [(v, num(v)) for v, _ in cases] == cases
