@@ -16,6 +16,7 @@ from pathlib import Path
 
 from exporter.backends.base import Backend, BackendUnavailable
 from exporter.core import schema
+from exporter.core.k8s_names import GpuResources, KubernetesNames
 from exporter.core.options import BackendOptions
 
 _registry: dict[str, type[Backend]] | None = None
@@ -35,6 +36,7 @@ def registry() -> dict[str, type[Backend]]:
                 unknown = sorted(n for n in cls.families if n not in schema.FAMILY_BY_NAME)
                 if unknown:  # a typo would silently drop a column of the support table
                     raise ValueError(f"backend {cls.name!r} declares {schema.unknown_family_message(unknown[0])}")
+                cls.kubernetes.check(cls.name)
                 found[cls.name] = cls
         _registry = found
     return _registry
@@ -99,6 +101,23 @@ def render_docs(text: str) -> str:
     return schema.render_blocks(text, {"families": schema.markdown_table(), "support-table": support_table()})
 
 
+def gpu_resources() -> GpuResources:
+    """Every backend's Kubernetes names (device-plugin resources, index prefix, DRA drivers) by vendor, for
+    the pod attribution. Backends of one vendor (amdsmi, rocm-smi) declare the same names."""
+    by_vendor: dict[str, KubernetesNames] = {}
+    owner: dict[str, str] = {}
+    for name in ordered():
+        cls = registry()[name]
+        own = cls.kubernetes
+        if own == KubernetesNames():
+            continue
+        if by_vendor.setdefault(cls.vendor, own) != own:  # which one would attribute the vendor's pods?
+            raise ValueError(f"backends {owner[cls.vendor]!r} and {name!r} of vendor {cls.vendor!r} declare different "
+                             "Kubernetes names; declare them once and share them")
+        owner.setdefault(cls.vendor, name)
+    return GpuResources(by_vendor)
+
+
 def create(name: str, options: BackendOptions) -> Backend:
     try:
         cls = registry()[name]
@@ -107,5 +126,5 @@ def create(name: str, options: BackendOptions) -> Backend:
     return cls(options)
 
 
-__all__ = ["Backend", "BackendOptions", "BackendUnavailable", "auto_order", "create", "detect", "names", "ordered",
-           "registry", "render_docs", "support_table", "supporters"]
+__all__ = ["Backend", "BackendOptions", "BackendUnavailable", "auto_order", "create", "detect", "gpu_resources",
+           "names", "ordered", "registry", "render_docs", "support_table", "supporters"]

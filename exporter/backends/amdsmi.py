@@ -62,6 +62,7 @@ from exporter.backends.base import (
     Verdict,
     si,
 )
+from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
 from exporter.core.options import BackendOptions
 from exporter.core.pci import canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
@@ -69,6 +70,10 @@ from exporter.core.schema import FAMILY_OF_ATTR, GPU_FAMILIES, TOPOLOGY_LEVELS
 
 log = logging.getLogger(__name__)
 PCI_VENDOR = 0x1002  # AMD: the sysfs ``vendor`` of its GPUs (gpu_pci_devices)
+#: AMD's names in Kubernetes (both AMD backends): the device plugin's resource (ROCm/k8s-device-plugin,
+#: device IDs are PCI bus ids; a sharing suffix as for NVIDIA) and the DRA driver (ROCm/k8s-gpu-dra-driver)
+KUBERNETES = KubernetesNames(resources=(DevicePluginResource(r"amd\.com/gpu(?:\.[A-Za-z0-9][-A-Za-z0-9_]*)*"),),
+                             dra_drivers=("gpu.amd.com",))
 
 _ATTR_OF_FAMILY = {f.name: f.attr for f in GPU_FAMILIES}
 
@@ -338,6 +343,7 @@ class AmdSmiBackend(Backend):
         "gpu_topology_level", "gpu_pci_devices", "gpu_visible_devices", "gpu_pod_utilization_ratio",
         "gpu_pod_memory_used_bytes", "gpu_exporter_pod_processes",
     }) | ATTRIBUTION_FAMILIES
+    kubernetes: ClassVar[KubernetesNames] = KUBERNETES
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         super().__init__(options)

@@ -50,6 +50,7 @@ from exporter.core import schema
 from exporter.core.errors import DRIVER as DRIVER
 from exporter.core.errors import BackendError as BackendError
 from exporter.core.errors import BackendUnavailable as BackendUnavailable
+from exporter.core.k8s_names import KubernetesNames
 from exporter.core.options import BackendOptions
 from exporter.core.readings import Collection
 
@@ -181,6 +182,9 @@ class Backend(ABC):
     #: against the live exposition). Rows marked ``every_backend`` (identity, self-metrics) are
     #: filled by the exporter for every backend and need not be listed.
     families: ClassVar[frozenset[str]] = frozenset()
+    #: what this vendor's GPUs are called in Kubernetes: device-plugin resource names, an index
+    #: prefix, DRA drivers (exporter/core/k8s_names.py); the pod attribution maps only these
+    kubernetes: ClassVar[KubernetesNames] = KubernetesNames()
     #: minimum seconds between real reads (CLI backends); 0 means read on every scrape
     min_interval: ClassVar[float] = 0.0
     #: a GPU whose first DOWN_AFTER calls of a collection all fail (none answered) is down

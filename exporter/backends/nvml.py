@@ -70,6 +70,7 @@ from exporter.backends.nvml_private import (
     Utilization,
     ViolationTime,
 )
+from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
 from exporter.core.pci import canonical_bus_id, count_pci_gpus, nvidia_proc_uuid, pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
@@ -250,6 +251,13 @@ class NvmlBackend(Backend):
         "gpu_exporter_pod_processes",
     }) | ATTRIBUTION_FAMILIES
     auto_priority: ClassVar[int | None] = 10
+    #: NVIDIA's names in Kubernetes: the device plugin's resources (sharing variants add a suffix:
+    #: nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb.shared; a MIG resource is a slice), GKE's
+    #: nvidiaN device IDs, and the DRA driver (NVIDIA/k8s-dra-driver-gpu)
+    kubernetes: ClassVar[KubernetesNames] = KubernetesNames(
+        resources=(DevicePluginResource(r"nvidia\.com/gpu(?:\.[A-Za-z0-9][-A-Za-z0-9_]*)*"),
+                   DevicePluginResource(r"nvidia\.com/mig-[A-Za-z0-9][-A-Za-z0-9_.]*", slices=True)),
+        index_prefix="nvidia", dra_drivers=("gpu.nvidia.com",))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

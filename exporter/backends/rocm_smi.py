@@ -61,8 +61,9 @@ import subprocess
 import time
 from typing import Any, ClassVar
 
-from exporter.backends.amdsmi import PCI_VENDOR, amd_uuid, dedupe_uuids, is_na
+from exporter.backends.amdsmi import KUBERNETES, PCI_VENDOR, amd_uuid, dedupe_uuids, is_na
 from exporter.backends.base import ATTRIBUTION_FAMILIES, BAD_VALUE, DRIVER, Backend, BackendError, BackendUnavailable
+from exporter.core.k8s_names import KubernetesNames
 from exporter.core.options import BackendOptions
 from exporter.core.pci import canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading
@@ -308,6 +309,7 @@ class RocmSmiBackend(Backend):
         "gpu_dram_active_ratio", "gpu_mig_mode_enabled", "gpu_pci_devices", "gpu_visible_devices",
     }) | ATTRIBUTION_FAMILIES
     min_interval: ClassVar[float] = 10.0
+    kubernetes: ClassVar[KubernetesNames] = KUBERNETES  # amdsmi's: the same GPUs, the same device plugin
 
     def __init__(self, options: BackendOptions | None = None, binary: str | None = None) -> None:
         super().__init__(options)

@@ -6,22 +6,25 @@ Scrapes only read that snapshot: :meth:`PodAttribution.labels_for` is a handful 
 lookups and never waits for the kubelet. (No CLI shows this per device: ``kubectl describe
 node`` gives only counts; nvidia-smi/amd-smi know processes, not pods.)
 
-Device IDs understood (after stripping a time-slicing replica suffix ``::N``):
+Which resource names and DRA drivers are GPUs, and of which vendor, is what the backends
+declare (``Backend.kubernetes``, :mod:`exporter.core.k8s_names`), given as ``resources``: this
+module names no vendor. Device IDs understood (after stripping a time-slicing replica suffix ``::N``):
 
 - a GPU UUID (``GPU-...``, NVIDIA device plugin default) or any other opaque ID, compared
   case-insensitively with :attr:`GpuReading.uuid`;
 - a PCI bus ID (``0000:3b:00.0``, ``0000:3B:00.0``, ``3b:00.0``, ``00000000:3B:00.0``;
   AMD device plugin), compared in canonical form with :attr:`GpuReading.pci_bus_id`;
-- an index (``0``; NVIDIA ``deviceIDStrategy: index``) or GKE's ``nvidiaN`` -> index N;
+- an index (``0``; NVIDIA ``deviceIDStrategy: index``), or a vendor's declared index prefix
+  (GKE's ``nvidiaN``) -> index N;
 - MIG: ``MIG-<uuid>`` -> the GPU whose :attr:`GpuReading.mig` lists that UUID;
   ``MIG-GPU-<uuid>/<gi>/<ci>`` -> GPU ``GPU-<uuid>``; index strategy ``<gpu>:<mig>`` and GKE
   ``nvidiaN/<partition>`` -> GPU index N; GKE time-sharing ``nvidiaN/vgpuK`` -> GPU N.
 
 Dynamic Resource Allocation (``ContainerResources.dynamic_resources``): each claimed device
-``(driver, pool, device name)`` of a GPU driver (:data:`~exporter.k8s.resourceslices.GPU_DRIVERS`)
-is looked up in this node's ResourceSlices (:mod:`exporter.k8s.resourceslices`, given as
-``dra``) and keyed like a device plugin ID: by ``uuid``, by MIG ``parentUUID`` + ``profile``,
-or by PCI bus id. Without ``dra`` those devices are counted as ignored.
+``(driver, pool, device name)`` of a declared GPU DRA driver is looked up in this node's
+ResourceSlices (:mod:`exporter.k8s.resourceslices`, given as ``dra``) and keyed like a device
+plugin ID: by ``uuid``, by MIG ``parentUUID`` + ``profile``, or by PCI bus id. Without ``dra``
+those devices are counted as ignored.
 
 A GPU gets ``pod``/``namespace``/``container`` labels only when every allocation on it
 belongs to one container and none of them is a MIG slice; otherwise the sharing is
@@ -45,9 +48,9 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.metrics_core import Metric
 
 from exporter.core import schema
+from exporter.core.k8s_names import GpuResources
 from exporter.core.pci import canonical_bus_id
 from exporter.core.readings import GpuReading, MigReading
-from exporter.k8s.resourceslices import GPU_DRIVERS
 
 if TYPE_CHECKING:
     from exporter.k8s.resourceslices import DraDevice
@@ -84,36 +87,25 @@ _HINTS = {
     "unimplemented": "the kubelet does not serve pod-resources v1 (Kubernetes 1.20+)",
 }
 
-_REAL_VENDORS = ("nvidia", "amd")
 _REMEMBER = 256  # resource names / device IDs logged once; bounded so churn cannot grow memory
 
-# Resource names as the device plugins register them. Sharing variants (time-slicing or MPS
-# with renameByDefault) add a suffix: nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb.shared.
-_RESOURCES: tuple[tuple[re.Pattern[str], str, bool], ...] = (
-    (re.compile(r"nvidia\.com/gpu(?:\.[A-Za-z0-9][-A-Za-z0-9_]*)*"), "nvidia", False),
-    (re.compile(r"nvidia\.com/mig-[A-Za-z0-9][-A-Za-z0-9_.]*"), "nvidia", True),
-    (re.compile(r"amd\.com/gpu(?:\.[A-Za-z0-9][-A-Za-z0-9_]*)*"), "amd", False),
-)
 _REPLICA = re.compile(r"::\d+$")  # NVIDIA device plugin time-slicing / MPS replica: "GPU-...::3"
-_GKE = re.compile(r"nvidia(\d+)(?:/(.+))?")
 _INDEX = re.compile(r"(\d+)(?::(\d+))?")  # "0", or index-strategy MIG "<gpu>:<mig>"
 
 Key = tuple[str, ...]
 DraResolver = Callable[[str, str, str], "DraDevice | None"]  # (driver, pool, device) -> keys
 
 
-def classify_resource(name: str) -> tuple[str, bool] | None:
+def classify_resource(name: str, resources: GpuResources) -> tuple[str, bool] | None:
     """(vendor, is MIG resource) for a GPU resource name, or None for anything else."""
-    for pattern, vendor, mig in _RESOURCES:
-        if pattern.fullmatch(name):
-            return vendor, mig
-    return None
+    return resources.classify(name)
 
 
-def parse_device_id(device_id: str, vendor: str) -> tuple[Key, bool] | None:
+def parse_device_id(device_id: str, vendor: str, resources: GpuResources) -> tuple[Key, bool] | None:
     """The GPU lookup key for a device plugin ID, and whether the ID is a slice (MIG partition).
 
-    ``vendor`` qualifies index keys, which are only unique per vendor. None: empty ID.
+    ``vendor`` qualifies index keys, which are only unique per vendor; ``resources`` holds the
+    vendors' index prefixes (GKE's ``nvidiaN``). None: empty ID.
     """
     s = _REPLICA.sub("", device_id.strip())
     low = s.lower()
@@ -123,10 +115,10 @@ def parse_device_id(device_id: str, vendor: str) -> tuple[Key, bool] | None:
         return ("uuid", low[len("mig-"):].split("/", 1)[0]), True
     if low.startswith("mig-"):
         return ("mig", low), True
-    m = _GKE.fullmatch(low)
-    if m is not None:
-        part = m.group(2)
-        return ("index", "nvidia", str(int(m.group(1)))), part is not None and not part.startswith("vgpu")
+    prefixed = resources.prefixed_index(low)
+    if prefixed is not None:
+        owner, index, part = prefixed
+        return ("index", owner, str(index)), part is not None and not part.startswith("vgpu")
     m = _INDEX.fullmatch(low)
     if m is not None:
         return ("index", vendor, str(int(m.group(1)))), m.group(2) is not None
@@ -136,16 +128,17 @@ def parse_device_id(device_id: str, vendor: str) -> tuple[Key, bool] | None:
     return ("uuid", low), False
 
 
-def reading_keys(r: GpuReading) -> list[Key]:
-    """Every key a device ID for this GPU (or one of its MIG instances) can parse to."""
+def reading_keys(r: GpuReading, vendors: tuple[str, ...]) -> list[Key]:
+    """Every key a device ID for this GPU (or one of its MIG instances) can parse to.
+
+    ``vendors``: those that declare Kubernetes names (:attr:`GpuResources.vendors`)."""
     keys: list[Key] = [("uuid", r.uuid.lower())]
     if r.pci_bus_id:
         pci = canonical_bus_id(r.pci_bus_id)
         if pci is not None:
             keys.append(("pci", pci))
-    # A simulated GPU stands in for either vendor (end-to-end tests without hardware).
-    vendors = (r.vendor,) if r.vendor in _REAL_VENDORS else _REAL_VENDORS
-    keys.extend(("index", v, str(r.index)) for v in vendors)
+    # A simulated GPU stands in for any vendor (end-to-end tests without hardware).
+    keys.extend(("index", v, str(r.index)) for v in ((r.vendor,) if r.vendor in vendors else vendors))
     keys.extend(("mig", m.uuid.lower()) for m in r.mig if m.uuid)
     keys.extend(_mig_profile_keys(r).values())
     return keys
@@ -216,8 +209,8 @@ def _lookup(view: _View, keys: Iterable[Key]) -> list[Allocation]:
     return out
 
 
-def _match(view: _View, r: GpuReading) -> list[Allocation]:
-    return _lookup(view, reading_keys(r))
+def _match(view: _View, r: GpuReading, vendors: tuple[str, ...]) -> list[Allocation]:
+    return _lookup(view, reading_keys(r, vendors))
 
 
 def _holder_labels(allocs: list[Allocation], slices_ok: bool) -> dict[str, str]:
@@ -235,7 +228,9 @@ class PodAttribution:
 
     ``interval`` seconds between List calls; ``timeout`` seconds per call;
     ``max_message_bytes`` the largest List answer accepted (gRPC's default is 4 MiB, which
-    a busy node exceeds); ``max_backoff`` the longest wait between retries after failures.
+    a busy node exceeds); ``max_backoff`` the longest wait between retries after failures;
+    ``resources`` the backends' Kubernetes names (``exporter.backends.gpu_resources()``; without
+    them no resource is a GPU).
     The snapshot is served for at most ``max(3 * interval, interval + 2 * timeout)`` seconds
     after the last successful List; after that no pod label is served.
     """
@@ -248,6 +243,7 @@ class PodAttribution:
         max_message_bytes: int = 64 * 2**20,
         max_backoff: float = 60.0,
         dra: DraResolver | None = None,
+        resources: GpuResources | None = None,
     ) -> None:
         if not socket_path:
             raise ValueError("pod attribution: socket_path is empty")
@@ -281,6 +277,8 @@ class PodAttribution:
         self._unknown_resources: set[str] = set()
         self._unmapped_logged: set[str] = set()
         self._dra = dra
+        self._resources = resources if resources is not None else GpuResources()
+        self._vendors = self._resources.vendors
         self._known: frozenset[Key] = frozenset()  # keys of the GPUs last given to update_gpus()
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -324,7 +322,7 @@ class PodAttribution:
         view = self._view
         if time.monotonic() - view.taken > self.max_age:
             return {}
-        return _holder_labels(_match(view, reading), slices_ok=False)
+        return _holder_labels(_match(view, reading, self._vendors), slices_ok=False)
 
     def mig_labels_for(self, reading: GpuReading, mig: MigReading) -> dict[str, str]:
         """``{"pod", "namespace", "container"}`` of the one container holding MIG instance ``mig``, else ``{}``.
@@ -340,7 +338,7 @@ class PodAttribution:
     def update_gpus(self, readings: Iterable[GpuReading]) -> None:
         """The GPUs of the latest collection (for gpu_allocation_info); call before :meth:`families`."""
         self._gpus = list(readings)
-        self._known = frozenset(k for r in self._gpus for k in reading_keys(r))
+        self._known = frozenset(k for r in self._gpus for k in reading_keys(r, self._vendors))
 
     def families(self) -> list[Metric]:
         """``gpu_allocation_info`` for the GPUs last given to :meth:`update_gpus`, plus self-metrics."""
@@ -360,7 +358,7 @@ class PodAttribution:
             if gpus is not None:
                 matched: set[int] = set()
                 for r in gpus:
-                    allocs = _match(view, r)
+                    allocs = _match(view, r, self._vendors)
                     shared = str(len(allocs))
                     for a in allocs:
                         matched.add(id(a))
@@ -503,14 +501,14 @@ class PodAttribution:
                     try:
                         kind = kinds[resource]
                     except KeyError:
-                        kind = kinds[resource] = classify_resource(resource)
+                        kind = kinds[resource] = classify_resource(resource, self._resources)
                     if kind is None:
                         ignored += len(dev.device_ids)
                         self._note_unknown(resource)
                         continue
                     vendor, mig = kind
                     for device in dev.device_ids:
-                        parsed = parse_device_id(device, vendor)
+                        parsed = parse_device_id(device, vendor, self._resources)
                         if parsed is None:
                             continue
                         key, is_slice = parsed
@@ -525,13 +523,14 @@ class PodAttribution:
                    allocations: list[Allocation]) -> int:
         """Index one container's DRA devices; returns how many were ignored (not GPUs, or DRA off)."""
         ignored = 0
+        gpu_drivers = self._resources.dra_drivers
         for claim in ctr.dynamic_resources:
             for cr in claim.claim_resources:
                 driver = cr.driver_name
-                if driver not in GPU_DRIVERS or self._dra is None:
+                if driver not in gpu_drivers or self._dra is None:
                     ignored += 1
-                    self._note_unknown(driver if driver in GPU_DRIVERS else f"{driver} (DRA driver)",
-                                       "DRA attribution is off" if driver in GPU_DRIVERS else None)
+                    self._note_unknown(driver if driver in gpu_drivers else f"{driver} (DRA driver)",
+                                       "DRA attribution is off" if driver in gpu_drivers else None)
                     continue
                 dev = self._dra(driver, cr.pool_name, cr.device_name)
                 keys: tuple[Key, ...] = (("dra", driver, cr.pool_name, cr.device_name),)

@@ -47,9 +47,9 @@ log = logging.getLogger(__name__)
 
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first
-# DRA drivers whose devices are GPUs. Devices of other drivers (NICs, compute domains) are not
-# ours to map: they are counted as ignored, like non-GPU device plugin resources.
-GPU_DRIVERS = ("gpu.nvidia.com", "gpu.amd.com")
+# Which DRA drivers' devices are GPUs is what the backends declare (``KubernetesNames.dra_drivers``,
+# exporter/core/k8s_names.py); the pod attribution counts the devices of other drivers (NICs,
+# compute domains) as ignored, like non-GPU device plugin resources.
 PCI_ATTRIBUTES = ("resource.kubernetes.io/pciBusID", "pcieBusID", "pciAddr")  # newest spelling first
 
 Key = tuple[str, ...]

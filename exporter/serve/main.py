@@ -135,7 +135,8 @@ def start_attribution(settings: config.Settings, engine: Engine,
 
     attribution = PodAttribution(sock, interval=settings.pod_resources_interval,
                                  timeout=min(5.0, settings.pod_resources_interval),
-                                 dra=dra.resolve if dra is not None else None)
+                                 dra=dra.resolve if dra is not None else None,
+                                 resources=backends.gpu_resources())  # every backend's, not only the running ones
     engine.gpu_labels = attribution.labels_for
     engine.mig_labels = attribution.mig_labels_for
     engine.observers.append(attribution.update_gpus)

@@ -250,7 +250,10 @@ def test_pod_resources_messages(budget: int, result: Result) -> None:
     from exporter.k8s.proto import podresources_pb2 as pb
 
     seen = {"decoded": 0, "decode_errors": 0, "allocations": 0}
-    mapper = PodAttribution("/nonexistent/kubelet.sock")  # never started: only its mapper is used
+    from exporter.backends import gpu_resources
+
+    # never started: only its mapper is used, with the backends' resource names as serve gives them
+    mapper = PodAttribution("/nonexistent/kubelet.sock", resources=gpu_resources())
 
     def check(data: bytes) -> None:
         try:

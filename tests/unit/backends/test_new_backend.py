@@ -1,6 +1,6 @@
 """Adding a vendor is one file: a minimal backend dropped into a copy of the package, and nothing else
 changed, is detected by ``--backend auto``, served, listed in ``--help``, in the start-up banner and in the
-generated docs, and contract-tested.
+generated docs, and contract-tested; the pods holding its device-plugin resource are attributed to its GPUs.
 
 The copy is the real package (``exporter/`` and ``docs/metrics.md``) in a temporary directory; the new
 module is the only file added, and no file of the copy is edited.
@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from exporter.backends.base import Backend
+from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
 from exporter.core.readings import Collection, GpuReading
 
 
@@ -35,6 +36,10 @@ class AcmeBackend(Backend):
     vendor: ClassVar[str] = "acme"
     auto_priority: ClassVar[int | None] = 1  # tried before every other backend
     families: ClassVar[frozenset[str]] = frozenset({"gpu_temperature_celsius", "gpu_power_watts"})
+    kubernetes: ClassVar[KubernetesNames] = KubernetesNames(
+        resources=(DevicePluginResource(r"acme\\.com/gpu"),
+                   DevicePluginResource(r"acme\\.com/slice-\\w+", slices=True)),
+        index_prefix="acme", dra_drivers=("gpu.acme.example",))
 
     def init(self) -> None:
         pass
@@ -76,6 +81,39 @@ def test_auto_detects_and_serves_it(tree: Path, tmp_path: Path) -> None:
     # (besides its self-metrics: gpu_exporter_*, process_*)
     served = {name for name, _ in samples if name.startswith("gpu_") and not name.startswith("gpu_exporter_")}
     assert served == {"gpu_info", "gpu_up", "gpu_host_info", "gpu_temperature_celsius", "gpu_power_watts"}
+
+
+def test_its_pods_are_attributed(tree: Path, tmp_path: Path) -> None:
+    """The kubelet's pod-resources answer (a real gRPC fake kubelet) names acme's resource: its pods get their
+    GPU, by UUID and by acme's own index form (acme0); a slice of its slice resource shares the GPU."""
+    from tests.fakes.kubelet import FakeKubelet, pod, response
+    from tests.harness.poll import wait_until
+
+    with FakeKubelet() as kubelet:
+        kubelet.set_response(response([
+            pod("ml", "train", {"c": [("acme.com/gpu", ["ACME-1"])]}),
+            pod("ml", "infer", {"c": [("acme.com/gpu", ["acme0"])]}),
+            pod("ml", "part", {"c": [("acme.com/slice-1g", ["acme0/1"])]}),
+            pod("ml", "other", {"c": [("example.com/nic", ["eth0"])]}),
+        ]))
+        with ExporterProcess(["--backend", "acme", "--sysfs-root", str(tmp_path), "--cache-ttl", "0",
+                              "--pod-attribution", "on", "--pod-resources-socket", kubelet.path,
+                              "--pod-resources-interval", "1"], cwd=tree) as ex:
+            samples = wait_until(lambda: (s := parse_samples(ex.scrape_text())) and any(
+                n == "gpu_allocation_info" for n, _ in s) and s, 20, what="acme allocations")
+    power = {dict(ls)["gpu"]: dict(ls).get("pod") for (n, ls), _ in samples.items() if n == "gpu_power_watts"}
+    assert power == {"1": "train", "0": None}  # GPU 0 is shared with a slice: no pod labels on it
+    alloc = {(dict(ls)["gpu"], dict(ls)["pod"], dict(ls)["resource"])
+             for (n, ls), _ in samples.items() if n == "gpu_allocation_info"}
+    assert alloc == {("1", "train", "acme.com/gpu"), ("0", "infer", "acme.com/gpu"), ("0", "part", "acme.com/slice-1g")}
+    devices = {dict(ls)["status"]: v for (n, ls), v in samples.items() if n == "gpu_exporter_pod_resources_devices"}
+    assert devices == {"allocated": 3, "unmapped": 0, "ignored": 1}
+
+
+def test_its_dra_driver_is_a_gpu_driver(tree: Path) -> None:
+    out = _run(tree, "-c", "from exporter import backends; r = backends.gpu_resources(); "
+                           "print(sorted(r.dra_drivers), r.vendors)")
+    assert out.strip() == "['gpu.acme.example', 'gpu.amd.com', 'gpu.nvidia.com'] ('acme', 'nvidia', 'amd')"
 
 
 def test_help_lists_it(tree: Path) -> None:
@@ -127,13 +165,26 @@ def test_the_contract_test_runs_it(tree: Path, tmp_path: Path) -> None:
     assert "contract ok acme," in done.stdout
 
 
-def test_a_declared_family_must_exist(tree: Path, tmp_path: Path) -> None:
-    """A typo in ``families`` fails at discovery, naming the nearest family (it would drop a table cell)."""
+def _discovery_error(tree: Path, tmp_path: Path, old: str, new: str) -> str:
+    """stderr of the registry's discovery in a copy of ``tree`` whose acme.py has ``old`` replaced by ``new``."""
     bad = tmp_path / "bad"
     shutil.copytree(tree / "exporter", bad / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
     module = bad / "exporter" / "backends" / "acme.py"
-    module.write_text(module.read_text().replace('"gpu_power_watts"', '"gpu_power_wats"'))
+    assert old in module.read_text()
+    module.write_text(module.read_text().replace(old, new))
     done = subprocess.run([sys.executable, "-c", "from exporter import backends; backends.registry()"], cwd=bad,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
-    assert "'acme' declares unknown metric family 'gpu_power_wats'; did you mean gpu_power_watts?" in done.stderr
+    return done.stderr
+
+
+def test_a_declared_family_must_exist(tree: Path, tmp_path: Path) -> None:
+    """A typo in ``families`` fails at discovery, naming the nearest family (it would drop a table cell)."""
+    err = _discovery_error(tree, tmp_path, '"gpu_power_watts"', '"gpu_power_wats"')
+    assert "'acme' declares unknown metric family 'gpu_power_wats'; did you mean gpu_power_watts?" in err
+
+
+def test_a_bad_resource_pattern_fails_at_discovery(tree: Path, tmp_path: Path) -> None:
+    """A device-plugin resource pattern that is not a regular expression fails at discovery, naming the backend."""
+    err = _discovery_error(tree, tmp_path, 'r"acme\\.com/gpu"', 'r"acme\\.com/gpu("')
+    assert "backend 'acme' declares a device-plugin resource pattern 'acme\\\\.com/gpu(' that is not" in err

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from exporter import backends
 from exporter.core.readings import GpuReading
 from exporter.k8s.podresources import PodAttribution
 from tests.fakes.kubelet import FakeKubelet
@@ -22,12 +23,14 @@ def kubelet() -> Iterator[FakeKubelet]:
 def attribution() -> Iterator[Callable[..., PodAttribution]]:
     """Factory: a started PodAttribution with test-sized intervals; stopped at teardown.
 
-    ``gpus=``: the GPUs to give it (update_gpus) before its first List.
+    ``gpus=``: the GPUs to give it (update_gpus) before its first List. Its resource names and DRA
+    drivers are the backends' declarations (``resources=`` for others), as ``serve`` wires it.
     """
     made: list[PodAttribution] = []
 
     def make(path: str, gpus: list[GpuReading] | None = None, **kw: Any) -> PodAttribution:
-        opts: dict[str, Any] = {"interval": 0.1, "timeout": 0.5, "max_backoff": 0.4, **kw}
+        opts: dict[str, Any] = {"interval": 0.1, "timeout": 0.5, "max_backoff": 0.4,
+                                "resources": backends.gpu_resources(), **kw}
         a = PodAttribution(path, **opts)
         if gpus is not None:
             a.update_gpus(gpus)
