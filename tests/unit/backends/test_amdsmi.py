@@ -12,12 +12,11 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from exporter.backends import create, registry
+from exporter.backends import registry
 from exporter.backends.amdsmi import AmdSmiBackend, amd_uuid
 from exporter.backends.base import BackendError, BackendUnavailable
 from exporter.backends.rocm_smi import parse_rocm_smi_json
@@ -29,25 +28,6 @@ from tests.fakes.fakeamdsmi import FakeAmdSmi, rocm_smi_json, two_gpu_fleet
 GIB = 2**30
 MHZ = 1e6
 REPO = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def fake(fake_rocm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeAmdSmi:
-    f = FakeAmdSmi(fake_rocm, tmp_path / "fleet.conf")
-    f.write(two_gpu_fleet(), rocm_version="6.2.1")
-    monkeypatch.delenv("ROCM_HOME", raising=False)  # it would take precedence over ROCM_PATH
-    for k, v in f.env().items():
-        monkeypatch.setenv(k, v)
-    return f
-
-
-@pytest.fixture
-def backend(fake: FakeAmdSmi) -> Iterator[AmdSmiBackend]:
-    b = create("amdsmi", BackendOptions())
-    assert isinstance(b, AmdSmiBackend)
-    b.init()
-    yield b
-    b.shutdown()
 
 
 def collect(b: AmdSmiBackend) -> Collection:

@@ -4,6 +4,7 @@ the fake ``libamd_smi.so`` (tests/fakes/fakeamdsmi.py), and rocm-smi's JSON for 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +14,8 @@ from exporter.backends.rocm_smi import parse_rocm_smi_json
 from exporter.core.options import BackendOptions, FieldFilter
 from exporter.core.readings import Collection, GpuReading
 from tests.fakes.fakeamdsmi import FakeAmdSmi, rocm_smi_json, two_gpu_fleet
-from tests.unit.backends.test_amdsmi import REPO, backend, fake  # noqa: F401 - pytest fixtures
 
+REPO = Path(__file__).resolve().parents[3]
 ACTIVITY = ("gpu_graphics_engine_active_ratio", "gpu_dram_active_ratio", "gpu_encoder_utilization_ratio",
             "gpu_decoder_utilization_ratio", "gpu_link_transferred_bytes_total")
 
@@ -42,7 +43,7 @@ def errors_after_warm_up(b: AmdSmiBackend) -> None:
     b.drain_errors()
 
 
-def test_activity_and_link_data_exact_values(backend: AmdSmiBackend) -> None:  # noqa: F811
+def test_activity_and_link_data_exact_values(backend: AmdSmiBackend) -> None:
     errors_after_warm_up(backend)
     g0, g1 = collect(backend)
     assert g0.graphics_engine_active_ratio == {"": 0.85}
@@ -59,8 +60,8 @@ def test_activity_and_link_data_exact_values(backend: AmdSmiBackend) -> None:  #
     assert backend.drain_errors() == {}
 
 
-def test_pcie_bytes_from_the_mean_bandwidth_between_two_collections(backend: AmdSmiBackend,  # noqa: F811
-                                                                    fake: FakeAmdSmi) -> None:  # noqa: F811
+def test_pcie_bytes_from_the_mean_bandwidth_between_two_collections(backend: AmdSmiBackend,
+                                                                    fake: FakeAmdSmi) -> None:
     g0, _ = collect(backend)
     assert ("pcie", "bidirectional") not in g0.link_transferred_bytes  # first sample: no interval yet
     # 500 firmware iterations summing 10,000 GB/s (a mean of 20 GB/s) over 0.5 s: 10 GB
@@ -78,7 +79,7 @@ def test_pcie_bytes_from_the_mean_bandwidth_between_two_collections(backend: Amd
     assert "bad_value" not in backend.drain_errors()
 
 
-def test_fields_left_all_ones_are_unsupported_once(fake: FakeAmdSmi, backend: AmdSmiBackend,  # noqa: F811
+def test_fields_left_all_ones_are_unsupported_once(fake: FakeAmdSmi, backend: AmdSmiBackend,
                                                    caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="exporter.backends")
     errors_after_warm_up(backend)
@@ -96,8 +97,8 @@ def test_fields_left_all_ones_are_unsupported_once(fake: FakeAmdSmi, backend: Am
     assert len(logged) == 1 and "GPU 0" in logged[0] and "0xffff" in logged[0]
 
 
-def test_activity_over_100_percent_is_a_bad_value_asked_again(fake: FakeAmdSmi,  # noqa: F811
-                                                              backend: AmdSmiBackend) -> None:  # noqa: F811
+def test_activity_over_100_percent_is_a_bad_value_asked_again(fake: FakeAmdSmi,
+                                                              backend: AmdSmiBackend) -> None:
     errors_after_warm_up(backend)
     fake.write(with_metrics(average_umc_activity=250))
     g0, _ = collect(backend)
@@ -108,7 +109,7 @@ def test_activity_over_100_percent_is_a_bad_value_asked_again(fake: FakeAmdSmi, 
     assert collect(backend)[0].dram_active_ratio == {"": 1.0}
 
 
-def test_no_gpu_metrics_table(fake: FakeAmdSmi, backend: AmdSmiBackend) -> None:  # noqa: F811
+def test_no_gpu_metrics_table(fake: FakeAmdSmi, backend: AmdSmiBackend) -> None:
     gpus = two_gpu_fleet()
     gpus[0]["fail.get_gpu_metrics_info"] = 2  # AMDSMI_STATUS_NOT_SUPPORTED
     fake.write(gpus)
@@ -120,7 +121,7 @@ def test_no_gpu_metrics_table(fake: FakeAmdSmi, backend: AmdSmiBackend) -> None:
     assert g1.graphics_engine_active_ratio == {"": 0.03}
 
 
-def test_selected_families_only(fake: FakeAmdSmi) -> None:  # noqa: F811
+def test_selected_families_only(fake: FakeAmdSmi) -> None:
     b = AmdSmiBackend(BackendOptions(fields=FieldFilter(include=["gpu_dram_active_ratio", "gpu_decoder_*"])))
     b.init()
     try:

@@ -14,14 +14,14 @@ from exporter.core.readings import Collection
 from tests.fakes.fakeamdsmi import FakeAmdSmi, two_gpu_fleet
 from tests.harness.exporter import ExporterProcess
 from tests.harness.kubeapi import FakeKubeAPI
+from tests.harness.pods import add_pods, make_proc, pod_series
 from tests.harness.poll import wait_until
-from tests.unit.backends.test_amdsmi import fake  # noqa: F401 - a fixture
 
 GIB = 2**30
 
 
 @pytest.fixture
-def per_process(fake: FakeAmdSmi) -> Iterator[AmdSmiBackend]:  # noqa: F811 - the fixture above
+def per_process(fake: FakeAmdSmi) -> Iterator[AmdSmiBackend]:
     b = create("amdsmi", BackendOptions(per_process=True))
     assert isinstance(b, AmdSmiBackend)
     b.init()
@@ -29,7 +29,7 @@ def per_process(fake: FakeAmdSmi) -> Iterator[AmdSmiBackend]:  # noqa: F811 - th
     b.shutdown()
 
 
-def _write(fake: FakeAmdSmi, processes: str) -> None:  # noqa: F811
+def _write(fake: FakeAmdSmi, processes: str) -> None:
     gpus = two_gpu_fleet()
     gpus[0]["processes"] = processes
     fake.write(gpus, rocm_version="6.2.1")
@@ -41,7 +41,7 @@ def _collect(b: AmdSmiBackend) -> Collection:
     return out
 
 
-def test_memory_at_once_engine_share_from_the_second_collection(fake: FakeAmdSmi,  # noqa: F811
+def test_memory_at_once_engine_share_from_the_second_collection(fake: FakeAmdSmi,
                                                                 per_process: AmdSmiBackend) -> None:
     _write(fake, f"4242:{8 * GIB}:python3:1000000000,4343:{GIB}:rccl-tests:5000")
     g0 = _collect(per_process).gpus[0]
@@ -54,7 +54,7 @@ def test_memory_at_once_engine_share_from_the_second_collection(fake: FakeAmdSmi
     assert g0.process_utilization_by_pid == {4242: 1.0, 4343: 0.0}  # 4444: no rate yet, absent
 
 
-def test_off_without_per_process(fake: FakeAmdSmi, fake_rocm: object) -> None:  # noqa: F811
+def test_off_without_per_process(fake: FakeAmdSmi, fake_rocm: object) -> None:
     b = create("amdsmi", BackendOptions())
     b.init()
     try:
@@ -65,11 +65,9 @@ def test_off_without_per_process(fake: FakeAmdSmi, fake_rocm: object) -> None:  
         b.shutdown()
 
 
-def test_serve_publishes_per_pod_readings_on_amd(fake: FakeAmdSmi, tmp_path: Path,  # noqa: F811
+def test_serve_publishes_per_pod_readings_on_amd(fake: FakeAmdSmi, tmp_path: Path,
                                                  kubeapi: FakeKubeAPI) -> None:
     """The whole path on AMD: amdsmi's process list -> the host /proc cgroup -> the pods watch -> /metrics."""
-    from tests.unit.k8s.test_shared_gpus import add_pods, make_proc, pod_series
-
     proc_root = make_proc(tmp_path / "proc")
     add_pods(kubeapi)
     _write(fake, f"1001:{2 * GIB}:python3:1000,1002:{GIB}:python3:1000,3001:{GIB}:jupyter:1000")
