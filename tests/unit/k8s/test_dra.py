@@ -86,23 +86,11 @@ def test_a_device_without_identifying_attributes_is_not_guessed_from_its_name() 
 
 
 @pytest.fixture
-def api(kubeapi: FakeKubeAPI) -> FakeKubeAPI:
-    """The suite's fake API server (tests/conftest.py), under this file's name."""
-    return kubeapi
-
-
-@pytest.fixture
-def client(kube_client: Any) -> Any:
-    """The suite's real client for it (tests/conftest.py)."""
-    return kube_client
-
-
-@pytest.fixture
-def watch(client: Any) -> Iterator[Callable[..., ResourceSliceWatch]]:
+def watch(kube_client: Any) -> Iterator[Callable[..., ResourceSliceWatch]]:
     made: list[ResourceSliceWatch] = []
 
     def make(node: str = NODE, **kw: Any) -> ResourceSliceWatch:
-        w = ResourceSliceWatch(client, node, **{"timeout": 5.0, "max_backoff": 0.2, **kw})
+        w = ResourceSliceWatch(kube_client, node, **{"timeout": 5.0, "max_backoff": 0.2, **kw})
         made.append(w)
         w.start()
         return w
@@ -122,23 +110,23 @@ def slice_requests(api: FakeKubeAPI) -> list[Any]:
 
 @pytest.mark.parametrize(("served", "used"), [(("v1", "v1beta1"), "v1"), (("v1beta2", "v1beta1"), "v1beta2"),
                                                (("v1beta1",), "v1beta1")])
-def test_newest_served_version_is_watched_for_this_node_only(api: FakeKubeAPI, watch: Callable[...,
+def test_newest_served_version_is_watched_for_this_node_only(kubeapi: FakeKubeAPI, watch: Callable[...,
                                                              ResourceSliceWatch], served: tuple[str, ...],
                                                              used: str) -> None:
-    api.slice_versions = served
-    api.put_resource_slice(ds.resource_slice("mine", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)]))
-    api.put_resource_slice(ds.resource_slice("other", "gpu-node-8", ds.NVIDIA, [ds.nvidia_gpu(0, U1, PCI1)],
-                                             pool="gpu-node-8"))
+    kubeapi.slice_versions = served
+    kubeapi.put_resource_slice(ds.resource_slice("mine", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)]))
+    kubeapi.put_resource_slice(ds.resource_slice("other", "gpu-node-8", ds.NVIDIA, [ds.nvidia_gpu(0, U1, PCI1)],
+                                                 pool="gpu-node-8"))
     w = watch()
     assert wait_until(lambda: w.resolve(ds.NVIDIA, NODE, "gpu-0"), 10).keys[0] == ("uuid", U0.lower())
     assert w.version == used
     assert w.resolve(ds.NVIDIA, "gpu-node-8", "gpu-0") is None
     # a slice published later arrives through the watch, and a deleted one goes
-    api.put_resource_slice(ds.resource_slice("mine-2", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI)]))
+    kubeapi.put_resource_slice(ds.resource_slice("mine-2", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI)]))
     wait_until(lambda: w.resolve(ds.AMD, NODE, "gpu-1-128") is not None, 10, what="the added slice")
-    api.delete_resource_slice("mine")
+    kubeapi.delete_resource_slice("mine")
     wait_until(lambda: w.resolve(ds.NVIDIA, NODE, "gpu-0") is None, 10, what="the deleted slice gone")
-    reqs = slice_requests(api)
+    reqs = slice_requests(kubeapi)
     assert {r.verb for r in reqs} <= {"get", "list", "watch"}
     assert "watch" in {r.verb for r in reqs}
     for r in reqs:
@@ -148,38 +136,38 @@ def test_newest_served_version_is_watched_for_this_node_only(api: FakeKubeAPI, w
 
 
 def test_watch_recovers_from_expired_resource_version_and_closed_streams(
-        api: FakeKubeAPI, watch: Callable[..., ResourceSliceWatch]) -> None:
-    api.put_resource_slice(ds.resource_slice("s", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)]))
+        kubeapi: FakeKubeAPI, watch: Callable[..., ResourceSliceWatch]) -> None:
+    kubeapi.put_resource_slice(ds.resource_slice("s", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)]))
     w = watch()
     wait_until(lambda: w.resolve(ds.NVIDIA, NODE, "gpu-0") is not None, 10, what="first list")
-    lists = sum(1 for r in slice_requests(api) if r.verb == "list")
-    api.expire_watches()  # open watches end; the next, from the old resourceVersion, gets 410: relist
-    wait_until(lambda: sum(1 for r in slice_requests(api) if r.verb == "list") > lists, 15, what="a relist")
-    api.put_resource_slice(ds.resource_slice("s", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U1, PCI1)]))
+    lists = sum(1 for r in slice_requests(kubeapi) if r.verb == "list")
+    kubeapi.expire_watches()  # open watches end; the next, from the old resourceVersion, gets 410: relist
+    wait_until(lambda: sum(1 for r in slice_requests(kubeapi) if r.verb == "list") > lists, 15, what="a relist")
+    kubeapi.put_resource_slice(ds.resource_slice("s", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U1, PCI1)]))
     wait_until(lambda: (d := w.resolve(ds.NVIDIA, NODE, "gpu-0")) is not None and d.keys[0] == ("uuid", U1.lower()),
                15, what="the slice after a relist")
 
 
-def test_only_the_newest_generation_of_a_pool_counts(api: FakeKubeAPI,
+def test_only_the_newest_generation_of_a_pool_counts(kubeapi: FakeKubeAPI,
                                                      watch: Callable[..., ResourceSliceWatch]) -> None:
     # the driver republished its pool (generation 2) and the old slice is still there
-    api.put_resource_slice(ds.resource_slice("old", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U1, PCI1)], generation=1))
-    api.put_resource_slice(ds.resource_slice("new", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)], generation=2))
-    api.put_resource_slice(ds.resource_slice("amd", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI)], generation=1))
+    kubeapi.put_resource_slice(ds.resource_slice("old", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U1, PCI1)], generation=1))
+    kubeapi.put_resource_slice(ds.resource_slice("new", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)], generation=2))
+    kubeapi.put_resource_slice(ds.resource_slice("amd", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI)], generation=1))
     w = watch()
     assert w.synced.wait(10)
     dev = wait_until(lambda: w.resolve(ds.NVIDIA, NODE, "gpu-0"), 10)
     assert dev.keys[0] == ("uuid", U0.lower())
     assert w.resolve(ds.AMD, NODE, "gpu-1-128") is not None  # another driver's pool has its own generation
-    api.delete_resource_slice("new")  # back to the only generation left
+    kubeapi.delete_resource_slice("new")  # back to the only generation left
     wait_until(lambda: (d := w.resolve(ds.NVIDIA, NODE, "gpu-0")) is not None and d.keys[0] == ("uuid", U1.lower()),
                10, what="the remaining generation")
 
 
-def test_auto_gives_up_when_forbidden_and_on_keeps_asking(api: FakeKubeAPI,
+def test_auto_gives_up_when_forbidden_and_on_keeps_asking(kubeapi: FakeKubeAPI,
                                                           watch: Callable[..., ResourceSliceWatch],
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    api.inject("GET", r"/resourceslices", status=403, times=1000)
+    kubeapi.inject("GET", r"/resourceslices", status=403, times=1000)
     caplog.set_level(logging.INFO, "exporter.k8s.resourceslices")
     auto = watch(auto=True)
     wait_until(lambda: auto._thread is not None and not auto._thread.is_alive(), 10, what="auto gives up")
@@ -191,8 +179,8 @@ def test_auto_gives_up_when_forbidden_and_on_keeps_asking(api: FakeKubeAPI,
     assert on._thread is not None and on._thread.is_alive()
     assert self_metrics(on)["gpu_exporter_dra_attribution_up"] == 0
     assert self_metrics(on)["gpu_exporter_dra_resourceslices_errors_total"] >= 2
-    api.clear_injections()
-    api.put_resource_slice(ds.resource_slice("s", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)]))
+    kubeapi.clear_injections()
+    kubeapi.put_resource_slice(ds.resource_slice("s", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)]))
     wait_until(lambda: on.resolve(ds.NVIDIA, NODE, "gpu-0") is not None, 10, what="on recovers")
     assert self_metrics(on)["gpu_exporter_dra_attribution_up"] == 1
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "403" in r.getMessage()]
@@ -229,12 +217,12 @@ def start(api: FakeKubeAPI, client: Any, slices: list[dict[str, Any]]) -> Resour
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
 @pytest.mark.parametrize("legacy_pci", [False, True])
-def test_dra_full_gpus_get_pod_labels_by_uuid_not_by_name(api: FakeKubeAPI, client: Any, kubelet: FakeKubelet,
+def test_dra_full_gpus_get_pod_labels_by_uuid_not_by_name(kubeapi: FakeKubeAPI, kube_client: Any, kubelet: FakeKubelet,
                                                           attribution: Callable[..., PodAttribution],
                                                           version: str, legacy_pci: bool) -> None:
-    api.slice_versions = (version,)
+    kubeapi.slice_versions = (version,)
     # minor numbers are not NVML indexes: gpu-1 is GPU 0 (uuid U0), gpu-0 is GPU 1
-    w = start(api, client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [
+    w = start(kubeapi, kube_client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [
         ds.nvidia_gpu(1, U0, PCI0, legacy_pci), ds.nvidia_gpu(0, U1, PCI1, legacy_pci)])])
     try:
         kubelet.set_response(response([
@@ -253,11 +241,12 @@ def test_dra_full_gpus_get_pod_labels_by_uuid_not_by_name(api: FakeKubeAPI, clie
         w.stop()
 
 
-def test_dra_gpu_matched_by_pci_bus_id_when_its_uuid_is_unknown(api: FakeKubeAPI, client: Any,
+def test_dra_gpu_matched_by_pci_bus_id_when_its_uuid_is_unknown(kubeapi: FakeKubeAPI, kube_client: Any,
                                                                 kubelet: FakeKubelet,
                                                                 attribution: Callable[..., PodAttribution]) -> None:
     # AMD: the driver's own made-up uuid matches nothing; pciAddr decides
-    w = start(api, client, [ds.resource_slice("amd", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI, "x-made-up")])])
+    w = start(kubeapi, kube_client,
+              [ds.resource_slice("amd", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI, "x-made-up")])])
     try:
         kubelet.set_response(response([pod("hpc", "sim", {}, claims={"c": [("cl", "hpc", [(ds.AMD, NODE,
                                                                                             "gpu-1-128")])]})]))
@@ -269,9 +258,9 @@ def test_dra_gpu_matched_by_pci_bus_id_when_its_uuid_is_unknown(api: FakeKubeAPI
         w.stop()
 
 
-def test_dra_mig_devices_label_their_own_instance(api: FakeKubeAPI, client: Any, kubelet: FakeKubelet,
+def test_dra_mig_devices_label_their_own_instance(kubeapi: FakeKubeAPI, kube_client: Any, kubelet: FakeKubelet,
                                                   attribution: Callable[..., PodAttribution]) -> None:
-    w = start(api, client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [
+    w = start(kubeapi, kube_client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [
         ds.nvidia_gpu(0, U0, PCI0),
         ds.nvidia_mig(1, U1, MIG_B, "1g.5gb", 19, 4, PCI1),  # by its uuid
         ds.nvidia_mig(1, U1, None, "3g.20gb", 9, 0, PCI1),  # no uuid: parentUUID + profile (unique)
@@ -312,10 +301,10 @@ def test_device_plugin_mig_instances_get_pod_labels(kubelet: FakeKubelet,
     assert a.labels_for(g1) == {}
 
 
-def test_dra_shared_and_unmapped_devices(api: FakeKubeAPI, client: Any, kubelet: FakeKubelet,
+def test_dra_shared_and_unmapped_devices(kubeapi: FakeKubeAPI, kube_client: Any, kubelet: FakeKubelet,
                                          attribution: Callable[..., PodAttribution],
                                          caplog: pytest.LogCaptureFixture) -> None:
-    w = start(api, client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)])])
+    w = start(kubeapi, kube_client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)])])
     try:
         shared = [(ds.NVIDIA, NODE, "gpu-0", "share-1")]
         kubelet.set_response(response([
