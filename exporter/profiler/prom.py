@@ -335,7 +335,7 @@ class PromClient:
             resp = conn.getresponse()
             length = resp.getheader("Content-Length")
             if length is not None and length.strip().isdigit() and int(length) > self.max_response_bytes:
-                raise PromError(TOO_LARGE, self._too_large(where, f"announces {int(length)} bytes"))
+                raise PromError(TOO_LARGE, self._too_large(where, f"announces {int(length)} bytes, more"))
             buf = bytearray()  # one buffer: chunks and their join would hold the answer twice
             size = 0
             cost = ParseCost() if resp.status == 200 else None

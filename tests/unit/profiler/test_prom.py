@@ -178,7 +178,7 @@ class RawServer:
 @pytest.mark.parametrize(("reply", "named"), [
     # the connection closes half-way through the announced Content-Length
     (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n"
-     b'{"status": "success", "data": {"res', "IncompleteRead"),
+     b'{"status": "success", "data": {"res', "IncompleteRead(0 bytes read, 365 more expected)"),
     (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "BadStatusLine"),  # not HTTP at all
 ])
 def test_broken_http_answers(reply: bytes, named: str) -> None:
@@ -480,8 +480,67 @@ def test_an_announced_length_over_the_cap_is_refused_before_the_body() -> None:
         server.stop.set()
         server.sock.close()
     assert exc.value.kind == "prometheus_response_too_large", str(exc.value)
-    assert f"announces {10 * 2**30} bytes" in str(exc.value)
+    assert str(exc.value) == (f"http://127.0.0.1:{server.port}/api/v1/query: the answer announces {10 * 2**30} bytes, "
+                              "more than --prometheus-max-response-bytes (1000 bytes); not read")
     assert took < 2.5, f"read for {took:.1f}s before refusing"
+
+
+class Endless:
+    """Answers 200 without a length (HTTP/1.0: the body ends at close) and sends forever."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n[")
+                while True:
+                    conn.sendall(b"0," * 32768)
+            except OSError:
+                return
+
+
+@pytest.mark.parametrize("cap", [1000, 3 * 2**19])  # under one read, and over the 1 MiB a read takes
+def test_an_endless_answer_is_refused_once_it_passes_the_cap(cap: int) -> None:
+    """Counted over every read: an answer without a length is refused as soon as it passes the cap,
+    not read to its end (it has none) or until the deadline."""
+    server = Endless()
+    client = PromClient(f"http://127.0.0.1:{server.port}", timeout=5.0, retries=0, max_response_bytes=cap,
+                        max_parse_bytes=2**30)
+    try:
+        start = time.monotonic()
+        with pytest.raises(PromError) as exc:
+            client.query("up", 1.0)
+        took = time.monotonic() - start
+    finally:
+        server.sock.close()
+    assert exc.value.kind == "prometheus_response_too_large", str(exc.value)
+    assert str(exc.value) == (f"http://127.0.0.1:{server.port}/api/v1/query: the answer is longer than "
+                              f"--prometheus-max-response-bytes ({cap} bytes); not read")
+    assert took < 4, f"read for {took:.1f}s"
+    assert client.largest_response_bytes == 0
+
+
+def test_an_error_answer_is_judged_by_its_status_not_its_parse_cost(api_factory: Any) -> None:
+    """An error answer is never parsed whole (its first 64 KiB name the error), so the parse bound
+    does not apply: a 400 stays a bad query."""
+    doc = {"status": "error", "errorType": "bad_data", "error": "parse error", "x": [0] * 20000}  # under 64 KiB
+    api = api_factory([(400, doc)])
+    with pytest.raises(PromError) as exc:
+        PromClient(f"http://127.0.0.1:{api.port}", retries=0, max_parse_bytes=10000).query("up", 1.0)
+    assert exc.value.kind == BAD_QUERY and str(exc.value).endswith("HTTP 400: bad_data: parse error")
 
 
 def test_answer_without_length_is_capped_while_read() -> None:
