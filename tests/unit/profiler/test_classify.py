@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.profiler.classify import (
+    ALLOCATED_IDLE,
     BURSTY,
     GROWING,
     IDLE,
@@ -305,3 +306,52 @@ def test_node_idle_rule_is_strictly_below_both_thresholds() -> None:
 
     assert is_idle_for_node(prof(0.29, 0.49), TH)
     assert not is_idle_for_node(prof(0.30, 0.2), TH) and not is_idle_for_node(prof(0.1, 0.50), TH)
+
+
+LEAK = [10 * GIB + 0.003 * 80 * GIB * i for i in range(31)]
+IDLE_NOW = {"util_mean": 0.01, "util_std": 0.01, "util_p95": 0.03}
+
+
+@pytest.mark.parametrize(("kw", "pattern", "reason"), [
+    ({"up": 0.0}, UNKNOWN, "the exporter reports the GPU down (gpu_up 0)"),
+    ({"util_count": 10.0}, UNKNOWN, "not enough utilisation samples in the window"),
+    ({"util_fresh": 0.0}, UNKNOWN, "no recent utilisation sample"),
+    (IDLE_NOW, IDLE, "mean utilisation 0.010"),
+    ({**IDLE_NOW, "holders": {"ml/b": 120.0, "ml/a": 119.0}}, ALLOCATED_IDLE, "mean utilisation 0.010, held by ml/a,ml/b"),
+    ({"util_std": 0.05}, STEADY, "coefficient of variation 0.10"),
+    # 31 rising points: S = 465 pairs, var = 31 x 30 x 67 / 18, z = (S - 1) / sd
+    ({"mem_range": LEAK}, GROWING,
+     f"memory +{0.003 * 80 * GIB / 60:.0f} B/s, Mann-Kendall z={464 / math.sqrt(31 * 30 * 67 / 18):.1f}"),
+])
+def test_every_decision_says_why_and_carries_the_measurements(kw: dict[str, object], pattern: str, reason: str) -> None:
+    """Whatever the pattern (unknown included), the profile explains itself and keeps the
+    window's utilisation, memory ratio and score for the node's statistics."""
+    p = classify_gpu(_stats(mem_free_mean=40 * GIB, **kw))
+    assert (p.pattern, p.reason) == (pattern, reason)
+    assert p.util_mean == pytest.approx(kw.get("util_mean", 0.5)) and p.mem_used_ratio == pytest.approx(0.5)
+    assert p.score == pytest.approx(round(availability_score(0.5, float(kw.get("util_mean", 0.5))), 4))
+    assert p.holder == ("ml/a,ml/b" if pattern == ALLOCATED_IDLE else None)
+
+
+@pytest.mark.parametrize(("fresh", "growing"), [(None, True), (1.0, True), (0.0, False), (math.nan, False)])
+def test_growth_needs_a_recent_memory_sample(fresh: float | None, growing: bool) -> None:
+    """Memory history without a recent sample (None: not asked) is not the GPU's state now."""
+    p = classify_gpu(_stats(mem_range=LEAK, mem_fresh=fresh))
+    assert (p.pattern == GROWING) == growing
+
+
+def test_growth_is_found_across_a_gap_in_the_memory_range() -> None:
+    gappy: list[float | None] = list(LEAK)
+    gappy[10] = gappy[11] = None
+    assert classify_gpu(_stats(mem_range=gappy)).pattern == GROWING
+
+
+def test_one_recent_utilisation_sample_is_enough() -> None:
+    assert classify_gpu(_stats(util_fresh=1.0)).pattern == STEADY
+
+
+def test_idle_is_strictly_below_both_idle_thresholds() -> None:
+    """idle: mean < 0.05 and p95 < 0.10 (Thresholds); exactly at either is not idle."""
+    assert classify_gpu(_stats(util_mean=0.049, util_std=0.001, util_p95=0.099)).pattern == IDLE
+    assert classify_gpu(_stats(util_mean=0.05, util_std=0.001, util_p95=0.06)).pattern == STEADY
+    assert classify_gpu(_stats(util_mean=0.04, util_std=0.001, util_p95=0.10)).pattern == STEADY
