@@ -317,7 +317,8 @@ IDLE_NOW = {"util_mean": 0.01, "util_std": 0.01, "util_p95": 0.03}
     ({"util_count": 10.0}, UNKNOWN, "not enough utilisation samples in the window"),
     ({"util_fresh": 0.0}, UNKNOWN, "no recent utilisation sample"),
     (IDLE_NOW, IDLE, "mean utilisation 0.010"),
-    ({**IDLE_NOW, "holders": {"ml/b": 120.0, "ml/a": 119.0}}, ALLOCATED_IDLE, "mean utilisation 0.010, held by ml/a,ml/b"),
+    ({**IDLE_NOW, "holders": {"ml/b": 120.0, "ml/a": 119.0}}, ALLOCATED_IDLE,
+     "mean utilisation 0.010, held by ml/a,ml/b"),
     ({"util_std": 0.05}, STEADY, "coefficient of variation 0.10"),
     # 31 rising points: S = 465 pairs, var = 31 x 30 x 67 / 18, z = (S - 1) / sd
     ({"mem_range": LEAK}, GROWING,
