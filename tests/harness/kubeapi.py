@@ -513,7 +513,8 @@ class FakeKubeAPI:
     def kubeconfig(self, path: Path) -> Path:
         """Write a kubeconfig for this server (bearer-token user) to ``path`` and return it.
 
-        Use it with ``kubernetes.config.new_client_from_config(config_file=str(path))``.
+        It is for a command's ``--kubeconfig`` or ``KUBECONFIG``; a test that wants a client in process
+        takes the ``kube_client`` fixture (tests/conftest.py), which is built from it.
         """
         user: JsonObj = {"token": self.token} if self.token else {}
         cfg = {

@@ -14,7 +14,7 @@ import io
 import logging
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -28,6 +28,9 @@ from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.profiler import history_file
 from tests.harness.prom import Prometheus
 from tests.reliability.support import PromProxy, Result
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 pytestmark = pytest.mark.prometheus
 
@@ -49,17 +52,14 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
 
 
 @pytest.fixture
-def api() -> Iterator[FakeKubeAPI]:
-    with FakeKubeAPI() as a:
-        a.add_node(NODE, annotations={"example.com/owner": "team-a"})
-        yield a
+def api(kubeapi: FakeKubeAPI) -> FakeKubeAPI:
+    """The suite's fake API server (tests/conftest.py) with NODE, annotated by another owner."""
+    kubeapi.add_node(NODE, annotations={"example.com/owner": "team-a"})
+    return kubeapi
 
 
-def profiler(url: str, api: FakeKubeAPI, tmp: Path, prom_timeout: float = 1.0, kube_timeout: float = 5.0,
+def profiler(url: str, client: ApiClient, prom_timeout: float = 1.0, kube_timeout: float = 5.0,
              kube_retries: int = 3) -> Profiler:
-    from kubernetes import config
-
-    client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp / "kubeconfig")))
     reader = Reader(PromClient(url, timeout=prom_timeout, retries=1, backoff=0.01), QueryConfig())
     store = NodeStore(client, timeout=kube_timeout, retries=kube_retries, backoff=0.01)
     return Profiler(reader, store, PlanConfig(), out=io.StringIO())
@@ -113,10 +113,10 @@ PROM_FAULTS = [
 
 
 @pytest.mark.parametrize(("fault", "kind", "done"), PROM_FAULTS)
-def test_prometheus_fault(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+def test_prometheus_fault(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient, caplog: pytest.LogCaptureFixture,
                           fault: str, kind: str, done: str, result: Result) -> None:
     with PromProxy(prom.url) as proxy:
-        prof = profiler(proxy.url, api, tmp_path)
+        prof = profiler(proxy.url, kube_client)
         assert prof.run_cycle().ok
         good = ours(api)
         assert good[P + "gpu-0.pattern"] == "steady" and good[P + "gpu-1.pattern"] == "idle"
@@ -160,9 +160,9 @@ KUBE_FAULTS = [
 
 
 @pytest.mark.parametrize(("fault", "kind", "inject", "done"), KUBE_FAULTS, ids=[f[0] for f in KUBE_FAULTS])
-def test_api_server_fault(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+def test_api_server_fault(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient, caplog: pytest.LogCaptureFixture,
                           fault: str, kind: str, inject: dict[str, object], done: str, result: Result) -> None:
-    prof = profiler(prom.url, api, tmp_path, kube_timeout=1.0, kube_retries=1)
+    prof = profiler(prom.url, kube_client, kube_timeout=1.0, kube_retries=1)
     assert prof.run_cycle().ok
     good = ours(api)
     wipe(api, good)
@@ -189,10 +189,10 @@ def test_api_server_fault(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path, ca
     assert cycles == 1
 
 
-def test_profiler_logs_one_line_per_outage(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path,
+def test_profiler_logs_one_line_per_outage(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient,
                                            caplog: pytest.LogCaptureFixture, result: Result) -> None:
     with PromProxy(prom.url) as proxy:
-        prof = profiler(proxy.url, api, tmp_path)
+        prof = profiler(proxy.url, kube_client)
         assert prof.run_cycle().ok
         proxy.mode = "500"
         _, log_lines, _ = fault_cycles(prof, caplog)

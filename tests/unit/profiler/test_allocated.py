@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,13 +20,16 @@ from tests.fakes.profiler_history import scenario_node, write_allocation, write_
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.prom import OpenMetricsWriter, Prometheus
 
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
 pytestmark = pytest.mark.prometheus
 
 P = "gpu-exporter.io/"
 END = float(int(time.time()) - 60)
 
 
-def test_allocated_idle_annotations_and_one_event(tmp_path: Path) -> None:
+def test_allocated_idle_annotations_and_one_event(tmp_path: Path, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
     hist = [h for h in scenario_node(13, "alloc", END) if h.gpu in ("0", "1")]
     idle, busy = hist[0], hist[1]
     late = next(h for h in scenario_node(14, "alloc2", END) if h.gpu == "0")
@@ -34,62 +38,54 @@ def test_allocated_idle_annotations_and_one_event(tmp_path: Path) -> None:
         write_allocation(w, idle, "ml", "notebook-" + "x" * 240)  # held all along, idle: allocated-idle
         write_allocation(w, busy, "ml", "trainer")  # held all along, busy: steady
         write_allocation(w, late, "web", "new", since=END - 600)  # idle, but held only 10 minutes: idle
-    from kubernetes import config
-
-    with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom, FakeKubeAPI() as api:
-        api.add_node("alloc")
-        api.add_node("alloc2")
-        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kc")))
-        events = EventRecorder(client, "gpu-exporter", per_minute=30)
-        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(client), PlanConfig(),
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom:
+        kubeapi.add_node("alloc")
+        kubeapi.add_node("alloc2")
+        events = EventRecorder(kube_client, "gpu-exporter", per_minute=30)
+        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(kube_client), PlanConfig(),
                         out=io.StringIO(), events=events)
         r1 = prof.run_cycle(at=END)
         assert r1.ok, r1.errors
-        a = api.node("alloc")["metadata"]["annotations"]
+        a = kubeapi.node("alloc")["metadata"]["annotations"]
         assert a[P + "gpu-0.pattern"] == "allocated-idle"
         holder = a[P + "gpu-0.holder"]
         assert holder == "ml/notebook-" + "x" * 240 and len(holder) <= 320
         assert a[P + "gpu-1.pattern"] == "steady" and P + "gpu-1.holder" not in a
         assert a[P + "allocated-idle-gpus"] == "1"
-        b = api.node("alloc2")["metadata"]["annotations"]
+        b = kubeapi.node("alloc2")["metadata"]["annotations"]
         assert b[P + "gpu-0.pattern"] == "idle" and P + "allocated-idle-gpus" not in b
 
-        evs = api.objects("events", "gpu-exporter")
+        evs = kubeapi.objects("events", "gpu-exporter")
         assert [(e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"]) for e in evs] == [
             ("Node", "alloc", "GPUAllocatedButIdle")]
         assert "ml/notebook-" in evs[0]["message"] and evs[0]["type"] == "Warning"
         # unchanged pattern: no further Event, no write
-        api.clear_requests()
+        kubeapi.clear_requests()
         r2 = prof.run_cycle(at=END)
-        assert r2.ok and api.patches() == [] and len(api.objects("events")) == 1
+        assert r2.ok and kubeapi.patches() == [] and len(kubeapi.objects("events")) == 1
         assert events.counts["created"] == 1 and events.counts["updated"] == 0
-        client.close()
 
 
-def test_events_are_rate_limited_and_forbidden_is_one_warning(tmp_path: Path,
+def test_events_are_rate_limited_and_forbidden_is_one_warning(kubeapi: FakeKubeAPI, kube_client: ApiClient,
                                                               caplog: pytest.LogCaptureFixture) -> None:
-    from kubernetes import config
-
-    with FakeKubeAPI() as api:
-        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kc")))
-        now = [0.0]
-        rec = EventRecorder(client, "gpu-exporter", per_minute=3, clock=lambda: now[0])
-        got = [rec.record(f"n{i}", "0", "growing", "m") for i in range(5)]
-        assert got == ["created"] * 3 + ["dropped"] * 2
-        now[0] += 20.0  # one token back (3 per minute)
-        assert rec.record("n0", "0", "growing", "again") == "updated"  # same change again: count + 1
-        ev = next(e for e in api.objects("events") if e["involvedObject"]["name"] == "n0")
-        assert ev["count"] == 2 and ev["message"] == "again"
-        assert {r.verb for r in api.requests} <= {"create", "patch"}
-        now[0] += 60.0
-        api.inject("POST", "events", 403, times=5)
-        with caplog.at_level("WARNING", logger="exporter.profiler.events"):
-            assert [rec.record(f"m{i}", "0", "growing", "m") for i in range(3)] == ["failed", "dropped", "dropped"]
-        assert len([r for r in caplog.records if "forbidden" in r.getMessage()]) == 1
-        client.close()
+    now = [0.0]
+    rec = EventRecorder(kube_client, "gpu-exporter", per_minute=3, clock=lambda: now[0])
+    got = [rec.record(f"n{i}", "0", "growing", "m") for i in range(5)]
+    assert got == ["created"] * 3 + ["dropped"] * 2
+    now[0] += 20.0  # one token back (3 per minute)
+    assert rec.record("n0", "0", "growing", "again") == "updated"  # same change again: count + 1
+    ev = next(e for e in kubeapi.objects("events") if e["involvedObject"]["name"] == "n0")
+    assert ev["count"] == 2 and ev["message"] == "again"
+    assert {r.verb for r in kubeapi.requests} <= {"create", "patch"}
+    now[0] += 60.0
+    kubeapi.inject("POST", "events", 403, times=5)
+    with caplog.at_level("WARNING", logger="exporter.profiler.events"):
+        assert [rec.record(f"m{i}", "0", "growing", "m") for i in range(3)] == ["failed", "dropped", "dropped"]
+    assert len([r for r in caplog.records if "forbidden" in r.getMessage()]) == 1
 
 
-def test_hostile_uuid_and_holders_never_reach_the_node(tmp_path: Path) -> None:
+def test_hostile_uuid_and_holders_never_reach_the_node(tmp_path: Path, kubeapi: FakeKubeAPI,
+                                                       kube_client: ApiClient) -> None:
     """Issue 26: a 64 KiB uuid with newlines and terminal escapes, and holders with control
     characters, were written to the Node verbatim. Now each is skipped and counted."""
     import dataclasses
@@ -105,16 +101,13 @@ def test_hostile_uuid_and_holders_never_reach_the_node(tmp_path: Path) -> None:
         write_allocation(w, idle, "ml", "note\x07book")  # a bell in a pod name: not a Kubernetes name
         write_allocation(w, idle, "ml", "trainer")
         write_allocation(w, idle, "ML", "upper")
-    from kubernetes import config
-
-    with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom, FakeKubeAPI() as api:
-        api.add_node("hostile")
-        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kc")))
-        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(client), PlanConfig(),
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom:
+        kubeapi.add_node("hostile")
+        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(kube_client), PlanConfig(),
                         out=io.StringIO())
         r1 = prof.run_cycle(at=END)
         assert r1.ok, r1.errors
-        a = api.node("hostile")["metadata"]["annotations"]
+        a = kubeapi.node("hostile")["metadata"]["annotations"]
         assert a[P + "gpu-0.pattern"] == "allocated-idle"
         assert P + "gpu-0.uuid" not in a and a[P + "gpu-1.uuid"] == other.uuid
         assert a[P + "gpu-0.holder"] == "ml/trainer"
@@ -123,4 +116,3 @@ def test_hostile_uuid_and_holders_never_reach_the_node(tmp_path: Path) -> None:
             prof.metrics.exposition().decode()) for s in f.samples
             if s.name == "gpu_profiler_label_values_rejected_total"}
         assert counted["uuid"] >= 1 and counted["holder"] >= 2
-        client.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,6 +19,9 @@ from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import GpuHistory, scenario_node, write_openmetrics
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.prom import OpenMetricsWriter, Prometheus
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 pytestmark = pytest.mark.prometheus
 
@@ -39,7 +43,8 @@ def share(w: OpenMetricsWriter, h: GpuHistory, holders: dict[str, float | None],
             w.add("gpu_pod_utilization_ratio", base, [(t, util) for t in h.times])
 
 
-def test_shared_gpu_is_allocated_idle_only_when_every_holder_is(tmp_path: Path) -> None:
+def test_shared_gpu_is_allocated_idle_only_when_every_holder_is(tmp_path: Path, kubeapi: FakeKubeAPI,
+                                                                kube_client: ApiClient) -> None:
     hist = {h.gpu: h for h in scenario_node(21, "shared", END)}
     idle, busy = hist["0"], hist["1"]  # idle all window; steady at 0.7
     dra = next(h for h in scenario_node(22, "dra", END) if h.gpu == "0")  # idle, DRA-allocated
@@ -48,21 +53,17 @@ def test_shared_gpu_is_allocated_idle_only_when_every_holder_is(tmp_path: Path) 
         share(w, idle, {"ml/a": 0.0, "ml/b": 0.01}, "nvidia.com/gpu.shared")  # both idle: allocated-idle
         share(w, busy, {"ml/c": 0.7, "ml/d": 0.0}, "nvidia.com/gpu.shared")  # d idle, c not: not allocated-idle
         share(w, dra, {"web/x": None, "web/y": None}, "gpu.nvidia.com")  # DRA claims, no per-pod reading
-    from kubernetes import config
-
-    with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom, FakeKubeAPI() as api:
-        api.add_node("shared")
-        api.add_node("dra")
-        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kc")))
-        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(client), PlanConfig(),
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom:
+        kubeapi.add_node("shared")
+        kubeapi.add_node("dra")
+        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(kube_client), PlanConfig(),
                         out=io.StringIO(), events=None)
         r = prof.run_cycle(at=END)
         assert r.ok, r.errors
-        a = api.node("shared")["metadata"]["annotations"]
+        a = kubeapi.node("shared")["metadata"]["annotations"]
         assert a[P + "gpu-0.pattern"] == "allocated-idle"
         assert a[P + "gpu-0.holder"] == "ml/a,ml/b"  # every holder named
         assert a[P + "gpu-1.pattern"] == "steady" and P + "gpu-1.holder" not in a
         assert a[P + "allocated-idle-gpus"] == "1"
-        d = api.node("dra")["metadata"]["annotations"]
+        d = kubeapi.node("dra")["metadata"]["annotations"]
         assert d[P + "gpu-0.pattern"] == "allocated-idle" and d[P + "gpu-0.holder"] == "web/x,web/y"
-        client.close()

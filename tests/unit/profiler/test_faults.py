@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -27,6 +27,9 @@ from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
 from tests.harness.profiler import FaultProxy, closed_port_url, history_file
 from tests.harness.prom import Prometheus
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 pytestmark = pytest.mark.prometheus
 
@@ -48,16 +51,13 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
 
 
 @pytest.fixture
-def api() -> Iterator[FakeKubeAPI]:
-    with FakeKubeAPI() as a:
-        a.add_node("f-0", annotations={"example.com/owner": "team-a"})
-        yield a
+def api(kubeapi: FakeKubeAPI) -> FakeKubeAPI:
+    """The suite's fake API server (tests/conftest.py) with node f-0, annotated by another owner."""
+    kubeapi.add_node("f-0", annotations={"example.com/owner": "team-a"})
+    return kubeapi
 
 
-def make(url: str, api: FakeKubeAPI, tmp: Path, timeout: float = 2.0) -> Profiler:
-    from kubernetes import config
-
-    client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp / "kubeconfig")))
+def make(url: str, client: ApiClient, timeout: float = 2.0) -> Profiler:
     prom_client = PromClient(url, timeout=timeout, retries=1, backoff=0.01)
     return Profiler(Reader(prom_client, QueryConfig()), NodeStore(client, backoff=0.01), PlanConfig(),
                     out=io.StringIO())
@@ -83,10 +83,10 @@ def errors(prof: Profiler, kind: str) -> float:
     ("slow", "prometheus_timeout"),
     ("empty", "prometheus_empty"),
 ])
-def test_bad_answers_write_nothing(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path, mode: str, kind: str,
+def test_bad_answers_write_nothing(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient, mode: str, kind: str,
                                    caplog: pytest.LogCaptureFixture) -> None:
     with FaultProxy(prom.url, delay=3.0) as proxy:
-        prof = make(proxy.url, api, tmp_path, timeout=0.5)
+        prof = make(proxy.url, kube_client, timeout=0.5)
         before = good_annotations(prof, api)
         api.clear_requests()
         proxy.mode = mode
@@ -103,8 +103,8 @@ def test_bad_answers_write_nothing(prom: Prometheus, api: FakeKubeAPI, tmp_path:
         assert prof.run_cycle().ok  # and the next cycle works again
 
 
-def test_unreachable_prometheus(api: FakeKubeAPI, tmp_path: Path) -> None:
-    prof = make(closed_port_url(), api, tmp_path)
+def test_unreachable_prometheus(api: FakeKubeAPI, kube_client: ApiClient) -> None:
+    prof = make(closed_port_url(), kube_client)
     r = prof.run_cycle()
     assert r.errors == ["prometheus_unreachable"]
     assert r.queries == 1  # the node query fails; no shard is asked for
@@ -113,9 +113,9 @@ def test_unreachable_prometheus(api: FakeKubeAPI, tmp_path: Path) -> None:
     assert api.requests == [] and api.node("f-0")["metadata"]["annotations"] == {"example.com/owner": "team-a"}
 
 
-def test_nan_values_never_produce_a_wrong_pattern(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path) -> None:
+def test_nan_values_never_produce_a_wrong_pattern(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient) -> None:
     with FaultProxy(prom.url) as proxy:
-        prof = make(proxy.url, api, tmp_path)
+        prof = make(proxy.url, kube_client)
         before = good_annotations(prof, api)
         proxy.mode = "nan"
         r1 = prof.run_cycle()
@@ -137,9 +137,9 @@ def test_nan_values_never_produce_a_wrong_pattern(prom: Prometheus, api: FakeKub
         assert back[P + "gpu-0.pattern"] == "steady" and back[P + "gpu-1.pattern"] == "periodic"
 
 
-def test_loop_carries_on_through_faults(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path) -> None:
+def test_loop_carries_on_through_faults(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient) -> None:
     with FaultProxy(prom.url, mode="500") as proxy:
-        prof = make(proxy.url, api, tmp_path)
+        prof = make(proxy.url, kube_client)
         stop = threading.Event()
         thread = threading.Thread(target=prof.loop, args=(0.05, stop), daemon=True)
         health = Health(prof, 0.05, stall_after_s=30, thread=thread)
@@ -160,9 +160,9 @@ def test_loop_carries_on_through_faults(prom: Prometheus, api: FakeKubeAPI, tmp_
         assert not health.check()[0]  # a stopped loop is not alive
 
 
-def test_healthz_reports_a_stuck_cycle(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path) -> None:
+def test_healthz_reports_a_stuck_cycle(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient) -> None:
     with FaultProxy(prom.url, mode="hang") as proxy:
-        prof = make(proxy.url, api, tmp_path, timeout=60)
+        prof = make(proxy.url, kube_client, timeout=60)
         stop = threading.Event()
         thread = threading.Thread(target=prof.loop, args=(60.0, stop), daemon=True)
         health = Health(prof, 60.0, stall_after_s=0.3, thread=thread)
@@ -179,11 +179,11 @@ def test_healthz_reports_a_stuck_cycle(prom: Prometheus, api: FakeKubeAPI, tmp_p
             thread.join(30)
 
 
-def test_metrics_endpoint_counts_kinds(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path) -> None:
+def test_metrics_endpoint_counts_kinds(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient) -> None:
     from exporter.profiler.loop import make_server
     from tests.harness.prom import check_metrics
 
-    prof = make(closed_port_url(), api, tmp_path)
+    prof = make(closed_port_url(), kube_client)
     prof.run_cycle()
     server = make_server("127.0.0.1", 0, prof.metrics, Health(prof, 60, 120))
     t = threading.Thread(target=server.serve_forever, daemon=True)
@@ -201,10 +201,10 @@ def test_metrics_endpoint_counts_kinds(prom: Prometheus, api: FakeKubeAPI, tmp_p
         server.server_close()
 
 
-def test_one_log_line_per_outage_and_one_when_it_clears(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path,
+def test_one_log_line_per_outage_and_one_when_it_clears(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     with FaultProxy(prom.url) as proxy:
-        prof = make(proxy.url, api, tmp_path)
+        prof = make(proxy.url, kube_client)
         good = good_annotations(prof, api)
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="exporter.profiler"):
@@ -235,12 +235,12 @@ def test_one_log_line_per_outage_and_one_when_it_clears(prom: Prometheus, api: F
     assert api.node("f-0")["metadata"]["annotations"] == good
 
 
-def test_collector_paused_only_during_a_cycle(prom: Prometheus, api: FakeKubeAPI, tmp_path: Path,
+def test_collector_paused_only_during_a_cycle(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The cycle pauses the cyclic garbage collector and turns it back on, also after a bug."""
     import gc
 
-    prof = make(prom.url, api, tmp_path)
+    prof = make(prom.url, kube_client)
     seen: list[bool] = []
     real = prof._cycle
 

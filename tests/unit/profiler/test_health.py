@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -33,6 +33,9 @@ from tests.fakes.profiler_history import (
 )
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.prom import OpenMetricsWriter, Prometheus
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 pytestmark = pytest.mark.prometheus
 
@@ -153,73 +156,68 @@ def _events(api: FakeKubeAPI) -> list[Any]:
     return [r for r in api.requests if r.resource == "events"]
 
 
-def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus, tmp_path: Path) -> None:
-    from kubernetes import config
+def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus, kubeapi: FakeKubeAPI,
+                                                               kube_client: ApiClient) -> None:
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready",
+             "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}
+    for n in WANT:
+        kubeapi.add_node(n, capacity={"nvidia.com/gpu": "2"}, conditions=[ready])
 
-    with FakeKubeAPI() as api:
-        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
-        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready",
-                 "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}
-        for n in WANT:
-            api.add_node(n, capacity={"nvidia.com/gpu": "2"}, conditions=[ready])
+    r1 = _cycle(prom, kube_client, AT_FAULT)
+    got = _conditions(kubeapi)
+    assert {n: c["reason"] for n, c in got.items()} == {n: w[0] for n, w in WANT.items()}
+    for n, c in got.items():
+        assert c["status"] == ("True" if c["reason"] == health.HEALTHY else "False"), n
+    assert got["h-xid"]["message"] == "CriticalXID: GPU 1"
+    assert got["h-retire"]["message"] == "RowRemapFailure: GPU 0"
+    assert r1.status_writes == len(WANT)
+    reqs = _status_patches(kubeapi)
+    assert {r.content_type for r in reqs} == {"application/strategic-merge-patch+json"}
+    assert all(r.status == 200 for r in reqs)
+    # the other conditions and the status fields are untouched
+    for n in WANT:
+        st = kubeapi.node(n)["status"]
+        assert st["conditions"][0] == ready and st["capacity"] == {"nvidia.com/gpu": "2"}, n
+    # the first setting records an Event on each node
+    firsts = _events(kubeapi)
+    assert len(firsts) == len(WANT)
+    assert {r.body["involvedObject"]["name"] for r in firsts} == set(WANT)
+    assert next(r.body for r in firsts if r.body["involvedObject"]["name"] == "h-lost")["reason"] == \
+        "GPUHealthyFalse"
 
-        r1 = _cycle(prom, client, AT_FAULT)
-        got = _conditions(api)
-        assert {n: c["reason"] for n, c in got.items()} == {n: w[0] for n, w in WANT.items()}
-        for n, c in got.items():
-            assert c["status"] == ("True" if c["reason"] == health.HEALTHY else "False"), n
-        assert got["h-xid"]["message"] == "CriticalXID: GPU 1"
-        assert got["h-retire"]["message"] == "RowRemapFailure: GPU 0"
-        assert r1.status_writes == len(WANT)
-        reqs = _status_patches(api)
-        assert {r.content_type for r in reqs} == {"application/strategic-merge-patch+json"}
-        assert all(r.status == 200 for r in reqs)
-        # the other conditions and the status fields are untouched
-        for n in WANT:
-            st = api.node(n)["status"]
-            assert st["conditions"][0] == ready and st["capacity"] == {"nvidia.com/gpu": "2"}, n
-        # the first setting records an Event on each node
-        firsts = _events(api)
-        assert len(firsts) == len(WANT)
-        assert {r.body["involvedObject"]["name"] for r in firsts} == set(WANT)
-        assert next(r.body for r in firsts if r.body["involvedObject"]["name"] == "h-lost")["reason"] == \
-            "GPUHealthyFalse"
+    kubeapi.clear_requests()
+    r2 = _cycle(prom, kube_client, AT_FAULT)  # unchanged: nothing written at all
+    assert r2.status_writes == 0 and _status_patches(kubeapi) == [] and _events(kubeapi) == []
+    assert [r for r in kubeapi.patches() if r.resource == "nodes"] == []
 
-        api.clear_requests()
-        r2 = _cycle(prom, client, AT_FAULT)  # unchanged: nothing written at all
-        assert r2.status_writes == 0 and _status_patches(api) == [] and _events(api) == []
-        assert [r for r in api.patches() if r.resource == "nodes"] == []
+    kubeapi.clear_requests()
+    before = _conditions(kubeapi)
+    r3 = _cycle(prom, kube_client, AT_OK)  # changed once: waits (hysteresis 2), the candidate kept on the node
+    assert r3.status_writes == 0 and _conditions(kubeapi) == before
+    changed = {n for n, (a, b) in WANT.items() if a != b}
+    pend = {n: kubeapi.node(n)["metadata"]["annotations"].get("gpu-exporter.io/pending", "") for n in changed}
+    assert all("gpu-healthy=" in p for p in pend.values()), pend
 
-        api.clear_requests()
-        before = _conditions(api)
-        r3 = _cycle(prom, client, AT_OK)  # changed once: waits (hysteresis 2), the candidate kept on the node
-        assert r3.status_writes == 0 and _conditions(api) == before
-        changed = {n for n, (a, b) in WANT.items() if a != b}
-        pend = {n: api.node(n)["metadata"]["annotations"].get("gpu-exporter.io/pending", "") for n in changed}
-        assert all("gpu-healthy=" in p for p in pend.values()), pend
+    kubeapi.clear_requests()
+    r4 = _cycle(prom, kube_client, AT_OK)  # seen twice: written
+    got = _conditions(kubeapi)
+    assert {n: c["reason"] for n, c in got.items()} == {n: w[1] for n, w in WANT.items()}
+    assert got["h-stale"]["status"] == "Unknown"
+    assert r4.status_writes == len(changed)
+    for n in WANT:
+        moved = before[n]["lastTransitionTime"] != got[n]["lastTransitionTime"]
+        assert moved == (before[n]["status"] != got[n]["status"]), n
+    assert {r.body["involvedObject"]["name"] for r in _events(kubeapi)} == changed
+    assert all("gpu-healthy" not in kubeapi.node(n)["metadata"]["annotations"].get("gpu-exporter.io/pending", "")
+               for n in WANT)
 
-        api.clear_requests()
-        r4 = _cycle(prom, client, AT_OK)  # seen twice: written
-        got = _conditions(api)
-        assert {n: c["reason"] for n, c in got.items()} == {n: w[1] for n, w in WANT.items()}
-        assert got["h-stale"]["status"] == "Unknown"
-        assert r4.status_writes == len(changed)
-        for n in WANT:
-            moved = before[n]["lastTransitionTime"] != got[n]["lastTransitionTime"]
-            assert moved == (before[n]["status"] != got[n]["status"]), n
-        assert {r.body["involvedObject"]["name"] for r in _events(api)} == changed
-        assert all("gpu-healthy" not in api.node(n)["metadata"]["annotations"].get("gpu-exporter.io/pending", "")
-                   for n in WANT)
-
-        api.clear_requests()
-        r5 = _cycle(prom, client, AT_OK)
-        assert r5.status_writes == 0 and _status_patches(api) == [] and _events(api) == []
+    kubeapi.clear_requests()
+    r5 = _cycle(prom, kube_client, AT_OK)
+    assert r5.status_writes == 0 and _status_patches(kubeapi) == [] and _events(kubeapi) == []
 
 
-def test_condition_writes_need_the_lease(prom: Prometheus, tmp_path: Path) -> None:
+def test_condition_writes_need_the_lease(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
     import threading
-
-    from kubernetes import config
 
     class NotLeader:
         leading = threading.Event()  # never set: another replica holds the lease
@@ -228,13 +226,11 @@ def test_condition_writes_need_the_lease(prom: Prometheus, tmp_path: Path) -> No
         def is_leader() -> bool:
             return False
 
-    with FakeKubeAPI() as api:
-        client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
-        api.add_node("h-lost")
-        reader = Reader(PromClient(prom.url), QueryConfig(health=True))
-        prof = Profiler(reader, NodeStore(client), PlanConfig(), health=True, elector=NotLeader())  # type: ignore[arg-type]
-        prof.run_cycle(at=AT_FAULT)
-        assert _status_patches(api) == [] and _conditions(api) == {}
+    kubeapi.add_node("h-lost")
+    reader = Reader(PromClient(prom.url), QueryConfig(health=True))
+    prof = Profiler(reader, NodeStore(kube_client), PlanConfig(), health=True, elector=NotLeader())  # type: ignore[arg-type]
+    prof.run_cycle(at=AT_FAULT)
+    assert _status_patches(kubeapi) == [] and _conditions(kubeapi) == {}
 
 
 def test_causes_from_fields() -> None:

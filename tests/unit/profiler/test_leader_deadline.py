@@ -9,11 +9,9 @@ request is in flight, so "when the renewal started" and "when it ended" are diff
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import config as kube_config
 
 from exporter.profiler.leader import ElectionConfig, LeaderElector, LeaseClient
 from tests.harness.kubeapi import FakeKubeAPI
@@ -70,18 +68,11 @@ class FakeTimeStop:
         return self.stopped
 
 
-@pytest.fixture
-def api() -> Iterator[FakeKubeAPI]:
-    with FakeKubeAPI() as a:
-        yield a
-
-
 @pytest.mark.parametrize("renewal_takes", [0.0, 3.0])  # seconds, its read and its update together
 def test_leader_stops_writing_within_the_renew_deadline_of_its_last_renewal_start(
-        api: FakeKubeAPI, tmp_path: Any, renewal_takes: float) -> None:
+        kubeapi: FakeKubeAPI, kube_client: Any, renewal_takes: float) -> None:
     clock = Clock()
-    client = kube_config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
-    leases = SlowLeases(client, clock)
+    leases = SlowLeases(kube_client, clock)
     elector = LeaderElector(leases, CFG, clock=clock)
     writes: list[float] = []
     renewal_starts: list[float] = []
@@ -92,7 +83,7 @@ def test_leader_stops_writing_within_the_renew_deadline_of_its_last_renewal_star
             writes.append(clock.now)
         if not failing_from and len(renewal_starts) >= 3:
             # from now on every Lease request fails (the API server is unreachable for this replica)
-            api.inject("*", LEASES, 500, times=10_000)
+            kubeapi.inject("*", LEASES, 500, times=10_000)
             leases.takes = 0.0  # failing requests take no fake time: the writer is asked throughout
             failing_from.append(clock.now)
 
@@ -127,7 +118,7 @@ def test_leader_stops_writing_within_the_renew_deadline_of_its_last_renewal_star
     assert not elector.leading.is_set()
     # while the API fails, and after the lease it last wrote has run out, it asks once per retry
     # period: a failing API server is not hammered (it once retried every 10 ms)
-    asked = len([r for r in api.requests if r.resource == "leases" and r.injected])
+    asked = len([r for r in kubeapi.requests if r.resource == "leases" and r.injected])
     assert asked <= (until - failing_from[0]) / CFG.retry_period_s + 2, f"{asked} Lease requests while failing"
     # the Lease on the server still names it: the deadline is the leader's own, not the record's
-    assert api.objects("leases", NS)[0]["spec"]["holderIdentity"] == "prof-a"
+    assert kubeapi.objects("leases", NS)[0]["spec"]["holderIdentity"] == "prof-a"
