@@ -35,6 +35,10 @@ shard or batch in two and asks again (down to one node or one GPU). Each shard i
 into compact per-GPU results before the next is read, so memory follows the shard, not
 the fleet.
 
+The aggregates' parts (one per statistic, each with its ``stat`` label) are joined by a
+balanced tree of ``or`` (:func:`union`): a left-deep chain costs Prometheus 2 a hash of
+every sample gathered so far at each ``or``, empty parts included.
+
 Sources: the metric names, units and identity labels come from a :class:`Source`
 (sources.py): ours, dcgm-exporter's or AMD's. Values are scaled to SI and labels mapped
 to (node, gpu, uuid) here, after the answers arrive, so the classification never sees which

@@ -294,3 +294,26 @@ def test_step_is_the_scrape_interval_despite_missed_scrapes(tmp_path: Path) -> N
     assert snap.util_step == 15.0
     prof = classify_gpu(snap.gpus[("gaps", "2")])
     assert prof.pattern == "periodic" and prof.period_seconds == pytest.approx(SCENARIO_PERIOD_S, rel=0.1)
+
+
+def test_aggregate_parts_are_joined_by_a_balanced_or() -> None:
+    # Prometheus 2 hashes both sides of every `or`: a left-deep chain (`a or b or c ...`, as
+    # PromQL parses it) handles the first parts' samples once per later part; a balanced tree
+    # log2(k) times, with the same answer
+    from exporter.profiler.queries import QueryBuilder, union
+
+    assert union(["a"]) == "a"
+    assert union(["a", "b", "c", "d", "e"]) == "(((a or b) or (c or d)) or e)"
+    with pytest.raises(ValueError):
+        union([])
+    for health in (True, False):
+        b = QueryBuilder(QueryConfig(health=health))
+        for expr in (b.mem_stats("`n1`"), b.util_stats("`n1`")):
+            ors: dict[int, int] = {}  # nesting depth -> `or`s at that depth
+            depth = 0
+            for i, ch in enumerate(expr):
+                depth += {"(": 1, ")": -1}.get(ch, 0)
+                if expr.startswith(" or ", i):
+                    ors[depth] = ors.get(depth, 0) + 1
+            assert 0 not in ors, "a chain of `or` at the top level"
+            assert ors.get(1) == 1, "the top level is one `or` of two halves"
