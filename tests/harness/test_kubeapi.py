@@ -206,6 +206,7 @@ def test_token_is_required(kubeapi: FakeKubeAPI, tmp_path: Path) -> None:
     cfg = json.loads(path.read_text())
     cfg["users"][0]["user"]["token"] = "wrong"
     path.write_text(json.dumps(cfg))
+    # built by hand, not the kube_client fixture: this client deliberately carries a wrong token
     api = config.new_client_from_config(config_file=str(path))
     try:
         with pytest.raises(ApiException) as e:

@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -35,6 +36,9 @@ from tests.harness.poll import wait_until
 from tests.harness.profiler import history_file
 from tests.harness.prom import Prometheus
 from tests.reliability.support import Result, median_slope_per, open_fds, rss_mib, run_scrapers, scrape_once, threads
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -138,10 +142,8 @@ def _live_objects() -> int:
     pytest.param(50, 10, id="50"),
     pytest.param(500, 50, id="500", marks=pytest.mark.reliability_long),
 ])
-def test_profiler_cycles_on_a_stable_fleet(fleet_history: Prometheus, tmp_path: Path, cycles: int, every: int,
-                                           result: Result) -> None:
-    from kubernetes import config
-
+def test_profiler_cycles_on_a_stable_fleet(fleet_history: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient,
+                                           cycles: int, every: int, result: Result) -> None:
     from exporter.profiler.annotate import NodeStore
     from exporter.profiler.loop import Profiler
     from exporter.profiler.plan import PlanConfig
@@ -153,38 +155,35 @@ def test_profiler_cycles_on_a_stable_fleet(fleet_history: Prometheus, tmp_path: 
     # "leak" of the test harness, one object per cycle
     logging.disable(logging.INFO)
     try:
-        with FakeKubeAPI() as api:
-            for n in range(NODES):
-                api.add_node(f"soak-{n}", annotations={"example.com/owner": "team-a"})
-            client = config.new_client_from_config(config_file=str(api.kubeconfig(tmp_path / "kubeconfig")))
-            prof = Profiler(Reader(PromClient(fleet_history.url), QueryConfig()), NodeStore(client), PlanConfig(),
-                            out=io.StringIO())
-            first = prof.run_cycle()
-            assert first.ok and first.patches == NODES, first
-            written = {n: api.node(f"soak-{n}")["metadata"]["annotations"] for n in range(NODES)}
-            for _ in range(every):  # warm-up
-                assert prof.run_cycle().ok
-            api.clear_requests()
-            curve = [(0.0, rss_mib(os.getpid()))]
-            objects = [(0.0, float(_live_objects()))]
-            failed = 0
-            durations = []
-            writes: list[str] = []
-            lists = 0
-            for i in range(1, cycles + 1):
-                r = prof.run_cycle()
-                failed += not r.ok
-                durations.append(r.duration_s)
-                if i % every == 0:
-                    # the fake API server's request log is the test's, not the profiler's memory: empty it
-                    seen = api.requests
-                    writes += [f"{q.method} {q.path}" for q in seen if q.method in ("PATCH", "PUT", "POST", "DELETE")]
-                    lists += sum(1 for q in seen if q.method == "GET")
-                    api.clear_requests()
-                    curve.append((float(i), rss_mib(os.getpid())))
-                    objects.append((float(i), float(_live_objects())))
-            after = {n: api.node(f"soak-{n}")["metadata"]["annotations"] for n in range(NODES)}
-            client.close()
+        for n in range(NODES):
+            kubeapi.add_node(f"soak-{n}", annotations={"example.com/owner": "team-a"})
+        prof = Profiler(Reader(PromClient(fleet_history.url), QueryConfig()), NodeStore(kube_client), PlanConfig(),
+                        out=io.StringIO())
+        first = prof.run_cycle()
+        assert first.ok and first.patches == NODES, first
+        written = {n: kubeapi.node(f"soak-{n}")["metadata"]["annotations"] for n in range(NODES)}
+        for _ in range(every):  # warm-up
+            assert prof.run_cycle().ok
+        kubeapi.clear_requests()
+        curve = [(0.0, rss_mib(os.getpid()))]
+        objects = [(0.0, float(_live_objects()))]
+        failed = 0
+        durations = []
+        writes: list[str] = []
+        lists = 0
+        for i in range(1, cycles + 1):
+            r = prof.run_cycle()
+            failed += not r.ok
+            durations.append(r.duration_s)
+            if i % every == 0:
+                # the fake API server's request log is the test's, not the profiler's memory: empty it
+                seen = kubeapi.requests
+                writes += [f"{q.method} {q.path}" for q in seen if q.method in ("PATCH", "PUT", "POST", "DELETE")]
+                lists += sum(1 for q in seen if q.method == "GET")
+                kubeapi.clear_requests()
+                curve.append((float(i), rss_mib(os.getpid())))
+                objects.append((float(i), float(_live_objects())))
+        after = {n: kubeapi.node(f"soak-{n}")["metadata"]["annotations"] for n in range(NODES)}
     finally:
         logging.disable(logging.NOTSET)
     # caches fill during the first checkpoints (regex, lru); after that a leak of even one object per cycle shows

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -27,6 +28,9 @@ from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
 from tests.harness.profiler import history_file
 from tests.harness.prom import Prometheus
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 pytestmark = pytest.mark.prometheus
 
@@ -48,20 +52,12 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
 
 
 @pytest.fixture
-def api(tmp_path: Path) -> Iterator[FakeKubeAPI]:
-    with FakeKubeAPI() as a:
-        yield a
+def kubeconfig(kubeapi: FakeKubeAPI, tmp_path: Path) -> Path:
+    """The kubeconfig of ``kubeapi`` (the file ``kube_client`` reads too), for the profiler's own --kubeconfig."""
+    return kubeapi.kubeconfig(tmp_path / "kubeconfig")
 
 
-@pytest.fixture
-def kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> Path:
-    return api.kubeconfig(tmp_path / "kubeconfig")
-
-
-def make_profiler(prom: Prometheus, kubeconfig: Path, **kw: object) -> Profiler:
-    from kubernetes import config
-
-    client = config.new_client_from_config(config_file=str(kubeconfig))
+def make_profiler(prom: Prometheus, client: ApiClient, **kw: object) -> Profiler:
     store = NodeStore(client, backoff=0.01, timeout=5)
     return Profiler(Reader(PromClient(prom.url), QueryConfig()), store, PlanConfig(), out=io.StringIO(), **kw)
 
@@ -83,25 +79,25 @@ def uuids(prom: Prometheus, node: str) -> tuple[str, str]:
     return got["0"], got["1"]
 
 
-def test_exact_patches_then_no_writes(prom: Prometheus, api: FakeKubeAPI, kubeconfig: Path) -> None:
-    created = {n: api.add_node(n)["metadata"]["resourceVersion"] for n in NODES}
-    prof = make_profiler(prom, kubeconfig)
+def test_exact_patches_then_no_writes(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    created = {n: kubeapi.add_node(n)["metadata"]["resourceVersion"] for n in NODES}
+    prof = make_profiler(prom, kube_client)
     r = prof.run_cycle()
     assert r.ok and r.patches == 3
     for n in NODES:
-        (req,) = api.patches(n)
+        (req,) = kubeapi.patches(n)
         assert req.content_type == "application/merge-patch+json"
         want = expected_patch(*uuids(prom, n))
         assert req.body == {"metadata": {"resourceVersion": created[n], "annotations": want}}
-        assert api.node(n)["metadata"]["annotations"] == want
-    api.clear_requests()
+        assert kubeapi.node(n)["metadata"]["annotations"] == want
+    kubeapi.clear_requests()
     r2 = prof.run_cycle()
     assert r2.ok and r2.patches == 0 and r2.unchanged == 3
-    assert [(q.method, q.path) for q in api.requests] == [("GET", "/api/v1/nodes")]
+    assert [(q.method, q.path) for q in kubeapi.requests] == [("GET", "/api/v1/nodes")]
 
 
-def test_foreign_annotations_survive_and_stale_owned_keys_go(prom: Prometheus, api: FakeKubeAPI,
-                                                             kubeconfig: Path) -> None:
+def test_foreign_annotations_survive_and_stale_owned_keys_go(prom: Prometheus, kubeapi: FakeKubeAPI,
+                                                             kube_client: ApiClient) -> None:
     foreign = {
         "example.com/owner": "team-a",
         "gpu-exporter.io/comment": "written by a person",
@@ -111,141 +107,145 @@ def test_foreign_annotations_survive_and_stale_owned_keys_go(prom: Prometheus, a
     }
     stale = {P + "gpu-7.pattern": "bursty", P + "gpu-7.uuid": "GPU-gone", P + "pending": "gpu-7.pattern=idle:1",
              P + "owned-keys": "gpu-7.pattern,gpu-7.uuid,pending"}
-    api.add_node("k-0", annotations={**foreign, **stale})
-    prof = make_profiler(prom, kubeconfig)
+    kubeapi.add_node("k-0", annotations={**foreign, **stale})
+    prof = make_profiler(prom, kube_client)
     assert prof.run_cycle().ok
-    (req,) = api.patches("k-0")
+    (req,) = kubeapi.patches("k-0")
     sent = req.body["metadata"]["annotations"]
     assert {k for k, v in sent.items() if v is None} == {P + "gpu-7.pattern", P + "gpu-7.uuid", P + "pending"}
     assert not set(sent) & set(foreign)
-    assert api.node("k-0")["metadata"]["annotations"] == {**foreign, **expected_patch(*uuids(prom, "k-0"))}
+    assert kubeapi.node("k-0")["metadata"]["annotations"] == {**foreign, **expected_patch(*uuids(prom, "k-0"))}
 
 
-def test_conflict_rereads_and_retries(prom: Prometheus, api: FakeKubeAPI, kubeconfig: Path) -> None:
-    api.add_node("k-0")
-    api.inject("PATCH", r"/nodes/k-0$", 409, times=1)
-    prof = make_profiler(prom, kubeconfig)
+def test_conflict_rereads_and_retries(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    kubeapi.add_node("k-0")
+    kubeapi.inject("PATCH", r"/nodes/k-0$", 409, times=1)
+    prof = make_profiler(prom, kube_client)
     r = prof.run_cycle()
     assert r.ok and r.patches == 1
-    calls = [(q.method, q.path, q.status) for q in api.requests]
+    calls = [(q.method, q.path, q.status) for q in kubeapi.requests]
     assert calls == [("GET", "/api/v1/nodes", 200), ("PATCH", "/api/v1/nodes/k-0", 409),
                      ("GET", "/api/v1/nodes/k-0", 200), ("PATCH", "/api/v1/nodes/k-0", 200)]
-    assert api.node("k-0")["metadata"]["annotations"] == expected_patch(*uuids(prom, "k-0"))
+    assert kubeapi.node("k-0")["metadata"]["annotations"] == expected_patch(*uuids(prom, "k-0"))
 
 
-def test_real_concurrent_edit_is_not_overwritten(prom: Prometheus, api: FakeKubeAPI, kubeconfig: Path) -> None:
-    api.add_node("k-0")
-    prof = make_profiler(prom, kubeconfig)
+def test_real_concurrent_edit_is_not_overwritten(prom: Prometheus, kubeapi: FakeKubeAPI,
+                                                 kube_client: ApiClient) -> None:
+    kubeapi.add_node("k-0")
+    prof = make_profiler(prom, kube_client)
     # hold our PATCH at the server while another writer changes the node: the patch carries
     # the resourceVersion it was planned from, so the server refuses it (409) and we re-plan
-    api.inject("PATCH", r"/nodes/k-0$", None, delay=2.0)
+    kubeapi.inject("PATCH", r"/nodes/k-0$", None, delay=2.0)
     worker = threading.Thread(target=prof.run_cycle)
     worker.start()
-    wait_until(lambda: api.patches("k-0"), timeout=30, what="the profiler's PATCH to arrive")
-    api.edit_node("k-0", annotations={P + "gpu-0.pattern": "bursty", "example.com/x": "1"})
+    wait_until(lambda: kubeapi.patches("k-0"), timeout=30, what="the profiler's PATCH to arrive")
+    kubeapi.edit_node("k-0", annotations={P + "gpu-0.pattern": "bursty", "example.com/x": "1"})
     worker.join(60)
-    assert [q.status for q in api.patches("k-0")] == [409, 200]
-    ann = api.node("k-0")["metadata"]["annotations"]
+    assert [q.status for q in kubeapi.patches("k-0")] == [409, 200]
+    ann = kubeapi.node("k-0")["metadata"]["annotations"]
     assert ann == {**expected_patch(*uuids(prom, "k-0")), "example.com/x": "1"}
 
 
-def test_persistent_conflict_is_counted_and_others_still_written(prom: Prometheus, api: FakeKubeAPI,
-                                                                 kubeconfig: Path) -> None:
+def test_persistent_conflict_is_counted_and_others_still_written(prom: Prometheus, kubeapi: FakeKubeAPI,
+                                                                 kube_client: ApiClient) -> None:
     for n in NODES:
-        api.add_node(n)
-    api.inject("PATCH", r"/nodes/k-1$", 409, times=100)
-    prof = make_profiler(prom, kubeconfig)
+        kubeapi.add_node(n)
+    kubeapi.inject("PATCH", r"/nodes/k-1$", 409, times=100)
+    prof = make_profiler(prom, kube_client)
     r = prof.run_cycle()
     assert r.errors == ["kube_conflict"] and r.patches == 2
-    assert len(api.patches("k-1")) == 4  # first try + 3 retries, each after a fresh GET
-    assert P + "pattern" in api.node("k-0")["metadata"]["annotations"]
-    assert P + "pattern" in api.node("k-2")["metadata"]["annotations"]
+    assert len(kubeapi.patches("k-1")) == 4  # first try + 3 retries, each after a fresh GET
+    assert P + "pattern" in kubeapi.node("k-0")["metadata"]["annotations"]
+    assert P + "pattern" in kubeapi.node("k-2")["metadata"]["annotations"]
 
 
-def test_forbidden_names_the_verb_and_stops_writing(prom: Prometheus, api: FakeKubeAPI, kubeconfig: Path,
+def test_forbidden_names_the_verb_and_stops_writing(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     for n in NODES:
-        api.add_node(n)
-    api.inject("PATCH", r"/nodes/", 403, times=100)
-    prof = make_profiler(prom, kubeconfig, write_concurrency=1)
+        kubeapi.add_node(n)
+    kubeapi.inject("PATCH", r"/nodes/", 403, times=100)
+    prof = make_profiler(prom, kube_client, write_concurrency=1)
     with caplog.at_level(logging.ERROR):
         r = prof.run_cycle()
     assert r.errors == ["kube_forbidden"]
-    assert len(api.patches()) == 1  # the first 403 stops the cycle's writes
+    assert len(kubeapi.patches()) == 1  # the first 403 stops the cycle's writes
     msg = "\n".join(rec.getMessage() for rec in caplog.records)
     assert "needs RBAC verb 'patch' on 'nodes'" in msg
     assert b'gpu_profiler_errors_total{kind="kube_forbidden"} 1.0' in prof.metrics.exposition()
-    api.clear_injections()
+    kubeapi.clear_injections()
     assert prof.run_cycle().patches == 3  # permission granted: the next cycle catches up
 
 
-def test_forbidden_list_names_list(prom: Prometheus, api: FakeKubeAPI, kubeconfig: Path,
+def test_forbidden_list_names_list(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient,
                                    caplog: pytest.LogCaptureFixture) -> None:
-    api.add_node("k-0")
-    api.inject("GET", r"/api/v1/nodes$", 403)
-    prof = make_profiler(prom, kubeconfig)
+    kubeapi.add_node("k-0")
+    kubeapi.inject("GET", r"/api/v1/nodes$", 403)
+    prof = make_profiler(prom, kube_client)
     with caplog.at_level(logging.ERROR):
         r = prof.run_cycle()
-    assert r.errors == ["kube_forbidden"] and api.patches() == []
+    assert r.errors == ["kube_forbidden"] and kubeapi.patches() == []
     assert "needs RBAC verb 'list' on 'nodes'" in caplog.text
 
 
-def test_server_errors_are_retried_with_a_bound(prom: Prometheus, api: FakeKubeAPI, kubeconfig: Path) -> None:
+def test_server_errors_are_retried_with_a_bound(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
     for n in NODES:
-        api.add_node(n)
-    api.inject("PATCH", r"/nodes/k-0$", 500, times=2)  # transient
-    api.inject("PATCH", r"/nodes/k-2$", 503, times=100)  # lasting
-    prof = make_profiler(prom, kubeconfig)
+        kubeapi.add_node(n)
+    kubeapi.inject("PATCH", r"/nodes/k-0$", 500, times=2)  # transient
+    kubeapi.inject("PATCH", r"/nodes/k-2$", 503, times=100)  # lasting
+    prof = make_profiler(prom, kube_client)
     r = prof.run_cycle()
-    assert [q.status for q in api.patches("k-0")] == [500, 500, 200]
-    assert [q.status for q in api.patches("k-2")] == [503] * 4  # 1 + 3 retries, then give up
+    assert [q.status for q in kubeapi.patches("k-0")] == [500, 500, 200]
+    assert [q.status for q in kubeapi.patches("k-2")] == [503] * 4  # 1 + 3 retries, then give up
     assert r.errors == ["kube_server_error"] and r.patches == 2
-    assert P + "pattern" in api.node("k-1")["metadata"]["annotations"]
+    assert P + "pattern" in kubeapi.node("k-1")["metadata"]["annotations"]
 
 
-def test_deleted_node_is_skipped(prom: Prometheus, api: FakeKubeAPI, kubeconfig: Path) -> None:
+def test_deleted_node_is_skipped(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
     for n in NODES:
-        api.add_node(n)
-    api.inject("PATCH", r"/nodes/k-1$", 404)
-    r = make_profiler(prom, kubeconfig).run_cycle()
+        kubeapi.add_node(n)
+    kubeapi.inject("PATCH", r"/nodes/k-1$", 404)
+    r = make_profiler(prom, kube_client).run_cycle()
     assert r.ok and r.errors == [] and r.patches == 2
 
 
 def test_api_server_unreachable_is_counted(prom: Prometheus, tmp_path: Path) -> None:
+    from kubernetes import config
+
     with FakeKubeAPI() as dead:
         kc = dead.kubeconfig(tmp_path / "kc")
-    prof = make_profiler(prom, kc)
+    # built by hand, not the kube_client fixture: a client for a server that has already stopped
+    prof = make_profiler(prom, config.new_client_from_config(config_file=str(kc)))
     r = prof.run_cycle()
     assert r.errors == ["kube_unreachable"] and r.patches == 0
 
 
-def test_hysteresis_state_survives_once_runs(prom: Prometheus, api: FakeKubeAPI, kubeconfig: Path,
+def test_hysteresis_state_survives_once_runs(prom: Prometheus, kubeapi: FakeKubeAPI, kubeconfig: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     u0, u1 = uuids(prom, "k-0")
     published = {**expected_patch(u0, u1), P + "gpu-0.pattern": "bursty", P + "pattern": "bursty"}
-    api.add_node("k-0", annotations=published)
+    kubeapi.add_node("k-0", annotations=published)
     argv = ["--once", "--prometheus-url", prom.url, "--kubeconfig", str(kubeconfig), "--log-level", "warning"]
     assert run(argv) == 0  # 1st run: the data says steady, held by the hysteresis
-    ann = api.node("k-0")["metadata"]["annotations"]
+    ann = kubeapi.node("k-0")["metadata"]["annotations"]
     assert ann[P + "gpu-0.pattern"] == "bursty" and ann[P + "pending"] == "gpu-0.pattern=steady:1"
     assert run(argv) == 0  # 2nd run (a new process would read the same state from the node)
-    assert api.node("k-0")["metadata"]["annotations"] == expected_patch(u0, u1)
-    api.clear_requests()
+    assert kubeapi.node("k-0")["metadata"]["annotations"] == expected_patch(u0, u1)
+    kubeapi.clear_requests()
     assert run(argv) == 0  # 3rd run: nothing to change
-    assert api.patches() == []
+    assert kubeapi.patches() == []
     assert capsys.readouterr().out == ""
 
 
-def test_once_dry_run_prints_and_sends_nothing(prom: Prometheus, api: FakeKubeAPI, kubeconfig: Path,
+def test_once_dry_run_prints_and_sends_nothing(prom: Prometheus, kubeapi: FakeKubeAPI, kubeconfig: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    api.add_node("k-0", annotations={"example.com/owner": "a"})
+    kubeapi.add_node("k-0", annotations={"example.com/owner": "a"})
     argv = ["--once", "--dry-run", "--prometheus-url", prom.url, "--kubeconfig", str(kubeconfig)]
     assert run(argv) == 0
-    assert api.patches() == []
+    assert kubeapi.patches() == []
     line, status = capsys.readouterr().out.splitlines()
     want = expected_patch(*uuids(prom, "k-0"))
     assert json.loads(line) == {"node": "k-0", "patch": {"metadata": {"annotations": want}}}
     (cond,) = json.loads(status)["patch"]["status"]["conditions"]  # the GPUHealthy condition it would set
     assert json.loads(status)["node"] == "k-0" and cond["type"] == "GPUHealthy" and cond["status"] == "True"
-    assert api.node("k-0")["metadata"]["annotations"] == {"example.com/owner": "a"}
-    assert "conditions" not in api.node("k-0")["status"]
+    assert kubeapi.node("k-0")["metadata"]["annotations"] == {"example.com/owner": "a"}
+    assert "conditions" not in kubeapi.node("k-0")["status"]
