@@ -17,6 +17,7 @@ from exporter.profiler.classify import (
     IDLE,
     PERIODIC,
     STEADY,
+    UNDERUSED,
     UNKNOWN,
     GpuProfile,
     GpuStats,
@@ -308,6 +309,8 @@ def test_node_idle_rule_is_strictly_below_both_thresholds() -> None:
     assert not is_idle_for_node(prof(0.30, 0.2), TH) and not is_idle_for_node(prof(0.1, 0.50), TH)
 
 
+_RNG = random.Random(1)
+BURSTY_RANGE = [_RNG.choice([0.05, 0.95]) for _ in range(121)]  # as in test_classify_gpu_decisions_and_unknowns
 LEAK = [10 * GIB + 0.003 * 80 * GIB * i for i in range(31)]
 IDLE_NOW = {"util_mean": 0.01, "util_std": 0.01, "util_p95": 0.03}
 
@@ -320,6 +323,13 @@ IDLE_NOW = {"util_mean": 0.01, "util_std": 0.01, "util_p95": 0.03}
     ({**IDLE_NOW, "holders": {"ml/b": 120.0, "ml/a": 119.0}}, ALLOCATED_IDLE,
      "mean utilisation 0.010, held by ml/a,ml/b"),
     ({"util_std": 0.05}, STEADY, "coefficient of variation 0.10"),
+    ({"util_mean": 0.9, "util_std": 0.05, "util_p95": 0.95, "sm_mean": 0.1, "sm_count": 120.0}, UNDERUSED,
+     "mean utilisation 0.900, mean SM activity 0.100"),
+    ({"util_std": 0.45, "util_range": None}, UNKNOWN, "utilisation range missing"),
+    ({"util_std": 0.45, "util_range": [0.5, None, None, None, None] * 24}, UNKNOWN,
+     "too many gaps in the utilisation range"),
+    ({"util_std": 0.45, "util_range": BURSTY_RANGE}, BURSTY,
+     "coefficient of variation 0.90, no period"),
     # 31 rising points: S = 465 pairs, var = 31 x 30 x 67 / 18, z = (S - 1) / sd
     ({"mem_range": LEAK}, GROWING,
      f"memory +{0.003 * 80 * GIB / 60:.0f} B/s, Mann-Kendall z={464 / math.sqrt(31 * 30 * 67 / 18):.1f}"),
@@ -356,3 +366,58 @@ def test_idle_is_strictly_below_both_idle_thresholds() -> None:
     assert classify_gpu(_stats(util_mean=0.049, util_std=0.001, util_p95=0.099)).pattern == IDLE
     assert classify_gpu(_stats(util_mean=0.05, util_std=0.001, util_p95=0.06)).pattern == STEADY
     assert classify_gpu(_stats(util_mean=0.04, util_std=0.001, util_p95=0.10)).pattern == STEADY
+
+
+def test_a_periodic_decision_names_its_autocorrelation_and_bound() -> None:
+    series = _sine(121, 8.0)
+    p = classify_gpu(_stats(util_std=0.28, util_range=series, mem_free_mean=40 * GIB))
+    pr = detect_period(series)
+    assert pr is not None and p.pattern == PERIODIC
+    assert p.reason == f"autocorrelation {pr.peak:.2f} > bound {pr.bound:.2f}"
+    assert (p.util_mean, p.mem_used_ratio) == (0.5, 0.5) and p.score == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("th", "period"), [
+    (Thresholds(), 120.0),  # 8 steps of 15 s
+    (Thresholds(acf_z=50.0), None),  # the significance the thresholds ask for is the one used
+    (Thresholds(min_cycles=16), None),  # 8 steps do not fit 16 times into 121
+    (Thresholds(min_period_steps=9), 240.0),  # 8 steps is shorter than asked for: its double is the period
+])
+def test_period_detection_takes_the_thresholds(th: Thresholds, period: float | None) -> None:
+    p = classify_gpu(_stats(util_std=0.28, util_range=_sine(121, 8.0)), th)
+    assert p.period_seconds == (None if period is None else pytest.approx(period, rel=0.05)), p
+
+
+@pytest.mark.parametrize(("kw", "underused"), [
+    ({"sm_mean": 0.1, "sm_count": 20.0}, True),  # min_samples: at least
+    ({"sm_mean": 0.1, "sm_count": 19.0}, False),
+    ({"sm_mean": 0.1, "sm_count": None}, False),  # SM activity without its count: not trusted
+    ({"sm_mean": None, "sm_count": 120.0}, False),
+    ({"sm_mean": 0.2, "sm_count": 120.0}, False),  # below 0.2, strictly
+    ({"sm_mean": 0.1, "sm_count": 120.0, "util_mean": 0.8}, True),  # utilisation at least 0.8
+    ({"sm_mean": 0.1, "sm_count": 120.0, "util_mean": 0.79}, False),
+])
+def test_underused_thresholds(kw: dict[str, float | None], underused: bool) -> None:
+    p = classify_gpu(_stats(**{"util_mean": 0.9, "util_std": 0.05, "util_p95": 0.95, **kw}))
+    assert (p.pattern == UNDERUSED) == underused, p
+
+
+def test_steady_is_strictly_below_its_coefficient_of_variation() -> None:
+    assert classify_gpu(_stats(util_mean=0.5, util_std=0.124)).pattern == STEADY
+    assert classify_gpu(_stats(util_mean=0.5, util_std=0.125, util_range=None)).pattern == UNKNOWN  # cv 0.25
+
+
+def test_a_zero_mean_that_is_not_idle_is_not_steady() -> None:
+    """With the idle test switched off, a mean of 0 has no coefficient of variation: never steady."""
+    th = Thresholds(idle_util_mean=0.0, idle_util_p95=0.0)
+    flat = [0.0] * 121
+    assert classify_gpu(_stats(util_mean=0.0, util_std=0.0, util_p95=0.0, util_range=flat), th).pattern == BURSTY
+
+
+def test_the_utilisation_range_may_have_gaps_and_needs_the_minimum_points() -> None:
+    series: list[float | None] = list(_sine(121, 8.0))
+    series[30] = series[31] = None
+    assert classify_gpu(_stats(util_std=0.28, util_range=series)).pattern == PERIODIC
+    bursty = [0.05, 0.95, 0.95, 0.05, 0.95] * 4  # exactly min_samples (20) points
+    assert classify_gpu(_stats(util_std=0.45, util_range=bursty)).pattern == BURSTY
+    assert classify_gpu(_stats(util_std=0.45, util_range=bursty[:19])).pattern == UNKNOWN
