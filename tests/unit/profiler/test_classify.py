@@ -421,3 +421,35 @@ def test_the_utilisation_range_may_have_gaps_and_needs_the_minimum_points() -> N
     bursty = [0.05, 0.95, 0.95, 0.05, 0.95] * 4  # exactly min_samples (20) points
     assert classify_gpu(_stats(util_std=0.45, util_range=bursty)).pattern == BURSTY
     assert classify_gpu(_stats(util_std=0.45, util_range=bursty[:19])).pattern == UNKNOWN
+
+
+def test_theil_sen_mann_kendall_small_series_and_units() -> None:
+    assert theil_sen_mann_kendall([0.0, 1.0, 2.0]) == (1.0, pytest.approx(2 / math.sqrt(3 * 2 * 11 / 18)))  # per step
+    assert theil_sen_mann_kendall([0.0, 1.0, 2.0], step=60.0)[0] == pytest.approx(1 / 60)  # per second
+    assert theil_sen_mann_kendall([5.0, 6.0]) == (0.0, 0.0)  # fewer than 3 points: no trend
+    assert theil_sen_mann_kendall([]) == (0.0, 0.0)
+
+
+def test_detect_growth_needs_ten_points_and_a_memory_total() -> None:
+    rise = [float(i) for i in range(10)]
+    assert detect_growth(rise, 60.0, 100.0, 600.0, TH) is not None  # 10 points will do
+    assert detect_growth(rise[:9], 60.0, 100.0, 600.0, TH) is None
+    assert detect_growth(rise, 60.0, 0.0, 600.0, TH) is None  # no total: no fraction of it
+    assert detect_growth(rise, 1.0, 1.0, 600.0, TH) is not None  # any positive total
+
+
+def test_detect_growth_rise_of_exactly_the_minimum_fraction_counts() -> None:
+    """slope x window >= growth_min_fraction x total: 1 B/s over 30 s is exactly 1% of 3000 B."""
+    rise = [float(i) for i in range(31)]
+    assert detect_growth(rise, 1.0, 3000.0, 30.0, TH) is not None
+    assert detect_growth(rise, 1.0, 3000.01, 30.0, TH) is None
+
+
+@pytest.mark.parametrize("slow_half", ["first", "second"])
+def test_detect_growth_compares_each_half_in_the_same_units(slow_half: str) -> None:
+    """Each half's slope (per second, like the whole window's) must be at least 0.3 x the whole
+    slope: 10 per step in one half and 1 per step in the other is one allocation, not a leak."""
+    steep, slow = [10.0 * i for i in range(16)], [150.0 + (i + 1) for i in range(15)]
+    ys = steep + slow if slow_half == "second" else [float(i) for i in range(16)] + [15.0 + 10.0 * (i + 1)
+                                                                                       for i in range(15)]
+    assert detect_growth(ys, 60.0, 1000.0, 1800.0, TH) is None
