@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from exporter.platform.units import parse_duration, parse_size
-from tests.harness.exporter import REPO
+from tests.harness.cli import gx
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -42,14 +39,9 @@ def test_bad_durations(text: str) -> None:
         parse_duration(text, bare_seconds=text != "90")
 
 
-def _exit(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
-
-
 def test_serve_takes_1h() -> None:
     """``1h`` was refused by serve --collection-interval while profile --window took it (issue 27)."""
-    done = _exit("serve", "--check-config", "--backend", "simulated", "--collection-interval", "1h")
+    done = gx("serve", "--check-config", "--backend", "simulated", "--collection-interval", "1h")
     assert done.returncode == 0, done.stderr
-    bad = _exit("serve", "--check-config", "--backend", "simulated", "--collection-interval", "2h")
+    bad = gx("serve", "--check-config", "--backend", "simulated", "--collection-interval", "2h")
     assert bad.returncode == 2 and "--collection-interval" in bad.stderr and "1h" in bad.stderr

@@ -10,12 +10,8 @@ from pathlib import Path
 import pytest
 
 from exporter.serve import config
+from tests.harness.cli import gx
 from tests.harness.exporter import REPO
-
-
-def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", "serve", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
 
 
 def test_defaults() -> None:
@@ -51,9 +47,7 @@ def test_precedence_file_env_flag(tmp_path: Path) -> None:
     ],
 )
 def test_bad_values_exit_2_with_one_line(args: list[str], env: dict[str, str], must_contain: list[str]) -> None:
-    import os
-
-    res = run_serve(*args, "--check-config", env={**os.environ, **env})
+    res = gx("serve", *args, "--check-config", env=env)
     assert res.returncode == 2, res
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
@@ -74,7 +68,7 @@ def test_bad_config_files(tmp_path: Path, name: str, content: str | None, expect
     path = tmp_path / name
     if content is not None:
         path.write_text(content)
-    res = run_serve("--config", str(path), "--check-config")
+    res = gx("serve", "--config", str(path), "--check-config")
     assert res.returncode == 2, res
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu-exporter serve: error: "), res.stderr
@@ -84,9 +78,7 @@ def test_bad_config_files(tmp_path: Path, name: str, content: str | None, expect
 
 
 def test_check_config_prints_effective_settings() -> None:
-    import os
-
-    res = run_serve("--check-config", "--backend", "simulated", env={**os.environ, "EXPORTER_PORT": "9555"})
+    res = gx("serve", "--check-config", "--backend", "simulated", env={"EXPORTER_PORT": "9555"})
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["port"] == 9555 and doc["backend"] == "simulated"

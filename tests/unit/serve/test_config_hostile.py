@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from exporter.serve import config
-from tests.harness.exporter import REPO
+from tests.harness.cli import gx
 
 
 def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", "serve", *args, "--check-config"], cwd=REPO,
-                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=60)
+    return gx("serve", *args, "--check-config", env=env)
 
 
 def one_line_exit_2(res: subprocess.CompletedProcess[str], *parts: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,17 +9,13 @@ from pathlib import Path
 import pytest
 
 from exporter.backends.simulated import SCENARIOS
+from tests.harness.cli import gx
 from tests.harness.exporter import REPO
 from tests.harness.poll import wait_until
 
 
-def gpu_exporter(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", *args], cwd=REPO, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=60, check=False)
-
-
 def test_serve_help_lists_every_scenario() -> None:
-    proc = gpu_exporter("serve", "--help")
+    proc = gx("serve", "--help")
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
     for scenario in SCENARIOS:
@@ -32,13 +27,13 @@ def test_serve_help_lists_every_scenario() -> None:
 def test_version_flag(flag: str) -> None:
     from exporter import __version__
 
-    proc = gpu_exporter(flag)
+    proc = gx(flag)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"gpu-exporter {__version__}"
 
 
 def test_switch_usage_reads_as_a_switch() -> None:
-    text = " ".join(gpu_exporter("serve", "--help").stdout.split())
+    text = " ".join(gx("serve", "--help").stdout.split())
     usage = text[: text.index("Serve GPU metrics")]
     assert "ALLOW_SIMULATED" not in usage and "PER_PROCESS" not in usage, usage
     assert "[--allow-simulated [true|false]]" in usage
@@ -46,18 +41,18 @@ def test_switch_usage_reads_as_a_switch() -> None:
 
 @pytest.mark.parametrize("backend", ["nvml,simulated", "simulated,amdsmi", "rocm-smi,simulated"])
 def test_simulated_never_mixes_with_real_backends(backend: str) -> None:
-    proc = gpu_exporter("serve", "--backend", backend, "--check-config")
+    proc = gx("serve", "--backend", backend, "--check-config")
     assert proc.returncode == 2, proc.stdout
     (line,) = proc.stderr.strip().splitlines()
     assert "backend" in line and "simulated" in line, line
 
 
 def test_check_config_resolves_the_address() -> None:
-    proc = gpu_exporter("serve", "--address", "example.invalid", "--check-config")
+    proc = gx("serve", "--address", "example.invalid", "--check-config")
     assert proc.returncode == 2, proc.stdout
     (line,) = proc.stderr.strip().splitlines()
     assert "example.invalid" in line and "resolve" in line, line
-    assert gpu_exporter("serve", "--address", "localhost", "--check-config").returncode == 0
+    assert gx("serve", "--address", "localhost", "--check-config").returncode == 0
 
 
 def test_ipv6_address_is_logged_in_brackets(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import bcrypt
 import pytest
 
+from tests.harness.cli import gx
 from tests.harness.exporter import REPO, ExporterProcess, free_port
 from tests.harness.poll import wait_until
 
@@ -437,8 +438,7 @@ def test_tls_settings_that_cannot_be_kept_are_rejected(pki: Path, tls: str, expe
 
 
 def run_check(cfg: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", "serve", "--backend", "simulated", "--check-config",
-                           "--web.config.file", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    return gx("serve", "--backend", "simulated", "--check-config", "--web.config.file", str(cfg))
 
 
 def check_rejected(cfg: Path, expect: str) -> None:

@@ -12,7 +12,6 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +21,12 @@ import pytest
 from exporter.serve.api_schema import RECORD, STATS
 from exporter.tools.gpus import estimate_requirements
 from tests.fakes.fakenvml import FakeNvml
+from tests.harness.cli import gx, popen
 from tests.harness.exporter import REPO
 from tests.harness.poll import wait_until
 
 MIB = 2**20
 GIB = 2**30
-
-
-def gx(*args: str, env: Mapping[str, str] | None = None,
-       timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run `python -m exporter ARGS` (the console script's code) and capture its output; whatever
-    the outcome, it must not print a traceback (a failure is one line)."""
-    p = subprocess.run([sys.executable, "-m", "exporter", *args], env={**os.environ, **(env or {})},
-                       cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    assert "Traceback" not in p.stderr, p.stderr
-    return p
-
-
-def popen(*args: str, env: Mapping[str, str] | None = None, **kw: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "exporter", *args], env={**os.environ, **(env or {})},
-                            cwd=REPO, text=True, **kw)
 
 
 pytestmark = pytest.mark.fleet(gpus=4)  # the `fleet` fixture (tests/conftest.py)

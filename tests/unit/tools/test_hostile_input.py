@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.tools import diff, gpus, pick, record, snapshot
-from tests.unit.tools.test_cli_tools import gx
+from tests.harness.cli import gx
 
 Main = Callable[[list[str]], int]
 

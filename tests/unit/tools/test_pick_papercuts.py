@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import subprocess
 import sys
@@ -14,12 +13,12 @@ import pytest
 import exporter
 from exporter.platform.units import parse_size
 from exporter.tools import gpus, pick
+from tests.harness.cli import gx
 from tests.harness.exporter import REPO
 
 
 def run_pick(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", "pick", *args, "--backend", "simulated"], cwd=REPO,
-                          env=dict(os.environ), capture_output=True, text=True, timeout=60, check=False)
+    return gx("pick", *args, "--backend", "simulated")
 
 
 def _error_line(proc: subprocess.CompletedProcess[str]) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from exporter.core.host import host_info
 from exporter.tools import gpus, record
-from tests.unit.tools.test_cli_tools import gx
+from tests.harness.cli import gx
 
 pytest.importorskip("matplotlib", reason="the plot needs matplotlib (a test dependency)")
 
