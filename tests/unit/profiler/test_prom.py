@@ -446,6 +446,8 @@ def test_one_deadline_bounds_a_trickling_server() -> None:
         server.stop.set()
         server.sock.close()
     assert exc.value.kind == "prometheus_timeout"
+    assert re.fullmatch(rf"http://127\.0\.0\.1:{server.port}/api/v1/query: no (complete )?answer within 1s",
+                        str(exc.value)), str(exc.value)
     assert took < 3.0, f"held for {took:.1f}s with a 1 s timeout"
 
 
@@ -662,6 +664,8 @@ def test_trickling_answer_at_the_deadline_is_a_timeout(framing: str) -> None:
         server.stop.set()
         server.sock.close()
     assert exc.value.kind == "prometheus_timeout", str(exc.value)
+    assert re.fullmatch(rf"http://127\.0\.0\.1:{server.port}/api/v1/query: no (complete )?answer within 1s",
+                        str(exc.value)), str(exc.value)
     assert took < 3.0
 
 
@@ -687,3 +691,27 @@ def test_the_parse_bound_lets_real_answers_through(api_factory: Any) -> None:
     api = api_factory([(200, big)])
     got = PromClient(f"http://127.0.0.1:{api.port}").query("up", 1.0)  # the default bound
     assert len(got) == 5000 and got[4999].labels["uuid"] == "GPU-00004999"
+
+
+def test_defaults_retry_twice_with_jittered_backoff_from_half_a_second(api_factory: Any) -> None:
+    """retries 2 and backoff 0.5 s (the profiler passes its own timeout and retries, never a backoff):
+    delays are drawn from [0, 0.5] then [0, 1.0]."""
+    api = api_factory([(503, {"status": "error"})])
+    slept: list[float] = []
+    for _ in range(20):
+        with pytest.raises(PromError):
+            PromClient(f"http://127.0.0.1:{api.port}", sleep=slept.append).query("up", 1.0)
+    assert len(api.seen) == 60 and len(slept) == 40
+    assert all(0 <= d <= 0.5 for d in slept[0::2]) and all(0 <= d <= 1.0 for d in slept[1::2])
+    assert max(slept[1::2]) > 0.5, "the second delay doubles the range"
+
+
+def test_a_refused_connection_is_unreachable_and_named() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    with pytest.raises(PromError) as exc:
+        PromClient(f"http://127.0.0.1:{port}", retries=0).query("up", 1.0)
+    assert exc.value.kind == UNREACHABLE
+    assert str(exc.value).startswith(f"http://127.0.0.1:{port}/api/v1/query: ") and "refused" in str(exc.value)
