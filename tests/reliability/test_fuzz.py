@@ -19,40 +19,17 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.backends.rocm_smi import RocmSmiParseError, parse_rocm_smi_json
 from exporter.core.readings import GpuReading
 from exporter.serve import config as exporter_config
+from tests.harness.fuzz import one_line, run, text, values
 from tests.harness.httpfake import FakeHTTP, json_reply
 from tests.reliability.support import Result
 
 FAST, LONG = 300, 3000
 BUDGETS = [pytest.param(FAST, id="fast"), pytest.param(LONG, id="long", marks=pytest.mark.reliability_long)]
-
-
-def run(budget: int, test: Callable[..., None], *strategies: st.SearchStrategy[Any]) -> None:
-    """Run ``test`` over ``budget`` derandomized examples drawn from ``strategies``."""
-    settings(max_examples=budget, deadline=None, derandomize=True, database=None, print_blob=False,
-             suppress_health_check=list(HealthCheck))(given(*strategies)(test))()
-
-
-# ---- building blocks ---------------------------------------------------------------------------------
-
-# Text the OS can pass in argv and the environment (no NUL), biased towards what breaks parsers.
-NASTY = ["", " ", "\t", "\n", "\r\n", '"', "'", "\\", "%", "%00", "${HOME}", "../", "::", "-", "--", "=", "0",
-         "-1", "1e999", "nan", "inf", "-inf", "0x10", "1_000", "٣", "²", "10ms", "5m", "9" * 40, "true", "yes",
-         "none", "null", "~", "[", "{", "*", "?", "☃", "\u202e", "\ufeff", "a" * 300]
-text = st.one_of(st.sampled_from(NASTY), st.text(st.characters(blacklist_characters="\x00",
-                                                                blacklist_categories=("Cs",)), max_size=40))
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), text)
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(text, inner, max_size=4)), max_leaves=10)
-
-
-def one_line(msg: str) -> bool:
-    return bool(msg.strip()) and "\n" not in msg.strip() and len(msg) < 2000
 
 
 # ---- exporter settings -------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ from exporter.platform import http as exporter_http
 from exporter.platform import webconfig
 from exporter.serve import config as exporter_config
 from tests.harness.exporter import REPO
+from tests.harness.fuzz import NASTY, one_line, run, text, values
 from tests.reliability.support import Result
-from tests.reliability.test_fuzz import NASTY, one_line, run, text, values
 
 FAST, LONG = 100, 3000
 BUDGETS = [pytest.param(FAST, id="fast"), pytest.param(LONG, id="long", marks=pytest.mark.reliability_long)]
