@@ -17,7 +17,7 @@ from pathlib import Path
 from exporter.backends.base import Backend, BackendUnavailable
 from exporter.core import schema
 from exporter.core.k8s_names import GpuResources, KubernetesNames
-from exporter.core.options import BackendOptions
+from exporter.core.options import BackendOptions, BackendSetting
 
 _registry: dict[str, type[Backend]] | None = None
 
@@ -37,6 +37,8 @@ def registry() -> dict[str, type[Backend]]:
                 if unknown:  # a typo would silently drop a column of the support table
                     raise ValueError(f"backend {cls.name!r} declares {schema.unknown_family_message(unknown[0])}")
                 cls.kubernetes.check(cls.name)
+                for setting in cls.settings:
+                    setting.check(cls.name)
                 found[cls.name] = cls
         _registry = found
     return _registry
@@ -118,6 +120,23 @@ def gpu_resources() -> GpuResources:
     return GpuResources(by_vendor)
 
 
+def settings() -> list[BackendSetting]:
+    """Every backend's own settings (``Backend.settings``), once each, in documentation order. Two backends
+    may share a setting by declaring the same one; one name, flag or env variable declared twice differently
+    is an error."""
+    out: dict[str, tuple[str, BackendSetting]] = {}
+    for name in ordered():
+        for s in registry()[name].settings:
+            for owner, other in out.values():
+                clash = [k for k in ("name", "flag", "env") if getattr(s, k) is not None and getattr(s, k) ==
+                         getattr(other, k)]
+                if clash and s != other:
+                    raise ValueError(f"backends {owner!r} and {name!r} declare different settings with the same "
+                                     f"{clash[0]} {getattr(s, clash[0])!r}")
+            out.setdefault(s.name, (name, s))
+    return [s for _, s in out.values()]
+
+
 def create(name: str, options: BackendOptions) -> Backend:
     try:
         cls = registry()[name]
@@ -127,4 +146,4 @@ def create(name: str, options: BackendOptions) -> Backend:
 
 
 __all__ = ["Backend", "BackendOptions", "BackendUnavailable", "auto_order", "create", "detect", "gpu_resources",
-           "names", "ordered", "registry", "render_docs", "support_table", "supporters"]
+           "names", "ordered", "registry", "render_docs", "settings", "support_table", "supporters"]

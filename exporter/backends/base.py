@@ -51,7 +51,7 @@ from exporter.core.errors import DRIVER as DRIVER
 from exporter.core.errors import BackendError as BackendError
 from exporter.core.errors import BackendUnavailable as BackendUnavailable
 from exporter.core.k8s_names import KubernetesNames
-from exporter.core.options import BackendOptions
+from exporter.core.options import BackendOptions, BackendSetting
 from exporter.core.readings import Collection
 
 log = logging.getLogger(__name__)
@@ -185,6 +185,9 @@ class Backend(ABC):
     #: what this vendor's GPUs are called in Kubernetes: device-plugin resource names, an index
     #: prefix, DRA drivers (exporter/core/k8s_names.py); the pod attribution maps only these
     kubernetes: ClassVar[KubernetesNames] = KubernetesNames()
+    #: settings of this backend alone (a binary's path, a timeout): ``serve`` makes each one a flag, an env
+    #: twin and a YAML key and checks it up front; read with :meth:`setting`
+    settings: ClassVar[tuple[BackendSetting, ...]] = ()
     #: minimum seconds between real reads (CLI backends); 0 means read on every scrape
     min_interval: ClassVar[float] = 0.0
     #: a GPU whose first DOWN_AFTER calls of a collection all fail (none answered) is down
@@ -200,6 +203,13 @@ class Backend(ABC):
         self._logged_once: set[str] = set()
         self._errors: dict[str, int] = {}
         self._errors_lock = threading.Lock()
+
+    def setting(self, name: str) -> Any:
+        """The value of this backend's setting ``name`` (one of :attr:`settings`): as given, else its default."""
+        for s in self.settings:
+            if s.name == name:
+                return self.options.backend_settings.get(name, s.default)
+        raise KeyError(f"backend {self.name!r} declares no setting {name!r}")
 
     # --- field selection -------------------------------------------------------------------------
 

@@ -64,7 +64,7 @@ from typing import Any, ClassVar
 from exporter.backends.amdsmi import KUBERNETES, PCI_VENDOR, amd_uuid, dedupe_uuids, is_na
 from exporter.backends.base import ATTRIBUTION_FAMILIES, BAD_VALUE, DRIVER, Backend, BackendError, BackendUnavailable
 from exporter.core.k8s_names import KubernetesNames
-from exporter.core.options import BackendOptions
+from exporter.core.options import BackendOptions, BackendSetting
 from exporter.core.pci import canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading
 
@@ -310,11 +310,17 @@ class RocmSmiBackend(Backend):
     }) | ATTRIBUTION_FAMILIES
     min_interval: ClassVar[float] = 10.0
     kubernetes: ClassVar[KubernetesNames] = KUBERNETES  # amdsmi's: the same GPUs, the same device plugin
+    settings: ClassVar[tuple[BackendSetting, ...]] = (
+        BackendSetting("rocm_smi_path", "--rocm-smi-path", "ROCM_SMI_PATH", "path",
+                       "rocm-smi binary for the rocm-smi backend (default: PATH, then /opt/rocm/bin/rocm-smi)"),
+        BackendSetting("command_timeout", "--command-timeout", "COMMAND_TIMEOUT", "seconds",
+                       "hard timeout for CLI backends such as rocm-smi (default 5)", default=5.0, low=0.1, high=120),
+    )
 
     def __init__(self, options: BackendOptions | None = None, binary: str | None = None) -> None:
         super().__init__(options)
-        # explicit path: constructor, then BackendOptions.rocm_smi_path when the option exists
-        self._explicit = binary or self.options.rocm_smi_path
+        # explicit path: constructor, then --rocm-smi-path
+        self._explicit = binary or self.setting("rocm_smi_path")
         self._binary: str | None = None
         self._first: tuple[float, list[GpuReading]] | None = None
 
@@ -350,7 +356,7 @@ class RocmSmiBackend(Backend):
             self._binary = find_rocm_smi(self._explicit)
             if self._binary is None:
                 raise BackendError("rocm-smi not found", kind=DRIVER)
-        text, code = run_rocm_smi(self._binary, self.options.command_timeout)
+        text, code = run_rocm_smi(self._binary, self.setting("command_timeout"))
         if code != 0:
             self.log_once(f"exit:{code}", "rocm-smi exits with code %d (a field it was asked for is unsupported "
                           "on some GPU); its JSON output is used", code)

@@ -1,12 +1,16 @@
 """Settings: the one settings object, with the one set of defaults.
 
 ``exporter.serve.config`` fills :class:`Settings` from flags, environment and a YAML file;
-everything else (backends, engine, tools) reads its defaults from here.
+everything else (backends, engine, tools) reads its defaults from here. A setting only one backend
+needs is that backend's :class:`BackendSetting` (``Backend.settings``), which ``serve`` turns into
+a flag, an env twin and a YAML key like its own; its value is in ``Settings.backend_settings``.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -35,8 +39,6 @@ class Settings:
     per_process: bool = False
     proc_root: str = "/proc"
     pcie_throughput: bool = False
-    rocm_smi_path: str | None = None
-    command_timeout: float = 5.0
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     pod_resources_interval: float = 10.0
     pod_attribution: str = "auto"
@@ -46,9 +48,64 @@ class Settings:
     read_timeout: float = 10.0
     config_file: str | None = None
     check_config: bool = False
+    #: the backends' own settings (``Backend.settings``) by name, every one present (its default when unset)
+    backend_settings: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        """A backend's setting reads like the others (``settings.command_timeout``)."""
+        extra = self.__dict__.get("backend_settings")
+        if extra is not None and name in extra:
+            return extra[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "backend_settings"}
+        return {**out, **self.backend_settings}
+
+
+#: how ``serve`` parses a backend's setting (exporter/serve/config.py), with the parsers of its own settings:
+#: a file path, a duration in seconds (exporter/platform/units.py: 30s, 5m, 1h or a number) in low..high, an
+#: integer in low..high, true/false, a size in bytes (Kubernetes quantity rules: 16Mi, 16M), one of choices
+SETTING_KINDS = ("path", "seconds", "integer", "bool", "size", "choice")
+
+
+@dataclass(frozen=True)
+class BackendSetting:
+    """A setting of one backend, declared in its file (``Backend.settings``).
+
+    ``serve`` gives it the flag ``flag``, the env twin ``env`` and the YAML key ``name`` (or the flag's
+    spelling), lists it in ``--help`` and ``--check-config``, and parses and checks it up front like its
+    own settings (a bad value: one line naming it, exit status 2). The backend reads the value with
+    ``self.setting(name)``.
+    """
+
+    name: str  # attribute, YAML key and ``Backend.setting`` key: lower case and underscores
+    flag: str  # --some-flag
+    env: str | None  # its environment twin
+    kind: str  # one of SETTING_KINDS
+    help: str  # --help text, with its default
+    default: Any = None  # the value when unset (None: unset)
+    low: float = 0.0  # seconds, integer: the allowed range
+    high: float = math.inf
+    choices: tuple[str, ...] = ()  # choice: the allowed values, lower case
+
+    def check(self, owner: str) -> None:
+        """ValueError naming ``owner`` (the backend) and the culprit when the declaration cannot work."""
+        problem = None
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
+            problem = "name: expected lower-case letters, digits and underscores"
+        elif self.name in {f.name for f in fields(Settings)}:
+            problem = "name: already a setting of the exporter"
+        elif not re.fullmatch(r"--[a-z][a-z0-9.-]*", self.flag):
+            problem = f"flag {self.flag!r}: expected --lower-case-words"
+        elif self.env is not None and not re.fullmatch(r"[A-Z][A-Z0-9_]*", self.env):
+            problem = f"env {self.env!r}: expected UPPER_CASE"
+        elif self.kind not in SETTING_KINDS:
+            problem = f"kind {self.kind!r}: expected one of {', '.join(SETTING_KINDS)}"
+        elif self.kind == "choice" and not self.choices:
+            problem = "kind 'choice' without choices"
+        if problem:
+            raise ValueError(f"backend {owner!r} declares setting {self.name!r}: {problem}")
 
 
 
@@ -113,15 +170,13 @@ class BackendOptions:
     simulated_scenario: str = _D.simulated_scenario  # exporter.backends.simulated.SCENARIOS
     per_process: bool = _D.per_process  # per-PID series are unbounded cardinality: opt-in
     pcie_throughput: bool = _D.pcie_throughput  # about 40 ms per GPU per read on NVIDIA: opt-in
-    command_timeout: float = _D.command_timeout  # CLI backends (rocm-smi)
-    rocm_smi_path: str | None = _D.rocm_smi_path  # explicit rocm-smi binary; default: PATH, then /opt/rocm/bin
+    backend_settings: dict[str, Any] = field(default_factory=dict)  # Backend.settings' values, by name
 
     @classmethod
     def from_settings(cls, s: Settings) -> BackendOptions:
         return cls(fields=FieldFilter(include=s.fields_include, exclude=s.fields_exclude),
                    sysfs_root=s.sysfs_root, simulated_gpus=s.simulated_gpus,
                    simulated_scenario=s.simulated_scenario, per_process=s.per_process,
-                   pcie_throughput=s.pcie_throughput, rocm_smi_path=s.rocm_smi_path,
-                   command_timeout=s.command_timeout)
+                   pcie_throughput=s.pcie_throughput, backend_settings=dict(s.backend_settings))
 
 

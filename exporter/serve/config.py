@@ -2,7 +2,9 @@
 
 Precedence: built-in default < YAML file (``--config``/``EXPORTER_CONFIG``) < environment < flag.
 Every value is validated up front; a bad one raises :class:`ConfigError`, which the CLI turns
-into exit code 2 and one line naming the setting, the bad value and what is allowed.
+into exit code 2 and one line naming the setting, the bad value and what is allowed. A backend's own
+settings (``Backend.settings``: ``--rocm-smi-path``, ``--command-timeout``) are declared in its file
+and join this table with the parser of their kind (:func:`_backend_spec`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from exporter.backends.simulated import SCENARIOS  # a light module: the table of scenarios
-from exporter.core.options import FieldFilter, Settings
+from exporter.core.options import BackendSetting, FieldFilter, Settings
 from exporter.platform import units
 from exporter.platform.configfile import ConfigError, read_yaml, shown_value
 from exporter.platform.settings import OneLineParser
@@ -161,6 +163,12 @@ def _file(v: object) -> str:
     return s
 
 
+def _size(v: object) -> int:
+    if isinstance(v, bool):
+        raise ValueError(f"expected a size, {units.SIZE_EXAMPLES}")
+    return units.parse_size(str(v))  # the one size parser (Kubernetes quantity rules)
+
+
 # --- the settings table --------------------------------------------------------------------
 
 
@@ -171,6 +179,27 @@ class Spec:
     env: str | None
     parse: Callable[[object], Any]
     help: str
+    backend: bool = False  # a backend's own setting (Settings.backend_settings)
+    default: Any = None  # a backend setting's default (the exporter's own: Settings)
+
+
+def _backend_spec(s: BackendSetting) -> Spec:
+    """A backend's declared setting as a row of the table, parsed like the exporter's own of its kind."""
+    parse: Callable[[object], Any] = {
+        "path": lambda: _file,
+        "seconds": lambda: _seconds(s.low, s.high),
+        "integer": lambda: _int_range(int(s.low), int(min(s.high, 2**63))),
+        "bool": lambda: _bool,
+        "size": lambda: _size,
+        "choice": lambda: _choice(s.choices),
+    }[s.kind]()
+    return Spec(s.name, s.flag, s.env, parse, s.help, backend=True, default=s.default)
+
+
+def _backend_specs() -> tuple[Spec, ...]:
+    from exporter import backends  # the registry imports only light modules
+
+    return tuple(_backend_spec(s) for s in backends.settings())
 
 
 SPECS: tuple[Spec, ...] = (
@@ -210,10 +239,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("pcie_throughput", "--pcie-throughput", "EXPORTER_PCIE_THROUGHPUT", _bool,
          "read PCIe TX/RX throughput (about 40 ms per GPU per collection on NVIDIA, 20 ms for each "
          "direction; default false)"),
-    Spec("rocm_smi_path", "--rocm-smi-path", "ROCM_SMI_PATH", _file,
-         "rocm-smi binary for the rocm-smi backend (default: PATH, then /opt/rocm/bin/rocm-smi)"),
-    Spec("command_timeout", "--command-timeout", "COMMAND_TIMEOUT", _seconds(0.1, 120),
-         "hard timeout for CLI backends such as rocm-smi (default 5)"),
+    *_backend_specs(),  # every backend's own (--rocm-smi-path, --command-timeout), declared in its file
     Spec("pod_resources_socket", "--pod-resources-socket", "POD_RESOURCES_SOCKET", _file,
          "kubelet pod-resources socket for pod attribution"),
     Spec("pod_resources_interval", "--pod-resources-interval", "POD_RESOURCES_INTERVAL", _seconds(1, 3600),
@@ -234,6 +260,18 @@ SPECS: tuple[Spec, ...] = (
 )
 
 _SPEC_BY_NAME = {s.name: s for s in SPECS}
+
+
+def _check_unique(specs: Sequence[Spec]) -> None:
+    """A backend's setting may not take the name, flag or env variable of another setting."""
+    for key in ("name", "flag", "env"):
+        values = [getattr(s, key) for s in specs if getattr(s, key)]
+        twice = next((v for v in values if values.count(v) > 1), None)
+        if twice is not None:
+            raise ValueError(f"two settings have the {key} {twice!r}: a backend's setting needs its own")
+
+
+_check_unique(SPECS)
 
 
 class _OneLineParser(OneLineParser):
@@ -285,6 +323,7 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
     env = os.environ if environ is None else environ
     ns = build_parser().parse_args(list(argv))
     settings = Settings()
+    settings.backend_settings = {s.name: s.default for s in SPECS if s.backend}
     settings.check_config = bool(ns.check_config)
     config_file = ns.config_file or env.get("EXPORTER_CONFIG") or None
     settings.config_file = config_file
@@ -301,7 +340,10 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
                 value = spec.parse(raw)
             except ValueError as exc:
                 _fail(name, str(where), raw, str(exc))
-            setattr(settings, name, value)
+            if spec.backend:
+                settings.backend_settings[name] = value
+            else:
+                setattr(settings, name, value)
     if settings.simulated_scenario != "healthy" and "simulated" not in settings.backend.split(",") and not (
             settings.backend == "auto" and settings.allow_simulated):
         raise ConfigError(f"invalid simulated_scenario = {settings.simulated_scenario!r}: only the simulated "

@@ -1,6 +1,7 @@
 """Adding a vendor is one file: a minimal backend dropped into a copy of the package, and nothing else
 changed, is detected by ``--backend auto``, served, listed in ``--help``, in the start-up banner and in the
-generated docs, and contract-tested; the pods holding its device-plugin resource are attributed to its GPUs.
+generated docs, and contract-tested; the pods holding its device-plugin resource are attributed to its GPUs,
+and its own setting is a flag, an env variable and a config key, listed, checked and applied.
 
 The copy is the real package (``exporter/`` and ``docs/metrics.md``) in a temporary directory; the new
 module is the only file added, and no file of the copy is edited.
@@ -28,6 +29,7 @@ from typing import ClassVar
 
 from exporter.backends.base import Backend
 from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
+from exporter.core.options import BackendSetting
 from exporter.core.readings import Collection, GpuReading
 
 
@@ -40,6 +42,9 @@ class AcmeBackend(Backend):
         resources=(DevicePluginResource(r"acme\\.com/gpu"),
                    DevicePluginResource(r"acme\\.com/slice-\\w+", slices=True)),
         index_prefix="acme", dra_drivers=("gpu.acme.example",))
+    settings: ClassVar[tuple[BackendSetting, ...]] = (
+        BackendSetting("acme_boost", "--acme-boost", "ACME_BOOST", "integer",
+                       "watts the card adds to each power reading (default 0)", default=0, low=0, high=50),)
 
     def init(self) -> None:
         pass
@@ -47,7 +52,8 @@ class AcmeBackend(Backend):
     def collect(self, out: Collection) -> None:
         for i in range(2):
             out.gpus.append(GpuReading(index=i, uuid=f"ACME-{i}", vendor=self.vendor, name="Acme A1",
-                                       temperature_celsius={"gpu": 40.0 + i}, power_watts=100.0 + i))
+                                       temperature_celsius={"gpu": 40.0 + i},
+                                       power_watts=100.0 + i + self.setting("acme_boost")))
 
 
 BACKEND = AcmeBackend
@@ -119,6 +125,31 @@ def test_its_dra_driver_is_a_gpu_driver(tree: Path) -> None:
 def test_help_lists_it(tree: Path) -> None:
     out = _run(tree, "-m", "exporter", "serve", "--help")
     assert "acme" in out.split("--backend BACKEND", 2)[2].split("--", 1)[0]
+    assert "watts the card adds to each power reading (default 0) (env ACME_BOOST)" in " ".join(
+        out.split("--acme-boost ACME_BOOST", 1)[1].split())
+
+
+def test_its_setting_is_applied_from_flag_env_and_file(tree: Path, tmp_path: Path) -> None:
+    config = tmp_path / "exporter.yaml"
+    config.write_text("acme-boost: 5\n")
+    for args, env, boost in (([], {}, 0), (["--config", str(config)], {}, 5), ([], {"ACME_BOOST": "7"}, 7),
+                             (["--config", str(config), "--acme-boost", "9"], {"ACME_BOOST": "7"}, 9)):
+        with ExporterProcess(["--backend", "acme", "--sysfs-root", str(tmp_path), *args], env=env, cwd=tree) as ex:
+            samples = parse_samples(ex.scrape_text())
+        assert samples[("gpu_power_watts", frozenset({("gpu", "0"), ("uuid", "ACME-0")}))] == 100 + boost, args
+    shown = _run(tree, "-m", "exporter", "serve", "--backend", "acme", "--acme-boost", "3", "--check-config")
+    assert '"acme_boost": 3' in shown
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--acme-boost", "51"], {}, "invalid acme_boost (--acme-boost) = '51': expected an integer in 0..50"),
+    ([], {"ACME_BOOST": "lots"}, "invalid acme_boost (ACME_BOOST) = 'lots': expected an integer in 0..50"),
+])
+def test_its_setting_is_checked(tree: Path, args: list[str], env: dict[str, str], message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "exporter", "serve", "--backend", "acme", *args], cwd=tree,
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == f"gpu-exporter serve: error: {message}\n"
 
 
 def test_the_simulated_banner_names_it(tree: Path, tmp_path: Path) -> None:
@@ -188,3 +219,9 @@ def test_a_bad_resource_pattern_fails_at_discovery(tree: Path, tmp_path: Path) -
     """A device-plugin resource pattern that is not a regular expression fails at discovery, naming the backend."""
     err = _discovery_error(tree, tmp_path, 'r"acme\\.com/gpu"', 'r"acme\\.com/gpu("')
     assert "backend 'acme' declares a device-plugin resource pattern 'acme\\\\.com/gpu(' that is not" in err
+
+
+def test_a_bad_setting_fails_at_discovery(tree: Path, tmp_path: Path) -> None:
+    """A setting of a kind the exporter cannot parse fails at discovery, naming the backend and the setting."""
+    err = _discovery_error(tree, tmp_path, '"ACME_BOOST", "integer"', '"ACME_BOOST", "int"')
+    assert "backend 'acme' declares setting 'acme_boost': kind 'int': expected one of path, seconds," in err

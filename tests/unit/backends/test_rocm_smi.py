@@ -237,7 +237,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRocmSmi:
 
 def _ready(fake: FakeRocmSmi, timeout: float = 5.0) -> RocmSmiBackend:
     fake.prints("mi100_rocm602.json")
-    backend = create("rocm-smi", BackendOptions(command_timeout=timeout))
+    backend = create("rocm-smi", BackendOptions(backend_settings={"command_timeout": timeout}))
     assert isinstance(backend, RocmSmiBackend)
     backend.init()
     first = Collection("rocm-smi")
