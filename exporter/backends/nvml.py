@@ -33,6 +33,7 @@ XID events: ``nvml_events.py``; GPM activity: ``nvml_gpm.py``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -71,7 +72,7 @@ from exporter.backends.nvml_private import (
     ViolationTime,
 )
 from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
-from exporter.core.pci import canonical_bus_id, count_pci_gpus, nvidia_proc_uuid, pci_gpus
+from exporter.core.pci import canonical_bus_id, count_pci_gpus, pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,22 @@ _DOWN_CODES = {11, 14, 16, 28}
 
 CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))
 _U32, _U64 = U32, U64
+
+
+def proc_uuid(sysfs_root: str, bus_id: str) -> str | None:
+    """The GPU UUID the NVIDIA kernel driver shows in ``/proc/driver/nvidia/gpus/<bus>/information``
+    (``proc`` next to ``sysfs_root``), without NVML: known even for a GPU NVML cannot read."""
+    proc = os.path.join(os.path.dirname(os.path.normpath(sysfs_root)) or "/", "proc")
+    try:
+        with open(os.path.join(proc, "driver", "nvidia", "gpus", bus_id, "information"), encoding="utf-8",
+                  errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip().lower() == "gpu uuid" and value.strip().startswith("GPU-"):
+                    return value.strip()
+    except OSError:
+        return None
+    return None
 
 
 def _memory(o: Sequence[Any]) -> tuple[float, float, float, float | None]:
@@ -460,7 +477,7 @@ class NvmlBackend(Backend):
         if buses is None or len(buses) != len(self._gpus) or not 0 <= r.index < len(buses):
             return
         r.pci_bus_id = r.pci_bus_id or buses[r.index]
-        r.uuid = r.uuid or nvidia_proc_uuid(self.options.sysfs_root, buses[r.index]) or ""
+        r.uuid = r.uuid or proc_uuid(self.options.sysfs_root, buses[r.index]) or ""
 
     def _read_gpu(self, gpu: _Gpu, r: GpuReading) -> None:
         nv = self._nv

@@ -112,18 +112,3 @@ def count_pci_gpus(sysfs_root: str, vendor: int) -> int | None:
     found = pci_gpus(sysfs_root, vendor)
     return None if found is None else len(found)
 
-
-def nvidia_proc_uuid(sysfs_root: str, bus_id: str) -> str | None:
-    """The GPU UUID the NVIDIA kernel driver shows in ``/proc/driver/nvidia/gpus/<bus>/information``
-    (``proc`` next to ``sysfs_root``), without NVML: known even for a GPU NVML cannot read."""
-    proc = os.path.join(os.path.dirname(os.path.normpath(sysfs_root)) or "/", "proc")
-    try:
-        with open(os.path.join(proc, "driver", "nvidia", "gpus", bus_id, "information"), encoding="utf-8",
-                  errors="replace") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip().lower() == "gpu uuid" and value.strip().startswith("GPU-"):
-                    return value.strip()
-    except OSError:
-        return None
-    return None
