@@ -453,3 +453,58 @@ def test_detect_growth_compares_each_half_in_the_same_units(slow_half: str) -> N
     ys = steep + slow if slow_half == "second" else [float(i) for i in range(16)] + [15.0 + 10.0 * (i + 1)
                                                                                        for i in range(15)]
     assert detect_growth(ys, 60.0, 1000.0, 1800.0, TH) is None
+
+
+def _mann_kendall_reference(ys: list[float]) -> tuple[float, float]:
+    """Theil-Sen slope and Mann-Kendall z straight from their definitions (Sen 1968; Kendall 1975,
+    variance with the tie correction, continuity-corrected z)."""
+    n = len(ys)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    slopes = sorted((ys[j] - ys[i]) / (j - i) for i, j in pairs)
+    m = len(slopes)
+    med = slopes[m // 2] if m % 2 else (slopes[m // 2 - 1] + slopes[m // 2]) / 2
+    s = sum((ys[j] > ys[i]) - (ys[j] < ys[i]) for i, j in pairs)
+    ties = [ys.count(v) for v in set(ys)]
+    var = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties)) / 18
+    if var <= 0:
+        return med, 0.0
+    z = (s - 1) / math.sqrt(var) if s > 0 else (s + 1) / math.sqrt(var) if s < 0 else 0.0
+    return med, z
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=-4, max_value=4), min_size=3, max_size=25))
+def test_theil_sen_mann_kendall_matches_the_definitions(ys: list[int]) -> None:
+    """Small integers: many ties, flat stretches and falls, where the tie correction matters."""
+    slope, z = _mann_kendall_reference([float(y) for y in ys])
+    got = theil_sen_mann_kendall([float(y) for y in ys], step=2.0)
+    assert got == (pytest.approx(slope / 2.0), pytest.approx(z))
+
+
+def test_theil_sen_mann_kendall_of_a_constant_series_is_no_trend() -> None:
+    assert theil_sen_mann_kendall([3.0] * 10) == (0.0, 0.0)  # every value tied: no variance at all
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(min_value=2.0, max_value=8.0), st.floats(min_value=0.01, max_value=10.0),
+       st.floats(min_value=-5.0, max_value=5.0))
+def test_interpolate_peak_finds_the_vertex_of_a_parabola(vertex: float, curvature: float, top: float) -> None:
+    """Through a peak and its two neighbours, the parabola's vertex (within one step of the peak)."""
+    from exporter.profiler.classify import _interpolate_peak
+
+    r = [top - curvature * (x - vertex) ** 2 for x in range(11)]
+    k = round(vertex)
+    assert _interpolate_peak(r, k) == pytest.approx(vertex, abs=1e-6)
+
+
+def test_interpolate_peak_keeps_the_lag_when_there_is_no_peak_to_fit() -> None:
+    from exporter.profiler.classify import _interpolate_peak
+
+    line = [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert _interpolate_peak(line, 2) == 2.0  # no curvature
+    assert _interpolate_peak([1.0, 0.0, 1.0], 1) == 1.0  # a valley
+    assert _interpolate_peak([0.0, 1.0, 0.5], 0) == 0.0 and _interpolate_peak([0.0, 1.0, 0.5], 2) == 2.0  # ends
+    at = [-(x - 2.0) ** 2 for x in range(7)]  # vertex exactly one step away: not this peak's
+    assert _interpolate_peak(at, 3) == 3.0 and _interpolate_peak(at, 1) == 1.0
+    far = [-(x - 1.5) ** 2 for x in range(7)]
+    assert _interpolate_peak(far, 4) == 4.0  # 2.5 steps away
