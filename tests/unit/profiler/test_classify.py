@@ -486,7 +486,7 @@ def test_theil_sen_mann_kendall_of_a_constant_series_is_no_trend() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.floats(min_value=2.0, max_value=8.0), st.floats(min_value=0.01, max_value=10.0),
+@given(st.floats(min_value=0.6, max_value=9.4), st.floats(min_value=0.01, max_value=10.0),
        st.floats(min_value=-5.0, max_value=5.0))
 def test_interpolate_peak_finds_the_vertex_of_a_parabola(vertex: float, curvature: float, top: float) -> None:
     """Through a peak and its two neighbours, the parabola's vertex (within one step of the peak)."""
@@ -504,6 +504,7 @@ def test_interpolate_peak_keeps_the_lag_when_there_is_no_peak_to_fit() -> None:
     assert _interpolate_peak(line, 2) == 2.0  # no curvature
     assert _interpolate_peak([1.0, 0.0, 1.0], 1) == 1.0  # a valley
     assert _interpolate_peak([0.0, 1.0, 0.5], 0) == 0.0 and _interpolate_peak([0.0, 1.0, 0.5], 2) == 2.0  # ends
+    assert _interpolate_peak([1.0, 0.5, 0.0, 0.9], 0) == 0.0  # lag 0 has no left neighbour (not the last lag)
     at = [-(x - 2.0) ** 2 for x in range(7)]  # vertex exactly one step away: not this peak's
     assert _interpolate_peak(at, 3) == 3.0 and _interpolate_peak(at, 1) == 1.0
     far = [-(x - 1.5) ** 2 for x in range(7)]
