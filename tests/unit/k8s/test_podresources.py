@@ -386,3 +386,30 @@ def test_bad_arguments_name_the_culprit(kwargs: dict[str, Any], culprit: str) ->
     args: dict[str, Any] = {"socket_path": "/run/kubelet.sock", **kwargs}
     with pytest.raises(ValueError, match=culprit):
         PodAttribution(**args)
+
+
+@pytest.mark.parametrize(("device_id", "key", "is_slice"), [
+    (f"MIG-{U1}/7/0", ("uuid", U1.lower()), True),  # pre-R470 MIG ID: its parent GPU, as a slice of it
+    ("MIG-5c3ef2a1-0000-4a5b-8c9d-0000000000ff", ("mig", "mig-5c3ef2a1-0000-4a5b-8c9d-0000000000ff"), True),
+    ("0:3", ("index", "nvidia", "0"), True),  # index strategy, MIG instance 3 of GPU 0
+    ("0", ("index", "nvidia", "0"), False),
+    (U0, ("uuid", U0.lower()), False),
+])
+def test_device_ids_that_name_a_mig_instance_are_slices(device_id: str, key: tuple[str, ...], is_slice: bool) -> None:
+    """A slice never labels its whole GPU: whether an ID names a MIG instance decides that."""
+    from exporter.backends import gpu_resources
+    from exporter.k8s.podresources import parse_device_id
+
+    assert parse_device_id(device_id, "nvidia", gpu_resources()) == (key, is_slice)
+
+
+def test_index_keys_are_the_gpus_own_vendor_and_both_for_a_simulated_one() -> None:
+    from exporter.backends import gpu_resources
+    from exporter.k8s.podresources import reading_keys
+
+    vendors = gpu_resources().vendors
+    assert {"nvidia", "amd"} <= set(vendors)
+    real = reading_keys(GpuReading(index=2, uuid=U0, vendor="nvidia"), vendors)
+    assert ("index", "nvidia", "2") in real and ("index", "amd", "2") not in real
+    sim = reading_keys(GpuReading(index=2, uuid=U0, vendor="simulated"), vendors)
+    assert ("index", "nvidia", "2") in sim and ("index", "amd", "2") in sim
