@@ -492,9 +492,14 @@ def test_interpolate_peak_finds_the_vertex_of_a_parabola(vertex: float, curvatur
     """Through a peak and its two neighbours, the parabola's vertex (within one step of the peak)."""
     from exporter.profiler.classify import _interpolate_peak
 
+    from exporter.profiler.classify import _peak_height
+
     r = [top - curvature * (x - vertex) ** 2 for x in range(11)]
     k = round(vertex)
     assert _interpolate_peak(r, k) == pytest.approx(vertex, abs=1e-6)
+    assert _peak_height(r, k) == pytest.approx(top, abs=1e-6)  # the vertex's height, not r(k)
+    assert _peak_height(r, 0) == r[0] and _peak_height(r, 10) == r[10]  # no neighbours: r(k) itself
+    assert _peak_height([1.0, 0.0, 1.0], 1) == 0.0  # a valley: no parabola peak to take
 
 
 def test_interpolate_peak_keeps_the_lag_when_there_is_no_peak_to_fit() -> None:
@@ -509,3 +514,25 @@ def test_interpolate_peak_keeps_the_lag_when_there_is_no_peak_to_fit() -> None:
     assert _interpolate_peak(at, 3) == 3.0 and _interpolate_peak(at, 1) == 1.0
     far = [-(x - 1.5) ** 2 for x in range(7)]
     assert _interpolate_peak(far, 4) == 4.0  # 2.5 steps away
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=-100.0, max_value=100.0), min_size=2, max_size=40),
+       st.floats(min_value=-10.0, max_value=10.0), st.floats(min_value=-10.0, max_value=10.0))
+def test_detrend_removes_exactly_the_least_squares_line(noise: list[float], a: float, b: float) -> None:
+    """What is left has zero mean and zero slope, and adding a line to the input changes nothing."""
+    n = len(noise)
+    d = detrend(noise)
+    tm = (n - 1) / 2
+    assert sum(d) == pytest.approx(0.0, abs=1e-6)
+    assert sum((i - tm) * v for i, v in enumerate(d)) == pytest.approx(0.0, abs=1e-5)
+    assert detrend([v + a + b * i for i, v in enumerate(noise)]) == pytest.approx(d, abs=1e-6)
+    assert detrend([5.0]) == [0.0] and detrend([]) == []
+
+
+def test_autocorrelation_is_the_biased_estimate_normalised_at_lag_zero() -> None:
+    x = [1.0, -2.0, 3.0, -1.0, -1.0]
+    c0 = sum(v * v for v in x)
+    want = [sum(x[i] * x[i + k] for i in range(len(x) - k)) / c0 for k in range(4)]
+    assert autocorrelation(x, 3) == pytest.approx(want)
+    assert autocorrelation([0.0] * 5, 2) == [0.0, 0.0, 0.0]  # constant (zero-mean) series
