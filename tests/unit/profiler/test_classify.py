@@ -490,9 +490,7 @@ def test_theil_sen_mann_kendall_of_a_constant_series_is_no_trend() -> None:
        st.floats(min_value=-5.0, max_value=5.0))
 def test_interpolate_peak_finds_the_vertex_of_a_parabola(vertex: float, curvature: float, top: float) -> None:
     """Through a peak and its two neighbours, the parabola's vertex (within one step of the peak)."""
-    from exporter.profiler.classify import _interpolate_peak
-
-    from exporter.profiler.classify import _peak_height
+    from exporter.profiler.classify import _interpolate_peak, _peak_height
 
     r = [top - curvature * (x - vertex) ** 2 for x in range(11)]
     k = round(vertex)
