@@ -498,6 +498,7 @@ def test_interpolate_peak_finds_the_vertex_of_a_parabola(vertex: float, curvatur
     assert _peak_height(r, k) == pytest.approx(top, abs=1e-6)  # the vertex's height, not r(k)
     assert _peak_height(r, 0) == r[0] and _peak_height(r, 10) == r[10]  # no neighbours: r(k) itself
     assert _peak_height([1.0, 0.0, 1.0], 1) == 0.0  # a valley: no parabola peak to take
+    assert _peak_height([0.0, 1.0, 2.0], 1) == 1.0 and _peak_height([0.0, 0.0, 0.5], 1) == 0.0  # a line, a bend up
 
 
 def test_interpolate_peak_keeps_the_lag_when_there_is_no_peak_to_fit() -> None:
