@@ -715,3 +715,29 @@ def test_a_refused_connection_is_unreachable_and_named() -> None:
         PromClient(f"http://127.0.0.1:{port}", retries=0).query("up", 1.0)
     assert exc.value.kind == UNREACHABLE
     assert str(exc.value).startswith(f"http://127.0.0.1:{port}/api/v1/query: ") and "refused" in str(exc.value)
+
+
+def test_construction_errors_name_the_culprit() -> None:
+    with pytest.raises(ValueError, match=r"^Prometheus URL 'ftp://x' must be http:// or https:// with a host$"):
+        PromClient("ftp://x")
+    with pytest.raises(ValueError, match=r"^header 'Bad Name': not a valid HTTP header name and value$"):
+        PromClient("http://127.0.0.1:9090", headers={"Bad Name": "v"})
+
+
+def test_a_trailing_slash_and_negative_retries(api_factory: Any) -> None:
+    api = api_factory([(503, {"status": "error"}), (200, VECTOR)])
+    with pytest.raises(PromError):
+        PromClient(f"http://127.0.0.1:{api.port}/", retries=-1).query("up", 1.0)  # no retry at all
+    assert [p for p, _, _ in api.seen] == ["/api/v1/query"]  # and no "//" from the trailing slash
+
+
+@pytest.mark.parametrize(("url", "token", "warned"), [
+    ("http://prometheus.example:9090", True, True),  # a token over plain http to another host
+    ("http://127.0.0.1:9090", True, False), ("http://localhost:9090", True, False),
+    ("http://prometheus.example:9090", False, False), ("https://prometheus.example:9090", True, False),
+])
+def test_a_token_over_plain_http_is_warned_about(url: str, token: bool, warned: bool, tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "t").write_text("s3cret")
+    PromClient(url, token_file=str(tmp_path / "t") if token else None)
+    assert ("sending a bearer token to" in caplog.text) == warned
