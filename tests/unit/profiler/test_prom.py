@@ -733,11 +733,12 @@ def test_a_trailing_slash_and_negative_retries(api_factory: Any) -> None:
 
 @pytest.mark.parametrize(("url", "token", "warned"), [
     ("http://prometheus.example:9090", True, True),  # a token over plain http to another host
-    ("http://127.0.0.1:9090", True, False), ("http://localhost:9090", True, False),
+    ("http://127.0.0.1:9090", True, False), ("http://localhost:9090", True, False), ("http://[::1]:9090", True, False),
     ("http://prometheus.example:9090", False, False), ("https://prometheus.example:9090", True, False),
 ])
 def test_a_token_over_plain_http_is_warned_about(url: str, token: bool, warned: bool, tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "t").write_text("s3cret")
     PromClient(url, token_file=str(tmp_path / "t") if token else None)
-    assert ("sending a bearer token to" in caplog.text) == warned
+    said = [r.getMessage() for r in caplog.records if r.name == "exporter.profiler.prom"]
+    assert said == ([f"sending a bearer token to {url} over plain http"] if warned else [])
