@@ -31,7 +31,7 @@ from exporter.profiler.events import EventRecorder
 from exporter.profiler.leader import ElectionConfig, LeaderElector, LeaseClient
 from exporter.profiler.loop import Health, Profiler, make_server
 from exporter.profiler.plan import PlanConfig, valid_prefix
-from exporter.profiler.prom import PromClient, printable, valid_header
+from exporter.profiler.prom import PromClient, is_base_url, printable, valid_header
 from exporter.profiler.queries import QueryConfig, Reader
 
 if TYPE_CHECKING:
@@ -295,7 +295,7 @@ def parse_args(argv: list[str]) -> ProfilerSettings:
     a = p.parse_args(argv)
     if not a.prometheus_url:
         raise UsageError("--prometheus-url is required (or set PROMETHEUS_URL), e.g. http://prometheus:9090")
-    if not re.match(r"https?://[^/\s]+", a.prometheus_url):
+    if not is_base_url(a.prometheus_url):
         raise UsageError(f"--prometheus-url {a.prometheus_url!r}: expected http://host:port or https://host:port")
     for flag, path in (("--prometheus-token-file", a.prometheus_token_file),
                        ("--prometheus-ca-file", a.prometheus_ca_file), ("--kubeconfig", a.kubeconfig)):

@@ -148,6 +148,15 @@ def _points(points: list[Any]) -> list[tuple[float, float]]:
     return out
 
 
+def is_base_url(url: str) -> bool:
+    """Whether ``url`` is http:// or https:// with a host (``http://:9090`` has none: it would reach this machine)."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        return parsed.scheme in ("http", "https") and bool(parsed.hostname)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+
+
 class PromClient:
     """Client for one Prometheus (or a compatible API: Thanos, Mimir, VictoriaMetrics).
 
@@ -171,9 +180,9 @@ class PromClient:
         headers: Mapping[str, str] | None = None,
         max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES,
     ) -> None:
-        parsed = urllib.parse.urlsplit(base_url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        if not is_base_url(base_url):
             raise ValueError(f"Prometheus URL {base_url!r} must be http:// or https:// with a host")
+        parsed = urllib.parse.urlsplit(base_url)
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retries = max(0, retries)

@@ -42,6 +42,8 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (["--annotation-prefix", "Bad_Prefix"], ["--annotation-prefix", "'Bad_Prefix'", "DNS subdomain"]),
     (["--listen-port", "70000"], ["--listen-port", "'70000'", "from 0 to 65535"]),
     (["--prometheus-url", "ftp://x"], ["--prometheus-url", "'ftp://x'", "http://"]),
+    (["--prometheus-url", "http://:9090"], ["--prometheus-url", "'http://:9090'", "http://"]),
+    (["--prometheus-url", "https://user@:9090/prom"], ["--prometheus-url", "'https://user@:9090/prom'", "http://"]),
     (["--log-level", "loud"], ["--log-level", "'loud'", "debug, info, warning, error"]),
     (["--log-format", "xml"], ["--log-format", "'xml'", "text or json"]),
     (["--step", "10m"], ["--step", "'10m'", "between"]),
