@@ -22,8 +22,8 @@ A row's ``scope`` says which labels come first and where the value comes from; t
 - ``host``: the host (``HostInfo``);
 - ``pod``: per pod allocation, from the pod attribution plugin (exporter/k8s);
 - ``self``: the exporter's own health, always published (not filterable): per backend (first
-  label) from its ``BackendStats``'s ``attr``; the process (``process_*``, prometheus_client's
-  ProcessCollector); or from a plugin.
+  label) from its ``BackendStats``'s ``attr``; the process (``process_*``, read from /proc by
+  core/host.py as prometheus_client's ProcessCollector reads them); or from a plugin.
 
 A row whose name ends in ``_info`` is an info family: one sample of 1 per GPU, host or build, its
 labels the attributes of that name (of the reading, ``HostInfo`` or the build).
@@ -429,7 +429,8 @@ FAMILIES: tuple[Family, ...] = (
            "(rocm-smi, a subprocess) are read at most every COLLECTION_INTERVAL, default 10 s.", "self", "self",
            ("backend",), attr="interval_seconds", filterable=False, every_backend=True),
     # The exporter process itself, as every Prometheus client library publishes it (issue 28), read
-    # from /proc/self by prometheus_client's ProcessCollector; absent where there is no /proc.
+    # from /proc/self by core/host.py (the files prometheus_client's ProcessCollector reads); absent
+    # where there is no /proc.
     Family("process_cpu_seconds_total", COUNTER, "seconds", "User and system CPU time of the exporter process.",
            "self", "self", every_backend=True, when="Linux (/proc)", filterable=False),
     Family("process_resident_memory_bytes", GAUGE, "bytes", "Resident memory (RSS) of the exporter process.",

@@ -42,17 +42,18 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import ipaddress
 import logging
 import os
 import re
-import ssl
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.platform.configfile import ConfigError, read_yaml, shown_value
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,12 @@ TOP_KEYS = ("tls_server_config", "basic_auth_users", "http_server_config", "rate
 TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version", "max_version",
             "cipher_suites", "prefer_server_cipher_suites", "curve_preferences", "client_allowed_sans"}
 INLINE_KEYS = {"cert": "cert_file", "key": "key_file", "client_ca": "client_ca_file"}
-CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-               "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+# ssl and hashlib load OpenSSL (about 6 MiB of RSS): imported only where TLS or basic auth is configured, so
+# an exporter without a web config keeps its small footprint. Values: the ssl module's CERT_* and TLSVersion names.
+CLIENT_AUTH = {"NoClientCert": "CERT_NONE", "VerifyClientCertIfGiven": "CERT_OPTIONAL",
+               "RequireAndVerifyClientCert": "CERT_REQUIRED"}
 UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
-VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+VERSIONS = {"TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}
 OLD_VERSIONS = ("TLS10", "TLS11")
 # Go's names (tls.CipherSuites(), the secure TLS 1.2 suites) -> OpenSSL's.
 CIPHERS = {
@@ -153,6 +156,8 @@ class WebConfig:
     def _key(self, user: str, password: bytes) -> bytes:
         # surrogateescape: a user name that is not UTF-8 is a failed login like any other, never an error
         raw = user.encode("utf-8", "surrogateescape")
+        import hashlib
+
         return hashlib.sha256(raw + b"\0" + password + b"\0" + self.users.get(user, b"")).digest()
 
     def client_allowed(self, cert: dict[str, Any] | None) -> bool:
@@ -298,6 +303,8 @@ def _no_password() -> bytes:
 
 
 def _tls_context(path: str, base: str, tls: Any) -> tuple[ssl.SSLContext, frozenset[str] | None, tuple[str, ...]]:
+    import ssl
+
     if not isinstance(tls, dict) or not tls:  # `tls_server_config: []` or empty must not mean plain HTTP
         raise _fail(path, "tls_server_config", tls, "expected a mapping with cert_file and key_file")
     for k in tls:
@@ -349,7 +356,7 @@ def _tls_context(path: str, base: str, tls: Any) -> tuple[ssl.SSLContext, frozen
             ctx.load_verify_locations(cafile=ca)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"web config {path}: cannot load client_ca_file {ca}: {exc}") from None
-        ctx.verify_mode = CLIENT_AUTH[auth]
+        ctx.verify_mode = getattr(ssl, CLIENT_AUTH[auth])
     sans = _allowed_sans(path, tls.get("client_allowed_sans"), auth)
     return ctx, sans, tuple(f for f in (cert, key, ca) if f)
 
@@ -362,7 +369,9 @@ def _version(path: str, tls: dict[str, Any], opt: str, default: str) -> ssl.TLSV
         raise _fail(path, f"tls_server_config.{opt}", v, "TLS 1.0 and 1.1 are not offered (RFC 8996): use TLS12")
     if v not in VERSIONS:
         raise _fail(path, f"tls_server_config.{opt}", v, f"expected one of {', '.join(VERSIONS)}")
-    return VERSIONS[v]
+    import ssl
+
+    return getattr(ssl.TLSVersion, VERSIONS[v])
 
 
 def _names(path: str, key: str, v: Any) -> list[str] | None:
@@ -374,6 +383,8 @@ def _names(path: str, key: str, v: Any) -> list[str] | None:
 
 
 def _ciphers(path: str, ctx: ssl.SSLContext, tls: dict[str, Any]) -> None:
+    import ssl
+
     prefer = tls.get("prefer_server_cipher_suites", True)  # Go's and the toolkit's default
     if not isinstance(prefer, bool):
         raise _fail(path, "tls_server_config.prefer_server_cipher_suites", prefer, "expected true or false")

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from exporter.core.host import process_readings
 from exporter.core.options import FieldFilter
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 from exporter.core.schema import COUNTER, FAMILIES, FAMILY_BY_NAME, GAUGE, Family
@@ -443,7 +444,6 @@ def _vendor_of(coll: Collection) -> str:
 
 # --- the host and the exporter itself -------------------------------------------------------------
 
-_process: list[Any] = []  # prometheus_client's ProcessCollector, made on first use
 
 
 def _self_families(out: _Out, snap: Snapshot) -> None:
@@ -476,17 +476,12 @@ def _self_families(out: _Out, snap: Snapshot) -> None:
 
 
 def _process_families(out: _Out) -> None:
-    """process_* of the exporter itself (CPU, memory, start time, file descriptors) from /proc/self,
-    the rows among prometheus_client's ProcessCollector samples; nothing where /proc is missing."""
-    if not _process:
-        from prometheus_client import ProcessCollector
-
-        _process.append(ProcessCollector(registry=None))
-    for m in _process[0].collect():
-        for s in m.samples:
-            f = FAMILY_BY_NAME.get(s.name)
-            if f is not None:
-                out.row(f, f"{s.name} {num(float(s.value))}\n")
+    """process_* of the exporter itself (CPU, memory, start time, file descriptors) from /proc/self
+    (core/host.py); nothing where /proc is missing."""
+    for name, value in process_readings().items():
+        f = FAMILY_BY_NAME.get(name)
+        if f is not None:
+            out.row(f, f"{name} {num(value)}\n")
 
 
 def render(snap: Snapshot, fields: FieldFilter, openmetrics: bool = False) -> bytes:
