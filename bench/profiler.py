@@ -237,23 +237,18 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 if __name__ == "__main__":
+    import argparse
+
     from bench.run import write_section
 
-    args = sys.argv[1:]
-    target = None
-    if "--write" in args:
-        i = args.index("--write")
-        target = Path(args[i + 1])
-        del args[i:i + 2]
-    periodic = "--periodic-only" in args
-    if periodic:
-        args.remove("--periodic-only")
-    conds = True
-    if "--conditions" in args:
-        i = args.index("--conditions")
-        conds = args[i + 1] != "off"
-        del args[i:i + 2]
-    counts = [int(a) for a in args] or [100, 1000]
+    ap = argparse.ArgumentParser(prog="python -m bench.profiler", description="One profiler cycle (first, then "
+                                 "no-change) against the real Prometheus and the fake API server, per fleet size.")
+    ap.add_argument("nodes", nargs="*", type=int, default=[100, 1000], help="fleet sizes (default: 100 1000)")
+    ap.add_argument("--write", type=Path, help="replace the profiler section of this Markdown file")
+    ap.add_argument("--periodic-only", action="store_true", help="every GPU periodic (the slowest fleet)")
+    ap.add_argument("--conditions", choices=("on", "off"), default="on", help="the GPUHealthy condition")
+    opts = ap.parse_args()
+    target, periodic, conds, counts = opts.write, opts.periodic_only, opts.conditions == "on", opts.nodes
     rows = []
     for c in counts:
         row = run_bench(c, periodic_only=periodic, conditions=conds)
