@@ -360,14 +360,13 @@ def test_a_redirect_without_a_location_is_refused_at_once(code: int) -> None:
     assert f"HTTP {code} redirect without a Location" in str(exc.value)
 
 
-class Trickler:
-    """Sends a valid header, then one body byte every ``every`` s, forever."""
+class Listener:
+    """A raw socket server on 127.0.0.1: each connection goes to ``_one`` on its own thread, for answers
+    an HTTP library cannot send (trickled, endless); ``stop`` ends the accept loop and the answers."""
 
-    def __init__(self, every: float = 0.2, length: int = 100000) -> None:
+    def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.every = every
-        self.length = length
         self.stop = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -376,8 +375,20 @@ class Trickler:
             try:
                 conn, _ = self.sock.accept()
             except OSError:
-                return
+                return  # closed
             threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class Trickler(Listener):
+    """Sends a valid header, then one body byte every ``every`` s, forever."""
+
+    def __init__(self, every: float = 0.2, length: int = 100000) -> None:
+        self.every = every
+        self.length = length
+        super().__init__()
 
     def _one(self, conn: socket.socket) -> None:
         with conn:
@@ -487,21 +498,8 @@ def test_an_announced_length_over_the_cap_is_refused_before_the_body() -> None:
     assert took < 2.5, f"read for {took:.1f}s before refusing"
 
 
-class Endless:
+class Endless(Listener):
     """Answers 200 without a length (HTTP/1.0: the body ends at close) and sends forever."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
         with conn:
