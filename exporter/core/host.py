@@ -54,7 +54,7 @@ def _clock_ticks() -> float:
 
 
 _TICKS = _clock_ticks()
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def process_readings(proc: str = "/proc", pid: str = "self") -> dict[str, float]:
