@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 
-from exporter.profiler.prom import BAD_QUERY, BAD_RESPONSE, HTTP_5XX, TIMEOUT, UNREACHABLE, PromClient, PromError
+from exporter.profiler.prom import (
+    BAD_QUERY,
+    BAD_RESPONSE,
+    HTTP_5XX,
+    TIMEOUT,
+    UNREACHABLE,
+    ParseCost,
+    PromClient,
+    PromError,
+)
 from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
 
 VECTOR = {"status": "success", "data": {"resultType": "vector", "result": [
@@ -622,18 +631,20 @@ def test_nan_values_as_prometheus_sends_them_are_kept(api_factory: Any) -> None:
 
 
 class BodyTrickler(Trickler):
-    """A valid JSON start, then a space every ``every`` s, without a Content-Length
+    """A valid JSON start (or ``start``), then a space every ``every`` s, without a Content-Length
     (``http10``: read until close) or chunked: only the deadline ends the answer."""
 
-    def __init__(self, framing: str, every: float = 0.2) -> None:
+    def __init__(self, framing: str, every: float = 0.2,
+                 start: bytes = b'{"status":"success","data":{"resultType":"vector","result":[') -> None:
         self.framing = framing
+        self.start = start
         super().__init__(every)
 
     def _one(self, conn: socket.socket) -> None:
         with conn:
             try:
                 conn.recv(65536)
-                start = b'{"status":"success","data":{"resultType":"vector","result":['
+                start = self.start
                 if self.framing == "http10":
                     conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + start)
                     while not self.stop.wait(self.every):
@@ -740,3 +751,141 @@ def test_a_token_over_plain_http_is_warned_about(url: str, token: bool, warned: 
     PromClient(url, token_file=str(tmp_path / "t") if token else None)
     said = [r.getMessage() for r in caplog.records if r.name == "exporter.profiler.prom"]
     assert said == ([f"sending a bearer token to {url} over plain http"] if warned else [])
+
+
+# ---- the caps and error lines at their exact bounds (issue 30, prom-caps) ----------------------------
+
+
+def test_a_refused_redirect_names_each_url_cut_to_its_bound() -> None:
+    """One line whatever the URLs' length: the hop's URL cut to 300 characters, where it pointed (the
+    server's text) to 200 (docs/profiler.md), the configured URL to 100, each cut marked "..."."""
+    prefix = "/" + "p" * 150
+    hop = "/" + "h" * 400  # same origin: followed
+    away = "https://127.0.0.1:9/" + "e" * 300  # another origin (the scheme): refused, never asked
+
+    def answer(req: Request) -> Reply:
+        return Reply(307, headers={"Location": away if req.path == hop else hop})
+
+    with FakeHTTP(answer) as srv, pytest.raises(PromError) as exc:
+        PromClient(srv.url + prefix, retries=0).query("up", 1.0)
+    assert [r.path for r in srv.requests] == [prefix + "/api/v1/query", hop]
+    assert exc.value.kind == BAD_RESPONSE
+    assert str(exc.value) == (
+        f"{(srv.url + hop)[:300]}...: HTTP 307 redirect to {away[:200]}... not followed (only 307/308 within "
+        f"{(srv.url + prefix)[:100]}...'s origin; credentials never leave it): set --prometheus-url to the final "
+        "address")
+
+
+def test_a_blank_status_line_is_a_broken_answer_named_without_a_trailing_blank() -> None:
+    server = RawServer(b"\r\n")  # BadStatusLine with no printable text of its own
+    try:
+        with pytest.raises(PromError) as exc:
+            PromClient(f"http://127.0.0.1:{server.port}", retries=0).query("up", 1.0)
+    finally:
+        server.sock.close()
+    assert exc.value.kind == BAD_RESPONSE
+    assert str(exc.value) == f"http://127.0.0.1:{server.port}/api/v1/query: broken HTTP answer: BadStatusLine"
+
+
+def test_a_bad_header_name_is_named_cut_to_80_characters() -> None:
+    name = "Bad Name " + "x" * 100
+    with pytest.raises(ValueError) as exc:
+        PromClient("http://127.0.0.1:9090", headers={name: "v"})
+    assert str(exc.value) == f"header {name[:80] + '...'!r}: not a valid HTTP header name and value"
+
+
+def _exactly(size: int) -> bytes:
+    """VECTOR as a JSON answer of exactly ``size`` bytes (blanks before its last brace)."""
+    doc = json.dumps(VECTOR).encode()
+    return doc[:-1] + b" " * (size - len(doc)) + b"}"
+
+
+def _framed(framing: str, body: bytes) -> bytes:
+    """A 200 answer carrying ``body``: with its length, chunked (in 7,000-byte chunks), or read to the close."""
+    if framing == "length":
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+    if framing == "chunked":
+        chunks = [body[i:i + 7000] for i in range(0, len(body), 7000)]
+        return (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n")
+    return b"HTTP/1.0 200 OK\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "close"])
+@pytest.mark.parametrize("cap", [1000, 3 * 2**19])  # under one read, and over the 1 MiB a read takes
+def test_an_answer_of_exactly_the_cap_is_read_and_one_byte_more_refused(cap: int, framing: str) -> None:
+    """--prometheus-max-response-bytes is the longest answer taken, to the byte, whatever the framing."""
+    for size in (cap, cap + 1):
+        server = RawServer(_framed(framing, _exactly(size)))
+        client = PromClient(f"http://127.0.0.1:{server.port}", retries=0, max_response_bytes=cap)
+        try:
+            if size == cap:
+                assert len(client.query("up", 1.0)) == 2 and client.largest_response_bytes == cap
+            else:
+                with pytest.raises(PromError) as exc:
+                    client.query("up", 1.0)
+                assert exc.value.kind == "prometheus_response_too_large", str(exc.value)
+                assert client.largest_response_bytes == 0
+        finally:
+            server.sock.close()
+
+
+def _holder(body: bytes) -> BodyTrickler:
+    """Answers 200 without a length (HTTP/1.0: the body would end at the close) with ``body``, then holds
+    the connection open until ``stop``: only the client can end the answer before its deadline."""
+    return BodyTrickler("http10", every=3600, start=body)
+
+
+@pytest.mark.parametrize("cap", [1000, 3 * 2**19])
+def test_one_byte_over_the_cap_is_refused_at_once_when_the_server_then_stalls(cap: int) -> None:
+    """The client never waits for more than one byte past the cap: a server that sends cap + 1 bytes and
+    then stalls is refused then, not when the deadline cuts it."""
+    server = _holder(b" " * (cap + 1))
+    try:
+        start = time.monotonic()
+        with pytest.raises(PromError) as exc:
+            PromClient(f"http://127.0.0.1:{server.port}", timeout=10.0, retries=0,
+                       max_response_bytes=cap).query("up", 1.0)
+        took = time.monotonic() - start
+    finally:
+        server.stop.set()
+        server.sock.close()
+    assert str(exc.value) == (f"http://127.0.0.1:{server.port}/api/v1/query: the answer is longer than "
+                              f"--prometheus-max-response-bytes ({cap} bytes); not read")
+    assert took < 5.0, f"refused after {took:.1f}s of a 10 s deadline: it waited for more than the cap"
+
+
+def test_the_parse_bound_is_judged_on_every_mebibyte_as_it_arrives() -> None:
+    """An answer whose first MiB alone would parse into more than --prometheus-max-parse-bytes is refused
+    once that MiB is in, even when the server then stalls: not held to the deadline, not read further."""
+    body = b"[" + b"{}," * 400_000  # 1.2 MB of {}: its first MiB is some 44 MB of objects
+    first = ParseCost()
+    first.add(body[:2**20])
+    server = _holder(body)
+    try:
+        start = time.monotonic()
+        with pytest.raises(PromError) as exc:
+            PromClient(f"http://127.0.0.1:{server.port}", timeout=10.0, retries=0).query("up", 1.0)  # 32 MiB
+        took = time.monotonic() - start
+    finally:
+        server.stop.set()
+        server.sock.close()
+    assert str(exc.value) == (
+        f"http://127.0.0.1:{server.port}/api/v1/query: the answer would take more than "
+        f"--prometheus-max-parse-bytes ({32 * 2**20} bytes) to parse (objects for {first.bytes} bytes in its first "
+        f"{2**20} bytes); not read further")
+    assert took < 5.0, f"refused after {took:.1f}s of a 10 s deadline"
+
+
+def test_an_answer_that_costs_exactly_the_parse_bound_is_taken(api_factory: Any) -> None:
+    """--prometheus-max-parse-bytes is inclusive, as --prometheus-max-response-bytes is: an answer whose
+    counted cost is the bound is parsed, one byte less of bound refuses it."""
+    body = json.dumps(VECTOR).encode()
+    cost = ParseCost()
+    cost.add(body)
+    api = api_factory([(200, body)] * 2)
+    url = f"http://127.0.0.1:{api.port}"
+    assert len(PromClient(url, retries=0, max_parse_bytes=cost.bytes).query("up", 1.0)) == 2
+    with pytest.raises(PromError) as exc:
+        PromClient(url, retries=0, max_parse_bytes=cost.bytes - 1).query("up", 1.0)
+    assert exc.value.kind == "prometheus_response_too_large" and "--prometheus-max-parse-bytes" in str(exc.value)
