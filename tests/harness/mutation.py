@@ -6,8 +6,9 @@
 mutmut (3.x) reads its settings from ``[tool.mutmut]`` in the pyproject.toml of the directory
 it runs in, and mutates and tests a copy of the tree under ``mutants/``. Each module here gets
 its own throw-away tree, ``.mutation/<module>/`` (ignored by git): a copy of the files git
-tracks or would track, whose pyproject.toml gains that module's ``[tool.mutmut]`` table (the file
-to mutate, the test files that judge it). So a clean clone needs nothing but the ``mutation``
+tracks or would track, whose pyproject.toml gains that module's ``[tool.mutmut]`` table (the files
+to mutate, the test files that judge it). A module may span files (``also``): code that its main
+file delegates to is judged by the same tests, in the same score. So a clean clone needs nothing but the ``mutation``
 extra, and one module's run never reuses another's stale results.
 
 Only tests that call the module in the pytest process count: mutmut learns which tests reach
@@ -44,6 +45,11 @@ class Module:
     functions: tuple[str, ...] = ()  # fnmatch patterns of mutant names; empty: every function of the file
     isolation: str = "fork"  # mutmut's process_isolation: forkserver where the tests start gRPC threads
     extra_args: tuple[str, ...] = field(default=())  # more pytest arguments
+    also: tuple[str, ...] = ()  # more files mutated with ``path`` (code it delegates to); ``functions`` covers them
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.path, *self.also)
 
 
 def _dotted(path: str) -> str:
@@ -84,8 +90,12 @@ MODULES: dict[str, Module] = {
                                "x_classify_resource", "x_parse_device_id", "x_reading_keys", "x__mig_profile_keys",
                                "x_mig_keys", "xǁAllocationǁholder", "x__lookup", "x__match", "x__holder_labels",
                                "xǁPodAttributionǁlabels_for", "xǁPodAttributionǁmig_labels_for",
-                               "xǁPodAttributionǁ_index", "xǁPodAttributionǁ_index_dra")),
-                           isolation="forkserver"),
+                               "xǁPodAttributionǁ_index", "xǁPodAttributionǁ_index_dra"))
+                           # which resource names are whose GPUs, and whether slices (classify_resource delegates),
+                           # and the vendors' index prefixes (GKE's nvidiaN): GpuResources, the mapping's own table
+                           + tuple(f"exporter.core.k8s_names.xǁGpuResourcesǁ{f}__*" for f in (
+                               "__post_init__", "classify", "prefixed_index")),
+                           also=("exporter/core/k8s_names.py",), isolation="forkserver"),
     "prom-caps": Module("exporter/profiler/prom.py", ("tests/unit/profiler/test_prom.py",),
                         functions=("exporter.profiler.prom.xǁPromClientǁ_post__*",
                                    "exporter.profiler.prom.xǁPromClientǁ_exchange__*",
@@ -126,7 +136,7 @@ def prepare(name: str, mod: Module, keep: bool = False) -> Path:
     (tree / "pyproject.toml").write_text(pyproject + f"""
 [tool.mutmut]
 source_paths = ["exporter"]
-only_mutate = {_toml_list([mod.path])}
+only_mutate = {_toml_list(list(mod.paths))}
 pytest_add_cli_args_test_selection = {_toml_list(list(mod.tests))}
 pytest_add_cli_args = {_toml_list(pytest_args)}
 process_isolation = "{mod.isolation}"
@@ -204,13 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     below = []
     for name in names:
         mod = MODULES[name]
-        print(f"mutation: {name} ({mod.path}; tests: {', '.join(mod.tests)})", flush=True)
+        print(f"mutation: {name} ({', '.join(mod.paths)}; tests: {', '.join(mod.tests)})", flush=True)
         killed, judged, left = run(name, mod, args.jobs, tuple(args.rerun))
         pct = 100.0 * killed / judged if judged else 0.0
         print(f"mutation: {name}: {killed}/{judged} killed ({pct:.1f}%)", flush=True)
         for s in left:
             print(f"    {s}")
-        rows.append(f"| {name} | `{mod.path}` | {killed} | {judged} | {pct:.1f}% |")
+        files = ", ".join(f"`{p}`" for p in mod.paths)
+        rows.append(f"| {name} | {files} | {killed} | {judged} | {pct:.1f}% |")
         if judged == 0 or killed < TARGET * judged:
             below.append(name)
     today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")

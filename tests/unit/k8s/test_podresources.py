@@ -413,3 +413,51 @@ def test_index_keys_are_the_gpus_own_vendor_and_both_for_a_simulated_one() -> No
     assert ("index", "nvidia", "2") in real and ("index", "amd", "2") not in real
     sim = reading_keys(GpuReading(index=2, uuid=U0, vendor="simulated"), vendors)
     assert ("index", "nvidia", "2") in sim and ("index", "amd", "2") in sim
+
+
+# --- the vendors' names (GpuResources, exporter/core/k8s_names.py) ------------------------------
+# Resource names as the vendors' device plugins publish them: NVIDIA k8s-device-plugin (nvidia.com/gpu;
+# time-slicing with renameByDefault: nvidia.com/gpu.shared; MIG strategy mixed: nvidia.com/mig-<profile>,
+# .shared when time-sliced too), AMD k8s-device-plugin (amd.com/gpu), Intel device plugins
+# (gpu.intel.com/i915, gpu.intel.com/xe), Intel Gaudi (habana.ai/gaudi), AWS Neuron (aws.amazon.com/neuron,
+# aws.amazon.com/neuroncore), GKE TPUs (google.com/tpu).
+
+
+@pytest.mark.parametrize(("resource", "kind"), [
+    ("nvidia.com/gpu", ("nvidia", False)),
+    ("nvidia.com/gpu.shared", ("nvidia", False)),  # a time-sliced replica is all of the GPU, shared
+    ("nvidia.com/mig-1g.10gb", ("nvidia", True)),
+    ("nvidia.com/mig-3g.40gb.shared", ("nvidia", True)),
+    ("amd.com/gpu", ("amd", False)),
+    ("gpu.intel.com/i915", None), ("gpu.intel.com/xe", None), ("habana.ai/gaudi", None),
+    ("aws.amazon.com/neuron", None), ("aws.amazon.com/neuroncore", None), ("google.com/tpu", None),
+    ("example.com/nvidia.com/gpu", None), ("nvidia.com/gpu-metrics", None), ("nvidia.com/gpux", None),
+    ("nvidia.com/mig-", None), ("amd.com/gpu/x", None), ("NVIDIA.COM/GPU", None),
+])
+def test_resource_names_are_the_declaring_vendors_and_no_one_elses(resource: str,
+                                                                   kind: tuple[str, bool] | None) -> None:
+    """Whose GPU a resource name is and whether its devices are slices; another vendor's name is not taken."""
+    from exporter.backends import gpu_resources
+    from exporter.k8s.podresources import classify_resource
+
+    assert classify_resource(resource, gpu_resources()) == kind
+
+
+def test_index_prefixes_of_several_vendors_and_of_none() -> None:
+    """GKE's ``nvidiaN`` is NVIDIA's GPU N; a second vendor's prefix is its own; without a prefix a bare or
+    prefixed number is no vendor's index form (a plain ``N`` is the resource's vendor's, parse_device_id)."""
+    from exporter.core.k8s_names import DevicePluginResource, GpuResources, KubernetesNames
+
+    both = GpuResources({"nvidia": KubernetesNames(index_prefix="nvidia", dra_drivers=("gpu.nvidia.com",)),
+                         "acme": KubernetesNames(resources=(DevicePluginResource(r"acme\.example/gpu"),),
+                                                 index_prefix="acme-gpu", dra_drivers=("gpu.acme.example",))})
+    assert both.prefixed_index("nvidia3") == ("nvidia", 3, None)
+    assert both.prefixed_index("nvidia12/vgpu0") == ("nvidia", 12, "vgpu0")
+    assert both.prefixed_index("acme-gpu2/1g.5gb") == ("acme", 2, "1g.5gb")
+    assert [both.prefixed_index(i) for i in ("3", "nvidia", "nvidiax3", "acme3", "gpu2")] == [None] * 5
+    assert both.vendors == ("nvidia", "acme")
+    assert both.dra_drivers == {"gpu.nvidia.com", "gpu.acme.example"}
+    assert both.classify("acme.example/gpu") == ("acme", False) and both.classify("nvidia.com/gpu") is None
+    for none in (GpuResources(), GpuResources({"acme": KubernetesNames(dra_drivers=("gpu.acme.example",))})):
+        assert [none.prefixed_index(i) for i in ("0", "nvidia0", "acme-gpu0/vgpu1")] == [None] * 3
+        assert none.classify("nvidia.com/gpu") is None
