@@ -43,6 +43,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from operator import mul
 from typing import Any
 
@@ -213,13 +214,21 @@ def autocorrelation(x: Sequence[float], max_lag: int) -> list[float]:
     All zeros when the series is constant.
     """
     xs = list(x)
-    c0 = sum(map(mul, xs, xs))
+    n = len(xs)
+    squares = [0.0, *accumulate(map(mul, xs, xs))]  # squares[m]: the sum of the first m squares
+    c0 = squares[n]
     if c0 <= 0.0:
         return [0.0] * (max_lag + 1)
-    n = len(xs)
-    # equal-length slices: the same products in the same order, and a third faster than
-    # letting map() run one of them out (this is most of a periodic GPU's classification)
-    return [sum(map(mul, xs[:n - k], xs[k:])) / c0 for k in range(max_lag + 1)]
+    # This is most of a periodic GPU's classification, so each lag's sum of products is taken
+    # from a distance: a·b = (|a|² + |b|² - |a - b|²) / 2, where math.dist walks both slices in
+    # C without a float object per product (twice as fast as sum(map(mul, ...))). Its error is
+    # a few ulps of c0, about 1e-15 in r, against a significance bound of 0.1 or more.
+    dist = math.dist
+    out = []
+    for k in range(max_lag + 1):
+        d = dist(xs[:n - k], xs[k:])
+        out.append((squares[n - k] + c0 - squares[k] - d * d) / (2.0 * c0))
+    return out
 
 
 def _peak_near(r: Sequence[float], centre: float, tol: float) -> int | None:
