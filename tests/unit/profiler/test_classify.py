@@ -535,3 +535,40 @@ def test_autocorrelation_is_the_biased_estimate_normalised_at_lag_zero() -> None
     want = [sum(x[i] * x[i + k] for i in range(len(x) - k)) / c0 for k in range(4)]
     assert autocorrelation(x, 3) == pytest.approx(want)
     assert autocorrelation([0.0] * 5, 2) == [0.0, 0.0, 0.0]  # constant (zero-mean) series
+
+
+def _partial_leak(n: int, first: int, last: int) -> list[float]:
+    """n memory points (60 s apart), flat but for a rise of 1 GiB a step from point ``first`` to ``last``."""
+    return [10 * GIB + GIB * (min(max(i, first), last) - first) for i in range(n)]
+
+
+@pytest.mark.parametrize(("n", "first", "last", "growing"), [
+    # 31 points (a 30 min window at 60 s): the rise must be in both halves, which share the middle point
+    (31, 9, 30, True),  # started 30% into the window: the first half still rises enough
+    (31, 10, 30, False),  # started a third of the way in: most of the first half is flat
+    (31, 0, 21, True),  # the mirror image: stopped 70% of the way through
+    (31, 0, 20, False),
+    # 30 points (an end point missing): the first half is points 0-15, the second 15-29
+    (30, 9, 29, True),
+    (30, 10, 29, False),
+    (30, 0, 21, True),
+    (30, 0, 20, False),
+])
+def test_detect_growth_wants_the_rise_in_both_halves_of_the_window(n: int, first: int, last: int,
+                                                                   growing: bool) -> None:
+    """A leak that ran for only part of the window: growing while each half's Theil-Sen slope is at
+    least 0.3 x the whole window's (docs/profiler.md), whichever end of the window it is missing."""
+    tr = detect_growth(_partial_leak(n, first, last), 60.0, 80 * GIB, 1800.0, TH)
+    assert (tr is not None) == growing
+
+
+def test_detect_growth_thresholds_are_inclusive() -> None:
+    """Mann-Kendall z >= growth_z and each half's slope >= growth_half_ratio x the slope: a value exactly
+    at its threshold counts, the next float above it does not."""
+    ys = [0.0, 2.0, 1.0, 3.0, 5.0, 4.0, 6.0, 8.0, 7.0, 9.0, 11.0, 10.0]
+    _, z = theil_sen_mann_kendall(ys)
+    assert detect_growth(ys, 1.0, 1.0, 100.0, Thresholds(growth_z=z)) is not None
+    assert detect_growth(ys, 1.0, 1.0, 100.0, Thresholds(growth_z=math.nextafter(z, math.inf))) is None
+    line = [float(i) for i in range(31)]  # each half's slope is exactly the whole one's
+    assert detect_growth(line, 1.0, 1.0, 100.0, Thresholds(growth_half_ratio=1.0)) is not None
+    assert detect_growth(line, 1.0, 1.0, 100.0, Thresholds(growth_half_ratio=math.nextafter(1.0, 2.0))) is None
