@@ -574,9 +574,11 @@ def test_detect_growth_thresholds_are_inclusive() -> None:
     assert detect_growth(line, 1.0, 1.0, 100.0, Thresholds(growth_half_ratio=math.nextafter(1.0, 2.0))) is None
 
 
-def _cycle(kind: str, n: int, period: float, phase: float, noise: float, seed: int) -> list[float]:
-    """n samples of a workload repeating every ``period`` steps, plus Gaussian noise: a sine, a square
-    wave (busy half the cycle) or two unequal bursts per cycle (0.95 for a fifth of it, 0.5 for another)."""
+def _cycle(kind: str, n: int, period: float, phase: float, noise: float, seed: int,
+           drift: float = 0.0) -> list[float]:
+    """n samples of a workload repeating every ``period`` steps, plus Gaussian noise and a linear drift
+    per step: a sine, a square wave (busy half the cycle) or two unequal bursts per cycle (0.95 for a
+    fifth of it, 0.5 for another)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -587,23 +589,27 @@ def _cycle(kind: str, n: int, period: float, phase: float, noise: float, seed: i
             v = 0.9 if f < 0.5 else 0.1
         else:
             v = 0.95 if f < 0.2 else 0.5 if 0.5 <= f < 0.7 else 0.05
-        out.append(v + rng.gauss(0, noise))
+        out.append(v + rng.gauss(0, noise) + drift * i)
     return out
 
 
-@pytest.mark.parametrize(("kind", "n", "period", "phase", "noise", "seed"), [
-    ("square", 24, 3.0, 0.868, 0.2, 107570),  # the shortest period, 8 cycles, heavy noise
-    ("sine", 45, 4.689, 0.190, 0.1, 710687),  # a fractional period in a short window
-    ("two", 91, 4.0, 0.045, 0.3, 277511),  # two unequal bursts per short cycle, heavy noise
-    ("two", 91, 6.0, 0.323, 0.02, 362831),  # ... the lag-3 half period is the weaker: not the period
-    ("sine", 241, 35.206, 0.546, 0.3, 28223),  # long periods near the 4-cycle limit, heavy noise
-    ("sine", 241, 54.598, 0.332, 0.3, 398343),
+@pytest.mark.parametrize(("kind", "n", "period", "phase", "noise", "seed", "drift"), [
+    ("square", 24, 3.0, 0.868, 0.2, 107570, 0.0),  # the shortest period, 8 cycles, heavy noise
+    ("sine", 45, 4.689, 0.190, 0.1, 710687, 0.0),  # a fractional period in a short window
+    ("two", 45, 4.0, 0.659, 0.3, 327125, 0.0),  # two unequal bursts per short cycle, heavy noise
+    ("two", 91, 4.0, 0.045, 0.3, 277511, 0.0),
+    ("two", 91, 6.0, 0.323, 0.02, 362831, 0.0),  # ... the lag-3 half period is the weaker: not the period
+    ("sine", 91, 8.862, 0.634, 0.3, 27299, -0.00255),  # drifting down
+    ("sine", 121, 17.780, 0.023, 0.3, 270619, 0.0),
+    ("sine", 181, 30.090, 0.429, 0.3, 802693, 0.0),
+    ("sine", 241, 35.206, 0.546, 0.3, 28223, 0.0),  # long periods near the 4-cycle limit, heavy noise
+    ("sine", 241, 54.598, 0.332, 0.3, 398343, 0.0),
 ])
-def test_detect_period_finds_noisy_and_short_cycles_within_10_percent(kind: str, n: int, period: float,
-                                                                     phase: float, noise: float, seed: int) -> None:
+def test_detect_period_finds_noisy_and_short_cycles_within_10_percent(kind: str, n: int, period: float, phase: float,
+                                                                     noise: float, seed: int, drift: float) -> None:
     """The period an operator reads is within the 10% the profiler holds it to (its dead band), also
     where noise puts wiggles and false maxima on the autocorrelation peaks."""
-    r = detect_period(_cycle(kind, n, period, phase, noise, seed))
+    r = detect_period(_cycle(kind, n, period, phase, noise, seed, drift))
     assert r is not None and abs(r.period_steps - period) <= 0.1 * period, r
 
 
@@ -638,12 +644,12 @@ def _on_off(n: int, stay: float, seed: int) -> list[float]:
 
 def test_detect_period_does_not_call_random_bursts_periodic() -> None:
     """A long busy stretch correlates with itself at the lag of the next one by chance; only a peak that
-    repeats at twice its lag, and stays correlated at every further multiple, is a period. 300 random
-    on/off series with dwell times of 5 to 20 steps: at most one called periodic (docs/profiler.md: about
+    repeats at twice its lag, and stays correlated at every further multiple, is a period. 900 random
+    on/off series with dwell times of 5 to 20 steps: at most two called periodic (docs/profiler.md: about
     0.3% of bursty series)."""
-    hits = [(stay, seed) for stay in (0.8, 0.9, 0.95) for seed in range(100)
+    hits = [(stay, seed) for stay in (0.8, 0.9, 0.95) for seed in range(300)
             if detect_period(_on_off(121, stay, seed)) is not None]
-    assert len(hits) <= 1, hits
+    assert len(hits) <= 2, hits
 
 
 def test_detect_period_searches_series_of_min_cycles_times_min_period_steps_points() -> None:
