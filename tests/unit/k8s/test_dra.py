@@ -338,3 +338,26 @@ def test_without_dra_claimed_gpus_are_ignored_not_unmapped(kubelet: FakeKubelet,
     a = attribution(kubelet.path, gpus, timeout=2.0)
     assert wait_until(lambda: a.labels_for(gpus[1]), 10) == who("ml", "x", "c")
     assert devices(a, "ignored") == 1 and devices(a, "unmapped") == 0
+
+
+def test_a_dra_gpu_indexed_before_its_gpu_was_read_is_one_allocation(kubeapi: FakeKubeAPI, kube_client: Any,
+                                                                     kubelet: FakeKubelet,
+                                                                     attribution: Callable[..., PodAttribution]) -> None:
+    """A DRA GPU listed before the exporter had read its GPU sits under both its uuid and its PCI bus id;
+    the GPU then answers to both keys, and must still count it once: one gpu_allocation_info row, not
+    shared, and allocated once (a duplicate row would be two identical series)."""
+    w = start(kubeapi, kube_client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [ds.nvidia_gpu(0, U0, PCI0)])])
+    try:
+        kubelet.set_response(response([pod("ml", "x", {}, claims={"c": [("cl", "ml", [(ds.NVIDIA, NODE, "gpu-0")])]})]))
+        gpus = nvidia_gpus()
+        a = attribution(kubelet.path, dra=w.resolve, timeout=2.0)  # no GPUs read yet: every key of the device
+        assert wait_until(lambda: a.labels_for(gpus[0]), 10) == who("ml", "x", "c")
+        kubelet.hang()  # keep that view: the next List would index the device under the GPU's first key only
+        wait_until(lambda: kubelet.hung >= 1, what="a List held, after the view indexed without GPUs")
+        a.update_gpus(gpus)
+        assert [(r["gpu"], r["pod"], r["shared"]) for r in info(a)] == [("0", "x", "1")]
+        assert devices(a, "allocated") == 1 and devices(a, "unmapped") == 0
+        assert a.labels_for(gpus[0]) == who("ml", "x", "c")
+    finally:
+        kubelet.unhang()
+        w.stop()
