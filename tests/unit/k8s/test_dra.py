@@ -340,9 +340,9 @@ def test_without_dra_claimed_gpus_are_ignored_not_unmapped(kubelet: FakeKubelet,
     assert devices(a, "ignored") == 1 and devices(a, "unmapped") == 0
 
 
-def test_a_dra_gpu_indexed_before_its_gpu_was_read_is_one_allocation(kubeapi: FakeKubeAPI, kube_client: Any,
-                                                                     kubelet: FakeKubelet,
-                                                                     attribution: Callable[..., PodAttribution]) -> None:
+def test_a_dra_gpu_indexed_before_its_gpu_was_read_is_one_allocation(
+        kubeapi: FakeKubeAPI, kube_client: Any, kubelet: FakeKubelet,
+        attribution: Callable[..., PodAttribution]) -> None:
     """A DRA GPU listed before the exporter had read its GPU sits under both its uuid and its PCI bus id;
     the GPU then answers to both keys, and must still count it once: one gpu_allocation_info row, not
     shared, and allocated once (a duplicate row would be two identical series)."""
