@@ -889,3 +889,10 @@ def test_an_answer_that_costs_exactly_the_parse_bound_is_taken(api_factory: Any)
     with pytest.raises(PromError) as exc:
         PromClient(url, retries=0, max_parse_bytes=cost.bytes - 1).query("up", 1.0)
     assert exc.value.kind == "prometheus_response_too_large" and "--prometheus-max-parse-bytes" in str(exc.value)
+
+
+@pytest.mark.parametrize("prefix", ["/X", "/X//", "/prom/tenant-X/"])
+def test_a_path_prefix_is_kept_to_its_last_character_less_trailing_slashes(api_factory: Any, prefix: str) -> None:
+    api = api_factory([(200, VECTOR)])
+    assert len(PromClient(f"http://127.0.0.1:{api.port}{prefix}", retries=0).query("up", 1.0)) == 2
+    assert [p for p, _, _ in api.seen] == [prefix.rstrip("/") + "/api/v1/query"]
