@@ -361,3 +361,47 @@ def test_a_dra_gpu_indexed_before_its_gpu_was_read_is_one_allocation(
     finally:
         kubelet.unhang()
         w.stop()
+
+
+def test_dra_mig_alone_on_its_gpu_never_labels_the_gpu_and_uuid_decides_before_pci(
+        kubeapi: FakeKubeAPI, kube_client: Any, kubelet: FakeKubelet,
+        attribution: Callable[..., PodAttribution]) -> None:
+    """A MIG device is a slice of its parent even when it is the GPU's only allocation; a device whose uuid
+    and PCI bus id name two GPUs is the uuid's; a GPU claimed after another driver's device in one claim
+    still counts."""
+    w = start(kubeapi, kube_client, [ds.resource_slice("nv", NODE, ds.NVIDIA, [
+        ds.nvidia_gpu(0, U0, PCI1),  # uuid GPU 0's, PCI bus id GPU 1's
+        ds.nvidia_mig(1, U1, MIG_A, "3g.20gb", 9, 0, PCI1)])])
+    try:
+        kubelet.set_response(response([
+            pod("ml", "full", {}, claims={"c": [("cl", "ml", [("sriov.example.com", NODE, "vf-0"),
+                                                              (ds.NVIDIA, NODE, "gpu-0")])]}),
+            pod("ml", "mig", {}, claims={"c": [("m", "ml", [(ds.NVIDIA, NODE, "gpu-1-mig-3g20gb-9-0")])]}),
+        ]))
+        gpus = nvidia_gpus(mig=True)
+        g0, g1 = gpus
+        a = attribution(kubelet.path, gpus, dra=w.resolve, timeout=2.0)
+        assert wait_until(lambda: a.mig_labels_for(g1, g1.mig[0]), 10) == who("ml", "mig", "c")
+        assert a.labels_for(g1) == {}, "one MIG slice is not the whole GPU"
+        assert a.labels_for(g0) == who("ml", "full", "c")
+        assert {(r["gpu"], r["pod"], r["shared"]) for r in info(a)} == {("0", "full", "1"), ("1", "mig", "1")}
+        assert devices(a, "ignored") == 1 and devices(a, "allocated") == 2
+    finally:
+        w.stop()
+
+
+def test_without_dra_every_claimed_device_is_counted_and_the_reason_logged_once(
+        kubelet: FakeKubelet, attribution: Callable[..., PodAttribution], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "exporter.k8s.podresources")
+    kubelet.set_response(response([pod("ml", "x", {"c": [("nvidia.com/gpu", [U1])]}, claims={"c": [
+        ("two", "ml", [(ds.NVIDIA, NODE, "gpu-0"), (ds.NVIDIA, NODE, "gpu-2")]),
+        ("nic", "ml", [("sriov.example.com", NODE, "vf-0"), ("sriov.example.com", NODE, "vf-1")])]})]))
+    gpus = nvidia_gpus()
+    a = attribution(kubelet.path, gpus, timeout=2.0)
+    assert wait_until(lambda: a.labels_for(gpus[1]), 10) == who("ml", "x", "c")
+    wait_until(lambda: kubelet.calls >= 2, what="a second List")
+    assert devices(a, "ignored") == 4 and devices(a, "allocated") == 1
+    ignoring = sorted(r.getMessage() for r in caplog.records if "ignoring" in r.getMessage())
+    assert ignoring == ["pod attribution: ignoring resource 'gpu.nvidia.com' (DRA attribution is off)",
+                        "pod attribution: ignoring resource 'sriov.example.com (DRA driver)' "
+                        "(not a GPU resource name we know)"]
