@@ -241,6 +241,14 @@ def test_unknown_resources_are_ignored_and_logged_once(
     assert len(logged) == 1
 
 
+def test_an_empty_device_id_is_skipped_not_the_ids_after_it(kubelet: FakeKubelet, attribution: Make) -> None:
+    gpus = nvidia(U0, U1)
+    kubelet.set_response(response([pod("ml", "p", {"c": [("nvidia.com/gpu", ["", " ", U0, "::1"])]})]))
+    a = attribution(kubelet.path, gpus)
+    assert wait_until(lambda: a.labels_for(gpus[0]), what="GPU 0 after two empty IDs") == who("ml", "p", "c")
+    assert allocations(a) == {("0", U0, "ml", "p", "c", "nvidia.com/gpu", U0, "1")}
+
+
 def test_fields_of_a_newer_kubelet_are_skipped(kubelet: FakeKubelet,
                                                attribution: Make) -> None:
     gpus = nvidia(U0)
