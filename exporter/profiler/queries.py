@@ -33,7 +33,9 @@ Every answer must fit ``--prometheus-max-response-bytes``: the shard and batch s
 answers near a tenth of the default cap, and an answer refused as too large splits its
 shard or batch in two and asks again (down to one node or one GPU). Each shard is folded
 into compact per-GPU results before the next is read, so memory follows the shard, not
-the fleet.
+the fleet. Prometheus and this process work side by side: the next shard's aggregates are
+asked for while a shard is parsed, and a shard is classified while the next one's range
+queries run (at most one shard waits to be classified).
 
 The aggregates' parts (one per statistic, each with its ``stat`` label) are joined by a
 balanced tree of ``or`` (:func:`union`): a left-deep chain costs Prometheus 2 a hash of
@@ -493,6 +495,7 @@ class Reader:
         # a shard's 3 aggregates, the next shard's 3 (prefetched) and 2 range batches
         self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="promql")
         self.last: FleetReading | None = None  # bookkeeping of the last read (gpus empty when streamed)
+        self._idle: Callable[[], None] | None = None  # while a read runs: classify the shard read before
         self.picked: dict[str, int] = {}  # source -> nodes, as last discovered (logged when it changes)
 
     def read(self, at: float) -> FleetReading:
@@ -587,31 +590,49 @@ class Reader:
         todo = [(name, nodes) for name, per_node in found.items() for nodes in plan_shards(per_node, cfg.shard_gpus)]
         done = 0
         prefetched: dict[tuple[str, tuple[str, ...]], list[Future[list[Sample]]]] = {}
-        while todo:
-            name, nodes = todo.pop(0)
-            b = self.builders[name]
-            stats = prefetched.pop((name, tuple(nodes)), None) or self._stats(b, nodes, at)
-            if todo and (todo[0][0], tuple(todo[0][1])) not in prefetched:
-                # Prometheus computes the next shard while this one is parsed and classified
-                prefetched[(todo[0][0], tuple(todo[0][1]))] = self._stats(self.builders[todo[0][0]], todo[0][1], at)
-            try:
-                gpus, q, d, shard_steps = self._read_shard(b, nodes, at, mem_step, stats)
-            except PromError as exc:
-                if exc.kind != TOO_LARGE or len(nodes) == 1:
-                    for futures in prefetched.values():
-                        _settle(futures)
-                    raise
-                half = len(nodes) // 2
-                log.info("an answer for %d nodes was over the size cap: asking for %d and %d", len(nodes), half,
-                         len(nodes) - half)
-                todo[:0] = [(name, nodes[:half]), (name, nodes[half:])]
-                queries += 3
-                continue
-            queries += q
-            dropped += d
-            steps.update(shard_steps)
-            done += 1
-            consume(gpus)
+        # A shard read waits for Prometheus twice: for its aggregates (prefetched while the
+        # shard before is worked on) and for its range queries. The shard before is handed to
+        # ``consume`` (classified) during the second wait, so that Prometheus computes ranges
+        # while this process classifies instead of each idling in turn; at most one shard waits.
+        pending: list[dict[tuple[str, str], GpuStats]] = []
+
+        def flush() -> None:
+            while pending:
+                consume(pending.pop(0))
+
+        self._idle = flush
+        try:
+            while todo:
+                name, nodes = todo.pop(0)
+                b = self.builders[name]
+                stats = prefetched.pop((name, tuple(nodes)), None) or self._stats(b, nodes, at)
+                if todo and (todo[0][0], tuple(todo[0][1])) not in prefetched:
+                    # Prometheus computes the next shard while this one is parsed and classified
+                    prefetched[(todo[0][0], tuple(todo[0][1]))] = self._stats(self.builders[todo[0][0]], todo[0][1], at)
+                try:
+                    gpus, q, d, shard_steps = self._read_shard(b, nodes, at, mem_step, stats)
+                except PromError as exc:
+                    if exc.kind != TOO_LARGE or len(nodes) == 1:
+                        for futures in prefetched.values():
+                            _settle(futures)
+                        flush()  # the shards before this one were classified, as without the overlap
+                        raise
+                    half = len(nodes) // 2
+                    log.info("an answer for %d nodes was over the size cap: asking for %d and %d", len(nodes), half,
+                             len(nodes) - half)
+                    todo[:0] = [(name, nodes[:half]), (name, nodes[half:])]
+                    queries += 3
+                    continue
+                queries += q
+                dropped += d
+                steps.update(shard_steps)
+                done += 1
+                pending.append(gpus)
+                while len(pending) > 1:  # the shard before had no range query to wait for
+                    consume(pending.pop(0))
+            flush()
+        finally:
+            self._idle = None
         if dropped:
             log.warning("%d aggregate series had no node or GPU label; ignored", dropped)
         self.last = FleetReading(at=at, gpus={}, queries=queries,
@@ -777,7 +798,7 @@ class Reader:
             pair = batches[:2]
             del batches[:2]
             calls = [self._range_call(b, bt, at) for bt in pair]
-            results = self._all(*calls)
+            results = self._all(*calls, idle=self._idle)
             queries += len(pair)
             for bt, res in zip(pair, results, strict=True):
                 if isinstance(res, PromError):
@@ -818,14 +839,18 @@ class Reader:
             return False
         return d * self.cfg.window_s > 0.5 * self.cfg.thresholds.growth_min_fraction * total
 
-    def _all(self, *calls: Callable[[], T]) -> list[T]:
-        """Run queries side by side (Prometheus answers one while we parse another)."""
+    def _all(self, *calls: Callable[[], T], idle: Callable[[], None] | None = None) -> list[T]:
+        """Run queries side by side (Prometheus answers one while we parse another); ``idle``:
+        this thread's own work meanwhile (then every query runs on the pool)."""
         self.queries_sent += len(calls)
-        futures = [self._pool.submit(c) for c in calls[1:]]
+        futures = [self._pool.submit(c) for c in (calls if idle else calls[1:])]
         first: BaseException | None = None
         out: list[T] = []
         try:
-            out.append(calls[0]())
+            if idle:
+                idle()
+            else:
+                out.append(calls[0]())
         except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others finished
             first = exc
         for f in futures:
