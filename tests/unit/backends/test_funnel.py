@@ -24,6 +24,7 @@ from exporter.backends.base import (
     Verdict,
     si,
 )
+from exporter.core.options import BackendOptions, BackendSetting
 from exporter.core.readings import Collection
 
 
@@ -367,6 +368,26 @@ def test_backend_defaults() -> None:
     b = Toy()
     assert b.options.fields.enabled("gpu_power_watts") and b.enabled("gpu_power_watts")
     assert b.any_enabled("gpu_power_watts", "no_such_family")
+
+
+
+class Tunable(Toy):
+    settings: ClassVar[tuple[BackendSetting, ...]] = (
+        BackendSetting("toy_path", "--toy-path", "TOY_PATH", "path", "the toy binary (default: searched)"),
+        BackendSetting("toy_timeout", "--toy-timeout", None, "seconds", "toy timeout (default 5)", default=5.0),
+    )
+
+
+def test_a_backend_reads_its_own_settings_given_or_default() -> None:
+    """``Backend.setting``: the value serve parsed (flag, env or file), else the declared default;
+    a name the backend never declared is a programming error naming both."""
+    given = Tunable(BackendOptions(backend_settings={"toy_timeout": 0.5, "toy_path": "/opt/toy"}))
+    assert given.setting("toy_timeout") == 0.5 and given.setting("toy_path") == "/opt/toy"
+    unset = Tunable(BackendOptions(backend_settings={"other_backends_key": 9}))
+    assert unset.setting("toy_timeout") == 5.0 and unset.setting("toy_path") is None
+    with pytest.raises(KeyError) as err:
+        given.setting("other_backends_key")  # another backend's value is not this backend's setting
+    assert err.value.args[0] == "backend 'toy' declares no setting 'other_backends_key'"
 
 
 # --- suspect statuses (NVML UNKNOWN): the GPU's identity calls decide -------------------------------
