@@ -594,11 +594,13 @@ class Reader:
         # shard before is worked on) and for its range queries. The shard before is handed to
         # ``consume`` (classified) during the second wait, so that Prometheus computes ranges
         # while this process classifies instead of each idling in turn; at most one shard waits.
-        pending: list[dict[tuple[str, str], GpuStats]] = []
+        waiting: dict[tuple[str, str], GpuStats] | None = None
 
         def flush() -> None:
-            while pending:
-                consume(pending.pop(0))
+            nonlocal waiting
+            if waiting is not None:
+                gpus, waiting = waiting, None
+                consume(gpus)
 
         self._idle = flush
         try:
@@ -627,9 +629,8 @@ class Reader:
                 dropped += d
                 steps.update(shard_steps)
                 done += 1
-                pending.append(gpus)
-                while len(pending) > 1:  # the shard before had no range query to wait for
-                    consume(pending.pop(0))
+                flush()  # the shard before, if this one had no range query to classify it during
+                waiting = gpus
             flush()
         finally:
             self._idle = None
