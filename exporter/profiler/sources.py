@@ -94,7 +94,7 @@ CHOICES = (AUTO, OURS, DCGM, AMD)
 
 def gpu_exporter(node_label: str = "node") -> Source:
     """Our exporter: SI units already; the node label is ``--node-label`` (joined on ``instance``
-    with ``gpu_host_info`` where missing, see queries.py)."""
+    with ``gpu_host_info`` where missing, see promql.py)."""
     return Source(
         name=OURS, util="gpu_utilization_ratio", util_scale=1.0, mem_used="gpu_memory_used_bytes",
         mem_free="gpu_memory_free_bytes", mem_total="gpu_memory_total_bytes", mem_scale=1.0,

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from exporter.profiler.classify import classify_gpu
+from exporter.profiler.fold import scrape_interval
 from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader, scrape_interval
+from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import GpuHistory, labelled_set, sample_times, write_openmetrics
 from tests.harness.prom import OpenMetricsWriter, Prometheus
 

@@ -300,7 +300,7 @@ def test_aggregate_parts_are_joined_by_a_balanced_or() -> None:
     # Prometheus 2 hashes both sides of every `or`: a left-deep chain (`a or b or c ...`, as
     # PromQL parses it) handles the first parts' samples once per later part; a balanced tree
     # log2(k) times, with the same answer
-    from exporter.profiler.queries import QueryBuilder, union
+    from exporter.profiler.promql import QueryBuilder, union
 
     assert union(["a"]) == "a"
     assert union(["a", "b", "c", "d", "e"]) == "(((a or b) or (c or d)) or e)"

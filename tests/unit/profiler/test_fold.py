@@ -1,0 +1,63 @@
+"""fold.py: a shard's answers to per-GPU statistics, as a pure function (no server, no client)."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.profiler import sources
+from exporter.profiler.fold import attach_range, fold_shard, ours_key
+from exporter.profiler.prom import BAD_RESPONSE, PromError, RangeSeries, Sample
+from exporter.profiler.promql import QueryConfig
+
+CFG = QueryConfig(source="gpu-exporter", window_s=1800, fresh_s=300)
+OURS = sources.make(sources.OURS, "node")
+
+
+def _s(stat: str, value: float, node: str = "n1", gpu: str = "0", uuid: str = "GPU-a", **extra: str) -> Sample:
+    return Sample({"node": node, "gpu": gpu, "uuid": uuid, "stat": stat, **extra}, value)
+
+
+def _util(mean: float, std: float, count: float = 120, node: str = "n1", gpu: str = "0",
+          uuid: str = "GPU-a") -> list[Sample]:
+    stats = {"mean": mean, "std": std, "p95": mean + 2 * std, "count": count, "early": count / 2, "fresh": 20}
+    return [_s(stat, v, node, gpu, uuid) for stat, v in stats.items()]
+
+
+def test_two_jobs_of_one_gpu_fold_to_the_larger_value_and_other_nodes_are_ignored() -> None:
+    util = [*_util(0.5, 0.3), _s("mean", 0.7, job="second"), *_util(0.9, 0.0, node="n9", uuid="GPU-z")]
+    mem = [_s("used", 2e9), _s("total", 8e9), _s("fresh", 20), _s("deriv", 0.0)]
+    fold = fold_shard(CFG, OURS, ["n1"], util, mem, [], mem_step=60)
+    assert set(fold.gpus) == {("n1", "0")}
+    st = fold.gpus[("n1", "0")]
+    assert st.util_mean == 0.7 and st.mem_used_mean == 2e9 and st.mem_total == 8e9 and st.fresh
+    assert st.util_step == 15.0  # 120 samples in 30 minutes, evenly in both halves
+    # a busy GPU whose variation could be a period has its utilisation range asked for, by uuid
+    assert fold.want_util == {(15.0, "uuid"): ["GPU-a"]} and fold.want_mem == {}
+    assert fold.by_uuid == {"GPU-a": ("n1", "0")}
+
+
+def test_series_without_node_or_gpu_are_counted_and_a_missing_stat_is_a_bad_answer() -> None:
+    fold = fold_shard(CFG, OURS, ["n1"], [Sample({"gpu": "0", "stat": "mean"}, 0.1)], [], [], mem_step=60)
+    assert fold.dropped == 1 and fold.gpus == {}
+    with pytest.raises(PromError) as err:
+        fold_shard(CFG, OURS, ["n1"], [Sample({"node": "n1", "gpu": "0"}, 0.1)], [], [], mem_step=60)
+    assert err.value.kind == BAD_RESPONSE
+
+
+def test_allocation_holders_and_a_shared_uuid() -> None:
+    util = [*_util(0.0, 0.0), *_util(0.0, 0.0, node="n2", uuid="GPU-a")]
+    alloc = [Sample({"node": "n1", "gpu": "0", "uuid": "GPU-a", "namespace": "ml", "pod": "train"}, 90)]
+    fold = fold_shard(CFG, OURS, ["n1", "n2"], util, [], alloc, mem_step=60)
+    assert fold.gpus[("n1", "0")].holders == {"ml/train": 90}
+    assert fold.shared_uuids == ["GPU-a"] and fold.by_uuid == {}  # matched by node label only
+
+
+def test_range_points_go_to_the_nearest_slot_of_the_grid_and_fold_by_max() -> None:
+    fold = fold_shard(CFG, OURS, ["n1"], _util(0.5, 0.3), [], [], mem_step=60)
+    start, step, end = 1000.0, 15.0, 1060.0
+    series = [RangeSeries({"node": "n1", "gpu": "0", "uuid": "GPU-a"}, [(1000.0, 0.2), (1016.0, 0.4), (1060.0, 0.9)]),
+              RangeSeries({"node": "n1", "gpu": "0", "uuid": "GPU-a", "pod": "p"}, [(1015.0, 0.6), (1075.0, 1.0)]),
+              RangeSeries({"node": "n1", "gpu": "0", "uuid": "GPU-other"}, [(1030.0, 1.0)])]
+    attach_range(fold.gpus, fold.by_uuid, series, ours_key("node"), attr="util_range", label="uuid", start=start,
+                 step=step, end=end, scale=1.0)
+    assert fold.gpus[("n1", "0")].util_range == [0.2, 0.6, None, None, 0.9]
