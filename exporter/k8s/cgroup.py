@@ -15,6 +15,11 @@ cgroup driver and runtime (tests/fixtures/cgroup/ has one real-format file per c
 
 A process whose cgroup names no pod (a host process, a system daemon, ``crio-conmon-<id>``)
 gives ``None``: it is outside any pod. Never guessed from anything else.
+
+Only the kubelet's own components count: the first ``pod<uid>`` and its direct child (the
+container); a child cgroup a container made itself (``pod<victim>/<victim container>``) is
+ignored, and :class:`exporter.k8s.processes.PodIndex` takes a container ID only when the API
+says it belongs to that pod.
 """
 
 from __future__ import annotations
@@ -40,21 +45,27 @@ class CgroupRef:
 
 
 def parse_path(path: str) -> CgroupRef | None:
-    """The pod and container a cgroup path names, or None when it names neither."""
+    """The pod and container a cgroup path names, or None when it names neither.
+
+    Trust boundary: below a pod's cgroup, a process that can create cgroups (privileged, DinD,
+    systemd in a container) can name children whatever it likes, e.g. ``pod<victim uid>/<victim
+    container id>``. Only what the kubelet and the runtime created counts: the *first* ``pod<uid>``
+    component, and the container ID only as that component's direct child. Anything deeper is the
+    container's own business and never changes the answer.
+    """
     pod = cid = ""
     for part in path.split("/"):
         if not part or part == "..":
             continue
+        if pod:  # the pod's direct child: its container, or not a container at all
+            if part.startswith("crio-conmon-"):
+                return None  # CRI-O's monitor process: not the container
+            m = _CONTAINER.fullmatch(part)
+            cid = m.group(1) if m is not None else ""
+            break  # deeper components are the container's own children: never trusted
         m = _POD.search(part)
         if m is not None and (part.startswith("pod") or part.endswith(".slice")):
             pod = _uid(m.group(1))
-            cid = ""  # a container is below its pod
-            continue
-        if part.startswith("crio-conmon-"):
-            return None  # CRI-O's monitor process: not the container
-        m = _CONTAINER.fullmatch(part)
-        if m is not None and pod:
-            cid = m.group(1)
     if not pod:
         return None
     return CgroupRef(pod, cid)

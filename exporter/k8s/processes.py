@@ -59,12 +59,16 @@ class PodIndex:
     by_container: Mapping[str, Holder]
 
     def holder(self, ref: cgroup.CgroupRef) -> Holder | None:
+        """The cgroup's pod, by its UID; the container only when the API lists that container ID
+        in that very pod (a container ID another pod owns never moves a process to it)."""
+        pod = self.by_uid.get(ref.pod_uid)
+        if pod is None:
+            return None
         if ref.container_id:
             hit = self.by_container.get(ref.container_id)
-            if hit is not None:
+            if hit is not None and hit[:2] == pod:
                 return hit
-        pod = self.by_uid.get(ref.pod_uid)
-        return None if pod is None else (pod[0], pod[1], "")
+        return pod[0], pod[1], ""
 
 
 EMPTY_INDEX = PodIndex({}, {})

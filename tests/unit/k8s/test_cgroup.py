@@ -42,3 +42,36 @@ def test_read_from_a_proc_root(tmp_path: Path) -> None:
                                   "0::/kubepods/burstable/pod12345678-1234-1234-1234-1234567890ab-evil/" + "a" * 64])
 def test_malformed_names_no_pod(text: str) -> None:
     assert cgroup.parse(text) is None
+
+
+# --- issue 36 item 6: a child cgroup named after another pod never moves a process there -----------------------
+
+_VICTIM = "12345678-aaaa-4bbb-8ccc-1234567890ab"
+_OWN = "87654321-dddd-4eee-8fff-ba0987654321"
+_VCID, _OCID = "b" * 64, "a" * 64
+
+
+@pytest.mark.parametrize("path", [
+    # cgroupfs: a privileged pod (DinD, systemd in a container) names children after the victim
+    f"/kubepods/burstable/pod{_OWN}/{_OCID}/pod{_VICTIM}/{_VCID}",
+    f"/kubepods/pod{_OWN}/{_OCID}/kubepods/pod{_VICTIM}/{_VCID}",
+    # systemd driver, the victim's names in the escaped systemd form
+    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + _OWN.replace("-", "_")
+    + f".slice/cri-containerd-{_OCID}.scope/kubepods-burstable-pod{_VICTIM.replace('-', '_')}.slice/"
+    f"cri-containerd-{_VCID}.scope",
+    # from inside a private cgroup namespace (relative path)
+    f"/../../kubepods-besteffort-pod{_OWN.replace('-', '_')}.slice/crio-{_OCID}.scope/pod{_VICTIM}/{_VCID}",
+])
+def test_the_kubelets_first_pod_component_wins(path: str) -> None:
+    assert cgroup.parse_path(path) == cgroup.CgroupRef(_OWN, _OCID)
+    assert cgroup.parse(f"0::{path}\n") == cgroup.CgroupRef(_OWN, _OCID)
+
+
+def test_a_container_id_is_only_the_pods_direct_child() -> None:
+    # a child cgroup of the pod that is not a container, with a container-like name below it
+    assert cgroup.parse_path(f"/kubepods/pod{_OWN}/sandbox/{_VCID}") == cgroup.CgroupRef(_OWN, "")
+    # a process in a child cgroup of its container still belongs to the container
+    assert cgroup.parse_path(f"/kubepods/pod{_OWN}/{_OCID}/init.scope") == cgroup.CgroupRef(_OWN, _OCID)
+    # a child named like CRI-O's monitor, below a container, does not hide the process outside any pod
+    assert cgroup.parse_path(f"/kubepods/pod{_OWN}/{_OCID}/crio-conmon-{_VCID}.scope") == \
+        cgroup.CgroupRef(_OWN, _OCID)

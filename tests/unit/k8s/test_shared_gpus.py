@@ -190,3 +190,19 @@ def test_without_the_kubernetes_package_exits_2_naming_the_extra(tmp_path: Path,
     assert bad.proc.wait(20) == 2
     lines = bad.log().strip().splitlines()
     assert len(lines) == 1 and "gpu-exporter[k8s]" in lines[0]
+
+
+def test_a_container_id_of_another_pod_is_not_taken() -> None:
+    """Issue 36 item 6: a privileged pod names a child cgroup of its own pod after the victim's container:
+    the process stays in its own pod (the kubelet's pod component), never charged to the victim."""
+    objects = {U[1]: {"metadata": {"name": "attacker", "namespace": "t", "uid": U[1]},
+                      "status": {"containerStatuses": [{"name": "c", "containerID": f"containerd://{C[1]}"}]}},
+               U[2]: {"metadata": {"name": "victim", "namespace": "v", "uid": U[2]},
+                      "status": {"containerStatuses": [{"name": "main", "containerID": f"containerd://{C[2]}"}]}}}
+    index = index_pods(objects)
+    assert index.holder(cgroup.CgroupRef(U[1], C[2])) == ("t", "attacker", "")
+    assert index.holder(cgroup.CgroupRef(U[2], C[2])) == ("v", "victim", "main")
+    assert index.holder(cgroup.CgroupRef(U[1], C[1])) == ("t", "attacker", "c")
+    assert index.holder(cgroup.CgroupRef(U[3], C[2])) is None  # a pod this node does not know: left out
+    ref = cgroup.parse_path(f"/kubepods/pod{U[1]}/{C[1]}/pod{U[2]}/{C[2]}")
+    assert ref is not None and index.holder(ref) == ("t", "attacker", "c")
