@@ -509,7 +509,10 @@ class Profiler:
         return write, {health.PENDING_NAME: keep} if keep else None
 
     def _set_condition(self, info: NodeInfo, obs: health.Observed | None, write: bool) -> bool:
-        """Write the GPUHealthy condition (leader only) and, on a transition, record an Event."""
+        """Write the GPUHealthy condition (leader only) and, on a transition, record an Event.
+
+        A 409 reads the node again and retries once (as the annotations do); a second one raises
+        :class:`KubeError` ``kube_conflict`` for this node alone."""
         if obs is None or not write:
             return False
         # the evaluation time (now, or --at when a past window is replayed)
@@ -528,6 +531,24 @@ class Profiler:
             self.store.patch_condition(info.name, cond)
         except NodeGone:
             return False
+        except Conflict:
+            # as for the annotations: read the node again, plan the condition on what it carries
+            # now, and try once more; a second 409 is this node's kube_conflict, counted by the caller
+            log.info("node %s status changed while we wrote GPUHealthy (409); reading it again", info.name)
+            fresh = self.store.get_node(info.name)
+            if fresh is None:
+                return False
+            info = fresh
+            if not self._plan_condition(info, obs)[0]:
+                return False  # what the node carries now needs no write
+            cond = health.condition(obs, info.condition, now)
+            try:
+                self.store.patch_condition(info.name, cond)
+            except NodeGone:
+                return False
+            except Conflict:
+                raise KubeError(annotate.KUBE_CONFLICT, f"node {info.name} status: still conflicting after a "
+                                                        "retry (409)") from None
         if self.events is not None and health.published_value(info.condition) != obs.value:
             self.events.record_condition(info.name, obs.status, obs.reason,
                                          f"{health.CONDITION} {obs.status} ({obs.reason}): {obs.message}")

@@ -216,6 +216,28 @@ EXTERNAL = [
             "answered at all, every probe timed out)",
         "test": "tests/unit/platform/test_fair_serving.py::test_256_hostile_connections_of_every_kind",
         "figures": {"cases": 4}, "outcome": "make test"}),
+    ("Hostile input (hypothesis)", {
+        "scenario": "a process naming its cgroup after another pod (issue 36)",
+        "done": "child cgroups pod<victim uid>/<victim container id> below an attacker's container, in "
+            "the cgroupfs, systemd (escaped) and relative cgroup-namespace forms, nested kubepods; a "
+            "victim's container ID as a direct child of the attacker's pod",
+        "happened": "the process stays in its own pod: the kubelet's first pod<uid> component wins, a "
+            "container ID counts only as the pod's direct child and only when the API lists it in "
+            "that pod (before: the last pod<uid> won, and the victim showed 5 GiB and 0.7 "
+            "utilisation, truly 1 GiB and 0.1)",
+        "test": "tests/unit/k8s/test_cgroup.py::test_the_kubelets_first_pod_component_wins, "
+            "tests/unit/k8s/test_shared_gpus.py::test_a_container_id_of_another_pod_is_not_taken",
+        "figures": {"cases": 7, "failures": 0}, "outcome": "make test"}),
+    ("Faults: profiler", {
+        "scenario": "API server 409 on nodes/status (issue 36)",
+        "done": "the GPUHealthy patch of one node answers 409 twice, then once with the node's "
+            "annotations already in place; another node is written in the same cycle",
+        "happened": "each 409 reads the node again and retries once; a second 409 is that node's "
+            "kube_conflict, counted, the other node's condition written and tallied; never internal "
+            "(before: a traceback, every cycle internal, the other nodes untallied)",
+        "test": "tests/unit/profiler/test_health.py::test_a_conflict_on_nodes_status_reads_again_and_retr"
+            "ies_once",
+        "figures": {"cases": 2, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [

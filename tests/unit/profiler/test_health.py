@@ -254,3 +254,43 @@ def test_causes_from_fields() -> None:
     assert health.decide("True.AllGPUsHealthy", "False.GPULost", ("False.GPULost", 1), 2) == (True, None)
     assert health.decide("True.AllGPUsHealthy", "False.GPULost", ("False.CriticalXID", 1), 2) == (
         False, ("False.GPULost", 1))
+
+
+def _errors(prof: Profiler, kind: str) -> float:
+    for line in prof.metrics.exposition().decode().splitlines():
+        if line.startswith(f'gpu_profiler_errors_total{{kind="{kind}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_conflict_on_nodes_status_reads_again_and_retries_once(prom: Prometheus, kubeapi: FakeKubeAPI,
+                                                                 kube_client: ApiClient) -> None:
+    """Issue 36 item 7: a 409 on nodes/status reads the node again and retries once, in the branch that
+    patched the annotations and in the one where they were unchanged; a second 409 is counted as
+    kube_conflict for that node only, and the other nodes' results are tallied: never ``internal``."""
+    for n in ("h-ecc", "h-remap"):
+        kubeapi.add_node(n)
+    reader = Reader(PromClient(prom.url), QueryConfig(health=True, window_s=1800))
+
+    def status_patches(node: str) -> list[Any]:
+        return [r for r in _status_patches(kubeapi) if r.path.endswith(f"/nodes/{node}/status")]
+
+    # twice in a row (after the annotations' patch): counted, the other node written
+    kubeapi.inject("PATCH", r"/nodes/h-ecc/status$", 409, times=2)
+    prof = Profiler(reader, NodeStore(kube_client), PlanConfig(), health=True)
+    res = prof.run_cycle(at=AT_FAULT)
+    assert res.errors == ["kube_conflict"], res.errors
+    assert _errors(prof, "kube_conflict") == 1 and _errors(prof, "internal") == 0
+    assert len(status_patches("h-ecc")) == 2
+    assert any(r.method == "GET" and r.path == "/api/v1/nodes/h-ecc" for r in kubeapi.requests)  # read again
+    assert res.status_writes == 1 and set(_conditions(kubeapi)) == {"h-remap"}
+
+    # once, with the annotations already in place (the unchanged branch): the retry writes it
+    kubeapi.clear_requests()
+    kubeapi.inject("PATCH", r"/nodes/h-ecc/status$", 409, times=1)
+    prof = Profiler(reader, NodeStore(kube_client), PlanConfig(), health=True)
+    res = prof.run_cycle(at=AT_FAULT)
+    assert res.ok and res.errors == [], res.errors
+    assert res.unchanged == 2 and res.status_writes == 1
+    assert [r.status for r in status_patches("h-ecc")] == [409, 200]
+    assert _conditions(kubeapi)["h-ecc"]["reason"] == health.ECC
