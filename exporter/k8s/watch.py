@@ -40,29 +40,6 @@ def import_client(who: str = "the Kubernetes API") -> Any:
     return kubernetes
 
 
-def api_client() -> Any:
-    """An ``ApiClient``: the in-cluster service account in a pod, else ``$KUBECONFIG`` (or
-    ``~/.kube/config``) as ``kubectl`` does. The package's global configuration is left alone.
-
-    Raises :class:`~exporter.core.extras.MissingExtra` or ``RuntimeError`` (one line) when neither works.
-    """
-    import_client()
-    from kubernetes import client, config
-
-    reasons = []
-    try:
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    except Exception as exc:  # noqa: BLE001 - not in a pod (or no token): try the kubeconfig
-        reasons.append(f"in-cluster: {exc}")
-    try:
-        return config.new_client_from_config()
-    except Exception as exc:  # noqa: BLE001
-        reasons.append(f"kubeconfig: {exc}")
-    raise RuntimeError("no Kubernetes API configuration (" + "; ".join(reasons) + ")")
-
-
 class _Expired(Exception):
     """The watch's resourceVersion is too old (410): list again."""
 
@@ -232,4 +209,4 @@ def wait_synced(w: Watcher, timeout: float) -> bool:
     return w.synced.wait(timeout) if timeout > 0 else w.synced.is_set()
 
 
-__all__ = ["Watcher", "api_client", "import_client", "wait_synced"]
+__all__ = ["Watcher", "import_client", "wait_synced"]

@@ -1,34 +1,15 @@
-"""Reading a settings or web config file: one YAML reader and one error type for every daemon.
+"""Reading a settings or web config file: one YAML reader for every daemon.
 
-:class:`ConfigError` is a bad setting; ``str()`` is the one-line message the CLI prints before
-exiting with status 2.
+A bad file is a :class:`~exporter.platform.errors.ConfigError` naming it (one line, exit status 2).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from exporter.platform.errors import ConfigError, shown_value
 
-class ConfigError(Exception):
-    """A setting has a bad value. ``str()`` is the one-line message for the user.
-
-    Control characters from the bad input itself (a newline in a flag or a path) are shown
-    escaped, so the message stays one line.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
-
-
-def shown_value(value: object) -> str:
-    """``repr(value)`` for an error message, cut to a readable length (a YAML file can hold anything)."""
-    if isinstance(value, int) and value.bit_length() > 256:  # repr() of 5,000 digits raises
-        return f"<an integer of {value.bit_length()} bits>"
-    try:
-        shown = repr(value)
-    except (ValueError, RecursionError):
-        shown = f"<a {type(value).__name__}>"
-    return shown if len(shown) <= 120 else shown[:100] + "..."
+__all__ = ["MAX_YAML_BYTES", "MAX_YAML_DEPTH", "ConfigError", "read_yaml", "shown_value"]
 
 
 MAX_YAML_BYTES = 1 << 20

@@ -21,14 +21,11 @@ from exporter.platform.configfile import ConfigError, read_yaml, shown_value
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse for every command: a usage error is one line, ``<message> (see <prog> --help)``, raised as
-    :meth:`usage_error` makes it (the command prints ``<prog>: error: ...`` and exits 2), never a usage dump."""
-
-    def usage_error(self, message: str) -> Exception:
-        return ConfigError(message)
+    """argparse for every command: a usage error is one line, ``<message> (see <prog> --help)``, raised as a
+    :class:`ConfigError` (the command prints ``<prog>: error: ...`` and exits 2), never a usage dump."""
 
     def error(self, message: str) -> NoReturn:
-        raise self.usage_error(f"{message} (see {self.prog} --help)")
+        raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}

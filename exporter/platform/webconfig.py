@@ -50,6 +50,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from exporter.platform import units
 from exporter.platform.configfile import ConfigError, read_yaml, shown_value
 
 if TYPE_CHECKING:
@@ -91,9 +92,6 @@ HEADERS: dict[str, tuple[str, ...] | None] = {
     "X-Frame-Options": ("deny", "sameorigin"), "X-XSS-Protection": None, "Content-Security-Policy": None}
 BCRYPT_HASH = re.compile(r"\$2[aby]\$[0-9]{2}\$[./A-Za-z0-9]{53}")
 MAX_COST = 14  # 15 is ~2 s of CPU per check, 16 ~5 s: a few wrong passwords would hold the server (docs/security.md)
-_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ns|us|µs|ms|s|m|h))+")
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 MAX_PASSWORD = 72  # bcrypt's limit: longer passwords never match
 
 
@@ -274,19 +272,12 @@ def _http_config(path: str, http: Any) -> dict[str, str]:
     return out
 
 
-def go_duration(text: str) -> float:
-    """Seconds in a Go duration such as ``1m30s`` or ``250ms``; ValueError otherwise."""
-    if not _DURATION.fullmatch(text):
-        raise ValueError(text)
-    return sum(float(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(text))
-
-
 def _rate_limit(path: str, rl: Any) -> tuple[float, int] | None:
     if not isinstance(rl, dict) or set(map(str, rl)) - {"interval", "burst"}:
         raise _fail(path, "rate_limit", rl, "expected a mapping with interval (e.g. 100ms) and burst")
     interval, burst = rl.get("interval", "0s"), rl.get("burst", 0)
     try:
-        seconds = go_duration(interval) if isinstance(interval, str) else -1.0
+        seconds = units.parse_duration(interval, bare_seconds=False) if isinstance(interval, str) else -1.0
     except ValueError:
         seconds = -1.0
     if not 0 <= seconds <= 86400:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -279,67 +277,3 @@ def _raw_sender(api_client: Any) -> Callable[[str, str, bytes, str, float], Any]
     return send
 
 
-REFRESH_EVERY_S = 1.0
-
-
-def throttle_refresh(api_client: Any, every_s: float = REFRESH_EVERY_S,
-                     clock: Callable[[], float] = time.monotonic) -> Any:
-    """Run the client's credential refresh at most once per ``every_s`` seconds; returns ``api_client``.
-
-    The kubernetes client calls ``configuration.refresh_api_key_hook`` before every request, and
-    both of its loaders re-apply their whole configuration there: the in-cluster one and a
-    kubeconfig's (which also runs an exec plugin again once its token has expired). Setting the
-    host re-reads every environment variable for a proxy, and a pod has one per Service of its
-    namespace: 0.2 ms of CPU a request on the bench machine, a third of a node patch's client
-    CPU, 4 s of a 10,000-node first cycle. Once a second still picks up a rotated token in
-    time: the in-cluster loader rereads its token file once a minute, and an exec plugin's token
-    is refreshed within a second of its expiry.
-    """
-    cfg = api_client.configuration
-    hook = getattr(cfg, "refresh_api_key_hook", None)
-    if hook is None:
-        return api_client
-    lock = threading.Lock()
-    last = [-math.inf]
-
-    def refresh(conf: Any) -> None:
-        now = clock()
-        with lock:
-            if now - last[0] < every_s:
-                return
-            last[0] = now
-        try:
-            hook(conf)
-        finally:
-            conf.refresh_api_key_hook = refresh  # both loaders' hooks install themselves again
-
-    cfg.refresh_api_key_hook = refresh
-    return api_client
-
-
-def build_api_client(kubeconfig: str | None, clock: Callable[[], float] = time.monotonic) -> Any:
-    """``--kubeconfig`` if given; else the in-cluster service account; else ``$KUBECONFIG``
-    or ``~/.kube/config``. Never touches the kubernetes package's global configuration.
-    Credentials are refreshed at most once a second (:func:`throttle_refresh`).
-
-    Raises KubeError(KUBE_UNREACHABLE) with the reasons when none of them works.
-    """
-    from kubernetes import client, config
-
-    if kubeconfig:
-        try:
-            return throttle_refresh(config.new_client_from_config(config_file=kubeconfig), clock=clock)
-        except Exception as exc:  # noqa: BLE001 - any loader error is a bad --kubeconfig
-            raise KubeError(KUBE_UNREACHABLE, f"--kubeconfig {kubeconfig}: {exc}") from None
-    reasons = []
-    try:
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
-        return throttle_refresh(client.ApiClient(cfg), clock=clock)
-    except Exception as exc:  # noqa: BLE001
-        reasons.append(f"in-cluster: {exc}")
-    try:
-        return throttle_refresh(config.new_client_from_config(), clock=clock)
-    except Exception as exc:  # noqa: BLE001
-        reasons.append(f"kubeconfig: {exc}")
-    raise KubeError(KUBE_UNREACHABLE, "no Kubernetes configuration found (" + "; ".join(reasons) + ")")

@@ -10,28 +10,26 @@ import argparse
 import logging
 import os
 import re
-import signal
 import socket
 import sys
 import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 from exporter.core import logs
 from exporter.core.extras import MissingExtra, require
-from exporter.platform import settings, units
-from exporter.platform.configfile import ConfigError
+from exporter.platform import daemon, kube, settings, units
+from exporter.platform.errors import ConfigError, fail, printable
 from exporter.profiler import sources
-from exporter.profiler.annotate import KubeError, NodeStore, build_api_client
+from exporter.profiler.annotate import KubeError, NodeStore
 from exporter.profiler.classify import Thresholds
 from exporter.profiler.events import EventRecorder
 from exporter.profiler.leader import ElectionConfig, LeaderElector, LeaseClient
 from exporter.profiler.loop import Health, Profiler, make_server
 from exporter.profiler.plan import PlanConfig, valid_prefix
-from exporter.profiler.prom import PromClient, is_base_url, printable, valid_header
+from exporter.profiler.prom import PromClient, is_base_url, valid_header
 from exporter.profiler.queries import QueryConfig, Reader
 
 if TYPE_CHECKING:
@@ -43,18 +41,14 @@ PROG = "gpu-exporter profile"
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
-class UsageError(Exception):
-    """A flag has a bad value: the message is the one line printed."""
-
-
 def parse_duration(flag: str, value: str, lo: float, hi: float) -> float:
     """``"30m"``, ``"1800s"``, ``"1h"``, ``"90"`` (seconds) -> seconds, within [lo, hi]."""
     try:
         secs = units.parse_duration(value)
     except ValueError:
-        raise UsageError(f"{flag} {value!r}: expected a duration such as 90s, 30m, 1h or 1h30m") from None
+        raise ConfigError(f"{flag} {value!r}: expected a duration such as 90s, 30m, 1h or 1h30m") from None
     if not lo <= secs <= hi:
-        raise UsageError(f"{flag} {value!r}: must be between {_fmt_dur(lo)} and {_fmt_dur(hi)}")
+        raise ConfigError(f"{flag} {value!r}: must be between {_fmt_dur(lo)} and {_fmt_dur(hi)}")
     return secs
 
 
@@ -69,9 +63,9 @@ def _ratio(flag: str, value: str) -> float:
     try:
         x = float(value)
     except ValueError:
-        raise UsageError(f"{flag} {value!r}: expected a ratio between 0 and 1 (e.g. 0.3)") from None
+        raise ConfigError(f"{flag} {value!r}: expected a ratio between 0 and 1 (e.g. 0.3)") from None
     if not 0.0 < x <= 1.0:
-        raise UsageError(f"{flag} {value!r}: must be a ratio greater than 0 and at most 1 (0.3 means 30%)")
+        raise ConfigError(f"{flag} {value!r}: must be a ratio greater than 0 and at most 1 (0.3 means 30%)")
     return x
 
 
@@ -79,9 +73,9 @@ def _int(flag: str, value: str, lo: int, hi: int) -> int:
     try:
         x = int(value)
     except ValueError:
-        raise UsageError(f"{flag} {value!r}: expected a whole number from {lo} to {hi}") from None
+        raise ConfigError(f"{flag} {value!r}: expected a whole number from {lo} to {hi}") from None
     if not lo <= x <= hi:
-        raise UsageError(f"{flag} {value!r}: must be from {lo} to {hi}")
+        raise ConfigError(f"{flag} {value!r}: must be from {lo} to {hi}")
     return x
 
 
@@ -92,10 +86,10 @@ def _size(flag: str, value: str, lo: int, hi: int) -> int:
     try:
         n = units.parse_size(value)
     except ValueError:
-        raise UsageError(f"{flag} {value!r}: expected a size such as 16MiB, 512KiB or 1048576 "
+        raise ConfigError(f"{flag} {value!r}: expected a size such as 16MiB, 512KiB or 1048576 "
                          "(Kubernetes quantities: 16M is 16 x 10^6 bytes, 16Mi and 16MiB 16 x 2^20)") from None
     if not lo <= n <= hi:
-        raise UsageError(f"{flag} {value!r}: must be from {lo} bytes (64KiB) to {hi} bytes (1GiB)")
+        raise ConfigError(f"{flag} {value!r}: must be from {lo} bytes (64KiB) to {hi} bytes (1GiB)")
     return n
 
 
@@ -106,15 +100,10 @@ def _headers(items: list[str]) -> dict[str, str]:
         name, colon, value = item.partition(":")
         name, value = name.strip(), value.strip()
         if not colon or not valid_header(name, value):
-            raise UsageError(f"--prometheus-header {printable(item, 80)!r}: expected 'Name: value' with a header "
+            raise ConfigError(f"--prometheus-header {printable(item, 80)!r}: expected 'Name: value' with a header "
                              "name we do not set ourselves (not Host, Content-Type, ...) and a printable value")
         out[name] = value
     return out
-
-
-class _Parser(settings.OneLineParser):
-    def usage_error(self, message: str) -> Exception:
-        return UsageError(message)
 
 
 # Environment names older than the PROFILER_<FLAG> twins, still read (after the PROFILER_ one).
@@ -124,7 +113,7 @@ ENV_TWINS = {"prometheus_url": "PROMETHEUS_URL", "leader_elect_namespace": "POD_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=(
+    p = settings.OneLineParser(prog=PROG, description=(
         "Read GPU series back from Prometheus, classify each GPU's usage pattern over a window "
         "(idle, steady, periodic, bursty, growing, unknown) and write it to the Node's annotations. "
         "See docs/profiler.md and docs/annotations.md. Every flag also reads the environment variable "
@@ -261,12 +250,12 @@ def _election(a: argparse.Namespace) -> ElectionConfig | None:
     if not a.leader_elect:
         return None
     if a.once or a.dry_run:
-        raise UsageError("--leader-elect: only for the loop (not with --once or --dry-run)")
+        raise ConfigError("--leader-elect: only for the loop (not with --once or --dry-run)")
     ns = _namespace(a.leader_elect_namespace)
     if not _DNS_LABEL.match(ns):
-        raise UsageError(f"--leader-elect-namespace {ns!r}: must be a Kubernetes namespace name")
+        raise ConfigError(f"--leader-elect-namespace {ns!r}: must be a Kubernetes namespace name")
     if not _DNS_SUBDOMAIN_NAME.match(a.leader_elect_lease_name):
-        raise UsageError(f"--leader-elect-lease-name {a.leader_elect_lease_name!r}: must be a lowercase DNS "
+        raise ConfigError(f"--leader-elect-lease-name {a.leader_elect_lease_name!r}: must be a lowercase DNS "
                          "subdomain such as gpu-exporter-profiler")
     identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     cfg = ElectionConfig(
@@ -277,7 +266,7 @@ def _election(a: argparse.Namespace) -> ElectionConfig | None:
     )
     problem = cfg.problem()
     if problem:
-        raise UsageError(f"--leader-elect-*: {problem}")
+        raise ConfigError(f"--leader-elect-*: {problem}")
     return cfg
 
 
@@ -286,37 +275,34 @@ _DNS_SUBDOMAIN_NAME = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\
 
 
 def parse_args(argv: list[str]) -> ProfilerSettings:
-    """Parse and validate flags, environment and config file; raises UsageError with a one-line message."""
+    """Parse and validate flags, environment and config file; raises ConfigError with a one-line message."""
     p = build_parser()
-    try:
-        p.set_defaults(**settings.layered_defaults(p, argv, ENV_PREFIX, CONFIG_ENV, ENV_TWINS))
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    p.set_defaults(**settings.layered_defaults(p, argv, ENV_PREFIX, CONFIG_ENV, ENV_TWINS))
     a = p.parse_args(argv)
     if not a.prometheus_url:
-        raise UsageError("--prometheus-url is required (or set PROMETHEUS_URL), e.g. http://prometheus:9090")
+        raise ConfigError("--prometheus-url is required (or set PROMETHEUS_URL), e.g. http://prometheus:9090")
     if not is_base_url(a.prometheus_url):
-        raise UsageError(f"--prometheus-url {a.prometheus_url!r}: expected http://host:port or https://host:port")
+        raise ConfigError(f"--prometheus-url {a.prometheus_url!r}: expected http://host:port or https://host:port")
     for flag, path in (("--prometheus-token-file", a.prometheus_token_file),
                        ("--prometheus-ca-file", a.prometheus_ca_file), ("--kubeconfig", a.kubeconfig)):
         if path is not None and not os.path.isfile(path):
-            raise UsageError(f"{flag} {path!r}: no such file")
+            raise ConfigError(f"{flag} {path!r}: no such file")
     window = parse_duration("--window", a.window, 300, 86400)
     step: float | None = None
     if a.step != "auto":
         step = parse_duration("--step", a.step, 1, window / 16)
     if not _LABEL.match(a.node_label):
-        raise UsageError(f"--node-label {a.node_label!r}: must be a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+        raise ConfigError(f"--node-label {a.node_label!r}: must be a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
     if not valid_prefix(a.annotation_prefix):
-        raise UsageError(f"--annotation-prefix {a.annotation_prefix!r}: must be a lowercase DNS subdomain "
+        raise ConfigError(f"--annotation-prefix {a.annotation_prefix!r}: must be a lowercase DNS subdomain "
                          "such as gpu-exporter.io (at most 253 characters)")
     if a.source not in sources.CHOICES:
-        raise UsageError(f"--source {a.source!r}: must be one of {', '.join(sources.CHOICES)}")
+        raise ConfigError(f"--source {a.source!r}: must be one of {', '.join(sources.CHOICES)}")
     level = a.log_level.lower()
     if level not in ("debug", "info", "warning", "error"):
-        raise UsageError(f"--log-level {a.log_level!r}: must be one of debug, info, warning, error")
+        raise ConfigError(f"--log-level {a.log_level!r}: must be one of debug, info, warning, error")
     if a.log_format not in ("text", "json"):
-        raise UsageError(f"--log-format {a.log_format!r}: must be text or json")
+        raise ConfigError(f"--log-format {a.log_format!r}: must be text or json")
     th = Thresholds(node_idle_util=_ratio("--idle-util", a.idle_util), node_idle_mem=_ratio("--idle-mem", a.idle_mem))
     return ProfilerSettings(
         prometheus_url=a.prometheus_url,
@@ -359,33 +345,32 @@ def _web_config(path: str | None) -> WebConfig | None:
     """``--web.config.file``, loaded and checked now: a bad one is a usage error, never a server without auth."""
     if not path:
         return None
-    from exporter.platform.configfile import ConfigError
     from exporter.platform.webconfig import load
 
     try:
         return load(path)
     except ConfigError as exc:
-        raise UsageError(f"--web.config.file: {exc}") from None
+        raise ConfigError(f"--web.config.file: {exc}") from None
 
 
 def _at(value: str | None, once: bool) -> float | None:
     if value is None:
         return None
     if not once:
-        raise UsageError("--at: only with --once")
+        raise ConfigError("--at: only with --once")
     try:
         t = float(value)
     except ValueError:
-        raise UsageError(f"--at {value!r}: expected a unix time in seconds, e.g. 1767225600") from None
+        raise ConfigError(f"--at {value!r}: expected a unix time in seconds, e.g. 1767225600") from None
     if not 946684800 <= t <= 4102444800:  # 2000-01-01 to 2100-01-01; also refuses nan and inf
-        raise UsageError(f"--at {value!r}: must be a unix time between 2000 and 2100")
+        raise ConfigError(f"--at {value!r}: must be a unix time between 2000 and 2100")
     return t
 
 
 def _on_off(flag: str, value: str) -> bool:
     v = value.strip().lower()
     if v not in ("on", "off", "true", "false", "1", "0"):
-        raise UsageError(f"{flag} {value!r}: must be on or off")
+        raise ConfigError(f"{flag} {value!r}: must be on or off")
     return v in ("on", "true", "1")
 
 
@@ -397,9 +382,9 @@ def build_profiler(s: ProfilerSettings, out: IO[str] | None = None) -> Profiler:
     store: NodeStore | None = None
     api: Any = None
     try:
-        api = build_api_client(s.kubeconfig)
+        api = kube.api_client(s.kubeconfig, who=PROG)
         store = NodeStore(api, label_selector=s.node_selector, keep_prefix=s.plan.prefix)
-    except KubeError as exc:
+    except (KubeError, kube.NoKubeConfig) as exc:
         if not s.dry_run:
             raise
         log.warning("dry run without a cluster (%s): planning from Prometheus alone, as if no node carried "
@@ -424,9 +409,8 @@ def run(argv: list[str], out: IO[str] | None = None,
     """Entry point of ``gpu-exporter profile``. ``stop``/``on_ready`` let tests drive the loop."""
     try:
         s = parse_args(argv)
-    except UsageError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
-        return 2
+    except ConfigError as exc:
+        return fail(PROG, exc)
     if s.check_config:
         sys.stdout.write(s.described)
         return 0
@@ -438,7 +422,7 @@ def run(argv: list[str], out: IO[str] | None = None,
     logs.setup(s.log_level, s.log_format)
     try:
         prof = build_profiler(s, out)
-    except (KubeError, ValueError) as exc:
+    except (KubeError, kube.NoKubeConfig, ValueError) as exc:
         log.error("%s", exc)
         return 1
     if s.once:
@@ -459,12 +443,11 @@ def run(argv: list[str], out: IO[str] | None = None,
         log.error("cannot listen on %s:%d: %s", s.listen_address, s.listen_port, exc)
         return 1
     if install_signals:
-        def _stop(signum: int, frame: FrameType | None) -> None:
+        def _stop(signum: int) -> None:
             log.info("signal %d: stopping", signum)
             stop.set()
 
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
+        daemon.install_signals(server, _stop)  # SIGTERM, SIGINT; SIGHUP reloads --web.config.file
     server_thread = threading.Thread(target=server.serve_forever, name="profiler-http", daemon=True)
     server_thread.start()
     thread.start()

@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from exporter.platform.errors import printable
+
 log = logging.getLogger(__name__)
 
 # error kinds (label values of gpu_profiler_errors_total)
@@ -520,21 +522,6 @@ def _log_warnings(warnings: Any, where: str) -> None:
     if len(warnings) > _MAX_WARNINGS_LOGGED:
         log.warning("Prometheus sent %d more warnings with that answer (%d distinct in all)",
                     len(warnings) - min(len(distinct), _MAX_WARNINGS_LOGGED), len(distinct))
-
-
-def printable(text: str, limit: int = 200) -> str:
-    """``text`` safe for one log line: control and line-breaking characters escaped (a server
-    cannot forge log lines), whitespace runs folded, cut to ``limit`` characters."""
-    out = []
-    n = 0
-    for c in " ".join(text[: 4 * limit].split()):
-        e = c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-        out.append(e)
-        n += len(e)
-        if n > limit:
-            break
-    flat = "".join(out)
-    return flat if n <= limit and len(text) <= 4 * limit else flat[:limit] + "..."
 
 
 def _error_detail(raw: bytes) -> str:

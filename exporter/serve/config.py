@@ -274,12 +274,8 @@ def _check_unique(specs: Sequence[Spec]) -> None:
 _check_unique(SPECS)
 
 
-class _OneLineParser(OneLineParser):
-    """The platform's parser: a usage error is a one-line ConfigError naming ``--help``, exit code 2."""
-
-
 def build_parser(prog: str = "gpu-exporter serve") -> argparse.ArgumentParser:
-    p = _OneLineParser(prog=prog, description="Serve GPU metrics for Prometheus.")
+    p = OneLineParser(prog=prog, description="Serve GPU metrics for Prometheus.")
     p.add_argument("--config", dest="config_file", default=None, help="YAML config file (env EXPORTER_CONFIG)")
     p.add_argument("--check-config", action="store_true", help="validate the settings, print them, exit")
     from exporter import backends  # the registry imports only light modules

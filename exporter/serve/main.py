@@ -5,27 +5,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from exporter import backends
 from exporter.backends.base import Backend
 from exporter.core import logs
 from exporter.core.options import BackendOptions
+from exporter.platform.errors import ConfigError, fail
 from exporter.serve import config
 
 if TYPE_CHECKING:
     from exporter.core.engine import Engine
     from exporter.k8s.podresources import PodAttribution
     from exporter.k8s.resourceslices import ResourceSliceWatch
-    from exporter.platform.http import GpuHTTPServer
 
 log = logging.getLogger("exporter")
+PROG = "gpu-exporter serve"
 
 
 
@@ -88,7 +86,7 @@ def start_dra(settings: config.Settings, environ: dict[str, str] | None = None) 
     """This node's ResourceSlices, for DRA-claimed GPUs (``--dra-attribution``).
 
     ``on`` without what it needs (NODE_NAME, the kubernetes package, an API configuration) is a
-    :class:`config.ConfigError`; ``auto`` then stays off and says so once. The API server itself
+    :class:`ConfigError`; ``auto`` then stays off and says so once. The API server itself
     is asked in the background: ``auto`` turns off for good when it serves no ResourceSlices or
     forbids them, ``on`` keeps asking.
     """
@@ -98,20 +96,19 @@ def start_dra(settings: config.Settings, environ: dict[str, str] | None = None) 
     env = os.environ if environ is None else environ
     node = env.get("NODE_NAME", "").strip()
     from exporter.core.extras import MissingExtra
-    from exporter.k8s import watch
+    from exporter.platform import kube
 
     problem = None
     api_client = None
     try:
         if not node:
             raise RuntimeError("NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")
-        watch.import_client("--dra-attribution")  # lazy: only DRA attribution loads the client
-        api_client = watch.api_client()
+        api_client = kube.api_client(who="--dra-attribution")  # lazy: only DRA attribution loads the client
     except (MissingExtra, RuntimeError) as exc:
         problem = str(exc)
     if problem is not None:
         if mode == "on":
-            raise config.ConfigError(f"--dra-attribution on: {problem}")
+            raise ConfigError(f"--dra-attribution on: {problem}")
         log.info("DRA attribution off (auto): %s", problem)
         return None
     from exporter.k8s.resourceslices import ResourceSliceWatch
@@ -165,9 +162,11 @@ def start_process_attribution(settings: config.Settings, engine: Engine) -> tupl
     engine.observers.append(attribution.observe)
     engine.family_sources.append(attribution.families)
     attribution.start()
+    from exporter.platform import kube
+
     try:
-        api = watch.api_client()
-    except RuntimeError as exc:
+        api = kube.api_client(who="--per-process")
+    except kube.NoKubeConfig as exc:
         log.warning("per-process attribution without pod names: %s; processes in pods are left out", exc)
         return attribution, None
     from kubernetes import client
@@ -178,14 +177,6 @@ def start_process_attribution(settings: config.Settings, engine: Engine) -> tupl
     pods.start()
     log.info("per-process attribution: PIDs from %s, pods of node %s from a watch", settings.proc_root, node)
     return attribution, pods
-
-
-def reload_web_config(server: GpuHTTPServer) -> None:
-    """SIGHUP: re-read --web.config.file and its certificates now; without one, say so and go on."""
-    if server.live is None:
-        log.info("SIGHUP: no --web.config.file to reload; ignored")
-    else:
-        server.live.reload("SIGHUP")
 
 
 def limit_malloc_arenas(environ: dict[str, str] | None = None) -> bool:
@@ -238,9 +229,8 @@ def main(argv: Sequence[str]) -> int:
     limit_malloc_arenas()  # before any thread allocates
     try:
         settings = config.load(argv)
-    except config.ConfigError as exc:
-        sys.stderr.write(f"gpu-exporter serve: error: {exc}\n")
-        return 2
+    except ConfigError as exc:
+        return fail(PROG, exc)
     logs.setup(settings.log_level, settings.log_format)
     web = None
     if settings.web_config_file:
@@ -248,16 +238,14 @@ def main(argv: Sequence[str]) -> int:
 
         try:
             web = webconfig.load(settings.web_config_file)
-        except config.ConfigError as exc:
-            sys.stderr.write(f"gpu-exporter serve: error: {exc}\n")
-            return 2
+        except ConfigError as exc:
+            return fail(PROG, exc)
     if settings.check_config:
         from exporter.core.schema import FAMILIES
 
         problem = check_listen_address(settings.address, settings.port)
         if problem:
-            sys.stderr.write(f"gpu-exporter serve: error: {problem}\n")
-            return 2
+            return fail(PROG, ConfigError(problem))
 
         fields = options_from(settings).fields
         doc = settings.as_dict()
@@ -273,9 +261,8 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         dra = start_dra(settings)  # before any backend: a bad setting is the only line printed
-    except config.ConfigError as exc:
-        sys.stderr.write(f"gpu-exporter serve: error: {exc}\n")
-        return 2
+    except ConfigError as exc:
+        return fail(PROG, exc)
     options = options_from(settings)
     chosen, ready = choose_backends(settings, options)
     engine = Engine(chosen, host_info(), options.fields, settings.collection_interval,
@@ -288,7 +275,7 @@ def main(argv: Sequence[str]) -> int:
         per_pod = start_process_attribution(settings, engine)
     except MissingExtra as exc:
         engine.stop()
-        sys.stderr.write(f"gpu-exporter serve: error: {exc}\n")
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
         return 2
     attribution = start_attribution(settings, engine, dra)
     if dra is not None:
@@ -297,23 +284,16 @@ def main(argv: Sequence[str]) -> int:
         server = build_server(engine, settings.address, settings.port, settings.metrics_path,
                               settings.ready_max_age, settings.max_connections, settings.read_timeout, web)
     except OSError as exc:
-        sys.stderr.write(f"gpu-exporter serve: error: cannot listen on {host_port(settings.address, settings.port)}: "
+        sys.stderr.write(f"{PROG}: error: cannot listen on {host_port(settings.address, settings.port)}: "
                          f"{exc.strerror or exc}\n")
         return 2 if isinstance(exc, socket.gaierror) else 1  # a host name that does not resolve is bad input
     from exporter.serve.api import register
 
     register(server, engine, settings.metrics_path)  # JSON API (/api/v1/monitoring/gpu-metrics, /stats), live page
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
+    from exporter.platform import daemon
 
-    def hangup(signum: int, frame: FrameType | None) -> None:
-        # a thread: logging or loading files inside a signal handler could deadlock on a lock held here
-        threading.Thread(target=reload_web_config, args=(server,), daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGHUP, hangup)  # the default action would kill the exporter silently (exit 129)
+    daemon.install_signals(server, lambda signum: server.shutdown())  # SIGHUP reloads --web.config.file
     names = ",".join(b.name for b in chosen) or "none"
     scheme = "https" if web is not None and web.ssl_context is not None else "http"
     log.info("serving %s://%s%s (backend %s%s)%s", scheme, host_port(settings.address, server.server_address[1]),

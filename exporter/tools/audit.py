@@ -17,7 +17,6 @@ import math
 import os
 import secrets
 import stat
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,33 +26,15 @@ from exporter.core.engine import Engine
 from exporter.core.options import Settings
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import MIB, PowerTracker, format_bytes, stats_view
-from exporter.platform.settings import OneLineParser
+from exporter.platform.errors import ConfigError, one_line
 from exporter.tools import gpus
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class ToolError(Exception):
-    """A failure to report to the user as one line; ``code`` is the exit status."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def one_line(text: str) -> str:
-    """``text`` with control characters (a newline in a file name) shown escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def fail(prog: str, exc: ToolError) -> int:
-    sys.stderr.write(f"{prog}: error: {one_line(str(exc))}\n")
-    return exc.code
-
-
 def check_writable(path: str) -> None:
-    """Fail now, not after the benchmark, when ``path`` cannot be written (ToolError naming it, exit 2).
+    """Fail now, not after the benchmark, when ``path`` cannot be written (ConfigError naming it, exit 2).
 
     A regular or new file is written by :func:`write_file` as a temporary file in its directory,
     so one is created and removed here; anything else (``/dev/stdout``, a FIFO) must be writable.
@@ -74,11 +55,11 @@ def check_writable(path: str) -> None:
         os.close(fd)
         os.unlink(tmp)
     except OSError as exc:
-        raise ToolError(f"cannot write {path}: {exc.strerror or exc}", code=2) from None
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", code=2) from None
 
 
 def write_file(path: str, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` whole or not at all; raises ToolError naming the file.
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all; raises ConfigError naming the file.
 
     A regular file (or a new one) is written as a temporary file in the same directory and
     renamed over ``path`` (``os.replace``), so a full disk or a crash never leaves a truncated
@@ -107,7 +88,7 @@ def write_file(path: str, text: str) -> None:
         os.replace(tmp, target)
         tmp = None
     except OSError as exc:
-        raise ToolError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", code=1) from None
     finally:
         if tmp is not None:
             try:
@@ -132,13 +113,6 @@ def _create_temp(directory: str, base: str) -> tuple[int, str]:
 
 
 # --- the CLI side: flags, backends, one reading ------------------------------------------------------
-
-
-class ToolParser(OneLineParser):
-    """The platform's parser: a usage error is one line (no usage dump) and exit status 2."""
-
-    def usage_error(self, message: str) -> Exception:
-        return ToolError(message, code=2)
 
 
 def add_backend_arguments(p: argparse.ArgumentParser) -> None:
@@ -169,26 +143,25 @@ def settings_from(args: argparse.Namespace) -> Settings:
                         ("--config", args.config_file)):
         if value is not None:
             argv.append(f"{flag}={value}")  # "=": a value starting with "-" is a value, not a flag
-    try:
-        return config.load(argv)
-    except config.ConfigError as exc:
-        raise ToolError(str(exc), code=2) from None
+    return config.load(argv)
 
 
 @contextlib.contextmanager
 def open_session(args: argparse.Namespace) -> Iterator[Engine]:
     """The backends of ``args``, initialised now and shared as the Python API shares them
-    (:func:`exporter.tools.gpus.session`); a failure is a :class:`ToolError`."""
+    (:func:`exporter.tools.gpus.session`); a failure is a :class:`ConfigError`."""
     settings = settings_from(args)
     with contextlib.ExitStack() as stack:
         try:
             engine = stack.enter_context(gpus.session(settings))
         except gpus.GpuUnavailable as exc:
-            raise ToolError(str(exc).replace("use backend 'simulated'", "pass --backend simulated")) from None
+            raise ConfigError(str(exc).replace("use backend 'simulated'", "pass --backend simulated"),
+                              code=1) from None
         try:
             yield engine
         except gpus.GpuUnavailable as exc:  # a collection failed while the tool was using the engine
-            raise ToolError(str(exc).replace("see the warning logged", "see the warning above")) from None
+            raise ConfigError(str(exc).replace("see the warning logged", "see the warning above"),
+                              code=1) from None
 
 
 def read(engine: Engine) -> Snapshot:
@@ -196,7 +169,8 @@ def read(engine: Engine) -> Snapshot:
     try:
         return gpus.read(engine)
     except gpus.GpuUnavailable as exc:
-        raise ToolError(str(exc).replace("see the warning logged", "see the warning above")) from None
+        raise ConfigError(str(exc).replace("see the warning logged", "see the warning above"),
+                          code=1) from None
 
 
 def checked(check: Callable[[], T], flag: str) -> T:
@@ -204,7 +178,7 @@ def checked(check: Callable[[], T], flag: str) -> T:
     try:
         return check()
     except (ValueError, TypeError) as exc:
-        raise ToolError(f"{flag}: {str(exc).split(': ', 1)[-1]}", code=2) from None
+        raise ConfigError(f"{flag}: {str(exc).split(': ', 1)[-1]}", code=2) from None
 
 
 def take_audit(engine: Engine, window: float, tracker: PowerTracker | None = None) -> dict[str, Any]:
@@ -270,10 +244,10 @@ def _index(v: object) -> bool:
 
 def check_audit(doc: Any, name: str) -> dict[str, Any]:
     """A loaded snapshot file whose every field ``diff`` reads has the right type, else a
-    ToolError (exit 2) naming the file and the first bad field."""
+    ConfigError (exit 2) naming the file and the first bad field."""
 
     def bad(where: str, expected: str) -> NoReturn:
-        raise ToolError(f"{name}: not a gpu-exporter snapshot ({where}: expected {expected}; write one with: "
+        raise ConfigError(f"{name}: not a gpu-exporter snapshot ({where}: expected {expected}; write one with: "
                         "gpu-exporter snapshot --json -o FILE)", code=2)
 
     if not isinstance(doc, dict):

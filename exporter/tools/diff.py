@@ -13,18 +13,16 @@ import sys
 from typing import Any
 
 from exporter.core.views import MIB
+from exporter.platform.errors import ConfigError, fail, one_line
+from exporter.platform.settings import OneLineParser
 from exporter.platform.units import parse_size
 from exporter.tools.audit import (
     IGNORABLE,
     Limits,
-    ToolError,
-    ToolParser,
     _show,
     check_audit,
     checked,
     diff_audits,
-    fail,
-    one_line,
 )
 from exporter.tools.gpus import check_number
 
@@ -34,7 +32,7 @@ MAX_FILE_BYTES = 16 << 20  # a 64-GPU snapshot is about 100 KiB
 
 def parser() -> argparse.ArgumentParser:
     d = Limits()
-    p = ToolParser(
+    p = OneLineParser(
         prog=PROG, description="Compare two snapshots (gpu-exporter snapshot --json). Fixed facts "
         "(GPU models, PCIe links, P2P, processor, driver) must be identical; memory in use and power "
         "must not have risen beyond the limits. Exit 0 unchanged, 1 changed, 2 bad input.")
@@ -56,13 +54,13 @@ def _load(path: str) -> dict[str, Any]:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ToolError(f"cannot read {path}: {exc.strerror or exc}", code=2) from None
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}", code=2) from None
     if len(raw) > MAX_FILE_BYTES:
-        raise ToolError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a gpu-exporter snapshot", code=2)
+        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a gpu-exporter snapshot", code=2)
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors are ValueErrors; nesting: RecursionError
-        raise ToolError(f"{path}: not valid JSON ({str(exc)[:100]})", code=2) from None
+        raise ConfigError(f"{path}: not valid JSON ({str(exc)[:100]})", code=2) from None
     return check_audit(doc, path)
 
 
@@ -79,7 +77,7 @@ def main(argv: list[str]) -> int:
         args = parser().parse_args(argv)
         bad = [f for f in args.ignore if f not in IGNORABLE]
         if bad:
-            raise ToolError(f"--ignore {bad[0]}: unknown check; expected one of {', '.join(IGNORABLE)}",
+            raise ConfigError(f"--ignore {bad[0]}: unknown check; expected one of {', '.join(IGNORABLE)}",
                             code=2)
         memory = checked(lambda: check_number(parse_size(args.max_memory_rise), "--max-memory-rise", 0, math.inf,
                                               what="bytes"), "--max-memory-rise")
@@ -89,9 +87,9 @@ def main(argv: list[str]) -> int:
         try:
             changes = diff_audits(before, after, limits, args.ignore)
         except Exception as exc:  # noqa: BLE001 - exit 1 means "changed": no failure may ever look like it
-            raise ToolError(f"cannot compare {args.before} and {args.after}: {type(exc).__name__}: "
+            raise ConfigError(f"cannot compare {args.before} and {args.after}: {type(exc).__name__}: "
                             f"{str(exc)[:100]}", code=2) from None
-    except ToolError as exc:
+    except ConfigError as exc:
         return fail(PROG, exc)
     span = f"{_show(before.get('timestamp', '?'))} -> {_show(after.get('timestamp', '?'))}"
     if not changes:

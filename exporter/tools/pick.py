@@ -16,14 +16,13 @@ import math
 import re
 import sys
 
+from exporter.platform.errors import ConfigError, fail
+from exporter.platform.settings import OneLineParser
 from exporter.platform.units import parse_size
 from exporter.tools import gpus
 from exporter.tools.audit import (
-    ToolError,
-    ToolParser,
     add_backend_arguments,
     checked,
-    fail,
     open_session,
     setup_logging,
 )
@@ -80,7 +79,7 @@ def seconds_text(s: float) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = ToolParser(
+    p = OneLineParser(
         prog=PROG, description="Print the best N GPU indices, comma-separated (CUDA_VISIBLE_DEVICES / "
         "HIP_VISIBLE_DEVICES), ranked by 0.6 x free memory ratio + 0.4 x (1 - utilisation).")
     n = p.add_mutually_exclusive_group(required=True)
@@ -112,20 +111,20 @@ def _wanted(args: argparse.Namespace) -> int:
         with open(args.config, "rb") as fh:
             raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise ToolError(f"cannot read {args.config}: {exc.strerror or exc}", code=2) from None
+        raise ConfigError(f"cannot read {args.config}: {exc.strerror or exc}", code=2) from None
     try:
         if len(raw) > MAX_CONFIG_BYTES:
             raise ValueError(f"larger than {MAX_CONFIG_BYTES >> 20} MiB")
         doc = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
-        raise ToolError(f"{args.config}: not valid JSON ({str(exc)[:100]})", code=2) from None
+        raise ConfigError(f"{args.config}: not valid JSON ({str(exc)[:100]})", code=2) from None
     try:
         sizes, given = gpus.parallelism(doc, args.config)
     except ValueError as exc:
-        raise ToolError(str(exc), code=2) from None
+        raise ConfigError(str(exc), code=2) from None
     if not given:
         names = ", ".join(s.replace("_", "-") for s in gpus.PARALLEL_KEYS["tp"])
-        raise ToolError(f"{args.config}: no parallelism setting found (expected e.g. {names}, and likewise "
+        raise ConfigError(f"{args.config}: no parallelism setting found (expected e.g. {names}, and likewise "
                         "pipeline/data/context/decode-context parallel)", code=2)
     n = gpus.world_size(sizes)
     sys.stderr.write(f"{args.config}: " + " ".join(f"{k}={v}" for k, v in sizes.items()) + f" -> {n} GPUs\n")
@@ -157,8 +156,8 @@ def main(argv: list[str]) -> int:
         with open_session(args) as engine:
             found = gpus.wait(engine, want, min_free, max_util, wait, poll, report=waiting, on_check=show)
         if not found.ok:
-            raise ToolError(found.reason)
-    except ToolError as exc:
+            raise ConfigError(found.reason, code=1)
+    except ConfigError as exc:
         return fail(PROG, exc)
     uuids = {s.index: s.uuid for s in found.statuses}
     sys.stdout.write(",".join(str(i) if args.format == "index" else uuids[i] for i in found.gpus) + "\n")

@@ -28,14 +28,13 @@ from typing import Any
 
 from exporter.core.engine import Engine
 from exporter.core.views import GIB
+from exporter.platform.errors import ConfigError, fail
+from exporter.platform.settings import OneLineParser
 from exporter.tools import gpus
 from exporter.tools.audit import (
-    ToolError,
-    ToolParser,
     add_backend_arguments,
     check_writable,
     checked,
-    fail,
     open_session,
     settings_from,
     setup_logging,
@@ -114,7 +113,7 @@ def plot(result: dict[str, Any], path: str, host: str, simulated: bool) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = ToolParser(
+    p = OneLineParser(
         prog=PROG, usage=f"{PROG} [--interval 1] [-o run.json] [--plot run.png] [backend flags] -- CMD ...",
         description="Run CMD, sample the GPUs every interval while it runs, write the aggregate; "
         "exit with CMD's status.")
@@ -189,9 +188,9 @@ class _Run:
         try:
             pid = os.posix_spawnp(self.command[0], self.command, os.environ, setsigmask=child_mask)
         except FileNotFoundError:
-            raise ToolError(f"command not found: {self.command[0]}", code=127) from None
+            raise ConfigError(f"command not found: {self.command[0]}", code=127) from None
         except PermissionError:
-            raise ToolError(f"command not executable: {self.command[0]}", code=126) from None
+            raise ConfigError(f"command not executable: {self.command[0]}", code=126) from None
         next_t = self.t0 + self.interval
         while True:
             info = signal.sigtimedwait(WATCHED, max(0.0, next_t - time.monotonic()))
@@ -223,18 +222,18 @@ def main(argv: list[str]) -> int:
     try:
         args = parser().parse_args(own)
         if not command:
-            raise ToolError("no command to run: put it after --, e.g. gpu-exporter record -- python train.py",
+            raise ConfigError("no command to run: put it after --, e.g. gpu-exporter record -- python train.py",
                             code=2)
         interval = checked(lambda: gpus.check_interval(args.interval), "--interval")
         if args.plot:
             try:
                 import matplotlib  # noqa: F401 - checked before CMD runs, not after an hour of benchmark
             except ImportError:
-                raise ToolError(PLOT_HINT, code=2) from None
+                raise ConfigError(PLOT_HINT, code=2) from None
         for path in (args.output, args.plot):
             if path:
                 check_writable(path)  # before CMD runs: its samples must have somewhere to go
-    except ToolError as exc:
+    except ConfigError as exc:
         return fail(PROG, exc)
     setup_logging()
     # Block the watched signals before any thread exists (engine, backends): threads inherit the
@@ -245,10 +244,10 @@ def main(argv: list[str]) -> int:
         with open_session(args) as engine:
             pending = signal.sigpending() & set(FORWARDED)
             if pending:
-                raise ToolError(f"interrupted ({min(pending).name}) before {command[0]} started", code=130)
+                raise ConfigError(f"interrupted ({min(pending).name}) before {command[0]} started", code=130)
             run = _Run(engine, command, interval, sys.stderr.isatty() and not args.no_status)
             code, duration = run.run({signal.Signals(s) for s in old_mask})
-    except ToolError as exc:
+    except ConfigError as exc:
         return fail(PROG, exc)
     finally:
         _drain()
@@ -266,7 +265,7 @@ def _write(recording: gpus.Recording, args: argparse.Namespace) -> None:
         try:
             write_file(args.output, json.dumps(result, indent=2) + "\n")
             sys.stderr.write(f"{PROG}: wrote {args.output}\n")
-        except ToolError as exc:
+        except ConfigError as exc:
             fail(PROG, exc)
     if args.plot:
         from exporter.core.host import host_info
@@ -277,4 +276,4 @@ def _write(recording: gpus.Recording, args: argparse.Namespace) -> None:
             plot(plot_data(recording), args.plot, host_info().node, simulated)
             sys.stderr.write(f"{PROG}: drew {args.plot}\n")
         except (OSError, ValueError) as exc:
-            fail(PROG, ToolError(f"cannot draw {args.plot}: {exc}"))
+            fail(PROG, ConfigError(f"cannot draw {args.plot}: {exc}", code=1))

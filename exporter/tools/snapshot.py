@@ -11,13 +11,12 @@ import sys
 from typing import Any
 
 from exporter.core.views import format_bytes
+from exporter.platform.errors import ConfigError, fail
+from exporter.platform.settings import OneLineParser
 from exporter.tools.audit import (
-    ToolError,
-    ToolParser,
     add_backend_arguments,
     check_writable,
     checked,
-    fail,
     open_session,
     setup_logging,
     take_audit,
@@ -33,7 +32,7 @@ TOPO_CODES = {"internal": "INT", "single": "PIX", "multiple": "PXB", "hostbridge
 
 
 def parser() -> argparse.ArgumentParser:
-    p = ToolParser(prog=PROG, description="Write a one-shot audit of the GPUs and the host "
+    p = OneLineParser(prog=PROG, description="Write a one-shot audit of the GPUs and the host "
                                 "(the content of /stats) as a table or as JSON.")
     p.add_argument("--json", action="store_true", help="write JSON (the /stats schema) instead of a table")
     p.add_argument("-o", "--output", metavar="FILE",
@@ -117,6 +116,6 @@ def main(argv: list[str]) -> int:
             write_file(args.output, text)
         else:
             sys.stdout.write(text)
-    except ToolError as exc:
+    except ConfigError as exc:
         return fail(PROG, exc)
     return 0

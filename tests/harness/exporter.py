@@ -1,4 +1,4 @@
-"""Run the real ``gpu-exporter serve`` as a subprocess on 127.0.0.1 and scrape it."""
+"""Run the real ``gpu-exporter serve`` or ``profile`` as a subprocess on 127.0.0.1 and scrape it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Self
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -68,14 +69,25 @@ def sample(samples: dict[tuple[str, frozenset], float], metric: str, /, **labels
     return hits[0] if hits else None
 
 
-class ExporterProcess:
-    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None, port: int | None = None,
-                 wait: bool = True, cwd: Path | None = None) -> None:
-        """``cwd``: where ``python -m exporter`` finds the package (default: this checkout)."""
+class DaemonProcess:
+    """The real ``gpu-exporter serve`` or ``gpu-exporter profile`` as a subprocess listening on 127.0.0.1.
+
+    The one way a test starts a daemon: ``DaemonProcess("serve", [...])`` or ``DaemonProcess("profile",
+    [...])`` (listen flags added here), waited for until ``/healthz`` answers 200 unless ``wait=False``;
+    the log is stdout and stderr together; ``stop()`` sends SIGTERM and returns the exit status.
+    ``cwd``: where ``python -m exporter`` finds the package (default: this checkout).
+    """
+
+    LISTEN = {"serve": ("--address", "--port"), "profile": ("--listen-address", "--listen-port")}
+
+    def __init__(self, command: str, args: Sequence[str], env: Mapping[str, str] | None = None,
+                 port: int | None = None, wait: bool = True, cwd: Path | None = None) -> None:
+        self.command = command
         self.port = port or free_port()
-        self.log_file = tempfile.NamedTemporaryFile(prefix="exporter-", suffix=".log", delete=False)  # noqa: SIM115
+        self.log_file = tempfile.NamedTemporaryFile(prefix=f"{command}-", suffix=".log", delete=False)  # noqa: SIM115
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        cmd = [sys.executable, "-m", "exporter", "serve", "--address", "127.0.0.1", "--port", str(self.port), *args]
+        address, port_flag = self.LISTEN[command]
+        cmd = [sys.executable, "-m", "exporter", command, address, "127.0.0.1", port_flag, str(self.port), *args]
         self.proc = subprocess.Popen(cmd, env=full_env, cwd=cwd or REPO, stdout=self.log_file, stderr=subprocess.STDOUT)
         if wait:
             self.wait_healthy()
@@ -88,14 +100,14 @@ class ExporterProcess:
         return Path(self.log_file.name).read_text(errors="replace")
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
-        # 30 s: a start that imports the kubernetes client (--per-process, DRA) took over 15 s on a
-        # loaded 2-core machine; the poll returns as soon as /healthz answers.
+        # 30 s: a start that imports the kubernetes client (--per-process, DRA, the profiler) took over
+        # 15 s on a loaded 2-core machine; the poll returns as soon as /healthz answers.
         def ok() -> bool:
             if self.proc.poll() is not None:
-                raise AssertionError(f"exporter exited with {self.proc.returncode}:\n{self.log()}")
+                raise AssertionError(f"{self.command} exited with {self.proc.returncode}:\n{self.log()}")
             return http_get(self.url + "/healthz", timeout=1)[0] == 200
 
-        wait_until(ok, timeout, what="exporter /healthz")
+        wait_until(ok, timeout, what=f"{self.command} /healthz")
 
     def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, bytes, dict]:
         return http_get(self.url + path, headers)
@@ -119,9 +131,17 @@ class ExporterProcess:
         self.log_file.close()
         return self.proc.returncode
 
-    def __enter__(self) -> ExporterProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
         os.unlink(self.log_file.name)
+
+
+class ExporterProcess(DaemonProcess):
+    """``DaemonProcess("serve", args)``."""
+
+    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None, port: int | None = None,
+                 wait: bool = True, cwd: Path | None = None) -> None:
+        super().__init__("serve", args, env=env, port=port, wait=wait, cwd=cwd)

@@ -17,7 +17,8 @@ from typing import Any
 import bcrypt
 import pytest
 
-from exporter.profiler.main import UsageError, parse_args, run
+from exporter.platform.errors import ConfigError
+from exporter.profiler.main import parse_args, run
 from tests.harness.poll import wait_until
 from tests.harness.profiler import closed_port_url
 
@@ -63,7 +64,7 @@ def test_the_flag_and_its_env_twin(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert s.web is not None and set(s.web.users) == {"prometheus"}
     bad = tmp_path / "bad.yml"
     bad.write_text("basic_auth_users:\n  prometheus: $2y$16$" + "a" * 53 + "\n")
-    with pytest.raises(UsageError, match=r"--web\.config\.file: .*bcrypt cost 16"):
+    with pytest.raises(ConfigError, match=r"--web\.config\.file: .*bcrypt cost 16"):
         parse_args(["--prometheus-url", "http://p:9090", "--web.config.file", str(bad)])
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.profiler.annotate import KUBE_REJECTED, Conflict, KubeError, NodeStore, build_api_client
+from exporter.platform.kube import api_client as build_api_client
+from exporter.profiler.annotate import KUBE_REJECTED, Conflict, KubeError, NodeStore
 from tests.harness.kubeapi import FakeKubeAPI
 
 PLUGIN = """

@@ -154,10 +154,11 @@ def test_mappings_name_real_fields() -> None:
 
 
 def test_source_flag(tmp_path: Path) -> None:
-    from exporter.profiler.main import UsageError, parse_args
+    from exporter.platform.errors import ConfigError
+    from exporter.profiler.main import parse_args
 
     s = parse_args(["--prometheus-url", "http://p:9090", "--source", "dcgm"])
     assert s.query.source == "dcgm"
     assert parse_args(["--prometheus-url", "http://p:9090"]).query.source == "auto"
-    with pytest.raises(UsageError, match="--source 'nvidia'"):
+    with pytest.raises(ConfigError, match="--source 'nvidia'"):
         parse_args(["--prometheus-url", "http://p:9090", "--source", "nvidia"])

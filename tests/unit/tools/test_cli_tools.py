@@ -440,11 +440,12 @@ def test_output_file_is_replaced_whole_keeping_its_mode_and_links(tmp_path: Path
 
 
 def test_output_file_errors_name_the_file(tmp_path: Path) -> None:
-    from exporter.tools.audit import ToolError, write_file
+    from exporter.platform.errors import ConfigError
+    from exporter.tools.audit import write_file
 
     for path, why in ((tmp_path / "missing" / "out.json", "No such file or directory"),
                       (tmp_path, "Is a directory"), (Path("/dev/full"), "No space left on device")):
-        with pytest.raises(ToolError) as err:
+        with pytest.raises(ConfigError) as err:
             write_file(str(path), "x" * 10_000)
         assert str(err.value) == f"cannot write {path}: {why}"
     assert Path("/dev/full").is_char_device()  # written through, never renamed over
@@ -456,11 +457,12 @@ def test_output_file_cut_short_leaves_nothing_behind(tmp_path: Path) -> None:
     target = tmp_path / "out.json"
     target.write_text("previous\n")
     code = ("import resource, signal, sys\n"
-            "from exporter.tools.audit import ToolError, write_file\n"
+            "from exporter.platform.errors import ConfigError\n"
+            "from exporter.tools.audit import write_file\n"
             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
             "try:\n    write_file(sys.argv[1], 'x' * 100_000)\n"
-            "except ToolError as exc:\n    sys.exit(str(exc))\n")
+            "except ConfigError as exc:\n    sys.exit(str(exc))\n")
     p = subprocess.run([sys.executable, "-c", code, str(target)], cwd=REPO, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 1 and p.stderr.strip() == f"cannot write {target}: File too large"
