@@ -21,8 +21,21 @@ most severe first (the condition's ``reason`` is the first one found on the node
     GPUs drop the generation when idle to save power. (dcgm has no width field.)
 
 Node: ``True`` (``AllGPUsHealthy``) when every GPU answers with no cause; ``False`` with the
-first cause as reason and a short message naming the GPUs; ``Unknown``
-(``ExporterNotScraped``) when none of its GPUs has a recent sample.
+first cause as reason; ``Unknown`` (``ExporterNotScraped``) when none of its GPUs has a recent
+sample.
+
+Message (``False``): one entry per failing GPU and cause, most severe first, joined by ``; ``,
+each in the form NVSentinel's and NPD-style consumers parse::
+
+    [<code>] GPU <index> <uuid>: <what> - RecommendedAction: <action>
+
+``<code>``: ``XID<n>`` (the XID's number, where the source tells it), ``GPU_LOST``,
+``ECC_UNCORRECTABLE``, ``ROW_REMAP_FAILURE``, ``PAGE_RETIREMENT_PENDING``,
+``PCIE_LINK_NARROWED``; ``<uuid>`` is ``-`` where the source has none; ``<action>`` is one of
+NVSentinel's ``RecommendedAction`` names (data-models/protobufs/health_event.proto:
+``COMPONENT_RESET``, ``CONTACT_SUPPORT``, ``RUN_FIELDDIAG``, ``RESTART_BM``, ...). An entry never
+holds ``;`` (NVSentinel splits condition messages there). Past :data:`MAX_MESSAGE` characters
+the last entry says how many more were left out. docs/health.md shows consumers reading it.
 
 Transitions: a changed (status, reason) must be observed ``k`` consecutive cycles
 (``--hysteresis``) before it is written; the candidate waits in the node's ``pending``
@@ -37,6 +50,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from exporter.profiler.classify import GpuStats
+from exporter.profiler.plan import valid_uuid
+from exporter.profiler.prom import printable
 from exporter.profiler.sources import CRITICAL_XIDS
 
 CONDITION = "GPUHealthy"
@@ -75,35 +90,97 @@ def _critical(x: float | None, codes: frozenset[int]) -> bool:
     return x is not None and x == int(x) and int(x) in codes
 
 
+# cause -> (code, what, NVSentinel RecommendedAction) of an entry, where the cause alone decides them
+ACTIONS = {LOST: ("GPU_LOST", "lost or not answering", "RESTART_BM"),
+           ECC: ("ECC_UNCORRECTABLE", "uncorrectable ECC errors in the window", "COMPONENT_RESET"),
+           PCIE: ("PCIE_LINK_NARROWED", "PCIe link narrower than its maximum width", "RUN_FIELDDIAG")}
+XID_ACTION = "COMPONENT_RESET"  # an XID whose recommended action is not known: reset the GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One cause on one GPU, as one message entry."""
+
+    gpu: str
+    uuid: str
+    cause: str
+    code: str
+    what: str
+    action: str
+
+    def entry(self) -> str:
+        # labels come from the scrape: a uuid out of the UUID alphabet is not written
+        gpu, uuid = printable(self.gpu, 40).replace(" ", "_"), self.uuid if valid_uuid(self.uuid) else "-"
+        text = f"[{self.code}] GPU {gpu} {uuid}: {self.what} - RecommendedAction: {self.action}"
+        return text.replace(";", ",")  # an entry never splits: consumers split the message on ';'
+
+
 def gpu_causes(st: GpuStats, critical: Iterable[int] = CRITICAL_XIDS) -> list[str]:
     """The causes (CAUSES order) that make one reporting GPU unhealthy; [] when none."""
+    return list(dict.fromkeys(f.cause for f in gpu_findings(st, critical)))
+
+
+def gpu_findings(st: GpuStats, critical: Iterable[int] = CRITICAL_XIDS) -> list[Finding]:
+    """What makes one reporting GPU unhealthy, CAUSES order; [] when nothing."""
     if st.up is not None and st.up == 0:
-        return [LOST]
+        return [_finding(st, LOST)]
     h = st.health
     if not h:
         return []  # no health field published (or all read as absent): nothing to find
-    return _causes(h, critical if isinstance(critical, frozenset) else frozenset(critical))
+    return _findings(st, h, critical if isinstance(critical, frozenset) else frozenset(critical))
 
 
-def _causes(h: Mapping[str, float], codes: frozenset[int]) -> list[str]:
-    out: list[str] = []
+def _finding(st: GpuStats, cause: str, code: str = "", what: str = "", action: str = "") -> Finding:
+    c, w, a = ACTIONS.get(cause, ("", "", ""))
+    return Finding(st.gpu, st.uuid, cause, code or c, what or w, action or a)
+
+
+def _xid_codes(h: Mapping[str, float], codes: frozenset[int]) -> list[int] | None:
+    """The critical XID codes seen in the window ([] when one was seen but its code is not
+    known), None when none was."""
+    per_code = sorted(int(k[4:]) for k, v in h.items() if k.startswith("xid_") and k[4:].isdigit()
+                      and math.isfinite(v) and v > 0 and int(k[4:]) in codes)
+    if per_code:
+        return per_code  # ours, per code (the counter's xid label)
     xid = _f(h, "xid")
     if xid is not None and xid > 0:
-        out.append(XID)
-    elif "xid_last" in h:
+        return []  # ours: a critical code rose, which one not read
+    if "xid_last" in h:
         before, changes = _f(h, "xid_before"), _f(h, "xid_changes") or 0.0
         seen = {v for v in (_f(h, "xid_min"), _f(h, "xid_max"), _f(h, "xid_last")) if v is not None}
-        if any(_critical(v, codes) and (changes > 0 or v != before) for v in seen):
-            out.append(XID)
+        hit = sorted(int(v) for v in seen if _critical(v, codes) and (changes > 0 or v != before))
+        if hit:
+            return hit  # dcgm: the gauge holds the code itself
+    return None
+
+
+def _findings(st: GpuStats, h: Mapping[str, float], codes: frozenset[int]) -> list[Finding]:
+    out: list[Finding] = []
+    xids = _xid_codes(h, codes)
+    if xids is not None:
+        out.extend(_finding(st, XID, f"XID{c}", f"XID {c} in the window", XID_ACTION) for c in xids)
+        if not xids:
+            out.append(_finding(st, XID, "XID", "a critical XID in the window", XID_ACTION))
     ecc = _f(h, "ecc")
     if ecc is not None and ecc > 0:
-        out.append(ECC)
-    if (_f(h, "remap") or 0.0) >= 1 or (_f(h, "retire") or 0.0) > 0:
-        out.append(REMAP)
+        out.append(_finding(st, ECC))
+    if (_f(h, "remap") or 0.0) >= 1:
+        out.append(_finding(st, REMAP, "ROW_REMAP_FAILURE", "a row remap failed", "CONTACT_SUPPORT"))
+    if (_f(h, "retire") or 0.0) > 0:
+        out.append(_finding(st, REMAP, "PAGE_RETIREMENT_PENDING", "a page retirement is pending",
+                            "COMPONENT_RESET"))
     width, widest = _f(h, "width"), _f(h, "width_max")
     if width is not None and widest is not None and width < widest:
-        out.append(PCIE)
+        out.append(_finding(st, PCIE, what=f"PCIe link x{width:g} of x{widest:g}"))
     return out
+
+
+def _causes(h: Mapping[str, float], codes: frozenset[int]) -> bool:
+    """Whether any cause is found in these fields (the fast path of :func:`observe`)."""
+    return bool(_findings(_NOBODY, h, codes))
+
+
+_NOBODY = GpuStats(node="", gpu="")
 
 
 def _gpu_sort(g: str) -> tuple[int, int, str]:
@@ -137,14 +214,32 @@ def observe(gpus: Mapping[str, GpuStats], critical: Iterable[int] = CRITICAL_XID
             if len(_ALL_HEALTHY) < 256:
                 _ALL_HEALTHY[fresh] = obs
         return obs
-    found: dict[str, list[str]] = {}
+    found: list[Finding] = []
     for g in sorted(gpus, key=_gpu_sort):
         st = gpus[g]
-        for cause in gpu_causes(st, codes) if st.fresh else [LOST]:
-            found.setdefault(cause, []).append(g)
-    reason = next(c for c in CAUSES if c in found)
-    parts = [f"{c}: GPU {', '.join(found[c])}" for c in CAUSES if c in found]
-    return Observed(FALSE, reason, "; ".join(parts)[:MAX_MESSAGE])
+        found.extend(gpu_findings(st, codes) if st.fresh else [_finding(st, LOST)])
+    rank = {c: i for i, c in enumerate(CAUSES)}
+    found.sort(key=lambda f: rank[f.cause])  # stable: GPU order within a cause
+    return Observed(FALSE, found[0].cause, message(found))
+
+
+def message(found: list[Finding]) -> str:
+    """The entries joined by ``; ``, at most MAX_MESSAGE characters: whole entries only, then one
+    ``[MORE] N more entries`` for those left out."""
+    out: list[str] = []
+    size = 0
+    for i, f in enumerate(found):
+        e = f.entry()
+        need = size + len(e) + (2 if out else 0)
+        if need + (_MORE if i + 1 < len(found) else 0) > MAX_MESSAGE:
+            out.append(f"[MORE] {len(found) - i} more entries")
+            break
+        out.append(e)
+        size = need
+    return "; ".join(out)
+
+
+_MORE = 32  # room kept for "; [MORE] N more entries"
 
 
 def published_value(condition: Mapping[str, str] | None) -> str | None:

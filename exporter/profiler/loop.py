@@ -365,7 +365,11 @@ class Profiler:
                res: CycleResult, observed: dict[str, health.Observed] | None = None) -> None:
         if nodes is None:
             return
-        self._write_all(nodes, inputs, res, observed or {})
+        try:
+            self._write_all(nodes, inputs, res, observed or {})
+        finally:
+            if self.events is not None and not self.dry_run:
+                self.events.end_cycle()  # one summary Event when any was over its node's budget
         self._cleared.update(annotate.KINDS)  # every node planned and written (or its error counted)
 
     def _write_all(self, nodes: dict[str, NodeInfo], inputs: dict[str, dict[str, GpuInput]],
@@ -549,7 +553,9 @@ class Profiler:
             except Conflict:
                 raise KubeError(annotate.KUBE_CONFLICT, f"node {info.name} status: still conflicting after a "
                                                         "retry (409)") from None
-        if self.events is not None and health.published_value(info.condition) != obs.value:
+        previous = health.published_value(info.condition)
+        if self.events is not None and previous is not None and previous != obs.value:
+            # a transition; the first setting needs none (the condition's lastTransitionTime says it)
             self.events.record_condition(info.name, obs.status, obs.reason,
                                          f"{health.CONDITION} {obs.status} ({obs.reason}): {obs.message}")
         return True

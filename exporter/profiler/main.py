@@ -182,7 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--health-condition", default="on",
                    help="on or off: set the GPUHealthy condition on each GPU node (needs RBAC patch on "
                         "nodes/status; env PROFILER_HEALTH_CONDITION, default on)")
-    e.add_argument("--events-per-minute", default="30", help="rate limit of the Events (default 30)")
+    e.add_argument("--events-burst", default="25",
+                   help="Events a node may get at once before its budget limits it (default 25, as client-go)")
+    e.add_argument("--events-refill", default="5m",
+                   help="each node gets one Event back per this interval, up to --events-burst (default 5m, as "
+                        "client-go); one summary Event per cycle counts those suppressed")
+    e.add_argument("--events-per-minute", default=None,
+                   help="removed (issue 35): Events are limited per node, see --events-burst and --events-refill")
     r = p.add_argument_group("running")
     r.add_argument("--once", action="store_true", help="run one cycle and exit (cron style)")
     r.add_argument("--at", help="with --once: evaluate at this unix time instead of now (replay a past "
@@ -226,7 +232,8 @@ class ProfilerSettings:
     log_format: str
     election: ElectionConfig | None = None
     events: bool = True
-    events_per_minute: int = 30
+    events_burst: int = 25
+    events_refill_s: float = 300.0
     web: WebConfig | None = None  # --web.config.file: TLS and basic auth of /metrics and /healthz
     health: bool = True
     check_config: bool = False
@@ -303,6 +310,9 @@ def parse_args(argv: list[str]) -> ProfilerSettings:
         raise ConfigError(f"--log-level {a.log_level!r}: must be one of debug, info, warning, error")
     if a.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format {a.log_format!r}: must be text or json")
+    if a.events_per_minute is not None:
+        raise ConfigError(f"--events-per-minute {a.events_per_minute!r}: removed; Events are now limited per node "
+                          "(--events-burst, default 25, and --events-refill, default 5m)")
     th = Thresholds(node_idle_util=_ratio("--idle-util", a.idle_util), node_idle_mem=_ratio("--idle-mem", a.idle_mem))
     return ProfilerSettings(
         prometheus_url=a.prometheus_url,
@@ -333,7 +343,8 @@ def parse_args(argv: list[str]) -> ProfilerSettings:
         log_format=a.log_format,
         election=_election(a),
         events=_on_off("--events", a.events),
-        events_per_minute=_int("--events-per-minute", a.events_per_minute, 1, 6000),
+        events_burst=_int("--events-burst", a.events_burst, 1, 1000),
+        events_refill_s=parse_duration("--events-refill", a.events_refill, 1, 86400),
         web=_web_config(a.web_config_file),
         health=_on_off("--health-condition", a.health_condition),
         check_config=a.check_config,
@@ -398,7 +409,10 @@ def build_profiler(s: ProfilerSettings, out: IO[str] | None = None) -> Profiler:
             api.user_agent = f"gpu-exporter-profiler/{s.election.identity}"
             elector = LeaderElector(LeaseClient(api, ns, s.election.name), s.election)
         if s.events and not s.dry_run:
-            events = EventRecorder(api, ns, per_minute=s.events_per_minute)
+            pod = os.environ.get("POD_NAME", "")
+            summary = {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": pod} if pod else None
+            events = EventRecorder(api, ns, burst=s.events_burst, refill_s=s.events_refill_s,
+                                   summary_object=summary)
     return Profiler(Reader(client, s.query), store, s.plan, dry_run=s.dry_run, out=out, elector=elector,
                     events=events, health=s.health)
 

@@ -242,7 +242,12 @@ class QueryBuilder:
             parts.update(self._health_parts())
         if self.ours:
             parts.update(self._score_parts())
-        return union([self.tag(self.per_gpu(fn, nodes=nodes), stat) for stat, fn in parts.items()])
+        per_code = self.cfg.health and bool(s.health.xid_counter)
+        return union([
+            # the XID counter keeps its code: one series per critical code that rose, stat xid_<code>
+            f'label_replace({self.per_gpu(fn, nodes=nodes, by=", xid")}, "stat", "xid_$1", "xid", "(.*)")'
+            if per_code and stat == "xid" else self.tag(self.per_gpu(fn, nodes=nodes), stat)
+            for stat, fn in parts.items()])
 
     def _score_parts(self) -> dict[str, Callable[[str], str]]:
         """What the availability score discounts (issue 28; classify.health_factor): any XID and

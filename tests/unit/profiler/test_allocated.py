@@ -41,7 +41,7 @@ def test_allocated_idle_annotations_and_one_event(tmp_path: Path, kubeapi: FakeK
     with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom:
         kubeapi.add_node("alloc")
         kubeapi.add_node("alloc2")
-        events = EventRecorder(kube_client, "gpu-exporter", per_minute=30)
+        events = EventRecorder(kube_client, "gpu-exporter")
         prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(kube_client), PlanConfig(),
                         out=io.StringIO(), events=events)
         r1 = prof.run_cycle(at=END)
@@ -66,16 +66,18 @@ def test_allocated_idle_annotations_and_one_event(tmp_path: Path, kubeapi: FakeK
         assert events.counts["created"] == 1 and events.counts["updated"] == 0
 
 
-def test_events_are_rate_limited_and_forbidden_is_one_warning(kubeapi: FakeKubeAPI, kube_client: ApiClient,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_events_are_limited_per_node_and_forbidden_is_one_warning(kubeapi: FakeKubeAPI, kube_client: ApiClient,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
-    rec = EventRecorder(kube_client, "gpu-exporter", per_minute=3, clock=lambda: now[0])
-    got = [rec.record(f"n{i}", "0", "growing", "m") for i in range(5)]
+    rec = EventRecorder(kube_client, "gpu-exporter", burst=3, refill_s=20.0, clock=lambda: now[0])
+    got = [rec.record("n0", str(g), "growing", "m") for g in range(5)]
     assert got == ["created"] * 3 + ["dropped"] * 2
-    now[0] += 20.0  # one token back (3 per minute)
+    assert [rec.record(f"n{i}", "0", "growing", "m") for i in range(1, 6)] == ["created"] * 5  # other nodes: theirs
+    now[0] += 20.0  # one token back for n0
     assert rec.record("n0", "0", "growing", "again") == "updated"  # same change again: count + 1
-    ev = next(e for e in kubeapi.objects("events") if e["involvedObject"]["name"] == "n0")
-    assert ev["count"] == 2 and ev["message"] == "again"
+    ev = next(e for e in kubeapi.objects("events") if e["involvedObject"]["name"] == "n0"
+              and e["message"] == "again")
+    assert ev["count"] == 2
     assert {r.verb for r in kubeapi.requests} <= {"create", "patch"}
     now[0] += 60.0
     kubeapi.inject("POST", "events", 403, times=5)

@@ -133,7 +133,7 @@ def _cycle(prom: Prometheus, client: Any, at: float) -> Any:
     """One ``--once`` run: a new profiler, nothing carried over in memory."""
     reader = Reader(PromClient(prom.url), QueryConfig(health=True, window_s=1800))
     prof = Profiler(reader, NodeStore(client), PlanConfig(), health=True,
-                    events=EventRecorder(client, "gpu-exporter", per_minute=600))
+                    events=EventRecorder(client, "gpu-exporter"))
     res = prof.run_cycle(at=at)
     assert res.ok, res.errors
     return res
@@ -168,8 +168,15 @@ def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus,
     assert {n: c["reason"] for n, c in got.items()} == {n: w[0] for n, w in WANT.items()}
     for n, c in got.items():
         assert c["status"] == ("True" if c["reason"] == health.HEALTHY else "False"), n
-    assert got["h-xid"]["message"] == "CriticalXID: GPU 1"
-    assert got["h-retire"]["message"] == "RowRemapFailure: GPU 0"
+    # [code] text - RecommendedAction: X, with the GPU's index and uuid (docs/health.md)
+    xid_uuid, lost_uuid = _labels("h-xid", "1")["uuid"], _labels("h-lost", "1")["uuid"]
+    assert got["h-xid"]["message"] == (
+        f"[XID79] GPU 1 {xid_uuid}: XID 79 in the window - RecommendedAction: COMPONENT_RESET")
+    assert got["d-xid"]["message"].startswith("[XID79] GPU 1 GPU-")  # dcgm: the gauge's value is the code
+    assert got["h-retire"]["message"] == (f"[PAGE_RETIREMENT_PENDING] GPU 0 {_labels('h-retire', '0')['uuid']}: "
+                                          "a page retirement is pending - RecommendedAction: COMPONENT_RESET")
+    assert got["h-lost"]["message"].startswith(f"[GPU_LOST] GPU 1 {lost_uuid}: lost or not answering")
+    assert got["h-pcie"]["message"].endswith(": PCIe link x8 of x16 - RecommendedAction: RUN_FIELDDIAG")
     assert r1.status_writes == len(WANT)
     reqs = _status_patches(kubeapi)
     assert {r.content_type for r in reqs} == {"application/strategic-merge-patch+json"}
@@ -178,12 +185,8 @@ def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus,
     for n in WANT:
         st = kubeapi.node(n)["status"]
         assert st["conditions"][0] == ready and st["capacity"] == {"nvidia.com/gpu": "2"}, n
-    # the first setting records an Event on each node
-    firsts = _events(kubeapi)
-    assert len(firsts) == len(WANT)
-    assert {r.body["involvedObject"]["name"] for r in firsts} == set(WANT)
-    assert next(r.body for r in firsts if r.body["involvedObject"]["name"] == "h-lost")["reason"] == \
-        "GPUHealthyFalse"
+    # the first setting records no Event: the condition's lastTransitionTime says when it was set
+    assert _events(kubeapi) == []
 
     kubeapi.clear_requests()
     r2 = _cycle(prom, kube_client, AT_FAULT)  # unchanged: nothing written at all
@@ -207,7 +210,10 @@ def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus,
     for n in WANT:
         moved = before[n]["lastTransitionTime"] != got[n]["lastTransitionTime"]
         assert moved == (before[n]["status"] != got[n]["status"]), n
-    assert {r.body["involvedObject"]["name"] for r in _events(kubeapi)} == changed
+    assert {r.body["involvedObject"]["name"] for r in _events(kubeapi)} == changed  # one per real transition
+    assert len(_events(kubeapi)) == len(changed)
+    lost = next(r.body for r in _events(kubeapi) if r.body["involvedObject"]["name"] == "h-lost")
+    assert (lost["reason"], lost["type"]) == ("GPUHealthyTrue", "Normal")
     assert all("gpu-healthy" not in kubeapi.node(n)["metadata"]["annotations"].get("gpu-exporter.io/pending", "")
                for n in WANT)
 
@@ -245,8 +251,14 @@ def test_causes_from_fields() -> None:
     assert health.gpu_causes(st(xid_min=79, xid_max=79, xid_last=79, xid_changes=0)) == [health.XID]  # born in it
     assert health.gpu_causes(st(xid_min=13, xid_max=31, xid_last=31, xid_changes=1, xid_before=0)) == []
     assert health.gpu_causes(st(width=8, width_max=16, ecc=1)) == [health.ECC, health.PCIE]
-    obs = health.observe({"0": st(width=8, width_max=16), "1": GpuStats(node="n", gpu="1", up=0.0)})
-    assert (obs.status, obs.reason, obs.message) == ("False", health.LOST, "GPULost: GPU 1; PCIeLinkNarrowed: GPU 0")
+    obs = health.observe({"0": st(width=8, width_max=16), "1": GpuStats(node="n", gpu="1", up=0.0, uuid="GPU-b")})
+    assert (obs.status, obs.reason) == ("False", health.LOST)
+    assert obs.message == ("[GPU_LOST] GPU 1 GPU-b: lost or not answering - RecommendedAction: RESTART_BM; "
+                           "[PCIE_LINK_NARROWED] GPU 0 -: PCIe link x8 of x16 - RecommendedAction: RUN_FIELDDIAG")
+    # ours per code: every critical code that rose, in order; a non-critical one is not a cause
+    codes = health.gpu_findings(st(xid_79=1, xid_48=2, xid_13=5), health.CRITICAL_XIDS)
+    assert [f.code for f in codes] == ["XID48", "XID79"]
+    assert health.gpu_causes(st(xid_13=5)) == []
     assert health.observe({"0": GpuStats(node="n", gpu="0", fresh=False)}).status == "Unknown"
     # hysteresis: first setting at once, a change after k observations
     assert health.decide(None, "False.GPULost", None, 2) == (True, None)
@@ -294,3 +306,23 @@ def test_a_conflict_on_nodes_status_reads_again_and_retries_once(prom: Prometheu
     assert res.unchanged == 2 and res.status_writes == 1
     assert [r.status for r in status_patches("h-ecc")] == [409, 200]
     assert _conditions(kubeapi)["h-ecc"]["reason"] == health.ECC
+
+
+def test_message_is_parseable_and_bounded() -> None:
+    """Whole entries, never a ';' inside one (NVSentinel splits there), a hostile uuid left out,
+    and past MAX_MESSAGE a last entry saying how many more."""
+    import re
+
+    entry = re.compile(r"\[([A-Z0-9_]+)\] GPU (\S+) (\S+): ([^;]*) - RecommendedAction: ([A-Z_]+)\Z")
+    gpus = {str(g): GpuStats(node="n", gpu=str(g), up=0.0, uuid=f"GPU-{g:08d}-aaaa-bbbb-cccc-dddddddddddd")
+            for g in range(64)}
+    gpus["2"] = GpuStats(node="n", gpu="2", up=0.0, uuid="GPU-1; [XID79] forged\nline")
+    msg = health.observe(gpus).message
+    assert len(msg) <= health.MAX_MESSAGE
+    parts = msg.split("; ")
+    assert all(entry.match(p) for p in parts[:-1]), parts
+    more = re.fullmatch(r"\[MORE\] (\d+) more entries", parts[-1])
+    assert more and int(more[1]) + len(parts) - 1 == 64
+    assert [entry.match(p)[2] for p in parts[:-1]] == [str(g) for g in range(len(parts) - 1)]  # type: ignore[index]
+    assert entry.match(parts[2])[3] == "-"  # type: ignore[index]
+    assert "forged" not in msg and "\n" not in msg
