@@ -16,12 +16,12 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from exporter.platform.http import GpuHTTPServer
+    from exporter.platform.http import HTTPServer
 
 log = logging.getLogger("exporter")
 
 
-def reload_web_config(server: GpuHTTPServer) -> None:
+def reload_web_config(server: HTTPServer) -> None:
     """SIGHUP: re-read --web.config.file and its certificates now; without one, say so and go on."""
     if server.live is None:
         log.info("SIGHUP: no --web.config.file to reload; ignored")
@@ -29,7 +29,7 @@ def reload_web_config(server: GpuHTTPServer) -> None:
         server.live.reload("SIGHUP")
 
 
-def install_signals(server: GpuHTTPServer, stop: Callable[[int], None]) -> None:
+def install_signals(server: HTTPServer, stop: Callable[[int], None]) -> None:
     """SIGTERM and SIGINT call ``stop(signum)``, SIGHUP reloads ``server``'s web config; from the main thread."""
 
     def on_stop(signum: int, frame: FrameType | None) -> None:

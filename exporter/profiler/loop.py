@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from exporter.platform.http import GpuHTTPServer, Handler, Response
+from exporter.platform.http import Handler, HTTPServer, Response
 from exporter.profiler import annotate, health, prom, queries
 from exporter.profiler.annotate import Conflict, KubeError, NodeGone, NodeInfo, NodeStore
 from exporter.profiler.classify import ALLOCATED_IDLE, GROWING, GpuStats, classify_gpu
@@ -640,15 +640,15 @@ EXPOSITION_TTL_S = 0.5  # /metrics bytes are shared for this long (the figures c
 
 def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Health,
                 read_timeout_s: float = SERVER_READ_TIMEOUT_S, deadline_s: float = SERVER_REQUEST_DEADLINE_S,
-                max_connections: int = SERVER_MAX_CONNECTIONS, web: WebConfig | None = None) -> GpuHTTPServer:
+                max_connections: int = SERVER_MAX_CONNECTIONS, web: WebConfig | None = None) -> HTTPServer:
     """The profiler's HTTP server (not started): ``/metrics``, ``/healthz``, ``/``.
 
-    The exporter's server (exporter/platform/http.py), so the same fairness, limits, TLS and basic
+    The exporter's server (exporter/platform/http/), so the same fairness, limits, TLS and basic
     auth (``--web.config.file``): a request, or taking its answer, ends after
     ``min(read_timeout_s, deadline_s)``; ``/healthz`` is answered on the I/O thread, never behind a
     scrape, and is open under basic auth (saying only ok / not ok to an anonymous probe).
     """
-    srv = GpuHTTPServer((address, port), max_connections=max_connections,
+    srv = HTTPServer((address, port), max_connections=max_connections,
                         read_timeout=min(read_timeout_s, deadline_s), web=web, probe_paths=frozenset({"/healthz"}))
 
     cache: list[tuple[float, bytes]] = []

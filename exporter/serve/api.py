@@ -27,7 +27,7 @@ from exporter.core.options import FieldFilter
 from exporter.core.schema import FAMILIES
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import FIELDS, Field, GpuSource, PowerTracker, gpu_legacy, iso_time, numbered, stats_view
-from exporter.platform.http import GpuHTTPServer, Handler, Response
+from exporter.platform.http import Handler, HTTPServer, Response
 
 GPU_METRICS_PATH = "/api/v1/monitoring/gpu-metrics"
 STATS_PATH = "/stats"
@@ -63,7 +63,7 @@ def _json(doc: dict[str, Any]) -> Response:
     return Response(200, json.dumps(doc, separators=(",", ":")).encode(), JSON_TYPE, dict(_NO_STORE))
 
 
-def register(server: GpuHTTPServer, engine: Engine, metrics_path: str = "/metrics") -> None:
+def register(server: HTTPServer, engine: Engine, metrics_path: str = "/metrics") -> None:
     """Add the JSON API and the live page (replacing the plain landing page at ``/``)."""
     tracker = PowerTracker()  # every API read feeds it, so /stats averages over the last interval
     page = live_page(metrics_path)

@@ -1,4 +1,4 @@
-"""The exporter's routes on the shared server (``exporter/platform/http.py``): /metrics, /, /healthz, /readyz.
+"""The exporter's routes on the shared server (``exporter/platform/http/``): /metrics, /, /healthz, /readyz.
 
 The engine hands out one snapshot per collection; the ``/metrics`` route renders it once per
 format and encoding and keeps the bytes (:class:`Exposition`), so that every scraper of a
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from exporter.core.engine import Engine
 from exporter.core.options import FieldFilter
 from exporter.core.snapshot import Snapshot
-from exporter.platform.http import FastRoute, GpuHTTPServer, Handler, Response, Route, wants_gzip, wants_openmetrics
+from exporter.platform.http import FastRoute, Handler, HTTPServer, Response, Route, wants_gzip, wants_openmetrics
 from exporter.serve.render import render
 
 if TYPE_CHECKING:
@@ -116,8 +116,8 @@ def metrics_fast(engine: Engine, cache: Exposition) -> FastRoute:
 
 
 def build_server(engine: Engine, address: str, port: int, metrics_path: str, ready_max_age: float,
-                 max_connections: int = 64, read_timeout: float = 10.0, web: WebConfig | None = None) -> GpuHTTPServer:
-    srv = GpuHTTPServer((address, port), max_connections=max_connections, read_timeout=read_timeout, web=web)
+                 max_connections: int = 64, read_timeout: float = 10.0, web: WebConfig | None = None) -> HTTPServer:
+    srv = HTTPServer((address, port), max_connections=max_connections, read_timeout=read_timeout, web=web)
     landing = LANDING.format(metrics=metrics_path).encode()
 
     def index(h: Handler, path: str, query: str) -> Response:

@@ -286,7 +286,7 @@ def test_http_request_parser(budget: int, result: Result) -> None:
     def check(data: bytes) -> None:
         try:
             parsed = exporter_http.parse_request(bytearray(data))
-        except exporter_http._BadRequest as exc:
+        except exporter_http.BadRequest as exc:
             assert 400 <= exc.status <= 505 and one_line(str(exc))
             seen["refused"] += 1
             statuses[str(exc.status)] = statuses.get(str(exc.status), 0) + 1

@@ -1,50 +1,12 @@
-"""The one HTTP/1.1 server of every daemon (``gpu-exporter serve`` and ``gpu-exporter profile``).
-
-TLS, client certificates and basic auth come from ``--web.config.file`` (``webconfig.py``). The
-server is small on purpose: ``http.server`` pulls in ``http.client``, ``ssl`` and ``email`` (about
-8 MiB of RSS) and gives a thread to each connection. It serves GET and HEAD only.
-
-Fair by construction (issue 26: twice, a few greedy but legal connections took every answer slot):
-
-* **One I/O thread owns every socket**, non-blocking, in one selector: it accepts, handshakes,
-  reads requests and writes answers. No thread ever blocks on a client, so a client that does not
-  read, trickles or idles costs a file descriptor and a buffer, never a thread or a slot.
-* **One request per connection at a time.** The next pipelined request of a connection is parsed
-  only once the previous answer is written, so its requests are answered in order and its buffers
-  are bounded: ``MAX_HEAD + MAX_BODY`` bytes in, one answer out (whose body is the shared rendered
-  bytes, not a copy).
-* **Round robin.** Each turn of the loop gives every connection at most one read, one write and
-  one parsed request, and accepts new connections; a connection with more pipelined requests waits
-  for the next turn. A greedy connection cannot delay another one's first byte.
-* **Lanes.** An answer is made in one of three places: ``inline`` on the I/O thread (microseconds:
-  ``/healthz``, errors, 401/429), the ``probe`` lane (``/readyz``: its own threads, never behind a
-  scrape), or the ``work`` lane (scrapes and the API: at most ``--max-connections`` requests waiting
-  or being answered; beyond that, 503 at once, never a queue without bound). A request holds its slot
-  only while its answer is made, never while it is written. A route's ``fast`` answer (bytes already
-  rendered) is tried on the I/O thread first: no thread hand-off for a cached scrape.
-* **Greedy clients are paced.** Pipelined requests already buffered get ``TURN_BUDGET_S`` per turn,
-  then a pause as long unless anything else happens, and together hold ``PIPELINED_SLOTS`` work
-  slots at most (waiting for one, not 503).
-* **bcrypt** runs in a lane of its own (one thread, at most ``BCRYPT_WAITING`` waiting: beyond, 503).
-  The per-address failure limiter is charged *before* the check (and refunded when it passes), so
-  concurrent guesses cannot all get a check; credentials that passed are cached (``webconfig.py``).
-
-Waiting connections (TLS handshake, request bytes arriving, idle keep-alive) live under a deadline
-of ``--read-timeout`` for the whole handshake plus request; an answer must be taken within the
-same time. When more than ``max_waiting`` are open, the oldest that never completed a request is
-closed first, then the oldest idle keep-alive.
-
-``/healthz`` and ``/readyz`` (``probe_paths``) are open under basic auth (kubelet probes send
-none) and then say only ``ok`` / ``not ready``.
+"""The I/O loop: one thread owns every socket (accept, TLS handshake, read, write) and hands
+answers to the lanes of ``limits.py``; requests are parsed by ``protocol.py``. See the package's
+docstring for the fairness rules it keeps.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import queue
-import re
 import selectors
 import socket
 import threading
@@ -55,170 +17,40 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from exporter.platform.http.limits import FailureLimiter, RateBucket, ThreadLane, waiting_cap
+from exporter.platform.http.protocol import (
+    MAX_BODY,
+    MAX_HEAD,
+    BadRequest,
+    Headers,
+    Response,
+    answer_head,
+    parse_request,
+    unauthorized,
+)
+
 if TYPE_CHECKING:
     from exporter.platform.webconfig import LiveWebConfig, WebConfig
 
 log = logging.getLogger(__name__)
 
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})  # open under basic auth (kubelet probes); say only up/down
-MAX_LINE = 8192
-MAX_HEADERS = 100
-MAX_HEAD = 64 * 1024
-MAX_BODY = 64 * 1024
-FAILURE_BURST = 10  # failed logins an address may make at once ...
-FAILURE_REFILL_S = 1.0  # ... then one more per this many seconds
 BCRYPT_WAITING = 32  # password checks waiting or running at once; more get 503 (bcrypt is ~100 ms of CPU)
 PROBE_THREADS = 4  # /readyz may wait for a collection (collect-on-scrape): a few, separate from scrapes
 SEND_CHUNK = 64 * 1024  # bytes per send() and turn: a turn stays short however many clients read slowly
 ACCEPT_PER_TURN = 128
 TURN_BUDGET_S = 0.002  # pipelined requests answered, and TLS handshakes worked on, per turn: this long at most
 PIPELINED_SLOTS = 4  # work slots all pipelined requests together may hold (a quarter of them at most)
-LANE_IDLE_S = 2.0  # a lane's thread with nothing to do for this long ends (a burst leaves no threads behind)
-REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-           408: "Request Timeout", 413: "Content Too Large", 414: "URI Too Long", 429: "Too Many Requests",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
-           503: "Service Unavailable", 505: "HTTP Version Not Supported"}
-_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
-_SINGLE = frozenset({"content-length", "host", "authorization", "transfer-encoding"})  # twice: 400 (smuggling)
-_TARGET_BAD = re.compile(rb"[\x00-\x20\x7f]")  # controls and spaces: not in a request target
-_VALUE_BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # controls but tab: not in a header value
-_QVALUE = re.compile(r"(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)")
-
-
-class Headers(dict[str, str]):
-    """Request headers, keyed by lower-case name."""
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return super().get(key.lower(), default)
-
-
-class _BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def parse_request(buf: bytearray | bytes) -> tuple[tuple[str, str, str, Headers], int] | None:
-    """((method, target, version, headers), bytes used incl. any body) once ``buf`` holds a request.
-
-    None while it is incomplete; :class:`_BadRequest` as soon as it cannot become a valid one.
-    """
-    start = 0
-    while buf[start:start + 1] in (b"\r", b"\n") and start < len(buf):  # stray blank lines (RFC 9112 2.2)
-        start += 1
-        if start > MAX_LINE:
-            raise _BadRequest(400, "malformed request line")
-    lines: list[bytes] = []
-    pos = start
-    while True:
-        nl = buf.find(b"\n", pos, pos + MAX_LINE + 2)
-        if nl < 0:
-            if len(buf) - pos > MAX_LINE:
-                raise _BadRequest(431 if lines else 414, "request line or header too long")
-            return None
-        line = bytes(buf[pos:nl])
-        pos = nl + 1
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if len(line) > MAX_LINE:
-            raise _BadRequest(431 if lines else 414, "request line or header too long")
-        if not line:
-            break
-        lines.append(line)
-        if len(lines) > MAX_HEADERS + 1 or pos - start > MAX_HEAD:
-            raise _BadRequest(431, "too many headers")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not parts[1] or _TARGET_BAD.search(parts[1]):
-        raise _BadRequest(400, "malformed request line")
-    version = _VERSION.fullmatch(parts[2])
-    if version is None:
-        raise _BadRequest(400, "malformed request line")
-    if version.group(1, 2) not in ((b"1", b"1"), (b"1", b"0")):
-        raise _BadRequest(505, "only HTTP/1.0 and HTTP/1.1")
-    headers = Headers()
-    for raw in lines[1:]:
-        name, sep, value = raw.partition(b":")
-        if not sep or not _TOKEN.fullmatch(name):  # also rejects obs-fold and "Name :"
-            raise _BadRequest(400, "malformed header")
-        v = value.strip(b" \t")
-        if _VALUE_BAD.search(v):
-            raise _BadRequest(400, "malformed header")
-        key, text = name.decode("ascii").lower(), v.decode("latin-1")
-        if key in headers:
-            if key in _SINGLE:
-                raise _BadRequest(400, f"more than one {key} header")
-            text = f"{headers[key]}, {text}"
-        headers[key] = text
-    if "transfer-encoding" in headers:
-        raise _BadRequest(501, "request bodies are not supported")
-    length = headers.get("content-length", "0")
-    if not (length.isascii() and length.isdigit()) or len(length) > 12:
-        raise _BadRequest(400, "bad Content-Length")
-    if int(length) > MAX_BODY:
-        raise _BadRequest(413, "request body too large")
-    if len(buf) < pos + int(length):
-        return None
-    # GET/HEAD bodies carry no meaning: consumed and dropped
-    return (parts[0].decode("ascii"), parts[1].decode("latin-1"), parts[2].decode("ascii"), headers), pos + int(length)
-
-
-def _qvalues(header: str) -> list[tuple[str, float]]:
-    """``Accept``-style header -> [(lower-case value, q)]; a malformed q counts as 0."""
-    out: list[tuple[str, float]] = []
-    for item in header.split(","):
-        value, *params = (p.strip() for p in item.split(";"))
-        q = 1.0
-        for p in params:
-            k, _, v = p.partition("=")
-            if k.strip().lower() == "q":
-                q = float(v.strip()) if _QVALUE.fullmatch(v.strip()) else 0.0
-        if value:
-            out.append((value.lower(), q))
-    return out
-
-
-def _quality(ranges: list[tuple[str, float]], media: str) -> float:
-    """q of ``media`` (type/subtype) under the most specific matching range (RFC 9110 12.5.1)."""
-    kind = media.split("/")[0]
-    best, q = -1, 0.0
-    for value, vq in ranges:
-        rank = 2 if value == media else 1 if value == f"{kind}/*" else 0 if value == "*/*" else -1
-        if rank > best:
-            best, q = rank, vq
-    return q
-
-
-def wants_openmetrics(accept: str) -> bool:
-    """OpenMetrics only when the client ranks it above the text format (ties: text, the classic)."""
-    if not accept:
-        return False
-    ranges = _qvalues(accept)
-    om = _quality(ranges, "application/openmetrics-text")
-    return om > 0 and om > _quality(ranges, "text/plain")
-
-
-def wants_gzip(accept_encoding: str) -> bool:
-    codings = dict(reversed(_qvalues(accept_encoding)))  # the first mention wins
-    return codings.get("gzip", codings.get("*", 0.0)) > 0
 
 
 Lane = str  # "inline" (on the I/O thread: must not block), "probe" or "work"
 
 
 @dataclass
-class Response:
-    status: int
-    body: bytes
-    content_type: str = "text/plain; charset=utf-8"
-    headers: dict[str, str] | None = None
-
-
-@dataclass
 class Handler:
     """One request, as routes see it."""
 
-    server: GpuHTTPServer
+    server: HTTPServer
     client_address: Any
     command: str
     path: str
@@ -232,128 +64,6 @@ class Handler:
 Route = Callable[[Handler, str, str], Response]
 # the same, on the I/O thread, from what is ready now; None: the route's lane answers instead
 FastRoute = Callable[[Handler, str, str], "Response | None"]
-
-
-def _head(resp: Response, keep: bool, extra: dict[str, str]) -> bytes:
-    lines = [f"HTTP/1.1 {resp.status} {REASONS.get(resp.status, 'Unknown')}",
-             f"Content-Type: {resp.content_type}", f"Content-Length: {len(resp.body)}"]
-    lines += [f"{k}: {v}" for k, v in {**extra, **(resp.headers or {})}.items()]
-    if not keep:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-class _FailureLimiter:
-    """Failed basic-auth attempts per client address: a token bucket each, bounded in memory.
-
-    A check takes its token *before* bcrypt runs (``charge``) and gives it back when the credentials
-    pass (``refund``): concurrent guesses from one address cannot all get a check.
-    """
-
-    def __init__(self, burst: int = FAILURE_BURST, refill_s: float = FAILURE_REFILL_S) -> None:
-        self.burst, self.refill_s = burst, refill_s
-        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, at)
-        self._lock = threading.Lock()
-
-    def _tokens(self, addr: str, now: float) -> float:
-        tokens, at = self._buckets.get(addr, (float(self.burst), now))
-        return min(float(self.burst), tokens + (now - at) / self.refill_s)
-
-    def charge(self, addr: str) -> int:
-        """Take one attempt: 0 when ``addr`` may try now, else whole seconds to wait (nothing taken)."""
-        with self._lock:
-            now = time.monotonic()
-            tokens = self._tokens(addr, now)
-            if tokens < 1:
-                return max(1, math.ceil((1 - tokens) * self.refill_s))
-            if len(self._buckets) > 10000:  # many addresses: forget the ones back at a full bucket
-                self._buckets = {a: v for a, v in self._buckets.items() if self._tokens(a, now) < self.burst}
-                if len(self._buckets) > 10000:
-                    self._buckets.clear()
-            self._buckets[addr] = (tokens - 1, now)
-        if tokens - 1 < 1:
-            log.warning("basic auth: %d failed attempts from %s; its next attempts get 429 for a while",
-                        self.burst, addr)
-        return 0
-
-    def refund(self, addr: str) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if addr in self._buckets:
-                self._buckets[addr] = (min(float(self.burst), self._tokens(addr, now) + 1), now)
-
-
-class _Bucket:
-    """The web config's ``rate_limit``: one token per ``interval`` seconds, at most ``burst`` saved."""
-
-    def __init__(self, interval: float, burst: int) -> None:
-        self.interval, self.burst = interval, burst
-        self._tokens, self._at = float(burst), time.monotonic()
-
-    def allow(self) -> bool:  # the I/O thread only
-        now = time.monotonic()
-        self._tokens = min(float(self.burst), self._tokens + (now - self._at) / self.interval)
-        self._at = now
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
-
-
-class _Lane:
-    """At most ``limit`` daemon threads, started when needed and ended after ``LANE_IDLE_S`` without
-    a job, taking jobs in arrival order.
-
-    ``pending`` counts jobs waiting or running: the work lane's slots. Daemon threads, so that a
-    route stuck in a driver call never holds the process at exit.
-    """
-
-    def __init__(self, name: str, limit: int) -> None:
-        self.name, self.limit = name, limit
-        self.pending = 0
-        self._threads = 0
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._lock:
-            self.pending += 1
-            start = self.pending > self._threads and self._threads < self.limit
-            if start:
-                self._threads += 1
-        self._jobs.put(job)
-        if start:
-            threading.Thread(target=self._run, name=f"http-{self.name}", daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                job = self._jobs.get(timeout=LANE_IDLE_S)
-            except queue.Empty:
-                with self._lock:
-                    if self.pending < self._threads:  # more threads than jobs: this one ends
-                        self._threads -= 1
-                        return
-                continue
-            try:
-                job()
-            except Exception:  # a bug in one job must not end the lane
-                log.exception("HTTP %s lane: a job failed", self.name)
-            finally:
-                with self._lock:
-                    self.pending -= 1
-
-
-def _waiting_cap(max_connections: int) -> int:
-    """Connections the I/O thread holds at most: leave file descriptors for the rest of the process."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        soft = 1 << 20 if soft == resource.RLIM_INFINITY else soft
-    except (ImportError, OSError, ValueError):
-        soft = 1024
-    return max(16, min(max(1024, 4 * max_connections), soft - max_connections - 64))
 
 
 _READ, _BUSY, _WRITE, _CLOSING = "read", "busy", "write", "closing"
@@ -377,7 +87,7 @@ class _Conn:
     drain: bool = False  # an error answer: half-close and read to EOF, so the answer is not lost to a reset
 
 
-class GpuHTTPServer:
+class HTTPServer:
     """The listening socket, the I/O thread (``serve_forever``) and the answering lanes."""
 
     def __init__(self, addr: tuple[str, int], max_connections: int, read_timeout: float,
@@ -404,12 +114,12 @@ class GpuHTTPServer:
         self.probe_paths = probe_paths
         self.read_timeout = read_timeout
         self.max_connections = max_connections
-        self.max_waiting = _waiting_cap(max_connections)
-        self.failures = _FailureLimiter()
-        self._work = _Lane("work", max_connections)
-        self._probe = _Lane("probe", PROBE_THREADS)
-        self._bcrypt = _Lane("bcrypt", 1)  # checks run one at a time, as in the toolkit: bcrypt is CPU
-        self._rate: tuple[tuple[float, int], _Bucket] | None = None
+        self.max_waiting = waiting_cap(max_connections)
+        self.failures = FailureLimiter()
+        self._work = ThreadLane("work", max_connections)
+        self._probe = ThreadLane("probe", PROBE_THREADS)
+        self._bcrypt = ThreadLane("bcrypt", 1)  # checks run one at a time, as in the toolkit: bcrypt is CPU
+        self._rate: tuple[tuple[float, int], RateBucket] | None = None
         self._inbox: deque[tuple[str, Any, Any]] = deque()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -677,7 +387,7 @@ class GpuHTTPServer:
         """
         try:
             parsed = parse_request(conn.buf)
-        except _BadRequest as exc:
+        except BadRequest as exc:
             self._error(conn, exc.status, str(exc))
             return
         if parsed is None:
@@ -709,7 +419,7 @@ class GpuHTTPServer:
         probe = path in self.probe_paths
         if web is not None and web.rate_limit is not None and not probe:
             if self._rate is None or self._rate[0] != web.rate_limit:
-                self._rate = (web.rate_limit, _Bucket(*web.rate_limit))
+                self._rate = (web.rate_limit, RateBucket(*web.rate_limit))
             if not self._rate[1].allow():
                 self._send_answer(conn, h, Response(429, b"rate limited\n", headers={"Retry-After": "1"}))
                 return
@@ -721,7 +431,7 @@ class GpuHTTPServer:
                     self._check_password(conn, h, web, header, path, probe)
                     return
                 if not probe:
-                    self._send_answer(conn, h, _unauthorized())
+                    self._send_answer(conn, h, unauthorized())
                     return
         self._route(conn, h, path)
 
@@ -760,7 +470,7 @@ class GpuHTTPServer:
         if ok or probe:
             self._route(conn, h, path)
         else:
-            self._send_answer(conn, h, _unauthorized())
+            self._send_answer(conn, h, unauthorized())
 
     def _route(self, conn: _Conn, h: Handler, path: str) -> None:
         route = self.routes.get(path)
@@ -804,7 +514,7 @@ class GpuHTTPServer:
         if conn.state != _BUSY:  # closed meanwhile (evicted, the loop stopping)
             return
         web = self._web
-        head = _head(resp, conn.keep, web.headers if web is not None else {})
+        head = answer_head(resp, conn.keep, web.headers if web is not None else {})
         body = resp.body if h is None or h.command != "HEAD" else b""
         if len(body) <= 16384:  # small: one send; large: the shared bytes themselves, not a copy
             conn.out = [memoryview(head + body)]
@@ -885,11 +595,6 @@ class GpuHTTPServer:
 
 def _address(addr: Any) -> str:
     return str(addr[0]) if isinstance(addr, tuple) else str(addr)
-
-
-def _unauthorized() -> Response:
-    return Response(401, b"unauthorized\n",
-                    headers={"WWW-Authenticate": 'Basic realm="gpu-exporter", charset="UTF-8"'})
 
 
 def _call(route: Callable[[Handler, str, str], Any], h: Handler) -> Any:
