@@ -85,13 +85,14 @@ def _pod_attribution_starts(settings: config.Settings) -> bool:
 def start_dra(settings: config.Settings, environ: dict[str, str] | None = None) -> ResourceSliceWatch | None:
     """This node's ResourceSlices, for DRA-claimed GPUs (``--dra-attribution``).
 
-    ``on`` without what it needs (NODE_NAME, the kubernetes package, an API configuration) is a
-    :class:`ConfigError`; ``auto`` then stays off and says so once. The API server itself
+    ``on`` without what it needs (NODE_NAME, the kubernetes package, an API configuration, pod
+    attribution that starts) is a :class:`ConfigError`; ``auto`` then stays off and says so once.
+    The API server itself
     is asked in the background: ``auto`` turns off for good when it serves no ResourceSlices or
     forbids them, ``on`` keeps asking.
     """
     mode = settings.dra_attribution
-    if mode == "off" or not _pod_attribution_starts(settings):
+    if mode == "off" or (mode == "auto" and not _pod_attribution_starts(settings)):
         return None
     env = os.environ if environ is None else environ
     node = env.get("NODE_NAME", "").strip()
@@ -106,6 +107,10 @@ def start_dra(settings: config.Settings, environ: dict[str, str] | None = None) 
         api_client = kube.api_client(who="--dra-attribution")  # lazy: only DRA attribution loads the client
     except (MissingExtra, RuntimeError) as exc:
         problem = str(exc)
+    if problem is None and not _pod_attribution_starts(settings):
+        # on, but the claims would never be read: never accept it and serve without (issue 38)
+        problem = (f"needs pod attribution, which --pod-attribution auto leaves off here: the directory of "
+                   f"--pod-resources-socket {settings.pod_resources_socket!r} does not exist")
     if problem is not None:
         if mode == "on":
             raise ConfigError(f"--dra-attribution on: {problem}")

@@ -106,3 +106,32 @@ def test_dra_on_without_what_it_needs_exits_2_with_one_line(tmp_path: Path) -> N
     assert bad.returncode == 2 and "dra" in bad.stderr.lower()
     bad_env = run_serve([], {"DRA_ATTRIBUTION": "yes"})
     assert bad_env.returncode == 2 and "DRA_ATTRIBUTION" in bad_env.stderr
+
+
+def test_dra_on_is_never_ignored_when_pod_attribution_would_not_start(tmp_path: Path) -> None:
+    """Issue 38, item 6: with the default --pod-attribution auto and no kubelet socket directory (a
+    plain host), --dra-attribution on served normally with no log line. A setting we accept is a
+    promise: it exits 2 with one line naming what is missing, whichever it is."""
+    sock = str(tmp_path / "no-kubelet" / "kubelet.sock")
+    common = ["--pod-resources-socket", sock, "--dra-attribution", "on"]
+    no_node = run_serve(common, {"KUBECONFIG": str(tmp_path / "missing")})
+    assert no_node.returncode == 2, no_node.stderr
+    assert no_node.stderr.strip().count("\n") == 0 and "NODE_NAME" in no_node.stderr, no_node.stderr
+
+    shim = tmp_path / "shim" / "kubernetes"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text('raise ImportError("No module named \'kubernetes\'")\n')
+    missing = run_serve(common, {"NODE_NAME": NODE, "PYTHONPATH": f"{shim.parent}:{REPO}"})
+    assert missing.returncode == 2, missing.stderr
+    assert missing.stderr.strip().count("\n") == 0 and "[k8s]" in missing.stderr, missing.stderr
+
+    no_config = run_serve(common, {"NODE_NAME": NODE, "KUBECONFIG": str(tmp_path / "missing")})
+    assert no_config.returncode == 2, no_config.stderr
+    assert no_config.stderr.strip().count("\n") == 0 and "Kubernetes API" in no_config.stderr, no_config.stderr
+
+    with FakeKubeAPI() as api:  # everything DRA needs, but no pod-resources socket directory to read claims from
+        env = {"NODE_NAME": NODE, "KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig"))}
+        no_socket = run_serve(common, env)
+    assert no_socket.returncode == 2, no_socket.stderr
+    line = no_socket.stderr.strip()
+    assert line.count("\n") == 0 and "--dra-attribution on" in line and sock in line, line
