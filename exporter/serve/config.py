@@ -301,14 +301,18 @@ def _load_yaml(path: str) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in data.items():
         k = str(key).replace("-", "_").replace(".", "_")  # the flag's spelling works too (web.config.file)
-        if k == "fields" and isinstance(value, dict):  # fields: {include: [...], exclude: [...]}
-            for sub, v in value.items():
+        if k == "fields":  # fields: {include: [...], exclude: [...]} (an empty entry selects nothing)
+            if not isinstance(value, dict | None):
+                raise ConfigError(f"config file {path}: fields must be a mapping with include and/or exclude "
+                                  f"lists (fields: {{include: [...], exclude: [...]}}), not {type(value).__name__}")
+            for sub, v in (value or {}).items():
                 if sub not in ("include", "exclude"):
                     raise ConfigError(f"config file {path}: unknown key fields.{sub}: expected include, exclude")
                 flat[f"fields_{sub}"] = v
             continue
         if k not in _SPEC_BY_NAME:
-            known = ", ".join(sorted(_SPEC_BY_NAME))
+            # every key a file takes, spelt as the flag (docs/exporter.example.yaml); underscores work too
+            known = ", ".join(sorted([s.flag.removeprefix("--") for s in SPECS] + ["fields"]))
             raise ConfigError(f"config file {path}: unknown setting {key!r}; known: {known}")
         flat[k] = value
     return flat

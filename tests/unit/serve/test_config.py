@@ -97,3 +97,50 @@ def test_serve_imports_no_kubernetes_or_profiler() -> None:
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "", f"serve imported {res.stdout.strip()}"
+
+
+def _known(tmp_path: Path) -> list[str]:
+    """The keys the "unknown setting" error lists after "known: "."""
+    path = tmp_path / "typo.yaml"
+    path.write_text("prot: 9400\n")
+    line = gx("serve", "--config", str(path), "--check-config").stderr.strip()
+    return [k.strip() for k in line.split("; known: ", 1)[1].split(",")]
+
+
+def test_every_key_the_known_list_names_is_accepted(tmp_path: Path) -> None:
+    """Issue 38, item 8: the list names every key a config file accepts (fields among them, as the
+    README shows it), and each key it names is one the file takes."""
+    known = _known(tmp_path)
+    assert "fields" in known, known
+    for spec in config.SPECS:
+        assert spec.flag.removeprefix("--") in known, (spec.flag, known)
+    for key in known:
+        path = tmp_path / "one.yaml"
+        path.write_text(f"{key}: {{}}\n" if key == "fields" else f"{key}: null\n")
+        res = gx("serve", "--config", str(path), "--check-config")
+        assert "unknown setting" not in res.stderr, (key, res.stderr)
+
+
+@pytest.mark.parametrize(("content", "want"), [
+    ("fields:\n", None),  # an empty entry selects nothing: every family, as without it
+    ("fields:\n  include: [gpu_power_watts]\n", ["gpu_power_watts"]),
+    ("fields: {include: [gpu_power_watts], exclude: [gpu_clock_*]}\n", ["gpu_power_watts"]),
+])
+def test_fields_as_the_readme_shows_it(tmp_path: Path, content: str, want: list[str] | None) -> None:
+    path = tmp_path / "fields.yaml"
+    path.write_text(content)
+    res = gx("serve", "--config", str(path), "--check-config")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["fields_include"] == (want or [])
+
+
+@pytest.mark.parametrize("content", ["fields: [gpu_power_watts]\n", "fields: gpu_power_watts\n"])
+def test_fields_not_a_mapping_says_what_it_takes(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "fields.yaml"
+    path.write_text(content)
+    res = gx("serve", "--config", str(path), "--check-config")
+    assert res.returncode == 2
+    line = res.stderr.strip()
+    assert line.count("\n") == 0 and "unknown setting" not in line, line
+    assert "fields" in line and "include" in line and "exclude" in line, line
