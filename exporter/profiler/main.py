@@ -195,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 "window, e.g. with --dry-run after an incident)")
     r.add_argument("--interval", default="60s",
                    help="time between cycles (env PROFILER_INTERVAL, default 60s)")
-    r.add_argument("--listen-address", default="0.0.0.0", help="address of /metrics and /healthz (default 0.0.0.0)")
+    # One rule for both daemons: this machine only unless told otherwise (the manifests pass 0.0.0.0).
+    r.add_argument("--listen-address", default="127.0.0.1",
+                   help="address of /metrics and /healthz (default 127.0.0.1, this machine only; 0.0.0.0 or :: "
+                        "listens on all addresses)")
     r.add_argument("--listen-port", default="9401",
                    help="port of /metrics and /healthz (env PROFILER_PORT, default 9401)")
     r.add_argument("--web.config.file", dest="web_config_file", default=None,
@@ -467,9 +470,11 @@ def run(argv: list[str], out: IO[str] | None = None,
     thread.start()
     if election is not None:
         election.start()
-    log.info("profiler: %s every %s, window %s, /metrics on %s:%d%s", s.prometheus_url, _fmt_dur(s.interval_s),
+    log.info("profiler: %s every %s, window %s, /metrics on %s:%d%s%s", s.prometheus_url, _fmt_dur(s.interval_s),
              _fmt_dur(s.query.window_s), s.listen_address, server.server_address[1],
-             " (dry run)" if prof.dry_run else "")
+             " (dry run)" if prof.dry_run else "",
+             "; this machine only: --listen-address 0.0.0.0 (or ::) listens on all addresses"
+             if s.listen_address in ("127.0.0.1", "::1", "localhost") else "")
     if on_ready is not None:
         on_ready({"port": server.server_address[1], "profiler": prof, "health": health, "stop": stop})
     try:

@@ -679,6 +679,8 @@ def test_profiler_deployment(rendered: dict[str, list[dict[str, Any]]], name: st
     pod = dep["spec"]["template"]["spec"]
     c = _container(dep, "profiler")
     assert c["args"][:1] == ["profile"] and "--leader-elect" in c["args"]
+    # profile listens on 127.0.0.1 unless told otherwise: the kubelet's probes and Prometheus reach the pod IP
+    assert "--listen-address=0.0.0.0" in c["args"]
     assert {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]
             if e["name"] in ("POD_NAME", "POD_NAMESPACE")} == {"POD_NAME": "metadata.name",
                                                                "POD_NAMESPACE": "metadata.namespace"}

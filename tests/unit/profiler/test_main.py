@@ -149,3 +149,13 @@ def test_loop_serves_metrics_and_health(prom: Prometheus, tmp_path: Path) -> Non
             stop.set()
             t.join(30)
     assert rc == [0]
+
+
+def test_profile_and_serve_listen_by_one_rule() -> None:
+    """Issue 38, item 12: both daemons listen on 127.0.0.1 unless told otherwise (the manifests say
+    0.0.0.0 explicitly); profile listened on 0.0.0.0 while serve kept to this machine."""
+    from exporter.serve import config
+
+    s = parse_args(["--prometheus-url", "http://127.0.0.1:9"])
+    assert s.listen_address == config.load([], environ={}).address == "127.0.0.1"
+    assert parse_args(["--prometheus-url", "http://127.0.0.1:9", "--listen-address", "::"]).listen_address == "::"
