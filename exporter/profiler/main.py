@@ -7,6 +7,7 @@ Exit status: 0 success; 1 a ``--once`` cycle had errors (or the loop could not s
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import re
@@ -457,7 +458,8 @@ def run(argv: list[str], out: IO[str] | None = None,
     try:
         server = make_server(s.listen_address, s.listen_port, prof.metrics, health, web=s.web)
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", s.listen_address, s.listen_port, exc)
+        log.error("cannot listen on %s:%d: %s%s", s.listen_address, s.listen_port, exc.strerror or exc,
+                  "; pick another with --listen-port (PROFILER_PORT)" if exc.errno == errno.EADDRINUSE else "")
         return 1
     if install_signals:
         def _stop(signum: int) -> None:

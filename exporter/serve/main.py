@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -289,8 +290,11 @@ def main(argv: Sequence[str]) -> int:
         server = build_server(engine, settings.address, settings.port, settings.metrics_path,
                               settings.ready_max_age, settings.max_connections, settings.read_timeout, web)
     except OSError as exc:
+        # a port another process holds: say which setting moves ours (make run passes PORT= to --port)
+        hint = ("; pick another with --port (EXPORTER_PORT; make run PORT=...)"
+                if exc.errno == errno.EADDRINUSE else "")
         sys.stderr.write(f"{PROG}: error: cannot listen on {host_port(settings.address, settings.port)}: "
-                         f"{exc.strerror or exc}\n")
+                         f"{exc.strerror or exc}{hint}\n")
         return 2 if isinstance(exc, socket.gaierror) else 1  # a host name that does not resolve is bad input
     from exporter.serve.api import register
 

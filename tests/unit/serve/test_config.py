@@ -144,3 +144,28 @@ def test_fields_not_a_mapping_says_what_it_takes(tmp_path: Path, content: str) -
     line = res.stderr.strip()
     assert line.count("\n") == 0 and "unknown setting" not in line, line
     assert "fields" in line and "include" in line and "exclude" in line, line
+
+
+def test_a_port_in_use_names_the_flag_that_moves_it() -> None:
+    """Issue 38, item 17: "address already in use" says which setting picks another port, for both
+    daemons (make run takes PORT=, as the README says)."""
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        res = gx("serve", "--backend", "simulated", "--port", str(port), timeout=60)
+        assert res.returncode == 1, res.stderr
+        line = res.stderr.strip().splitlines()[-1]
+        assert "in use" in line and "--port" in line and "make run PORT=" in line, line
+        prof = subprocess.run([sys.executable, "-m", "exporter", "profile", "--prometheus-url", "http://127.0.0.1:9",
+                               "--dry-run", "--listen-port", str(port)], cwd=REPO, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert prof.returncode != 0
+        assert "in use" in prof.stderr and "--listen-port" in prof.stderr, prof.stderr
+    finally:
+        held.close()
+    readme = (REPO / "README.md").read_text()
+    assert "make run PORT=" in readme
