@@ -16,11 +16,18 @@ class MissingExtra(Exception):
     """An optional package is not installed. ``str()`` is the one-line message for the user."""
 
 
+def hint(module: str, who: str) -> str:
+    """The one line saying how to install the extra that brings ``module``. The package is not on
+    PyPI: a checkout installs it with pip -e, a release from the wheel attached to it."""
+    extra = EXTRAS[module]
+    return (f"{who} needs the {module} package, which the '{extra}' extra installs (gpu-exporter is not on PyPI): "
+            f"from a checkout, .venv/bin/pip install -e '.[{extra}]'; from a release, "
+            f"pip install './gpu_exporter-<version>-py3-none-any.whl[{extra}]' (the wheel attached to the release)")
+
+
 def require(module: str, who: str) -> None:
     """Import ``module`` once, or raise :class:`MissingExtra` naming the extra that installs it."""
     try:
         importlib.import_module(module)
     except ImportError:
-        extra = EXTRAS[module]
-        raise MissingExtra(f"{who} needs the {module} package, which the '{extra}' extra installs: "
-                           f"pip install 'gpu-exporter[{extra}]'") from None
+        raise MissingExtra(hint(module, who)) from None

@@ -295,7 +295,8 @@ class PodAttribution:
         except ImportError as exc:
             with self._lock:
                 self._errors["error"] += 1
-            log.error("pod attribution disabled: %s (install gpu-exporter[k8s])", exc)
+            log.error("pod attribution disabled: %s (install the k8s extra: .venv/bin/pip install -e '.[k8s]' "
+                      "in a checkout)", exc)
             return
         self._stub_class = grpc_stubs.PodResourcesListerStub
         self._stop.clear()

@@ -93,7 +93,7 @@ def test_dra_on_without_what_it_needs_exits_2_with_one_line(tmp_path: Path) -> N
     (shim / "__init__.py").write_text('raise ImportError("No module named \'kubernetes\'")\n')
     missing = run_serve(common, {"NODE_NAME": NODE, "PYTHONPATH": f"{shim.parent}:{REPO}"})
     assert missing.returncode == 2
-    assert missing.stderr.strip().count("\n") == 0 and "gpu-exporter[k8s]" in missing.stderr, missing.stderr
+    assert missing.stderr.strip().count("\n") == 0 and "[k8s]" in missing.stderr, missing.stderr
 
     no_config = run_serve(common, {"NODE_NAME": NODE, "KUBECONFIG": str(tmp_path / "missing")})
     assert no_config.returncode == 2

@@ -25,7 +25,7 @@ def test_kubernetes_client_is_an_extra() -> None:
     assert '".[k8s]"' in (REPO / "Dockerfile").read_text()
     makefile = (REPO / "Makefile").read_text()
     assert "[test,k8s]" in makefile
-    assert "gpu-exporter[k8s]" in (REPO / "README.md").read_text()
+    assert "pip install -e '.[k8s]'" in (REPO / "README.md").read_text()
 
 
 def test_serve_runs_without_the_k8s_extra(tmp_path: Path) -> None:
@@ -44,8 +44,24 @@ def test_profile_without_the_k8s_extra_names_it(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert "error:" in lines[0] and "gpu-exporter[k8s]" in lines[0], lines[0]
+    assert "error:" in lines[0] and "[k8s]" in lines[0] and "not on PyPI" in lines[0], lines[0]
     # --help still works: it needs nothing but the standard library.
     proc = subprocess.run([sys.executable, "-m", "exporter", "profile", "--help"], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and "--prometheus-url" in proc.stdout
+
+
+def test_the_install_hint_works_without_pypi() -> None:
+    """Issue 38, item 10: gpu-exporter is not on PyPI, so `pip install 'gpu-exporter[k8s]'` alone installs
+    nothing. Every hint says how to install the extra from a checkout and from a release's wheel."""
+    from exporter.core.extras import hint
+
+    msg = hint("kubernetes", "gpu-exporter profile")
+    assert msg.count("\n") == 0
+    assert "not on PyPI" in msg and "pip install -e '.[k8s]'" in msg and ".whl[k8s]" in msg, msg
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("## Profiler"):readme.index("## Tools for benchmark engineers")]
+    assert "not on PyPI" in block and "pip install -e '.[k8s]'" in block and ".whl[k8s]" in block, block
+    for doc in ("docs/attribution.md", "docs/cli.md", "README.md"):
+        text = (REPO / doc).read_text()
+        assert "pip install 'gpu-exporter[k8s]'" not in text, doc
