@@ -97,7 +97,7 @@ def test_dra_on_without_what_it_needs_exits_2_with_one_line(tmp_path: Path) -> N
 
     no_config = run_serve(common, {"NODE_NAME": NODE, "KUBECONFIG": str(tmp_path / "missing")})
     assert no_config.returncode == 2
-    assert no_config.stderr.strip().count("\n") == 0 and "Kubernetes API" in no_config.stderr, no_config.stderr
+    assert no_config.stderr.strip().count("\n") == 0 and "Kubernetes" in no_config.stderr, no_config.stderr
 
     conflict = run_serve(["--pod-attribution", "off", "--dra-attribution", "on"], {"NODE_NAME": NODE})
     assert conflict.returncode == 2 and "pod_attribution" in conflict.stderr
@@ -127,7 +127,7 @@ def test_dra_on_is_never_ignored_when_pod_attribution_would_not_start(tmp_path: 
 
     no_config = run_serve(common, {"NODE_NAME": NODE, "KUBECONFIG": str(tmp_path / "missing")})
     assert no_config.returncode == 2, no_config.stderr
-    assert no_config.stderr.strip().count("\n") == 0 and "Kubernetes API" in no_config.stderr, no_config.stderr
+    assert no_config.stderr.strip().count("\n") == 0 and "Kubernetes" in no_config.stderr, no_config.stderr
 
     with FakeKubeAPI() as api:  # everything DRA needs, but no pod-resources socket directory to read claims from
         env = {"NODE_NAME": NODE, "KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig"))}
