@@ -9,7 +9,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u
 ADDRESS ?= 127.0.0.1
 PORT ?= 9400
 
-.PHONY: run test lint bench gpu-check demo reliability mutation clean golden image .apt-test-deps
+.PHONY: run test lint bench gpu-check demo reliability mutation clean golden docs image .apt-test-deps
 
 # Fresh Debian ships python3 without ensurepip; install python3-venv once if venv fails.
 $(VENV)/bin/python:
@@ -83,6 +83,13 @@ test: $(VENV)/.installed-test .apt-test-deps $(TOOLS)/.installed
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check exporter tests bench demo
 	$(VENV)/bin/mypy
+
+# Regenerate every generated part of docs/ from the code (docs/extending.md lists them; a test fails
+# while one is stale).
+docs: $(VENV)/.installed
+	$(PY) -m exporter.backends --write-docs
+	$(PY) -m exporter.serve.api_schema --write-docs
+	$(PY) -m exporter.tools.gpucheck --write-docs
 
 # Regenerate golden exposition files after an intended schema change (review the diff!).
 golden: $(VENV)/.installed-test .apt-test-deps

@@ -2,7 +2,9 @@
 
 The renderer (names, types, help), the field filter (``--fields-include/--fields-exclude``),
 ``--check-config``, the contract test and ``docs/metrics.md`` all read this table; nothing else
-declares a family. To add one: a row here, the :class:`~exporter.core.readings.GpuReading`
+declares a family. A row's ``views`` are its GPU fields outside ``/metrics`` (exporter/core/fields.py):
+``/stats``, gpu-metrics, the Python API's ``GpuStatus`` and ``Recording``, ``snapshot`` and ``diff``
+read them (exporter/core/views.py's ``FIELDS``). To add one: a row here, the :class:`~exporter.core.readings.GpuReading`
 field that carries its value (per-GPU families), and the family's name in the ``families`` of
 each backend that fills it (:class:`~exporter.backends.base.Backend`; docs/extending.md).
 Which backend fills what is the backends' declaration, never a column here: a row says only
@@ -40,6 +42,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from exporter.core.fields import Field, Legacy, Record, identity
+
 if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -71,6 +75,14 @@ class Family:
     # NVIDIA GPM: the NVML_GPM_METRIC_* ids read into ``attr``, each with its label value ("" for none
     # besides gpu_instance); in % (unit "ratio") or MiB/s ("bytes per second"). nvml_gpm.py reads these.
     gpm: tuple[tuple[int, str], ...] = ()
+    # How the family shows outside /metrics (core/fields.py): its fields in /stats, gpu-metrics, GpuStatus,
+    # Recording, the snapshot table and diff's rule; a field left incomplete is completed from this row.
+    views: tuple[Field, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.views and self.scope != "gpu":
+            raise ValueError(f"{self.name}: views are per-GPU fields; scope {self.scope!r} has none")
+        object.__setattr__(self, "views", tuple(v.of(self.attr, self.unit, self.help, self.smi) for v in self.views))
 
     @property
     def base(self) -> str:
@@ -92,9 +104,14 @@ _AMD_MM = ("gpu_metrics average_mm_activity, else the mean of vcn_activity (amd-
 
 
 def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, nvml: str, smi: str, amd: str,
-       labels: tuple[str, ...] = (), when: str = "", gpm: tuple[tuple[int, str], ...] = ()) -> Family:
+       labels: tuple[str, ...] = (), when: str = "", gpm: tuple[tuple[int, str], ...] = (),
+       views: tuple[Field, ...] = ()) -> Family:
     return Family(name, kind, unit, help_, group, "gpu", labels, attr, when=when, nvml=nvml, smi=smi, amd=amd,
-                  gpm=gpm)
+                  gpm=gpm, views=views)
+
+
+MIB = 2**20
+_MIB_DOC = "MB = MiB (nvidia-smi memory.{} [MiB])"
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -104,7 +121,19 @@ FAMILIES: tuple[Family, ...] = (
                    "vbios_version"),
            nvml="nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial, GetVbiosVersion",
            smi="name, uuid, pci.bus_id, serial, driver_version, vbios_version",
-           amd="amd-smi static --asic --board --driver --vbios", every_backend=True),
+           amd="amd-smi static --asic --board --driver --vbios", every_backend=True,
+           # who the GPU is, in every view (``up``, gpu_up's value, is identity there too)
+           views=(identity("backend", "backend", nullable=False),
+                  identity("index", "reading.index", nullable=False, kind="integer"),
+                  identity("id", "gpu_id", nullable=False, stats=None, pattern="^gpu-[0-9]+$", legacy=Legacy("id")),
+                  identity("name", "reading.name", legacy=Legacy("name"), status=True, diff="fixed"),
+                  identity("uuid", "reading.uuid", nullable=False, legacy=Legacy("uuid"), status=True, diff="fixed"),
+                  identity("vendor", "reading.vendor", nullable=False),
+                  identity("up", "reading.up", nullable=False, kind="boolean", status=True, diff="fixed"),
+                  identity("pci_bus_id", "reading.pci_bus_id", diff="fixed"),
+                  identity("serial", "reading.serial"),
+                  identity("driver_version", "reading.driver_version", diff="fixed"),
+                  identity("cuda_version", "reading.cuda_driver_version", diff="fixed"))),
     Family("gpu_up", GAUGE, "1", "1 when the GPU answered this collection, 0 when it is lost or unreadable.",
            "identity", attr="up", nvml="NVML_ERROR_GPU_IS_LOST and device faults -> 0",
            smi="(nvidia-smi: 'GPU is lost')", amd="(amd-smi: device errors)", every_backend=True),
@@ -120,7 +149,12 @@ FAMILIES: tuple[Family, ...] = (
     _g("gpu_utilization_ratio", GAUGE, "ratio",
        "Fraction of time a kernel ran on the GPU over the last sample period (0-1).", "utilization",
        "utilization_ratio", "nvmlDeviceGetUtilizationRates.gpu (%)", "utilization.gpu",
-       "amd-smi metric --usage: gfx_activity"),
+       "amd-smi metric --usage: gfx_activity",
+       views=(Field("utilization_ratio", "ratio", "reading.utilization_ratio", digits=6, maximum=1,
+                    doc="GPU utilisation, 0-1 (nvidia-smi utilization.gpu / 100)", status=True,
+                    legacy=Legacy("utilization", "GPU utilisation, percent 0-100 (nvidia-smi utilization.gpu)",
+                                  "percent", 100, digits=2, maximum=100),
+                    record=Record("utilization", 100, samples=True, doc="percent", minimum=0, maximum=100)),)),
     _g("gpu_memory_utilization_ratio", GAUGE, "ratio",
        "Fraction of time device memory was read or written over the last sample period (0-1).", "utilization",
        "memory_utilization_ratio", "nvmlDeviceGetUtilizationRates.memory (%)", "utilization.memory",
@@ -133,13 +167,27 @@ FAMILIES: tuple[Family, ...] = (
        _AMD_MM),
     # --- memory --------------------------------------------------------------------------------
     _g("gpu_memory_total_bytes", GAUGE, "bytes", "Total device memory in bytes.", "memory", "memory_total_bytes",
-       "nvmlDeviceGetMemoryInfo_v2.total", "memory.total", "amd-smi metric --mem-usage: total_vram"),
+       "nvmlDeviceGetMemoryInfo_v2.total", "memory.total", "amd-smi metric --mem-usage: total_vram",
+       views=(Field("memory_total_bytes", "bytes", "reading.memory_total_bytes", kind="integer",
+                    doc="bytes (nvidia-smi memory.total)", status=True, diff="fixed",
+                    legacy=Legacy("memory.total", "framebuffer memory, " + _MIB_DOC.format("total"), "MiB", per=MIB,
+                                  digits=None, while_down=True)),)),
     _g("gpu_memory_used_bytes", GAUGE, "bytes", "Device memory allocated by processes, in bytes.", "memory",
        "memory_used_bytes", "nvmlDeviceGetMemoryInfo_v2.used", "memory.used",
-       "amd-smi metric --mem-usage: used_vram"),
+       "amd-smi metric --mem-usage: used_vram",
+       views=(Field("memory_used_bytes", "bytes", "reading.memory_used_bytes", kind="integer",
+                    doc="bytes (nvidia-smi memory.used)", status=True,
+                    legacy=Legacy("memory.used", _MIB_DOC.format("used"), "MiB", per=MIB, digits=None),
+                    record=Record("memory_used_mb", 1 / MIB)),)),
     _g("gpu_memory_free_bytes", GAUGE, "bytes", "Device memory free for allocation, in bytes.", "memory",
        "memory_free_bytes", "nvmlDeviceGetMemoryInfo_v2.free", "memory.free",
-       "amd-smi metric --mem-usage: free_vram"),
+       "amd-smi metric --mem-usage: free_vram",
+       # free: total - used where the driver gives no free; and the share used, derived from the two
+       views=(Field("memory_free_bytes", "bytes", "reading.free_memory_bytes()", kind="integer",
+                    doc="bytes (nvidia-smi memory.free)", status=True,
+                    legacy=Legacy("memory.free", _MIB_DOC.format("free"), "MiB", per=MIB, digits=None)),
+              Field("memory_used_ratio", "ratio", "memory_used_ratio", digits=6, maximum=1,
+                    doc="memory used / total, 0-1", record=Record("memory_usage_percent", 100)))),
     _g("gpu_memory_reserved_bytes", GAUGE, "bytes", "Device memory reserved by the driver and firmware, in bytes.",
        "memory", "memory_reserved_bytes", "nvmlDeviceGetMemoryInfo_v2.reserved",
        "memory.reserved", "(none)"),
@@ -149,41 +197,69 @@ FAMILIES: tuple[Family, ...] = (
        "MI300 class), memory (HBM), junction (hotspot, AMD).",
        "thermal", "temperature_celsius", "nvmlDeviceGetTemperature; NVML_FI_DEV_MEMORY_TEMP",
        "temperature.gpu, temperature.memory", "amd-smi metric --temperature: edge, hotspot, mem",
-       labels=("sensor",)),
+       labels=("sensor",),
+       views=(Field("temperature_celsius", "celsius", "reading.temperature_celsius[gpu]", digits=2, minimum=None,
+                    doc="GPU die sensor, celsius", status=True,
+                    legacy=Legacy("temperature", "GPU die sensor, celsius (nvidia-smi temperature.gpu; amd-smi edge)",
+                                  digits=2, minimum=None),
+                    record=Record("temperature_c")),)),
     _g("gpu_fan_speed_ratio", GAUGE, "ratio",
        "Fan speed as a fraction of its maximum, as the driver reports it (can exceed 1 on some boards). "
        "Absent on passive GPUs.", "thermal", "fan_speed_ratio", "nvmlDeviceGetFanSpeed (%)", "fan.speed",
        "amd-smi metric --fan: usage"),
     _g("gpu_power_watts", GAUGE, "watts", "Power draw in watts.", "power", "power_watts",
-       "nvmlDeviceGetPowerUsage (mW)", "power.draw", "amd-smi metric --power: socket_power"),
+       "nvmlDeviceGetPowerUsage (mW)", "power.draw", "amd-smi metric --power: socket_power",
+       # and the average power from the energy counter (core/views.py's PowerTracker)
+       views=(Field("power_watts", "watts", "reading.power_watts",
+                    doc="instantaneous power draw, W (nvidia-smi power.draw)", status=True,
+                    legacy=Legacy("power_usage", "board power draw, W (nvidia-smi power.draw)"),
+                    record=Record("power_draw_w")),
+              Field("power_average_watts", "watts", "power_average_watts",
+                    doc="average power over the last interval, W: energy counter difference / time"),
+              Field("power_average_seconds", "seconds", "power_average_seconds", digits=6,
+                    doc="length of that interval, s"))),
     _g("gpu_power_limit_watts", GAUGE, "watts", "Enforced power limit in watts.", "power", "power_limit_watts",
-       "nvmlDeviceGetEnforcedPowerLimit (mW)", "enforced.power.limit", "amd-smi static --limit: power_cap"),
+       "nvmlDeviceGetEnforcedPowerLimit (mW)", "enforced.power.limit", "amd-smi static --limit: power_cap",
+       views=(Field("power_limit_watts", "watts", "reading.power_limit_watts", doc="W (nvidia-smi power.limit)"),)),
     _g("gpu_energy_joules_total", COUNTER, "joules", "Energy consumed since the driver was loaded, in joules.",
        "power", "energy_joules", "nvmlDeviceGetTotalEnergyConsumption (mJ)", "(nvidia-smi -q: n/a)",
-       "amd-smi metric --energy: total_energy_consumption"),
+       "amd-smi metric --energy: total_energy_consumption",
+       views=(Field("energy_joules", "joules", "reading.energy_joules", doc="energy counter since driver load, J"),)),
     _g("gpu_performance_state", GAUGE, "1", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).", "power",
        "performance_state", "nvmlDeviceGetPerformanceState", "pstate", "(none)"),
     # --- clocks ----------------------------------------------------------------------------------
     _g("gpu_clock_hertz", GAUGE, "hertz",
        "Current clock frequency in hertz by clock: graphics, sm, memory, video, soc.", "clocks", "clock_hertz",
        "nvmlDeviceGetClockInfo (MHz)", "clocks.gr, clocks.sm, clocks.mem, clocks.video",
-       "amd-smi metric --clock: gfx, mem, soc", labels=("clock",)),
+       "amd-smi metric --clock: gfx, mem, soc", labels=("clock",),
+       views=(Field("clock_graphics_hertz", "hertz", "reading.clock_hertz[graphics]", stats=None,
+                    legacy=Legacy("clock_speeds.graphics", "MHz (nvidia-smi clocks.gr)", "MHz", per=1e6, digits=1)),
+              Field("clock_memory_hertz", "hertz", "reading.clock_hertz[memory]", stats=None,
+                    legacy=Legacy("clock_speeds.memory", "MHz (nvidia-smi clocks.mem)", "MHz", per=1e6, digits=1)))),
     _g("gpu_clock_max_hertz", GAUGE, "hertz", "Maximum clock frequency in hertz by clock.", "clocks",
        "clock_max_hertz", "nvmlDeviceGetMaxClockInfo (MHz)",
        "clocks.max.gr, clocks.max.sm, clocks.max.mem", "amd-smi metric --clock: max_clk", labels=("clock",)),
     # --- PCIe ------------------------------------------------------------------------------------
     _g("gpu_pcie_link_generation", GAUGE, "1", "Current PCIe link generation (1-6).", "pcie",
        "pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", "pcie.link.gen.current",
-       "amd-smi metric --pcie: speed (MT/s, mapped to a generation)"),
+       "amd-smi metric --pcie: speed (MT/s, mapped to a generation)",
+       views=(Field("pcie_link_generation", "", "reading.pcie_link_generation", kind="integer", diff="fixed",
+                    stats="pcie.generation", doc="current link generation (nvidia-smi pcie.link.gen.current)"),)),
     _g("gpu_pcie_link_generation_max", GAUGE, "1",
        "Maximum PCIe link generation. NVIDIA: the lower of what the GPU and the system support; AMD: what the "
        "GPU supports.", "pcie", "pcie_link_generation_max",
-       "nvmlDeviceGetMaxPcieLinkGeneration", "pcie.link.gen.max", "amd-smi static --bus: max_pcie_speed"),
+       "nvmlDeviceGetMaxPcieLinkGeneration", "pcie.link.gen.max", "amd-smi static --bus: max_pcie_speed",
+       views=(Field("pcie_link_generation_max", "", "reading.pcie_link_generation_max", kind="integer", diff="fixed",
+                    stats="pcie.generation_max", doc="max link generation (nvidia-smi pcie.link.gen.max)"),)),
     _g("gpu_pcie_link_width", GAUGE, "1", "Current PCIe link width in lanes.", "pcie", "pcie_link_width",
-       "nvmlDeviceGetCurrPcieLinkWidth", "pcie.link.width.current", "amd-smi metric --pcie: width"),
+       "nvmlDeviceGetCurrPcieLinkWidth", "pcie.link.width.current", "amd-smi metric --pcie: width",
+       views=(Field("pcie_link_width", "", "reading.pcie_link_width", kind="integer", stats="pcie.width",
+                    diff="fixed", doc="current link width, lanes (nvidia-smi pcie.link.width.current)"),)),
     _g("gpu_pcie_link_width_max", GAUGE, "1", "Maximum PCIe link width in lanes.", "pcie", "pcie_link_width_max",
        "nvmlDeviceGetMaxPcieLinkWidth", "pcie.link.width.max",
-       "amd-smi static --bus: max_pcie_width"),
+       "amd-smi static --bus: max_pcie_width",
+       views=(Field("pcie_link_width_max", "", "reading.pcie_link_width_max", kind="integer", diff="fixed",
+                    stats="pcie.width_max", doc="max link width, lanes (nvidia-smi pcie.link.width.max)"),)),
     _g("gpu_pcie_replays_total", COUNTER, "1", "PCIe replay events since the driver was loaded.", "pcie",
        "pcie_replay_total", "nvmlDeviceGetPcieReplayCounter", "nvidia-smi -q: Replays Since Reset",
        "amd-smi metric --pcie: replay_count"),

@@ -5,19 +5,17 @@ power from the energy counter, GPU numbering, sizes and times.
 
 from __future__ import annotations
 
-import math
-import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from datetime import UTC, datetime
 from typing import Any
 
+from exporter.core.fields import Field, Legacy, Record, getter
 from exporter.core.readings import GpuReading
+from exporter.core.schema import FAMILIES, MIB
 from exporter.core.snapshot import Snapshot
 
-MIB = 2**20
 GIB = 2**30
 
 
@@ -86,10 +84,14 @@ class PowerTracker:
 
 # --- the field table: one GPU as the JSON views and the Python API show it ------------------------
 #
-# ``/stats`` (SI), ``/api/v1/monitoring/gpu-metrics`` (legacy units) and ``GpuStatus`` (Python API)
-# are views of this one table: each row reads its value from a GPU's reading once, in SI units,
+# ``/stats`` (SI), ``/api/v1/monitoring/gpu-metrics`` (legacy units), ``GpuStatus`` and ``Recording``
+# (Python API), the snapshot table and diff's rule are views of this one table, the fields of the
+# schema's rows (core/fields.py): each field reads its value from a GPU's reading once, in SI units,
 # and says under which key (and in which unit) each view shows it. The views, their JSON schemas
 # (exporter.serve.api_schema) and the field list of docs/api.md are generated from the rows.
+
+__all__ = ["FIELD", "FIELDS", "MIB", "Field", "GpuSource", "Legacy", "PowerTracker", "Record", "format_bytes",
+           "getter", "gpu_legacy", "gpu_stats", "iso_time", "numbered", "stats_view", "status_values"]
 
 
 @dataclass(frozen=True)
@@ -120,188 +122,14 @@ class GpuSource:
         return self.power[1] if self.power else None
 
 
-# One step of a field's source path: ``name``, ``name()`` (a method) or ``name[key]`` (a dict's entry).
-_STEP = re.compile(r"([A-Za-z_]\w*)(?:(\(\))|\[(\w+)\])?\Z")
-
-
-def getter(path: str) -> Callable[[GpuSource], Any]:
-    """``reading.temperature_celsius[gpu]`` -> a function of a :class:`GpuSource` returning that value
-    (None as soon as a step is None or a key is missing). A path that is not one raises ValueError."""
-    steps: list[tuple[str, bool, str | None]] = []
-    for part in path.split("."):
-        m = _STEP.match(part)
-        if m is None:
-            raise ValueError(f"field source {path!r}: {part!r} is not name, name() or name[key]")
-        steps.append((m[1], bool(m[2]), m[3]))
-
-    def get(src: GpuSource) -> Any:
-        v: Any = src
-        for name, call, key in steps:
-            v = getattr(v, name)
-            if call:
-                v = v()
-            elif key is not None:
-                v = v.get(key)
-            if v is None:
-                return None
-        return v
-
-    return get
-
-
-@dataclass(frozen=True)
-class Legacy:
-    """How gpu-metrics shows a field: ``key`` (``memory.total``: nested), value x ``times`` / ``per``,
-    rounded to ``digits`` (None: a whole number)."""
-
-    key: str
-    doc: str = ""
-    unit: str = ""  # the legacy unit, when not the field's: MiB, percent, MHz
-    times: float = 1.0
-    per: float = 1.0
-    digits: int | None = 3
-    minimum: float | None = 0
-    maximum: float | None = None
-    while_down: bool = False  # shown while the GPU is down, as identity is; else null then
-
-
-@dataclass(frozen=True)
-class Field:
-    """One GPU field. ``name`` is its ``/stats`` key (unless ``stats`` says otherwise) and, with
-    ``status``, its ``GpuStatus`` attribute; ``unit`` is the SI unit of ``source``'s value."""
-
-    name: str
-    unit: str  # bytes, ratio (0-1), celsius, watts, joules, seconds, hertz; "" for text, flags and numbers
-    source: str  # where the value is, on a GpuSource: ``reading.power_watts``, ``reading.clock_hertz[memory]``
-    kind: str = "number"  # JSON type: number (rounded to ``digits``), integer, string, boolean
-    digits: int = 3
-    doc: str = ""  # the /stats schema's description: unit and nvidia-smi equivalent
-    minimum: float | None = 0
-    maximum: float | None = None
-    nullable: bool = True  # False: always known
-    identity: bool = False  # who the GPU is: shown while it is down, when its readings are null
-    stats: str | None = ""  # /stats key ("pcie.width": nested); "": ``name``; None: not in /stats
-    legacy: Legacy | None = None  # None: not in gpu-metrics
-    status: bool = False  # a GpuStatus attribute (None while the GPU is down)
-    pattern: str | None = None  # a JSON-schema pattern of a string
-    read: Callable[[GpuSource], Any] = dataclass_field(init=False, repr=False, compare=False)  # ``source``, compiled
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "read", getter(self.source))
-
-    @property
-    def stats_key(self) -> str | None:
-        return self.name if self.stats == "" else self.stats
-
-    def si(self, src: GpuSource) -> Any:
-        """The value in the field's SI unit, as ``/stats`` shows it (numbers rounded; absent: None)."""
-        v = self.read(src)
-        if self.kind == "integer":
-            return _int(v)
-        if self.kind == "number":
-            return _r(v, self.digits)
-        return v
-
-    def in_legacy(self, src: GpuSource) -> Any:
-        """The value as gpu-metrics shows it: in its legacy unit, null while the GPU is down."""
-        leg = self.legacy
-        if leg is None or not (src.reading.up or leg.while_down or self.identity):
-            return None
-        v = self.read(src)
-        if self.kind in ("string", "boolean") or v is None or not math.isfinite(v):
-            return v if self.kind in ("string", "boolean") else None
-        v = v * leg.times / leg.per
-        return round(v) if leg.digits is None else round(v, leg.digits)
-
-    def in_status(self, src: GpuSource) -> Any:
-        """The value as ``GpuStatus`` holds it: SI, unrounded (whole bytes for integers), None while down."""
-        if not (src.reading.up or self.identity):
-            return None
-        v = self.read(src)
-        return _int(v) if self.kind == "integer" else v
-
-
-def _r(v: float | None, digits: int = 3) -> float | None:
-    if v is None or not math.isfinite(v):
-        return None
-    return round(float(v), digits)
-
-
-def _int(v: float | None) -> int | None:
-    """A count or a whole number of bytes as a JSON integer (85899345920, not 85899345920.0):
-    typed decoders reject a float where the schema says integer."""
-    if v is None or not math.isfinite(v):
-        return None
-    return round(v)
-
-
 def _ratio(part: float | None, whole: float | None) -> float | None:
     if part is None or whole is None or whole <= 0:
         return None
     return round(min(1.0, max(0.0, part / whole)), 6)
 
 
-def _id(name: str, source: str, nullable: bool = True, kind: str = "string", **kw: Any) -> Field:
-    """An identity field: known while the GPU is down."""
-    return Field(name, "", source, kind=kind, nullable=nullable, identity=True, **kw)
-
-
-_MIB_DOC = "MB = MiB (nvidia-smi memory.{} [MiB])"
-
-FIELDS: tuple[Field, ...] = (
-    _id("backend", "backend", nullable=False),
-    _id("index", "reading.index", nullable=False, kind="integer"),
-    _id("id", "gpu_id", nullable=False, stats=None, pattern="^gpu-[0-9]+$", legacy=Legacy("id")),
-    _id("name", "reading.name", legacy=Legacy("name"), status=True),
-    _id("uuid", "reading.uuid", nullable=False, legacy=Legacy("uuid"), status=True),
-    _id("vendor", "reading.vendor", nullable=False),
-    _id("up", "reading.up", nullable=False, kind="boolean", status=True),
-    _id("pci_bus_id", "reading.pci_bus_id"),
-    _id("serial", "reading.serial"),
-    _id("driver_version", "reading.driver_version"),
-    _id("cuda_version", "reading.cuda_driver_version"),
-    Field("utilization_ratio", "ratio", "reading.utilization_ratio", digits=6, maximum=1,
-          doc="GPU utilisation, 0-1 (nvidia-smi utilization.gpu / 100)", status=True,
-          legacy=Legacy("utilization", "GPU utilisation, percent 0-100 (nvidia-smi utilization.gpu)", "percent", 100,
-                        digits=2, maximum=100)),
-    Field("memory_total_bytes", "bytes", "reading.memory_total_bytes", kind="integer",
-          doc="bytes (nvidia-smi memory.total)", status=True,
-          legacy=Legacy("memory.total", "framebuffer memory, " + _MIB_DOC.format("total"), "MiB", per=MIB, digits=None,
-                        while_down=True)),
-    Field("memory_used_bytes", "bytes", "reading.memory_used_bytes", kind="integer",
-          doc="bytes (nvidia-smi memory.used)", status=True,
-          legacy=Legacy("memory.used", _MIB_DOC.format("used"), "MiB", per=MIB, digits=None)),
-    Field("memory_free_bytes", "bytes", "reading.free_memory_bytes()", kind="integer",
-          doc="bytes (nvidia-smi memory.free)", status=True,
-          legacy=Legacy("memory.free", _MIB_DOC.format("free"), "MiB", per=MIB, digits=None)),
-    Field("memory_used_ratio", "ratio", "memory_used_ratio",
-          digits=6, maximum=1, doc="memory used / total, 0-1"),
-    Field("temperature_celsius", "celsius", "reading.temperature_celsius[gpu]", digits=2,
-          minimum=None, doc="GPU die sensor, celsius", status=True,
-          legacy=Legacy("temperature", "GPU die sensor, celsius (nvidia-smi temperature.gpu; amd-smi edge)", digits=2,
-                        minimum=None)),
-    Field("power_watts", "watts", "reading.power_watts",
-          doc="instantaneous power draw, W (nvidia-smi power.draw)", status=True,
-          legacy=Legacy("power_usage", "board power draw, W (nvidia-smi power.draw)")),
-    Field("power_average_watts", "watts", "power_average_watts",
-          doc="average power over the last interval, W: energy counter difference / time"),
-    Field("power_average_seconds", "seconds", "power_average_seconds", digits=6, doc="length of that interval, s"),
-    Field("power_limit_watts", "watts", "reading.power_limit_watts", doc="W (nvidia-smi power.limit)"),
-    Field("energy_joules", "joules", "reading.energy_joules", doc="energy counter since driver load, J"),
-    Field("clock_graphics_hertz", "hertz", "reading.clock_hertz[graphics]", stats=None,
-          legacy=Legacy("clock_speeds.graphics", "MHz (nvidia-smi clocks.gr)", "MHz", per=1e6, digits=1)),
-    Field("clock_memory_hertz", "hertz", "reading.clock_hertz[memory]", stats=None,
-          legacy=Legacy("clock_speeds.memory", "MHz (nvidia-smi clocks.mem)", "MHz", per=1e6, digits=1)),
-    Field("pcie_link_generation", "", "reading.pcie_link_generation", kind="integer",
-          stats="pcie.generation", doc="current link generation (nvidia-smi pcie.link.gen.current)"),
-    Field("pcie_link_generation_max", "", "reading.pcie_link_generation_max", kind="integer",
-          stats="pcie.generation_max", doc="max link generation (nvidia-smi pcie.link.gen.max)"),
-    Field("pcie_link_width", "", "reading.pcie_link_width", kind="integer", stats="pcie.width",
-          doc="current link width, lanes (nvidia-smi pcie.link.width.current)"),
-    Field("pcie_link_width_max", "", "reading.pcie_link_width_max", kind="integer",
-          stats="pcie.width_max", doc="max link width, lanes (nvidia-smi pcie.link.width.max)"),
-)
-
+# The table: every schema row's fields, in row order (identity first: gpu_info's row).
+FIELDS: tuple[Field, ...] = tuple(v for family in FAMILIES for v in family.views)
 FIELD: dict[str, Field] = {f.name: f for f in FIELDS}
 
 

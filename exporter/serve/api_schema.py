@@ -140,63 +140,72 @@ def stats_schema(fields: Sequence[Field] = FIELDS) -> dict[str, Any]:
 
 STATS: dict[str, Any] = stats_schema()
 
-_AGG = _obj({"min": _num("", None), "max": _num("", None), "mean": _num("", None)})
 
-RECORD: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "urn:gpu-exporter:schema:record:v1",
-    "title": "gpu-exporter record -o run.json",
-    **_obj({
-        "command": {"type": "array", "items": {"type": "string"}},
-        "exit_code": {"type": ["integer", "null"],
-                      "description": "the command's exit status (128 + N after signal N); null: recorded "
-                                     "in-process by exporter.Monitor, no command"},
-        "started": _TIMESTAMP,
-        "interval_seconds": {"type": "number", "exclusiveMinimum": 0},
-        "monitoring_duration_seconds": {"type": "number", "minimum": 0},
-        "sample_count": {"type": "integer", "minimum": 0},
-        "gpu_stats": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
-                      "additionalProperties": _obj({
-            "name": _STR_OR_NULL,
-            "uuid": {"type": "string"},
-            "utilization": _obj({
-                "min": _num("percent", 0, 100), "max": _num("percent", 0, 100),
-                "mean": _num("percent", 0, 100),
-                "samples": {"type": "array", "items": {"type": ["number", "null"]},
-                            "description": "percent, one per sample (null: not read)"},
-            }),
-            "memory_used_mb": _AGG,
-            "memory_usage_percent": _AGG,
-            "temperature_c": _AGG,
-            "power_draw_w": _AGG,
-            "energy_joules": _num("energy used during the run, J (energy counter difference)"),
-            "lost": {"type": "boolean", "description": "the GPU was lost (gpu_up 0, or gone from the device "
-                     "list) in at least one sample; those samples are null, never 0"},
-            "lost_at_seconds": _num("seconds since start of the first sample that found it lost; null: never"),
-            "lost_reason": {**_STR_OR_NULL, "description": "why, as the backend reported it"},
-        })},
-        "timestamps": {"type": "array", "items": {"type": "number"},
-                       "description": "seconds since start, one per sample"},
-    }),
-}
+def _recorded(f: Field) -> dict[str, Any]:
+    """What record writes of a sampled field: min/max/mean (and its samples) in the record's unit."""
+    r = f.record
+    assert r is not None
+    out = {k: _num(r.doc, r.minimum, r.maximum) for k in ("min", "max", "mean")}
+    if r.samples:
+        out["samples"] = {"type": "array", "items": {"type": ["number", "null"]},
+                          "description": f"{r.doc}, one per sample (null: not read)".lstrip(", ")}
+    return _obj(out)
+
+
+def record_schema(fields: Sequence[Field] = FIELDS) -> dict[str, Any]:
+    """The file ``record -o`` writes; per GPU, the table's rows with a ``record``."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "urn:gpu-exporter:schema:record:v1",
+        "title": "gpu-exporter record -o run.json",
+        **_obj({
+            "command": {"type": "array", "items": {"type": "string"}},
+            "exit_code": {"type": ["integer", "null"],
+                          "description": "the command's exit status (128 + N after signal N); null: recorded "
+                                         "in-process by exporter.Monitor, no command"},
+            "started": _TIMESTAMP,
+            "interval_seconds": {"type": "number", "exclusiveMinimum": 0},
+            "monitoring_duration_seconds": {"type": "number", "minimum": 0},
+            "sample_count": {"type": "integer", "minimum": 0},
+            "gpu_stats": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                          "additionalProperties": _obj({
+                "name": _STR_OR_NULL,
+                "uuid": {"type": "string"},
+                **{f.record.key: _recorded(f) for f in fields if f.record is not None},
+                "energy_joules": _num("energy used during the run, J (energy counter difference)"),
+                "lost": {"type": "boolean", "description": "the GPU was lost (gpu_up 0, or gone from the device "
+                         "list) in at least one sample; those samples are null, never 0"},
+                "lost_at_seconds": _num("seconds since start of the first sample that found it lost; null: never"),
+                "lost_reason": {**_STR_OR_NULL, "description": "why, as the backend reported it"},
+            })},
+            "timestamps": {"type": "array", "items": {"type": "number"},
+                           "description": "seconds since start, one per sample"},
+        }),
+    }
+
+
+RECORD: dict[str, Any] = record_schema()
 
 SCHEMAS: dict[str, dict[str, Any]] = {"gpu-metrics": GPU_METRICS, "stats": STATS, "record": RECORD}
 
 
 def fields_table(fields: Sequence[Field] = FIELDS) -> str:
     """docs/api.md: the GPU field table, and where each view shows each field."""
-    rows = ["| field | SI unit | read from | `/stats` | gpu-metrics | `GpuStatus` |", "|---|---|---|---|---|---|"]
+    rows = ["| field | SI unit | read from | `/stats` | gpu-metrics | `GpuStatus` | record | snapshot | diff |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for f in fields:
         stats = "-" if f.stats_key is None else f"`{f.stats_key}`"
         legacy = "-"
         if f.legacy is not None:
             legacy = f"`{f.legacy.key}`" + (f" ({f.legacy.unit})" if f.legacy.unit else "")
         rows.append(f"| `{f.name}` | {f.unit or '-'} | `{f.source}` | {stats} | {legacy} | "
-                    f"{'yes' if f.status else '-'} |")
+                    f"{'yes' if f.status else '-'} | {f'`{f.record.key}`' if f.record else '-'} | "
+                    f"{f.column or '-'} | {f.diff or '-'} |")
     return "\n".join(rows) + "\n"
 
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+PYTHON_API_DOCS = DOCS.with_name("python-api.md")
 _SCHEMA_BLOCK = re.compile(r"(<!-- schema: ([\w-]+) -->\s*```json\n)(.*?)(\n```)", re.S)
 
 
@@ -206,9 +215,19 @@ def render_docs(text: str) -> str:
     return _SCHEMA_BLOCK.sub(lambda m: m[1] + json.dumps(SCHEMAS[m[2]], indent=2) + m[4], text)
 
 
+def render_python_api_docs(text: str, fields: Sequence[Field] = FIELDS) -> str:
+    """docs/python-api.md with its lists of ``GpuStatus`` and ``Recording`` attributes generated from the table."""
+    status = ["index", *(f.name for f in fields if f.status), "score"]
+    recorded = [f.name for f in fields if f.record is not None]
+    return render_blocks(text, {"status-fields": "".join(f"- `{n}`;\n" for n in status),
+                                "recorded-fields": "".join(f"  - `{n}`;\n" for n in recorded)})
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--write-docs"]:
         DOCS.write_text(render_docs(DOCS.read_text(encoding="utf-8")), encoding="utf-8")
+        PYTHON_API_DOCS.write_text(render_python_api_docs(PYTHON_API_DOCS.read_text(encoding="utf-8")),
+                                   encoding="utf-8")
         return 0
     if len(argv) != 1 or argv[0] not in SCHEMAS:
         sys.stderr.write(f"usage: python -m exporter.serve.api_schema {{{'|'.join(SCHEMAS)}|--write-docs}}\n")

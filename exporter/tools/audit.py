@@ -25,7 +25,7 @@ from typing import Any, NoReturn, TypeVar
 from exporter.core.engine import Engine
 from exporter.core.options import Settings
 from exporter.core.snapshot import Snapshot
-from exporter.core.views import MIB, PowerTracker, format_bytes, stats_view
+from exporter.core.views import FIELDS, MIB, PowerTracker, format_bytes, stats_view
 from exporter.platform.errors import ConfigError, one_line
 from exporter.tools import gpus
 
@@ -196,8 +196,9 @@ def take_audit(engine: Engine, window: float, tracker: PowerTracker | None = Non
 # --- the audit rule ---------------------------------------------------------------------------------
 
 HOST_FIXED = ("node_name", "processor", "kernel", "driver_version", "cuda_version")
-GPU_FIXED = ("uuid", "name", "pci_bus_id", "up", "driver_version", "cuda_version", "memory_total_bytes",
-             "pcie.generation", "pcie.generation_max", "pcie.width", "pcie.width_max")
+# the /stats keys of the field table's rows whose rule is "fixed" (exporter/core/schema.py): identity, memory
+# total, PCIe links ...
+GPU_FIXED = tuple(f.stats_key for f in FIELDS if f.diff == "fixed" and f.stats_key)
 RISES = ("memory", "power")
 IGNORABLE = (*(f"host.{f}" for f in HOST_FIXED), *GPU_FIXED, "p2p", *RISES)
 
@@ -210,7 +211,7 @@ class Limits:
     power_rise_watts: float = 30.0
 
 
-def _get(d: Mapping[str, Any], dotted: str) -> Any:
+def get_dotted(d: Mapping[str, Any], dotted: str) -> Any:
     cur: Any = d
     for part in dotted.split("."):
         cur = cur.get(part) if isinstance(cur, Mapping) else None
@@ -313,7 +314,7 @@ def diff_audits(before: Mapping[str, Any], after: Mapping[str, Any], limits: Lim
     for k in sorted(old.keys() & new.keys()):
         a, b = old[k], new[k]
         for f in GPU_FIXED:
-            va, vb = _get(a, f), _get(b, f)
+            va, vb = get_dotted(a, f), get_dotted(b, f)
             if f not in skip and va != vb:
                 out.append(f"{label(k)}: {f} changed: {_show(va)} -> {_show(vb)} (must not change)")
         ma, mb = a.get("memory_used_bytes"), b.get("memory_used_bytes")

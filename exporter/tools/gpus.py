@@ -26,13 +26,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, dataclass_transform
 
 from exporter.core.engine import Engine
 from exporter.core.options import BackendOptions, Settings
 from exporter.core.readings import GpuReading
 from exporter.core.snapshot import Snapshot
-from exporter.core.views import FIELD, MIB, GpuSource, format_bytes, iso_time, numbered, status_values
+from exporter.core.views import FIELDS, MIB, Field, GpuSource, format_bytes, iso_time, numbered, status_values
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,32 @@ DEFAULT_MAX_UTILIZATION = 0.5
 DEFAULT_MIN_FREE_BYTES = 8 * 2**30
 MIN_INTERVAL, MAX_INTERVAL = 0.05, 3600.0  # seconds between samples or polls
 MAX_TIMEOUT = 7 * 86400.0  # a wait longer than a week is a mistake, not a plan
+
+
+T = TypeVar("T")
+
+
+@dataclass_transform(frozen_default=True)
+def rows_dataclass(rows: Sequence[Field], after: str,
+                   row_type: Callable[[Field], object]) -> Callable[[type[T]], type[T]]:
+    """A frozen dataclass whose attributes are the class's own and, after its attribute ``after``, one per
+    field of ``rows`` (the field table's, exporter/core/views.py), in table order: a row added to the table
+    is an attribute with no edit here. The class's annotation of a row's attribute types it for type
+    checkers; a row it does not annotate is typed ``row_type(field)``."""
+
+    def make(cls: type[T]) -> type[T]:
+        # the class's own annotations, in order, rewritten in place before dataclass() reads them
+        annotations: dict[str, Any] = cls.__dict__["__annotations__"]  # noqa: RUF063
+        declared = dict(annotations)
+        names = [f.name for f in rows]
+        own = [(k, v) for k, v in declared.items() if k not in names]
+        at = [k for k, _ in own].index(after) + 1
+        table = [(f.name, declared.get(f.name, row_type(f))) for f in rows]
+        annotations.clear()
+        annotations.update([*own[:at], *table, *own[at:]])
+        return dataclass(frozen=True)(cls)
+
+    return make
 
 
 class GpuUnavailable(RuntimeError):
@@ -194,10 +220,16 @@ def read(engine: Engine) -> Snapshot:
 # --- the state of each GPU -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+def _status_type(f: Field) -> object:
+    return f.python_type if not f.nullable else f.python_type | None
+
+
+@rows_dataclass([f for f in FIELDS if f.status], after="index", row_type=_status_type)
 class GpuStatus:
     """One GPU now, in SI units; ``None``: the reading cannot be taken (never 0).
 
+    Its attributes are ``index``, the field table's rows marked ``status`` (exporter/core/schema.py:
+    identity, memory, utilisation, temperature, power ... as docs/api.md lists them) and ``score``.
     ``index`` is the driver's (``nvidia-smi -i`` / ``amd-smi`` order; with two backends, the
     second one's GPUs follow the first's). ``score`` is 0.6 x the free-memory fraction +
     0.4 x (1 - utilisation); a reading that is missing counts as the worst case (no memory
@@ -206,16 +238,19 @@ class GpuStatus:
     """
 
     index: int
+    score: float
+    # the status rows, typed for type checkers (a row added later is typed by its kind at run time)
     uuid: str
     name: str | None
+    up: bool
     memory_total_bytes: int | None  # nvidia-smi memory.total
     memory_used_bytes: int | None  # memory.used
     memory_free_bytes: int | None  # memory.free
     utilization_ratio: float | None  # utilization.gpu / 100
     temperature_celsius: float | None  # temperature.gpu (amd-smi: edge)
     power_watts: float | None  # power.draw
-    score: float
-    up: bool
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...  # a status row the class does not annotate
 
 
 def score(free: float | None, total: float | None, util: float | None) -> float:
@@ -522,14 +557,22 @@ class Series:
         return out
 
 
-@dataclass(frozen=True)
+# what a recording samples: the field table's rows with a ``record`` (read as the JSON views read them: SI,
+# unrounded)
+RECORDED: tuple[Field, ...] = tuple(f for f in FIELDS if f.record is not None)
+
+
+@rows_dataclass(RECORDED, after="name", row_type=lambda f: Series)
 class GpuRecording:
-    """One GPU of a :class:`Recording`, in SI units. ``lost``: it was lost (``gpu_up 0``) or gone
-    from the device list in at least one sample; those samples are ``None``, never 0."""
+    """One GPU of a :class:`Recording`, in SI units: a :class:`Series` for each field the table's rows
+    record (``utilization_ratio``, ``memory_used_bytes``, ``memory_used_ratio``, ``temperature_celsius``,
+    ``power_watts`` ...). ``lost``: it was lost (``gpu_up 0``) or gone from the device list in at least
+    one sample; those samples are ``None``, never 0."""
 
     index: int
     uuid: str
     name: str | None
+    # the recorded rows, typed for type checkers (a row added later is a Series too)
     utilization_ratio: Series
     memory_used_bytes: Series
     memory_used_ratio: Series
@@ -539,6 +582,8 @@ class GpuRecording:
     lost: bool = False
     lost_at_seconds: float | None = None  # seconds since start of the first sample that found it lost
     lost_reason: str | None = None
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Series: ...  # a recorded row the class does not annotate
 
 
 @dataclass(frozen=True)
@@ -570,16 +615,16 @@ class Recording:
         """Exactly the JSON document ``gpu-exporter record -o`` writes (legacy units: %, MiB, C, W)."""
         stats: dict[str, Any] = {}
         for number, g in sorted(self.gpus.items()):
+            gpu: dict[str, Any] = {"name": g.name, "uuid": g.uuid}
+            for f in RECORDED:
+                assert f.record is not None
+                series: Series = getattr(g, f.name)
+                gpu[f.record.key] = series.scaled(f.record.times)
+                if f.record.samples:
+                    gpu[f.record.key]["samples"] = [None if v is None else round(v * f.record.times, 3)
+                                                    for v in series.samples]
             stats[str(number)] = {
-                "name": g.name,
-                "uuid": g.uuid,
-                "utilization": {**g.utilization_ratio.scaled(100),
-                                "samples": [None if v is None else round(v * 100, 3)
-                                            for v in g.utilization_ratio.samples]},
-                "memory_used_mb": g.memory_used_bytes.scaled(1 / MIB),
-                "memory_usage_percent": g.memory_used_ratio.scaled(100),
-                "temperature_c": g.temperature_celsius.scaled(1),
-                "power_draw_w": g.power_watts.scaled(1),
+                **gpu,
                 "energy_joules": None if g.energy_joules is None else round(g.energy_joules, 3),
                 "lost": g.lost,
                 "lost_at_seconds": None if g.lost_at_seconds is None else round(g.lost_at_seconds, 3),
@@ -597,17 +642,12 @@ class Recording:
         }
 
 
-# what a recording samples: rows of the GPU field table, read as the JSON views read them (SI, unrounded)
-_READINGS = tuple(FIELD[name] for name in ("utilization_ratio", "memory_used_bytes", "memory_used_ratio",
-                                           "temperature_celsius", "power_watts"))
-
-
 class _Track:
     """The samples of one GPU (by backend and UUID, so a renumbered GPU is not mixed up)."""
 
     def __init__(self, number: int, uuid: str, name: str | None, pad: int) -> None:
         self.number, self.uuid, self.name = number, uuid, name
-        self.values: dict[str, list[float | None]] = {f.name: [None] * pad for f in _READINGS}
+        self.values: dict[str, list[float | None]] = {f.name: [None] * pad for f in RECORDED}
         self.energy_first: float | None = None
         self.energy_last: float | None = None
         self.lost_at: float | None = None
@@ -622,7 +662,7 @@ class _Track:
                 values.append(None)
             return
         src = GpuSource("", self.number, g)
-        for f in _READINGS:
+        for f in RECORDED:
             self.values[f.name].append(f.read(src))
         if g.energy_joules is not None:
             if self.energy_first is None:
@@ -634,9 +674,8 @@ class _Track:
         if self.energy_first is not None and self.energy_last is not None and self.energy_last >= self.energy_first:
             energy = self.energy_last - self.energy_first  # a counter that went backwards (driver reload): None
         s = {k: Series(tuple(v)) for k, v in self.values.items()}
-        return GpuRecording(self.number, self.uuid, self.name, s["utilization_ratio"], s["memory_used_bytes"],
-                            s["memory_used_ratio"], s["temperature_celsius"], s["power_watts"], energy,
-                            self.lost_at is not None, self.lost_at, self.lost_reason)
+        return GpuRecording(index=self.number, uuid=self.uuid, name=self.name, **s, energy_joules=energy,
+                            lost=self.lost_at is not None, lost_at_seconds=self.lost_at, lost_reason=self.lost_reason)
 
 
 class Recorder:

@@ -10,13 +10,15 @@ import json
 import sys
 from typing import Any
 
-from exporter.core.views import format_bytes
+from exporter.core.fields import Field
+from exporter.core.views import FIELDS, format_bytes
 from exporter.platform.errors import ConfigError, fail
 from exporter.platform.settings import OneLineParser
 from exporter.tools.audit import (
     add_backend_arguments,
     check_writable,
     checked,
+    get_dotted,
     open_session,
     setup_logging,
     take_audit,
@@ -53,6 +55,23 @@ def _pcie(p: dict[str, Any]) -> str:
     return f"{cur} (max gen{_num(p['generation_max'])} x{_num(p['width_max'])})"
 
 
+# a field's value in its own column, by its SI unit
+_CELL = {"bytes": format_bytes, "ratio": lambda v: f"{v * 100:.0f}%", "celsius": lambda v: f"{v:.0f} C",
+         "watts": lambda v: f"{v:.1f} W", "joules": lambda v: f"{v:.0f} J", "hertz": lambda v: f"{v / 1e6:.0f} MHz",
+         "seconds": lambda v: f"{v:g} s"}
+
+
+def cell(f: Field, v: Any) -> str:
+    """A field's value in the table: in its unit, ``-`` when not read."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int | float) and f.unit in _CELL:
+        return str(_CELL[f.unit](v))
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
 def _columns(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
@@ -65,8 +84,11 @@ def table(audit: dict[str, Any]) -> str:
              f"Processor  {h['processor']}",
              f"Kernel     {h['kernel']}   {h['os']}".rstrip(),
              f"Driver     {h['driver_version'] or '-'}   CUDA/ROCm {h['cuda_version'] or '-'}", ""]
+    # the fixed columns combine fields; then a column for each field of the table that names one (its row's
+    # ``column``, exporter/core/schema.py)
+    extra = [f for f in FIELDS if f.column and f.stats_key]
     rows = [["GPU", "BACKEND", "NAME", "PCI BUS ID", "MEMORY USED / TOTAL", "UTIL", "POWER (AVG)", "TEMP",
-             "PCIE"]]
+             "PCIE", *(f.column for f in extra)]]
     for g in audit["gpus"]:
         util = g["utilization_ratio"]
         power = f"{_num(g['power_watts'], '{:.1f}', ' W')} ({_num(g['power_average_watts'], '{:.1f}', ' W')})"
@@ -74,7 +96,8 @@ def table(audit: dict[str, Any]) -> str:
                      g["pci_bus_id"] or "-",
                      f"{format_bytes(g['memory_used_bytes'])} / {format_bytes(g['memory_total_bytes'])}",
                      _num(None if util is None else util * 100, "{:.0f}", "%"), power,
-                     _num(g["temperature_celsius"], "{:.0f}", " C"), _pcie(g["pcie"])])
+                     _num(g["temperature_celsius"], "{:.0f}", " C"), _pcie(g["pcie"]),
+                     *(cell(f, get_dotted(g, f.stats_key or "")) for f in extra)])
     lines += _columns(rows) if audit["gpus"] else ["(no GPUs)"]
     for backend in dict.fromkeys(p["backend"] for p in audit["p2p"]):
         peers = {(p["gpu"], p["peer"]): p for p in audit["p2p"] if p["backend"] == backend}

@@ -16,7 +16,15 @@ from exporter.core.readings import Collection, GpuReading, HostInfo
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import FIELDS, Field, GpuSource, Legacy, getter, stats_view, status_values
 from exporter.serve.api import gpu_metrics_view
-from exporter.serve.api_schema import DOCS, fields_table, gpu_metrics_schema, render_docs, stats_schema
+from exporter.serve.api_schema import (
+    DOCS,
+    PYTHON_API_DOCS,
+    fields_table,
+    gpu_metrics_schema,
+    render_docs,
+    render_python_api_docs,
+    stats_schema,
+)
 from exporter.tools.gpus import GpuStatus, status
 
 FAN = Field("fan_speed_ratio", "ratio", "reading.fan_speed_ratio", digits=6, maximum=1,
@@ -52,7 +60,8 @@ def test_a_field_added_to_the_table_appears_in_each_view() -> None:
     speed = gpu_metrics_schema(TABLE)["properties"]["gpus"]["items"]["properties"]["fan"]["properties"]["speed"]
     assert speed["maximum"] == 100
     # and the docs table lists it
-    row = "| `fan_speed_ratio` | ratio | `reading.fan_speed_ratio` | `fan_speed_ratio` | `fan.speed` (percent) | yes |"
+    row = ("| `fan_speed_ratio` | ratio | `reading.fan_speed_ratio` | `fan_speed_ratio` | `fan.speed` (percent) | yes "
+           "| - | - | - |")
     assert row in fields_table(TABLE)
     # without the row, no view has it
     stats, legacy = _views(FIELDS, snap)
@@ -62,8 +71,8 @@ def test_a_field_added_to_the_table_appears_in_each_view() -> None:
 
 
 def test_gpustatus_declares_exactly_the_rows_marked_status() -> None:
-    """GpuStatus is typed for its users (mypy), so its attributes are declared in the class; this keeps them
-    the table's ``status`` rows, plus the index across backends and the score."""
+    """GpuStatus's attributes are the table's ``status`` rows (made from the table at import: a row added to
+    the table needs no edit of the class), plus the index across backends and the score."""
     attrs = [f.name for f in dataclasses.fields(GpuStatus)]
     assert set(attrs) == {f.name for f in FIELDS if f.status} | {"index", "score"}
     g = GpuReading(index=3, uuid="GPU-3", name="A100", memory_total_bytes=100.0, memory_used_bytes=25.0,
@@ -92,6 +101,10 @@ def test_every_source_reads_a_reading() -> None:
 def test_docs_show_the_table_and_the_schemas_of_the_code() -> None:
     text = DOCS.read_text(encoding="utf-8")
     assert render_docs(text) == text, "docs/api.md is stale: python -m exporter.serve.api_schema --write-docs"
+    text = PYTHON_API_DOCS.read_text(encoding="utf-8")
+    assert render_python_api_docs(text) == text, ("docs/python-api.md is stale: "
+                                                  "python -m exporter.serve.api_schema --write-docs")
+    assert "- `fan_speed_ratio`;\n- `score`;" in render_python_api_docs(text, TABLE)
 
 
 def test_a_recording_samples_what_the_views_show() -> None:

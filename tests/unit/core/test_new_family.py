@@ -1,24 +1,36 @@
 """Adding a metric family is its schema row, the reading's field and the backends that fill it: in a copy
-of the package, those three edits alone (here: the simulated backend fills it) make the family served with
-its row's help and unit, selectable with ``--fields-*``, listed by the JSON API, and in both generated
-tables of docs/metrics.md (docs/extending.md, "A new metric family")."""
+of the package, those edits alone (here: the simulated backend fills it) make the family served with its
+row's help and unit, selectable with ``--fields-*``, listed by the JSON API and in both generated tables of
+docs/metrics.md; and, since the row names a field (``views``), shown in ``/stats``, gpu-metrics, the
+``snapshot`` table and JSON, compared by ``diff``, and an attribute of the Python API's ``GpuStatus`` and
+``Recording`` (docs/extending.md, "A new metric family"). Nothing else is edited."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
 
-from tests.harness.exporter import ExporterProcess, parse_samples
+from tests.harness.exporter import REPO, ExporterProcess, parse_samples
 from tests.harness.tree import package_copy
 
+MIB = 2**20
+# A dict family (one sample per widget) whose "alpha" entry is a GPU field: a GpuStatus attribute, in the
+# record, a snapshot column, fixed for diff, shown in gpu-metrics in MiB. Its unit and doc come from the row.
 ROW = '''    _g("gpu_widget_bytes", GAUGE, "bytes", "Bytes in the widget cache, by widget.", "memory", "widget_bytes",
-       "nvmlDeviceGetWidgets", "widgets.used", "(none)", labels=("widget",)),
+       "nvmlDeviceGetWidgets", "widgets.used", "(none)", labels=("widget",),
+       views=(Field("widget_alpha_bytes", source="reading.widget_bytes[alpha]", kind="integer", status=True,
+                    diff="fixed", column="ALPHA", record=Record("widget_alpha_mb", 1 / MIB),
+                    legacy=Legacy("widget.alpha", unit="MiB", per=MIB, digits=None)),)),
 '''
+ALPHA, BETA = 3 * MIB, 2048.0
 
 
 def _edit(path: Path, anchor: str, text: str, before: bool = False) -> None:
@@ -30,6 +42,7 @@ def _edit(path: Path, anchor: str, text: str, before: bool = False) -> None:
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = package_copy(tmp_path_factory.mktemp("tree"))
+    shutil.copy(REPO / "docs" / "api.md", root / "docs" / "api.md")
     pkg = root / "exporter"
     # 1. the row (at the end of the memory group)
     _edit(pkg / "core" / "schema.py", "    # --- thermal and power", ROW, before=True)
@@ -39,9 +52,23 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # 3. a backend fills it and declares it
     sim = pkg / "backends" / "simulated.py"
     _edit(sim, "        r.memory_total_bytes = float(MEMORY_TOTAL)\n",
-          '        r.widget_bytes = {"alpha": 1024.0, "beta": 2048.0}\n')
+          f'        r.widget_bytes = {{"alpha": {float(ALPHA)}, "beta": {BETA}}}\n')
     _edit(sim, "    families: ClassVar[frozenset[str]] = frozenset({\n", '        "gpu_widget_bytes",\n')
     return root
+
+
+def _run(tree: Path, *args: str, code: int = 0, stdin: str | None = None) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=tree, capture_output=True, text=True, timeout=120,
+                          input=stdin)
+    assert done.returncode == code, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    return done.stdout
+
+
+def _schema(tree: Path, name: str) -> dict[str, Any]:
+    """The copy's JSON schema of a document (generated from the copy's field table)."""
+    schema: dict[str, Any] = json.loads(_run(tree, "-m", "exporter.serve.api_schema", name))
+    return schema
 
 
 def test_served_with_its_rows_help(tree: Path) -> None:
@@ -52,11 +79,64 @@ def test_served_with_its_rows_help(tree: Path) -> None:
     samples = parse_samples(text)
     key = ("gpu_widget_bytes", frozenset({("gpu", "1"), ("uuid", "GPU-5140a7ed-0000-4000-8000-000000000001"),
                                           ("widget", "beta")}))
-    assert samples[key] == 2048
+    assert samples[key] == BETA
     assert "# HELP gpu_widget_bytes Bytes in the widget cache, by widget.\n# TYPE gpu_widget_bytes gauge\n" in text
     assert "# UNIT gpu_widget_bytes bytes\n" in om
     row = next(f for f in families if f["name"] == "gpu_widget_bytes")
     assert row["backends"] == ["simulated"] and row["labels"] == ["gpu", "uuid", "widget"]
+
+
+def test_shown_in_stats_and_gpu_metrics(tree: Path) -> None:
+    with ExporterProcess(["--backend", "simulated", "--simulated-gpus", "2"], cwd=tree) as ex:
+        stats = json.loads(ex.get("/stats")[1])
+        legacy = json.loads(ex.get("/api/v1/monitoring/gpu-metrics")[1])
+    assert [g["widget_alpha_bytes"] for g in stats["gpus"]] == [ALPHA, ALPHA]  # SI, a JSON integer
+    assert all(type(g["widget_alpha_bytes"]) is int for g in stats["gpus"])
+    assert [g["widget"] for g in legacy["gpus"]] == [{"alpha": 3}, {"alpha": 3}]  # MiB
+    jsonschema.validate(stats, _schema(tree, "stats"))
+    jsonschema.validate(legacy, _schema(tree, "gpu-metrics"))
+    gpu = _schema(tree, "stats")["properties"]["gpus"]["items"]
+    assert gpu["properties"]["widget_alpha_bytes"] == {  # the doc is the row's help and nvidia-smi equivalent
+        "type": ["integer", "null"], "minimum": 0,
+        "description": "Bytes in the widget cache, by widget. (nvidia-smi widgets.used)"}
+
+
+def test_in_snapshot_and_compared_by_diff(tree: Path) -> None:
+    table = _run(tree, "-m", "exporter", "snapshot", "--backend", "simulated", "--simulated-gpus", "2",
+                 "--window", "0")
+    header, first = table.splitlines()[5:7]
+    assert header.split()[-1] == "ALPHA" and first.endswith("3.0 MiB")
+    before = json.loads(_run(tree, "-m", "exporter", "snapshot", "--json", "--backend", "simulated", "--window", "0"))
+    assert before["gpus"][0]["widget_alpha_bytes"] == ALPHA
+    after = json.loads(json.dumps(before))
+    after["gpus"][1]["widget_alpha_bytes"] = ALPHA + 1
+    (tree / "before.json").write_text(json.dumps(before))
+    (tree / "after.json").write_text(json.dumps(after))
+    out = _run(tree, "-m", "exporter", "diff", "before.json", "after.json", code=1)
+    assert "gpu 1: widget_alpha_bytes changed: 3145728 -> 3145729 (must not change)" in out
+    _run(tree, "-m", "exporter", "diff", "before.json", "after.json", "--ignore", "widget_alpha_bytes")
+    usage = _run(tree, "-m", "exporter", "diff", "--help")
+    assert "widget_alpha_bytes" in usage
+
+
+PYTHON_API = """
+import json
+import exporter
+
+s = exporter.query_gpus(backend="simulated")[0]
+with exporter.Monitor(interval=0.05, gpus=[0], backend="simulated") as m:
+    pass
+rec = m.recording
+print(json.dumps({"status": s.widget_alpha_bytes, "series": rec.gpus[0].widget_alpha_bytes.max,
+                  "record": rec.to_dict()}))
+"""
+
+
+def test_an_attribute_of_the_python_api(tree: Path) -> None:
+    out = json.loads(_run(tree, "-c", PYTHON_API))
+    assert out["status"] == ALPHA and out["series"] == ALPHA
+    assert out["record"]["gpu_stats"]["0"]["widget_alpha_mb"] == {"min": 3.0, "max": 3.0, "mean": 3.0}
+    jsonschema.validate(out["record"], _schema(tree, "record"))
 
 
 def test_field_selection_knows_it(tree: Path) -> None:
@@ -79,3 +159,8 @@ def test_generated_docs_list_it(tree: Path) -> None:
     cells_ = [c.strip() for c in cells.strip("|").split("|")]
     assert {h: c for h, c in zip(header, cells_, strict=True)}["simulated"] == "yes"
     assert {h: c for h, c in zip(header, cells_, strict=True)}["nvml"] == "no"
+    subprocess.run([sys.executable, "-m", "exporter.serve.api_schema", "--write-docs"], cwd=tree, check=True,
+                   timeout=60)
+    api = (tree / "docs" / "api.md").read_text()
+    assert ("| `widget_alpha_bytes` | bytes | `reading.widget_bytes[alpha]` | `widget_alpha_bytes` | "
+            "`widget.alpha` (MiB) | yes | `widget_alpha_mb` | ALPHA | fixed |") in api
