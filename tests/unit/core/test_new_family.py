@@ -42,7 +42,8 @@ def _edit(path: Path, anchor: str, text: str, before: bool = False) -> None:
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = package_copy(tmp_path_factory.mktemp("tree"))
-    shutil.copy(REPO / "docs" / "api.md", root / "docs" / "api.md")
+    for doc in ("api.md", "python-api.md"):  # the JSON views' generated docs
+        shutil.copy(REPO / "docs" / doc, root / "docs" / doc)
     pkg = root / "exporter"
     # 1. the row (at the end of the memory group)
     _edit(pkg / "core" / "schema.py", "    # --- thermal and power", ROW, before=True)
@@ -164,3 +165,4 @@ def test_generated_docs_list_it(tree: Path) -> None:
     api = (tree / "docs" / "api.md").read_text()
     assert ("| `widget_alpha_bytes` | bytes | `reading.widget_bytes[alpha]` | `widget_alpha_bytes` | "
             "`widget.alpha` (MiB) | yes | `widget_alpha_mb` | ALPHA | fixed |") in api
+    assert "- `memory_free_bytes`;\n- `widget_alpha_bytes`;" in (tree / "docs" / "python-api.md").read_text()
