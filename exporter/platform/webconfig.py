@@ -92,6 +92,7 @@ HEADERS: dict[str, tuple[str, ...] | None] = {
     "X-Frame-Options": ("deny", "sameorigin"), "X-XSS-Protection": None, "Content-Security-Policy": None}
 BCRYPT_HASH = re.compile(r"\$2[aby]\$[0-9]{2}\$[./A-Za-z0-9]{53}")
 MAX_COST = 14  # 15 is ~2 s of CPU per check, 16 ~5 s: a few wrong passwords would hold the server (docs/security.md)
+_HTPASSWD_LINE = re.compile(r"[^:\s]+:\$2[aby]\$.*")  # `htpasswd -nB user` prints user:hash: pasted whole
 MAX_PASSWORD = 72  # bcrypt's limit: longer passwords never match
 
 
@@ -222,6 +223,10 @@ def load(path: str) -> WebConfig:
 
 
 def _users(path: str, users: Any, cfg: WebConfig) -> None:
+    if isinstance(users, str) and _HTPASSWD_LINE.fullmatch(users.strip()):
+        raise ConfigError(f"web config {path}: basic_auth_users holds an htpasswd line (user:hash); write it as "
+                          "a mapping, one user per line: '  <user>: <hash>' (a space after the colon, no quotes "
+                          "needed)")
     if not isinstance(users, dict) or not users:
         raise _fail(path, "basic_auth_users", users, "expected a mapping of user name to bcrypt hash")
     for user, hashed in users.items():
@@ -229,6 +234,9 @@ def _users(path: str, users: Any, cfg: WebConfig) -> None:
         if ":" in name or not name.isprintable():
             raise ConfigError(f"web config {path}: basic_auth_users: a user name cannot hold ':' or control "
                               "characters")
+        if isinstance(hashed, str) and _HTPASSWD_LINE.fullmatch(hashed.strip()):
+            raise ConfigError(f"web config {path}: basic_auth_users.{name}: the value is an htpasswd line "
+                              "(user:hash): drop the user name and colon before the hash ($2y$...)")
         if not isinstance(hashed, str) or not BCRYPT_HASH.fullmatch(hashed):
             # a hash cut short used to be accepted, and every request then got 401 with nothing logged
             raise ConfigError(f"web config {path}: basic_auth_users.{name}: expected a whole bcrypt hash "
@@ -499,6 +507,10 @@ class LiveWebConfig:
                           "to change this on purpose, restart)", old.path, why, weaker)
                 self._stamp = stamp
                 return False
-            self._cfg, self._stamp = new, _stamp(new.files)
+            # the stamp taken BEFORE the load (issue 36): a file that changed while it loaded (a second
+            # quick edit, a Secret's ..data swap) differs from it, so the next check loads again. A
+            # stamp taken now would match that later file and its change would never be applied. When
+            # the new config names other files, their stamp cannot match this one: loaded once more.
+            self._cfg, self._stamp = new, stamp
             log.info("web config %s reloaded (%s)", old.path, why)
             return True

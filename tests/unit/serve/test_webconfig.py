@@ -386,6 +386,9 @@ CUT_HASH = "$2y$10$" + "a" * 40
     (f"basic_auth_users:\n  bob: '{CUT_HASH}'\n", "basic_auth_users.bob: expected a whole bcrypt hash"),
     ("basic_auth_users:\n  'a:b': '$2y$10$" + "a" * 53 + "'\n", "cannot hold ':'"),
     ("basic_auth_users:\n", "basic_auth_users"),
+    # issue 38 item 15: `htpasswd -nB user` prints user:hash; pasted whole, the error says so
+    ("basic_auth_users:\n  bob:$2y$10$" + "a" * 53 + "\n", "basic_auth_users holds an htpasswd line (user:hash)"),
+    ("basic_auth_users:\n  bob: 'bob:$2y$10$" + "a" * 53 + "'\n", "the value is an htpasswd line"),
     ("tls_server_config:\n  cert_file: a\n", "needs both cert_file and key_file"),
     ("tls_server_config: []\n", "tls_server_config"),
     ("tls_server_config: {}\n", "tls_server_config"),
