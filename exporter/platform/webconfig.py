@@ -107,7 +107,9 @@ class WebConfig:
     headers: dict[str, str] = field(default_factory=dict)  # added to every answer
     rate_limit: tuple[float, int] | None = None  # (seconds per request, burst): the toolkit's rate_limit
     files: tuple[str, ...] = ()  # re-read when one of them changes
-    _dummy: bytes = b""  # an unknown user is checked against this hash, so its answer takes as long
+    # cost -> a hash of a random password, one per configured cost: every check compares against one
+    # hash of each cost (the user's own at its cost), so it costs the same whoever the user is
+    _dummies: dict[int, bytes] = field(default_factory=dict)
     _ok: set[bytes] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _bcrypt: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -123,8 +125,11 @@ class WebConfig:
     def check(self, header: str | None) -> bool:
         """True when basic auth is off or ``header`` carries valid credentials.
 
-        Takes one bcrypt check of the configured cost for any well-formed Basic header, whether the
-        user exists or not. Checks run one at a time (bcrypt is CPU-bound by design), as in the toolkit.
+        Takes the same bcrypt work for any well-formed Basic header, whether the user exists or not and
+        whatever its hash's cost: one comparison at each configured cost, against the user's own hash at
+        its cost and a dummy hash at the others (issue 36: with one dummy of the highest cost, a known
+        user with a cheaper hash was refused 87-100 times faster than an unknown one). Checks run one
+        at a time (bcrypt is CPU-bound by design), as in the toolkit.
         """
         if not self.users:
             return True
@@ -139,11 +144,19 @@ class WebConfig:
                 return True
         import bcrypt  # only when basic auth is configured
 
+        own = _cost(hashed) if hashed is not None else None
+        plan = [hashed if cost == own and hashed is not None else dummy for cost, dummy in self._dummies.items()]
+        if hashed is not None and own not in self._dummies:  # a config built by hand, without its dummies
+            plan.append(hashed)
+        ok = False
         with self._bcrypt:
-            try:
-                ok = bcrypt.checkpw(password[:MAX_PASSWORD], hashed if hashed is not None else self._dummy)
-            except ValueError:
-                ok = False
+            for target in plan:
+                try:
+                    matched = bcrypt.checkpw(password[:MAX_PASSWORD], target)
+                except ValueError:
+                    matched = False
+                if target is hashed:
+                    ok = matched
         ok = ok and hashed is not None and len(password) <= MAX_PASSWORD
         if ok:
             with self._lock:
@@ -165,6 +178,13 @@ class WebConfig:
             return True
         sans = [_canonical_san(kind, value) for kind, value in (cert or {}).get("subjectAltName", ())]
         return any(s in self.allowed_sans for s in sans)
+
+
+def _cost(hashed: bytes | str) -> int | None:
+    """The cost of a bcrypt hash (``$2y$10$...``: 10), or None when it has none."""
+    digits = hashed[4:6]
+    text = digits.decode("ascii", "replace") if isinstance(digits, bytes) else digits
+    return int(text) if len(text) == 2 and text.isdigit() else None
 
 
 def parse_basic(header: str | None) -> tuple[str, bytes] | None:
@@ -251,8 +271,8 @@ def _users(path: str, users: Any, cfg: WebConfig) -> None:
         import bcrypt
     except ImportError:  # fail at start-up, not at the first request
         raise ConfigError("basic_auth_users needs the bcrypt package (pip install bcrypt)") from None
-    cost = max(int(h[4:6]) for h in cfg.users.values())
-    cfg._dummy = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt(rounds=cost))
+    for cost in sorted({int(h[4:6]) for h in cfg.users.values()}):
+        cfg._dummies[cost] = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt(rounds=cost))
 
 
 def _http_config(path: str, http: Any) -> dict[str, str]:

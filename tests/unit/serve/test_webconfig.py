@@ -12,10 +12,8 @@ import os
 import signal
 import socket
 import ssl
-import statistics
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -227,25 +225,6 @@ def test_passwords_longer_than_bcrypt_reads_are_refused(pki: Path) -> None:
         assert get(ex.url + "/metrics", None, "a", ascii72[:71]) == 401
         # the refusals are not cached as successes: the right password still works after them
         assert get(ex.url + "/metrics", None, "a", ascii72) == 200
-
-
-def test_unknown_user_costs_as_much_as_a_wrong_password(pki: Path) -> None:
-    """Timing must not tell whether a user exists: both run one bcrypt check of the same cost."""
-    cfg = pki / "web-cost10.yml"
-    cfg.write_text(f"basic_auth_users:\n  prometheus: {hashed(rounds=10)}\n")
-    with ExporterProcess(["--backend", "simulated", "--web.config.file", str(cfg)]) as ex:
-        def median_s(user: str) -> float:
-            times = []
-            for i in range(4):  # 8 failures in all: under the per-address limit of 10
-                t0 = time.perf_counter()
-                assert ex.get("/metrics", auth(user, f"wrong{i}"))[0] == 401
-                times.append(time.perf_counter() - t0)
-            return statistics.median(times)
-
-        known, unknown = median_s("prometheus"), median_s("nobody")
-    # before the fix: 0.9 ms for an unknown user against 60 ms for a known one
-    assert unknown > 0.5 * known, (known, unknown)
-    assert known > 0.01  # cost 10 is tens of milliseconds: the check really ran
 
 
 def test_failed_logins_are_rate_limited_per_address(pki: Path) -> None:
