@@ -9,7 +9,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u
 ADDRESS ?= 127.0.0.1
 PORT ?= 9400
 
-.PHONY: run test lint bench gpu-check demo reliability mutation clean golden docs image .apt-test-deps
+.PHONY: run test check lint bench gpu-check demo reliability mutation clean golden docs image .apt-test-deps
 
 # Fresh Debian ships python3 without ensurepip; install python3-venv once if venv fails.
 $(VENV)/bin/python:
@@ -79,6 +79,14 @@ test: $(VENV)/.installed-test .apt-test-deps $(TOOLS)/.installed
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -m "not reliability_long and not serial" -n 4 --dist loadfile
 	$(PY) -m pytest -m "not reliability_long and serial"
+
+# The inner loop: pure unit tests (no process, no Prometheus, no daemon), under 60 s on a 2-core machine.
+# Tests that start a process are marked slow (tests/conftest.py's SLOW) and left to `make test`;
+# GPU_EXPORTER_CHECK=1 fails any other test that starts one, so the split stays honest.
+CHECK_JOBS ?= 2
+check: $(VENV)/.installed-test
+	GPU_EXPORTER_CHECK=1 $(PY) -m pytest tests/unit -m "not slow and not serial and not reliability_long" \
+	  -n $(CHECK_JOBS) -q -p no:cacheprovider
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check exporter tests bench demo

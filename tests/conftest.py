@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,11 +37,126 @@ SERIAL = ("tests/reliability/test_load.py", "tests/reliability/test_soak.py", "t
           "tests/unit/profiler/test_leader.py")
 
 
+# Test modules that start processes (a daemon, a real Prometheus or promtool, a CLI command, helm, chromium),
+# or spend seconds of CPU (bcrypt at real costs, hypothesis round trips): marked `slow`, so that `make check`
+# (pure unit tests, the inner loop, under 60 s) leaves them to `make test`. Under `make check`
+# (GPU_EXPORTER_CHECK=1) a test that starts a process anyway fails, naming this list.
+SLOW = frozenset((
+    "tests/unit/backends/test_amdsmi.py",
+    "tests/unit/backends/test_amdsmi_activity.py",
+    "tests/unit/backends/test_amdsmi_fidelity.py",
+    "tests/unit/backends/test_amdsmi_floor.py",
+    "tests/unit/backends/test_contract.py",
+    "tests/unit/backends/test_new_backend.py",
+    "tests/unit/backends/test_nvml.py",
+    "tests/unit/backends/test_nvml_compat_state.py",
+    "tests/unit/backends/test_nvml_depth.py",
+    "tests/unit/backends/test_nvml_events.py",
+    "tests/unit/backends/test_nvml_fidelity.py",
+    "tests/unit/backends/test_nvml_fields.py",
+    "tests/unit/backends/test_nvml_generations.py",
+    "tests/unit/backends/test_nvml_gpm.py",
+    "tests/unit/backends/test_nvml_gpm_row.py",
+    "tests/unit/backends/test_nvml_private.py",
+    "tests/unit/backends/test_rocm_smi.py",
+    "tests/unit/backends/test_sentinels.py",
+    "tests/unit/backends/test_simulated.py",
+    "tests/unit/core/test_fields.py",
+    "tests/unit/core/test_new_family.py",
+    "tests/unit/k8s/test_podresources.py",
+    "tests/unit/k8s/test_shared_gpus.py",
+    "tests/unit/platform/test_profiler_web.py",
+    "tests/unit/platform/test_units.py",
+    "tests/unit/profiler/test_allocated.py",
+    "tests/unit/profiler/test_allocated_shared.py",
+    "tests/unit/profiler/test_faults.py",
+    "tests/unit/profiler/test_fleet_size.py",
+    "tests/unit/profiler/test_health.py",
+    "tests/unit/profiler/test_kube.py",
+    "tests/unit/profiler/test_kube_auth.py",
+    "tests/unit/profiler/test_longterm.py",
+    "tests/unit/profiler/test_main.py",
+    "tests/unit/profiler/test_memory_bound.py",
+    "tests/unit/profiler/test_papercuts.py",
+    "tests/unit/profiler/test_prom.py",
+    "tests/unit/profiler/test_reader.py",
+    "tests/unit/profiler/test_settings.py",
+    "tests/unit/profiler/test_sources.py",
+    "tests/unit/profiler/test_underused.py",
+    "tests/unit/serve/test_api.py",
+    "tests/unit/serve/test_config.py",
+    "tests/unit/serve/test_config_hostile.py",
+    "tests/unit/serve/test_escaping_roundtrip.py",
+    "tests/unit/serve/test_exposition_papercuts.py",
+    "tests/unit/serve/test_footprint.py",
+    "tests/unit/serve/test_golden.py",
+    "tests/unit/serve/test_json_integers.py",
+    "tests/unit/serve/test_lifecycle.py",
+    "tests/unit/serve/test_memory.py",
+    "tests/unit/serve/test_papercuts.py",
+    "tests/unit/serve/test_render_rows.py",
+    "tests/unit/serve/test_serve.py",
+    "tests/unit/serve/test_webconfig.py",
+    "tests/unit/serve/test_webconfig_auth.py",
+    "tests/unit/tools/test_api.py",
+    "tests/unit/tools/test_cli_tools.py",
+    "tests/unit/tools/test_extras.py",
+    "tests/unit/tools/test_gpucheck.py",
+    "tests/unit/tools/test_hostile_input.py",
+    "tests/unit/tools/test_pick_papercuts.py",
+    "tests/unit/tools/test_record_plot.py",
+))
+SLOW_DIRS = ("tests/e2e/", "tests/reliability/")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(str(config.rootpath))
     for item in items:
-        if Path(item.path).resolve().relative_to(root.resolve()).as_posix() in SERIAL:
+        rel = Path(item.path).resolve().relative_to(root.resolve()).as_posix()
+        if rel in SERIAL:
             item.add_marker(pytest.mark.serial)
+        if rel in SLOW or rel.startswith(SLOW_DIRS):
+            item.add_marker(pytest.mark.slow)
+
+
+_BUILD_TOOLS = {"gcc", "cc"}  # the fakes' C libraries, built once and cached (tests/harness/cbuild.py)
+
+
+_running: list[pytest.Item] = []  # the test being set up, run or torn down
+
+
+class ProcessStarted(Exception):
+    """A test under ``make check`` started a process."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    _running[:] = [item]
+    try:
+        return (yield)
+    finally:
+        _running.clear()
+
+
+def _guard_processes() -> None:
+    """Under ``make check`` (GPU_EXPORTER_CHECK=1: pure unit tests), a test not marked slow that starts a process,
+    in the test or in any fixture it sets up, fails naming the rule."""
+    real_init = subprocess.Popen.__init__
+
+    def guarded(self: subprocess.Popen[Any], args: Any, *a: Any, **kw: Any) -> None:
+        item = _running[0] if _running else None
+        argv0 = os.fsdecode(args if isinstance(args, str | bytes | os.PathLike) else (list(args) or [""])[0])
+        if item is not None and item.get_closest_marker("slow") is None and \
+                os.path.basename(argv0.split()[0] if argv0 else "") not in _BUILD_TOOLS:
+            raise ProcessStarted(f"{item.nodeid} starts a process ({argv0}) under make check: add its module to "
+                                 "SLOW in tests/conftest.py (make test still runs it)")
+        real_init(self, args, *a, **kw)
+
+    subprocess.Popen.__init__ = guarded  # type: ignore[method-assign]
+
+
+if os.environ.get("GPU_EXPORTER_CHECK") == "1":
+    _guard_processes()
 
 
 @pytest.fixture(autouse=True)

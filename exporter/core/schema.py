@@ -1,4 +1,4 @@
-"""The metric schema: every family the exporter can publish, declared once, one row each.
+"""The metric schema: every family the exporter and the profiler can publish, declared once, one row each.
 
 The renderer (names, types, help), the field filter (``--fields-include/--fields-exclude``),
 ``--check-config``, the contract test and ``docs/metrics.md`` all read this table; nothing else
@@ -26,6 +26,8 @@ A row's ``scope`` says which labels come first and where the value comes from; t
 - ``self``: the exporter's own health, always published (not filterable): per backend (first
   label) from its ``BackendStats``'s ``attr``; the process (``process_*``, read from /proc by
   core/host.py as prometheus_client's ProcessCollector reads them); or from a plugin.
+- ``profiler``: the profiler's own families (``PROFILER_FAMILIES``, a table of their own: ``serve``
+  never publishes them), written by the same writer (exporter/platform/exposition.py).
 
 A row whose name ends in ``_info`` is an info family: one sample of 1 per GPU, host or build, its
 labels the attributes of that name (of the reading, ``HostInfo`` or the build).
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
 GAUGE, COUNTER = "gauge", "counter"
 
 SCOPE_LABELS = {"gpu": ("gpu", "uuid"), "mig": ("gpu", "uuid"), "peer": ("gpu", "uuid", "peer"),
-                "event": ("gpu", "uuid"), "node": (), "host": (), "pod": (), "self": ()}
+                "event": ("gpu", "uuid"), "node": (), "host": (), "pod": (), "self": (), "profiler": ()}
 
 
 @dataclass(frozen=True)
@@ -527,6 +529,41 @@ GPU_FAMILIES: tuple[Family, ...] = tuple(f for f in FAMILIES if f.scope == "gpu"
 # GpuReading attribute -> the name of the family it carries (a backend's bookkeeping, by attribute)
 FAMILY_OF_ATTR: dict[str, str] = {f.attr: f.name for f in GPU_FAMILIES}
 FILTERABLE: tuple[str, ...] = tuple(f.name for f in FAMILIES if f.filterable)
+
+HISTOGRAM = "histogram"
+
+
+def _p(name: str, kind: str, unit: str, help_: str, labels: tuple[str, ...] = (), when: str = "") -> Family:
+    return Family(name, kind, unit, help_, "profiler", "profiler", labels, when=when, filterable=False,
+                  every_backend=True)
+
+
+# The profiler's own families (``gpu-exporter profile``'s /metrics, exporter/profiler/loop.py), written by
+# the same writer as the exporter's (exporter/platform/exposition.py) from these rows.
+PROFILER_FAMILIES: tuple[Family, ...] = (
+    _p("gpu_profiler_cycles_total", COUNTER, "1", "Profiler cycles by result (ok, failed).", ("result",)),
+    _p("gpu_profiler_cycle_duration_seconds", HISTOGRAM, "seconds", "Duration of one profiler cycle."),
+    _p("gpu_profiler_prometheus_queries_total", COUNTER, "1",
+       "Queries sent to Prometheus (logical queries; HTTP retries not included)."),
+    _p("gpu_profiler_prometheus_requests_total", COUNTER, "1", "HTTP requests sent to Prometheus, retries included."),
+    _p("gpu_profiler_nodes_patched_total", COUNTER, "1", "Node merge patches accepted by the API server."),
+    _p("gpu_profiler_errors_total", COUNTER, "1", "Profiler errors by kind.", ("kind",)),
+    _p("gpu_profiler_last_success_timestamp_seconds", GAUGE, "seconds",
+       "Unix time the last cycle completed without error."),
+    _p("gpu_profiler_gpus", GAUGE, "1", "GPUs classified in the last cycle, by pattern.", ("pattern",)),
+    _p("gpu_profiler_label_values_rejected_total", COUNTER, "1",
+       "Label values from Prometheus that do not match their grammar and were not written to a Node "
+       "(uuid, holder entry).", ("label",)),
+    _p("gpu_profile_pattern", GAUGE, "1",
+       "GPU usage pattern last published on the node (1 per GPU; value of the pattern label).",
+       ("node", "gpu", "pattern")),
+    _p("gpu_profiler_leader", GAUGE, "1", "1 while this replica holds the lease and writes.", when="--leader-elect"),
+    _p("gpu_profiler_events_total", COUNTER, "1",
+       "Kubernetes Events on Nodes, by result (created, updated, dropped by the rate limit, failed).", ("result",),
+       when="--events on, not a dry run"),
+    _p("gpu_profiler_prometheus_largest_response_bytes", GAUGE, "bytes", "Largest Prometheus answer read since start."),
+)
+PROFILER_FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in PROFILER_FAMILIES}
 
 # NVML topology levels (nvmlGpuTopologyLevel_t); AMD maps onto the same names.
 TOPOLOGY_LEVELS = {"internal": 0, "single": 10, "multiple": 20, "hostbridge": 30, "node": 40, "system": 50}

@@ -1,6 +1,7 @@
 """The profiler cycle, its loop, and its own HTTP endpoint (``/metrics``, ``/healthz``).
 
-A cycle: read the snapshot from Prometheus (4 queries), list the Nodes (1 call), classify
+A cycle: read the snapshot from Prometheus (``2 + 3·S + R`` queries for S shards and R range
+batches, docs/profiler.md), list the Nodes (1 call), classify
 every reporting GPU, plan each node's annotations, and patch only nodes whose plan differs
 from what they carry. Any failure is counted in ``gpu_profiler_errors_total{kind}`` and ends
 that step, never the loop; when the read fails nothing is written at all.
@@ -30,11 +31,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from exporter.platform.http import Handler, HTTPServer, Response
+from exporter.core.schema import PROFILER_FAMILY_BY_NAME, Family
+from exporter.platform.exposition import answer_headers, encode, write_metrics
+from exporter.platform.http import Handler, HTTPServer, Response, wants_gzip, wants_openmetrics
 from exporter.profiler import annotate, health, prom, queries
 from exporter.profiler.annotate import Conflict, KubeError, NodeGone, NodeInfo, NodeStore
 from exporter.profiler.classify import ALLOCATED_IDLE, GROWING, GpuStats, classify_gpu
@@ -112,6 +115,10 @@ def _peak_rss() -> str:
     return "unknown"
 
 
+def _row(name: str) -> Family:
+    return PROFILER_FAMILY_BY_NAME[name]
+
+
 class _PatternCollector(Collector):
     """``gpu_profile_pattern{node,gpu,pattern} 1`` for the patterns last published."""
 
@@ -119,8 +126,8 @@ class _PatternCollector(Collector):
         self.patterns: dict[tuple[str, str], str] = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        fam = GaugeMetricFamily("gpu_profile_pattern", "GPU usage pattern last published on the node "
-                                "(1 per GPU; value of the pattern label).", labels=["node", "gpu", "pattern"])
+        row = _row("gpu_profile_pattern")
+        fam = GaugeMetricFamily(row.name, row.help, labels=list(row.labels))
         for (node, gpu), pattern in sorted(self.patterns.items()):
             fam.add_metric([node, gpu, pattern], 1.0)
         yield fam
@@ -139,43 +146,40 @@ class _StateCollector(Collector):
         if p is None:
             return
         if p.elector is not None:
-            yield GaugeMetricFamily("gpu_profiler_leader", "1 while this replica holds the lease and writes.",
-                                    value=1.0 if p.elector.leading.is_set() else 0.0)
+            row = _row("gpu_profiler_leader")
+            yield GaugeMetricFamily(row.name, row.help, value=1.0 if p.elector.leading.is_set() else 0.0)
         if p.events is not None:
-            fam = CounterMetricFamily("gpu_profiler_events", "Kubernetes Events on Nodes, by result "
-                                      "(created, updated, dropped by the rate limit, failed).", labels=["result"])
+            row = _row("gpu_profiler_events_total")
+            fam = CounterMetricFamily(row.base, row.help, labels=list(row.labels))
             for result, n in sorted(p.events.counts.items()):
                 fam.add_metric([result], float(n))
             yield fam
-        yield GaugeMetricFamily("gpu_profiler_prometheus_largest_response_bytes",
-                                "Largest Prometheus answer read since start.",
-                                value=float(p.reader.client.largest_response_bytes))
+        row = _row("gpu_profiler_prometheus_largest_response_bytes")
+        yield GaugeMetricFamily(row.name, row.help, value=float(p.reader.client.largest_response_bytes))
 
 
 class ProfilerMetrics:
-    """The profiler's own metrics, in a private registry (never the process-global one)."""
+    """The profiler's own metrics, in a private registry (never the process-global one); each is made from
+    its row of ``schema.PROFILER_FAMILIES`` and written by the exporter's writer (exporter/platform/exposition.py)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.cycles = Counter("gpu_profiler_cycles", "Profiler cycles by result (ok, failed).", ["result"],
-                              registry=r)
-        self.duration = Histogram("gpu_profiler_cycle_duration_seconds", "Duration of one profiler cycle.",
-                                  buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=r)
-        self.queries = Counter("gpu_profiler_prometheus_queries", "Queries sent to Prometheus "
-                               "(logical queries; HTTP retries not included).", registry=r)
-        self.requests = Counter("gpu_profiler_prometheus_requests", "HTTP requests sent to Prometheus, "
-                                "retries included.", registry=r)
-        self.patched = Counter("gpu_profiler_nodes_patched", "Node merge patches accepted by the API server.",
-                               registry=r)
-        self.errors = Counter("gpu_profiler_errors", "Profiler errors by kind.", ["kind"], registry=r)
-        self.last_success = Gauge("gpu_profiler_last_success_timestamp_seconds",
-                                  "Unix time the last cycle completed without error.", registry=r)
-        self.gpus = Gauge("gpu_profiler_gpus", "GPUs classified in the last cycle, by pattern.", ["pattern"],
-                          registry=r)
-        self.rejected = Counter("gpu_profiler_label_values_rejected", "Label values from Prometheus that do "
-                                "not match their grammar and were not written to a Node (uuid, holder entry).",
-                                ["label"], registry=r)
+
+        def made(kind: Any, name: str, **kw: Any) -> Any:
+            row = _row(name)
+            return kind(row.base, row.help, list(row.labels), registry=r, **kw)
+
+        self.cycles = made(Counter, "gpu_profiler_cycles_total")
+        self.duration = made(Histogram, "gpu_profiler_cycle_duration_seconds",
+                             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+        self.queries = made(Counter, "gpu_profiler_prometheus_queries_total")
+        self.requests = made(Counter, "gpu_profiler_prometheus_requests_total")
+        self.patched = made(Counter, "gpu_profiler_nodes_patched_total")
+        self.errors = made(Counter, "gpu_profiler_errors_total")
+        self.last_success = made(Gauge, "gpu_profiler_last_success_timestamp_seconds")
+        self.gpus = made(Gauge, "gpu_profiler_gpus")
+        self.rejected = made(Counter, "gpu_profiler_label_values_rejected_total")
         for label in ("uuid", "holder"):
             self.rejected.labels(label)
         for kind in ERROR_KINDS:
@@ -191,8 +195,9 @@ class ProfilerMetrics:
         """Metrics read from the profiler's parts at scrape time (leadership, Events, answer sizes)."""
         self._state.profiler = profiler
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, openmetrics: bool = False) -> bytes:
+        """Prometheus text 0.0.4, or OpenMetrics 1.0, of every family (no ``*_created`` samples)."""
+        return write_metrics(self.registry.collect(), PROFILER_FAMILY_BY_NAME, openmetrics)
 
 
 class Profiler:
@@ -651,23 +656,29 @@ def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Healt
     srv = HTTPServer((address, port), max_connections=max_connections,
                         read_timeout=min(read_timeout_s, deadline_s), web=web, probe_paths=frozenset({"/healthz"}))
 
-    cache: list[tuple[float, bytes]] = []
+    # (openmetrics, gzip) -> (when rendered, bytes): each format and encoding rendered at most once per
+    # EXPOSITION_TTL_S and shared, so a flood of scrapes costs what one does
+    cache: dict[tuple[bool, bool], tuple[float, bytes]] = {}
     cache_lock = threading.Lock()
 
+    def negotiated(h: Handler) -> tuple[bool, bool]:
+        return wants_openmetrics(h.headers.get("Accept", "")), wants_gzip(h.headers.get("Accept-Encoding", ""))
+
     def metrics_route(h: Handler, path: str, query: str) -> Response:
-        # rendered at most once per EXPOSITION_TTL_S and shared: a flood of scrapes costs what one does
+        key = negotiated(h)
         with cache_lock:
             now = time.monotonic()
-            if not cache or now - cache[0][0] >= EXPOSITION_TTL_S:
-                cache[:] = [(now, metrics.exposition())]
-            body = cache[0][1]
-        return Response(200, body, "text/plain; version=0.0.4; charset=utf-8")
+            last = cache.get(key)
+            if last is None or now - last[0] >= EXPOSITION_TTL_S:
+                last = cache[key] = (now, encode(metrics.exposition(openmetrics=key[0]), gz=key[1]))
+        return Response(200, last[1], *answer_headers(*key))
 
     def metrics_fast(h: Handler, path: str, query: str) -> Response | None:
-        last = cache[0] if cache else None  # the I/O thread: bytes already rendered, no lock, no work
+        key = negotiated(h)
+        last = cache.get(key)  # the I/O thread: bytes already rendered, no lock, no work
         if last is None or time.monotonic() - last[0] >= EXPOSITION_TTL_S:
             return None
-        return Response(200, last[1], "text/plain; version=0.0.4; charset=utf-8")
+        return Response(200, last[1], *answer_headers(*key))
 
     def healthz(h: Handler, path: str, query: str) -> Response:
         ok, why = health.check()

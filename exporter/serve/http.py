@@ -9,21 +9,19 @@ behind a scrape.
 
 from __future__ import annotations
 
-import gzip
 import threading
 from typing import TYPE_CHECKING
 
 from exporter.core.engine import Engine
 from exporter.core.options import FieldFilter
 from exporter.core.snapshot import Snapshot
+from exporter.platform.exposition import answer_headers, encode
 from exporter.platform.http import FastRoute, Handler, HTTPServer, Response, Route, wants_gzip, wants_openmetrics
 from exporter.serve.render import render
 
 if TYPE_CHECKING:
     from exporter.platform.webconfig import WebConfig
 
-TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 LANDING = """<!doctype html><html><head><meta charset="utf-8"><title>gpu-exporter</title></head>
 <body><h1>gpu-exporter</h1><p>Vendor-neutral GPU metrics.</p>
@@ -80,15 +78,12 @@ class Exposition:
                 return raw
             hit = entry.gz.get(openmetrics)
             if hit is None:
-                hit = entry.gz[openmetrics] = gzip.compress(raw, compresslevel=5)
+                hit = entry.gz[openmetrics] = encode(raw, gz=True)
             return hit
 
 
 def _metrics_answer(body: bytes, om: bool, gz: bool) -> Response:
-    headers = {"Vary": "Accept, Accept-Encoding"}  # caches must key on what the answer depends on
-    if gz:
-        headers["Content-Encoding"] = "gzip"
-    return Response(200, body, OPENMETRICS_TYPE if om else TEXT_TYPE, headers)
+    return Response(200, body, *answer_headers(om, gz))
 
 
 def metrics_route(engine: Engine, cache: Exposition) -> Route:

@@ -25,48 +25,19 @@ from __future__ import annotations
 
 import dataclasses
 import platform
-import re
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from exporter.core.host import process_readings
 from exporter.core.options import FieldFilter
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
-from exporter.core.schema import COUNTER, FAMILIES, FAMILY_BY_NAME, GAUGE, Family
+from exporter.core.schema import FAMILIES, FAMILY_BY_NAME, Family
 from exporter.core.snapshot import Snapshot
 from exporter.core.version import VERSION
+from exporter.platform.exposition import esc, header, labelstr, metric_text, num, row_name, utf8
 
-if TYPE_CHECKING:  # plugins hand us prometheus_client Metrics; serving alone never imports it
-    from prometheus_client.metrics_core import Metric
-
-# --- exposition primitives ----------------------------------------------------------------
-
-
-def esc(v: str) -> str:
-    """Escape a label value (both formats): backslash, double quote, newline."""
-    if "\\" in v or '"' in v or "\n" in v:
-        v = v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return v
-
-
-def _esc_help(v: str, om: bool) -> str:
-    v = v.replace("\\", "\\\\").replace("\n", "\\n")
-    return v.replace('"', '\\"') if om else v
-
-
-def num(v: float) -> str:
-    """Go-compatible float text; integral values without a fraction (``85520809984``)."""
-    v = float(v)
-    if v.is_integer():  # the common case first (counts, flags, bytes); NaN and the infinities are not
-        return str(int(v)) if -1e15 < v < 1e15 else repr(v)
-    if v - v == 0.0:  # finite (an infinity or NaN minus itself is NaN): the next most common case
-        return repr(v)
-    return "NaN" if v != v else "+Inf" if v > 0 else "-Inf"
-
-
-def labelstr(labels: dict[str, str]) -> str:
-    return ",".join(f'{k}="{esc(str(v))}"' for k, v in labels.items())
+# --- exposition primitives (the shared writer's, exporter/platform/exposition.py) -------------
 
 
 def _pairs(labels: tuple[str, ...], key: Any) -> str:
@@ -168,19 +139,9 @@ def _gpu_text_prune(used: list[_GpuText]) -> None:
 # --- family headers -------------------------------------------------------------------------
 
 
-def _header(name: str, kind: str, help_: str, unit: str, om: bool) -> str:
-    if om and kind == COUNTER and name.endswith("_total"):
-        name = name[: -len("_total")]  # OpenMetrics names the counter family without _total
-    head = f"# HELP {name} {_esc_help(help_, om)}\n# TYPE {name} {kind}\n"
-    om_unit = unit.replace(" ", "_")
-    if om and unit != "1" and name.endswith("_" + om_unit):  # OpenMetrics: the unit is the name's suffix
-        head += f"# UNIT {name} {om_unit}\n"
-    return head
-
-
 # row name -> (text header, OpenMetrics header), made once per process
 _HEADERS: dict[str, tuple[str, str]] = {
-    f.name: (_header(f.name, f.kind, f.help, f.unit, False), _header(f.name, f.kind, f.help, f.unit, True))
+    f.name: (header(f.name, f.kind, f.help, f.unit, False), header(f.name, f.kind, f.help, f.unit, True))
     for f in FAMILIES}
 
 
@@ -199,19 +160,8 @@ class _Out:
 
     def family(self, name: str, kind: str, help_: str, body: str, unit: str = "1") -> None:
         if body:
-            self.parts.append(_header(name, kind, help_, unit, self.om))
+            self.parts.append(header(name, kind, help_, unit, self.om))
             self.parts.append(body)
-
-
-def _render_metric(out: _Out, m: Metric) -> None:
-    """A prometheus_client Metric (from a plugin) through our writer."""
-    # info becomes a gauge of 1s; anything else we do not type (unknown, stateset...) is untyped
-    kind = m.type if m.type in (GAUGE, COUNTER) else GAUGE if m.type == "info" else "untyped"
-    name = m.name + "_total" if kind == COUNTER and not m.name.endswith("_total") else m.name
-    body = "".join(f"{s.name}{{{labelstr(s.labels)}}} {num(float(s.value))}\n" if s.labels
-                   else f"{s.name} {num(float(s.value))}\n" for s in m.samples)
-    fam = FAMILY_BY_NAME.get(name)
-    out.family(name, kind, m.documentation, body, fam.unit if fam is not None else "1")
 
 
 # --- the rows, by where their values come from ------------------------------------------------
@@ -469,10 +419,9 @@ def _self_families(out: _Out, snap: Snapshot) -> None:
         out.row(f, "".join(lines))
     _process_families(out)
     for m in snap.extra_families:
-        fam = FAMILY_BY_NAME.get(m.name + "_total" if m.type == COUNTER and not m.name.endswith("_total")
-                                 else m.name)
+        fam = FAMILY_BY_NAME.get(row_name(m))
         if fam is None or out.fields.exposed(fam.name):  # plugin families are schema rows too (a test checks)
-            _render_metric(out, m)
+            out.parts.append(metric_text(m, fam, out.om))
 
 
 def _process_families(out: _Out) -> None:
@@ -492,17 +441,3 @@ def render(snap: Snapshot, fields: FieldFilter, openmetrics: bool = False) -> by
     if openmetrics:
         out.parts.append("# EOF\n")
     return utf8("".join(out.parts))
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def utf8(text: str) -> bytes:
-    """``text`` as valid UTF-8, whatever a vendor library or CLI handed us: a lone surrogate (an
-    undecodable byte passed on as a surrogate escape, ``\\udcff`` in rocm-smi's JSON) becomes
-    U+FFFD, so one bad string never fails a scrape. Every exposition goes through here, so no
-    backend needs to clean its strings; the check costs nothing unless one is there."""
-    try:
-        return text.encode()
-    except UnicodeEncodeError:
-        return _SURROGATE.sub("\ufffd", text).encode()

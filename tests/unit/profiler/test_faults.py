@@ -191,8 +191,8 @@ def test_metrics_endpoint_counts_kinds(prom: Prometheus, api: FakeKubeAPI, kube_
     try:
         port = server.server_address[1]
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert 'gpu_profiler_errors_total{kind="prometheus_unreachable"} 1.0' in body
-        assert 'gpu_profiler_errors_total{kind="kube_forbidden"} 0.0' in body  # every kind present
+        assert 'gpu_profiler_errors_total{kind="prometheus_unreachable"} 1\n' in body
+        assert 'gpu_profiler_errors_total{kind="kube_forbidden"} 0\n' in body  # every kind present
         assert check_metrics(body) == []
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
             assert r.status == 200

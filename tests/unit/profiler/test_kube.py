@@ -171,7 +171,7 @@ def test_forbidden_names_the_verb_and_stops_writing(prom: Prometheus, kubeapi: F
     assert len(kubeapi.patches()) == 1  # the first 403 stops the cycle's writes
     msg = "\n".join(rec.getMessage() for rec in caplog.records)
     assert "needs RBAC verb 'patch' on 'nodes'" in msg
-    assert b'gpu_profiler_errors_total{kind="kube_forbidden"} 1.0' in prof.metrics.exposition()
+    assert b'gpu_profiler_errors_total{kind="kube_forbidden"} 1\n' in prof.metrics.exposition()
     kubeapi.clear_injections()
     assert prof.run_cycle().patches == 3  # permission granted: the next cycle catches up
 

@@ -133,12 +133,12 @@ def test_loop_serves_metrics_and_health(prom: Prometheus, tmp_path: Path) -> Non
         try:
             wait_until(lambda: "port" in ready, timeout=30, what="the profiler to listen")
             base = f"http://127.0.0.1:{ready['port']}"
-            steady = 'gpu_profile_pattern{gpu="0",node="m-0",pattern="steady"} 1.0'
+            steady = 'gpu_profile_pattern{node="m-0",gpu="0",pattern="steady"} 1\n'
             wait_until(lambda: steady in _get(base + "/metrics")[1], timeout=30, what="the pattern series")
             body = _get(base + "/metrics")[1]
-            assert 'gpu_profile_pattern{gpu="1",node="m-0",pattern="idle"} 1.0' in body
+            assert 'gpu_profile_pattern{node="m-0",gpu="1",pattern="idle"} 1\n' in body
             assert "gpu_profiler_cycle_duration_seconds_count" in body
-            assert "gpu_profiler_nodes_patched_total 1.0" in body
+            assert "gpu_profiler_nodes_patched_total 1\n" in body
             assert check_metrics(body) == []
             assert _get(base + "/healthz")[0] == 200
             assert _get(base + "/")[0] == 200 and _get(base + "/nope")[0] == 404

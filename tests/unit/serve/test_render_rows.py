@@ -89,8 +89,9 @@ def _render(*include: str) -> str:
                        timeout=60)
     assert p.returncode == 0, p.stderr
     scopes, _, text = p.stdout.partition("\n")
-    # every scope but pod, whose families the pod attribution plugin builds (schema.metric)
-    assert json.loads(scopes) == sorted(set(SCOPE_LABELS) - {"pod"})
+    # every scope but pod, whose families the pod attribution plugin builds (schema.metric), and the
+    # profiler's own (PROFILER_FAMILIES, tests/unit/profiler/test_exposition.py)
+    assert json.loads(scopes) == sorted(set(SCOPE_LABELS) - {"pod", "profiler"})
     return text
 
 
