@@ -27,7 +27,7 @@ older throttle reasons); the version that worked is remembered per GPU. Static v
 pynvml's public API is called from here; anything below it (direct C calls with reused out
 values, functions pynvml no longer wraps, NVML's C structures) lives in ``nvml_private.py``,
 guarded: an internal the installed nvidia-ml-py lacks costs only the readings that need it.
-XID events: ``nvml_events.py``; GPM activity: ``nvml_gpm.py``.
+XID events: ``nvml_events.py``; GPM activity: ``nvml_gpm.py``; compute processes: ``nvml_processes.py``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ from exporter.backends.nvml_private import (
     Utilization,
     ViolationTime,
 )
+from exporter.backends.nvml_processes import ProcessReader
+from exporter.core import schema
 from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
 from exporter.core.pci import canonical_bus_id, count_pci_gpus, pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
@@ -141,35 +143,41 @@ def _remapped(o: Sequence[Any]) -> tuple[float, float, float, float]:
     return si(o[0].value), si(o[1].value), _flag(o[2].value), _flag(o[3].value)
 
 
-# One-value readings, ``symbol(device, *args, &out)``, in reading order: (family, funnel reading,
-# NVML symbol, out type, args, out member, factor to SI, GpuReading attribute, key in that attribute
-# or None). Each is called directly with a reused out value (see _direct).
-SIMPLE: tuple[tuple[str, str, str, Any, tuple[int, ...], str, float, str, str | None], ...] = (
+@dataclass(frozen=True)
+class Simple:
+    """A one-value reading ``symbol(device, *args, &out)``: ``out.member`` x ``factor`` (to SI) goes into its
+    family's ``attr`` (exporter/core/schema.py), at ``key`` when that attribute is a dict. Called directly
+    with a reused out value (see _direct)."""
+
+    symbol: str
+    factor: float = 1.0
+    args: tuple[int, ...] = ()
+    key: str | None = None
+    out: Any = _U32
+    member: str = "value"
+
+    def reading(self, family: str) -> str:
+        """Its name in the funnel (``family:key``)."""
+        return f"{family}:{self.key}" if self.key else family
+
+
+# The one-value readings of each family, by family name, in reading order.
+SIMPLE: dict[str, tuple[Simple, ...]] = {
     # nvidia-smi temperature.gpu (NVML_TEMPERATURE_GPU = 0), degrees C
-    ("gpu_temperature_celsius", "gpu_temperature_celsius:gpu", "nvmlDeviceGetTemperature", _U32, (0,), "value", 1.0,
-     "temperature_celsius", "gpu"),
-    ("gpu_power_watts", "gpu_power_watts", "nvmlDeviceGetPowerUsage", _U32, (), "value", 1e-3,  # mW -> W
-     "power_watts", None),
-    ("gpu_power_limit_watts", "gpu_power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", _U32, (), "value",
-     1e-3, "power_limit_watts", None),  # mW -> W
-    ("gpu_energy_joules_total", "gpu_energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption", _U64, (),
-     "value", 1e-3, "energy_joules", None),  # mJ -> J
-    ("gpu_pcie_link_generation", "gpu_pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", _U32, (),
-     "value", 1.0, "pcie_link_generation", None),
-    ("gpu_pcie_link_width", "gpu_pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", _U32, (), "value", 1.0,
-     "pcie_link_width", None),
-    ("gpu_pcie_replays_total", "gpu_pcie_replays_total", "nvmlDeviceGetPcieReplayCounter", _U32, (), "value", 1.0,
-     "pcie_replay_total", None),
+    "gpu_temperature_celsius": (Simple("nvmlDeviceGetTemperature", args=(0,), key="gpu"),),
+    "gpu_power_watts": (Simple("nvmlDeviceGetPowerUsage", 1e-3),),  # mW -> W
+    "gpu_power_limit_watts": (Simple("nvmlDeviceGetEnforcedPowerLimit", 1e-3),),  # mW -> W
+    "gpu_energy_joules_total": (Simple("nvmlDeviceGetTotalEnergyConsumption", 1e-3, out=_U64),),  # mJ -> J
+    "gpu_pcie_link_generation": (Simple("nvmlDeviceGetCurrPcieLinkGeneration"),),
+    "gpu_pcie_link_width": (Simple("nvmlDeviceGetCurrPcieLinkWidth"),),
+    "gpu_pcie_replays_total": (Simple("nvmlDeviceGetPcieReplayCounter"),),
     # percent -> ratio; published as the driver says, above 1 included (some boards report > 100 %)
-    ("gpu_fan_speed_ratio", "gpu_fan_speed_ratio", "nvmlDeviceGetFanSpeed", _U32, (), "value", 0.01,
-     "fan_speed_ratio", None),
-    *(("gpu_clock_hertz", f"gpu_clock_hertz:{cname}", "nvmlDeviceGetClockInfo", _U32, (ctype,), "value", 1e6,
-       "clock_hertz", cname) for cname, ctype in CLOCKS),  # MHz -> Hz
+    "gpu_fan_speed_ratio": (Simple("nvmlDeviceGetFanSpeed", 0.01),),
+    "gpu_clock_hertz": tuple(Simple("nvmlDeviceGetClockInfo", 1e6, (ctype,), cname) for cname, ctype in CLOCKS),  # MHz
     # issue 28: nvidia-smi power.default_limit (mW -> W) and compute_mode (nvmlComputeMode_t, 0-3)
-    ("gpu_power_default_limit_watts", "gpu_power_default_limit_watts", "nvmlDeviceGetPowerManagementDefaultLimit",
-     _U32, (), "value", 1e-3, "power_default_limit_watts", None),
-    ("gpu_compute_mode", "gpu_compute_mode", "nvmlDeviceGetComputeMode", _U32, (), "value", 1.0, "compute_mode", None),
-)
+    "gpu_power_default_limit_watts": (Simple("nvmlDeviceGetPowerManagementDefaultLimit", 1e-3),),
+    "gpu_compute_mode": (Simple("nvmlDeviceGetComputeMode"),),
+}
 # nvmlClocksEventReason* bits (nvidia-smi -q -d PERFORMANCE), named as nvidia-smi's clocks_event_reasons.*
 THROTTLE_REASONS = (
     (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
@@ -289,6 +297,7 @@ class NvmlBackend(Backend):
         self._peers: list[PeerReading] | None = None
         self._xid = XidWatcher(self)
         self._gpm = GpmReader(self)  # SM/tensor/DRAM/NVLink/PCIe activity (nvml_gpm.py)
+        self._processes = ProcessReader(self)  # compute processes, MPS clients, per-process use (nvml_processes.py)
         self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
         self._system_dev = Device(-1)  # probe state of system-level calls
         self._d: _Direct  # the direct calls, built by init() once pynvml is loaded
@@ -537,9 +546,9 @@ class NvmlBackend(Backend):
         when asked, never the initialisation."""
         d, u32 = b.direct, U32
         return _Direct(
-            simple=[(reading, d(symbol, out, args, member, factor), attr, key)
-                    for family, reading, symbol, out, args, member, factor, attr, key in SIMPLE
-                    if self.enabled(family)],
+            simple=[(r.reading(family), d(r.symbol, r.out, r.args, r.member, r.factor), schema.family(family).attr,
+                     r.key)
+                    for family, reads in SIMPLE.items() if self.enabled(family) for r in reads],
             # nvmlDeviceGetTotalEccErrors(device, errorType, counterType): 1 uncorrected / 0 corrected,
             # 0 volatile / 1 aggregate (nvidia-smi ecc.errors.*), a count
             ecc=[(f"gpu_ecc_errors_total:{ename}_{cname}", d("nvmlDeviceGetTotalEccErrors", _U64, (etype, ctype)),
@@ -688,16 +697,7 @@ class NvmlBackend(Backend):
             v = call(gpu, "gpu_decoder_utilization_ratio", self._d.decoder, h, convert=_codec)
             if v is not MISSING:
                 r.decoder_utilization_ratio = v
-        per_pod = self.options.per_process and self.any_enabled("gpu_pod_utilization_ratio",
-                                                                "gpu_pod_memory_used_bytes")
-        per_pid = per_pod or (self.options.per_process and en("gpu_process_memory_used_bytes"))
-        if per_pid or self.any_enabled("gpu_processes", "gpu_processes_memory_used_bytes"):
-            self._read_processes(gpu, r, h, per_pid)
-        mps: frozenset[int] = frozenset()
-        if per_pod and r.process_pids is not None:
-            mps = self._read_mps_clients(gpu, r, h)
-        if per_pod and r.process_pids and en("gpu_pod_utilization_ratio"):
-            self._read_process_utilization(gpu, r, h, mps)
+        self._processes.read(gpu, gpu.static, r, h)
         if self.any_enabled("gpu_mig_mode_enabled", "gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes",
                             "gpu_mig_utilization_ratio"):
             self._read_mig(gpu, r, h)
@@ -728,102 +728,6 @@ class NvmlBackend(Backend):
             if not out and failed:
                 raise nv.NVMLError(failed[0])
         return out
-
-    def _read_processes(self, gpu: _Gpu, r: GpuReading, h: Any, per_pid: bool) -> None:
-        """Compute processes: ``_v3``, ``_v2``, then v1, probed once per GPU."""
-        nv = self._nv
-
-        def convert(procs: Any) -> tuple[float, float | None, dict[int, float], tuple[int, ...]]:
-            used: dict[int, float] = {}
-            for p in procs:
-                mem = p.usedGpuMemory
-                # None (or the "not available" sentinel) where the driver cannot attribute memory
-                if isinstance(mem, int) and mem not in (0xFFFF_FFFF_FFFF_FFFF,):
-                    used[int(p.pid)] = float(mem)
-            total = float(sum(used.values())) if len(used) == len(procs) else None
-            return float(len(procs)), total, used, tuple(int(p.pid) for p in procs)
-
-        res = self.probe(gpu, "gpu_processes", (
-            ("nvmlDeviceGetComputeRunningProcesses_v3", lambda x: nv.nvmlDeviceGetComputeRunningProcesses_v3(x)),
-            ("nvmlDeviceGetComputeRunningProcesses_v2", lambda x: nv.nvmlDeviceGetComputeRunningProcesses_v2(x)),
-            ("nvmlDeviceGetComputeRunningProcesses", self.binding.processes_v1),
-        ), h, convert=convert)
-        if res is MISSING:
-            return
-        r.process_count, r.process_memory_used_bytes, by_pid, pids = res
-        if per_pid:
-            r.process_memory_by_pid = by_pid
-            r.process_pids = pids
-
-    def _read_mps_clients(self, gpu: _Gpu, r: GpuReading, h: Any) -> frozenset[int]:
-        """MPS clients (``nvmlDeviceGetMPSComputeRunningProcesses_v3``/``_v2``): on an MPS GPU the
-        compute list has only the MPS server; the clients, with their memory, are here. Added to
-        the reading's PIDs; returns their PIDs."""
-        nv = self._nv
-        procs = self.probe(gpu, "gpu_pod_memory_used_bytes:mps", (
-            ("nvmlDeviceGetMPSComputeRunningProcesses_v3", lambda x: nv.nvmlDeviceGetMPSComputeRunningProcesses_v3(x)),
-            ("nvmlDeviceGetMPSComputeRunningProcesses_v2", lambda x: nv.nvmlDeviceGetMPSComputeRunningProcesses_v2(x)),
-        ), h)
-        if procs is MISSING or not procs:
-            return frozenset()
-        pids = list(r.process_pids or ())
-        for p in procs:
-            pid, mem = int(p.pid), p.usedGpuMemory
-            if pid in pids:
-                continue
-            pids.append(pid)
-            if isinstance(mem, int) and mem != 0xFFFF_FFFF_FFFF_FFFF:
-                r.process_memory_by_pid[pid] = float(mem)
-        r.process_pids = tuple(pids)
-        return frozenset(int(p.pid) for p in procs)
-
-    def _read_process_utilization(self, gpu: _Gpu, r: GpuReading, h: Any, mps: frozenset[int]) -> None:
-        """Per-process SM utilisation: ``nvmlDeviceGetProcessesUtilizationInfo`` (R550+), else
-        ``nvmlDeviceGetProcessUtilization``, probed once per GPU (nvidia-smi pmon -s u: sm).
-
-        Asked for the samples newer than the last one seen on this GPU; each process's latest
-        sample is its reading. A running compute process with no new sample ran no kernel since
-        the last collection: 0. ``NOT_FOUND`` is NVML's "no sample since then": every process 0.
-        An MPS client (``mps``) gets a reading only from its own sample: the driver may count its
-        work under the MPS server. Unsupported (MIG, vGPU, old drivers): absent, never 0.
-        """
-        nv = self._nv
-        since = int(gpu.static.get("proc_util_seen", 0))
-
-        def newest(get: Callable[[Any, int], Any]) -> Callable[[Any], Any]:
-            def read(x: Any) -> Any:
-                try:
-                    return get(x, since)
-                except nv.NVMLError as exc:
-                    # NOT_FOUND: no sample since ``since``; SUCCESS (0) raised by pynvml when the size
-                    # query answers "0 samples" instead of INSUFFICIENT_SIZE: the same
-                    if getattr(exc, "value", None) in (NOT_FOUND, 0):
-                        return []
-                    raise
-            return read
-
-        def convert(samples: Any) -> tuple[dict[int, float], int]:
-            latest: dict[int, tuple[int, float]] = {}
-            seen = since
-            for smp in samples:
-                ts, pid, sm = int(smp.timeStamp), int(smp.pid), int(smp.smUtil)
-                seen = max(seen, ts)
-                if sm > 100:  # a sentinel or a corrupt sample: not a reading
-                    continue
-                if pid not in latest or ts >= latest[pid][0]:
-                    latest[pid] = (ts, sm / 100.0)
-            return {pid: v for pid, (_, v) in latest.items()}, seen
-
-        res = self.probe(gpu, "gpu_pod_utilization_ratio", (
-            ("nvmlDeviceGetProcessesUtilizationInfo",
-             newest(lambda x, t: nv.nvmlDeviceGetProcessesUtilizationInfo(x, t))),
-            ("nvmlDeviceGetProcessUtilization", newest(lambda x, t: nv.nvmlDeviceGetProcessUtilization(x, t))),
-        ), h, convert=convert)
-        if res is MISSING:
-            return
-        by_pid, gpu.static["proc_util_seen"] = res
-        r.process_utilization_by_pid = {pid: by_pid.get(pid, 0.0) for pid in r.process_pids or ()
-                                        if pid in by_pid or pid not in mps}
 
     def _read_throttle(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """Clock event (throttle) reasons, decoded into one 0/1 value per supported reason.
