@@ -25,8 +25,9 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -e '.[test,k8s]'
 	@touch $@ $(VENV)/.installed
 
-# Debian packages the suite drives for real: promtool/prometheus, amtool, gcc (kubectl and helm
-# come from npm, below).
+# Debian packages the suite drives for real: promtool/prometheus, amtool, gcc, victoria-metrics
+# (the tests start their own on 127.0.0.1; the service the package enables is stopped and
+# disabled) (kubectl and helm come from npm, below).
 .apt-test-deps:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
@@ -34,10 +35,13 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	command -v victoria-metrics >/dev/null || missing="$$missing victoria-metrics"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  case "$$missing" in *victoria-metrics*) \
+	    $(SUDO) systemctl disable --now victoria-metrics >/dev/null 2>&1 || true;; esac; \
 	fi
 
 # npm test tools, into an ignored folder: a real Helm v4 and kubectl 1.35 (shipped inside the

@@ -562,6 +562,9 @@ PROFILER_FAMILIES: tuple[Family, ...] = (
        "Kubernetes Events on Nodes, by result (created, updated, dropped by the rate limit, failed).", ("result",),
        when="--events on, not a dry run"),
     _p("gpu_profiler_prometheus_largest_response_bytes", GAUGE, "bytes", "Largest Prometheus answer read since start."),
+    _p("gpu_profiler_prometheus_refusals_total", COUNTER, "1",
+       "Answers over the size cap and queries the store refused as over one of its limits (too long, too many "
+       "series or samples), by kind; each was asked again in halves.", ("kind",)),
 )
 PROFILER_FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in PROFILER_FAMILIES}
 

@@ -156,6 +156,11 @@ class _StateCollector(Collector):
             yield fam
         row = _row("gpu_profiler_prometheus_largest_response_bytes")
         yield GaugeMetricFamily(row.name, row.help, value=float(p.reader.client.largest_response_bytes))
+        row = _row("gpu_profiler_prometheus_refusals_total")
+        refused = CounterMetricFamily(row.base, row.help, labels=list(row.labels))
+        for kind in prom.SPLIT_KINDS:
+            refused.add_metric([kind], float(p.reader.refusals.get(kind, 0)))
+        yield refused
 
 
 class ProfilerMetrics:
@@ -207,7 +212,7 @@ class Profiler:
                  out: IO[str] | None = None, metrics: ProfilerMetrics | None = None,
                  clock: Callable[[], float] = time.time, write_concurrency: int = 4,
                  elector: LeaderElector | None = None, events: EventRecorder | None = None,
-                 health: bool = False) -> None:
+                 health: bool = False, latency_offset_s: float = 0.0) -> None:
         self.reader = reader
         self.elector = elector
         self.events = events
@@ -218,6 +223,9 @@ class Profiler:
         self.metrics = metrics or ProfilerMetrics()
         self.metrics.attach(self)
         self.clock = clock
+        # a cycle evaluates this long before now: the store's newest points may still be filling
+        # in (VictoriaMetrics' -search.latencyOffset hides and flattens its newest 30 s)
+        self.latency_offset_s = latency_offset_s
         # dry run: what the nodes would carry had the patches been sent (keeps hysteresis going)
         self._overlay: dict[str, dict[str, str]] = {}
         self._cond_overlay: dict[str, dict[str, str]] = {}
@@ -250,7 +258,7 @@ class Profiler:
         collect = gc.isenabled()
         gc.disable()
         try:
-            self._cycle(self.clock() if at is None else at, res)
+            self._cycle(self.clock() - self.latency_offset_s if at is None else at, res)
             self._cleared.add(INTERNAL)
         except Exception as exc:  # noqa: BLE001 - a bug must not end the loop; logged with its traceback
             self._fail(res, INTERNAL, f"profiler cycle failed unexpectedly: {exc}", exc_info=True)

@@ -31,6 +31,7 @@ from exporter.profiler.leader import ElectionConfig, LeaderElector, LeaseClient
 from exporter.profiler.loop import Health, Profiler, make_server
 from exporter.profiler.plan import PlanConfig, valid_prefix
 from exporter.profiler.prom import PromClient, is_base_url, valid_header
+from exporter.profiler.promql import MIN_QUERY_BYTES
 from exporter.profiler.queries import QueryConfig, Reader
 
 if TYPE_CHECKING:
@@ -132,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prometheus-max-parse-bytes", default="32MiB",
                    help="memory one answer may take to parse; a larger one is refused while read and its shard "
                         "asked in halves (default 32MiB; bounds the profiler's memory, docs/profiler.md)")
+    g.add_argument("--prometheus-max-query-bytes", default="16KiB",
+                   help="longest query expression sent; longer ones are cut into more queries (default 16KiB, "
+                        "VictoriaMetrics' -search.maxQueryLen; at least 8KiB; docs/profiler.md)")
+    g.add_argument("--prometheus-latency-offset", default="0s",
+                   help="evaluate each cycle this long before now, so that no answer holds points the store is "
+                        "still filling in: 30s for VictoriaMetrics (its -search.latencyOffset; default 0s)")
     g.add_argument("--prometheus-header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="extra request header, repeatable (e.g. 'X-Scope-OrgID: team-a' for Mimir or Cortex)")
     g.add_argument("--prometheus-retries", default="2", help="extra attempts after a transient failure (default 2)")
@@ -223,6 +230,7 @@ class ProfilerSettings:
     timeout_s: float
     retries: int
     query: QueryConfig
+    latency_offset_s: float
     plan: PlanConfig
     kubeconfig: str | None
     node_selector: str | None
@@ -330,7 +338,10 @@ def parse_args(argv: list[str]) -> ProfilerSettings:
         retries=_int("--prometheus-retries", a.prometheus_retries, 0, 10),
         query=QueryConfig(window_s=window, step_s=step, node_label=a.node_label, thresholds=th,
                           fresh_s=min(300.0, window / 2), source=a.source,
-                          health=_on_off("--health-condition", a.health_condition)),
+                          health=_on_off("--health-condition", a.health_condition),
+                          max_query_bytes=_size("--prometheus-max-query-bytes", a.prometheus_max_query_bytes,
+                                                MIN_QUERY_BYTES, 1024**3)),
+        latency_offset_s=parse_duration("--prometheus-latency-offset", a.prometheus_latency_offset, 0, 3600),
         plan=PlanConfig(prefix=a.annotation_prefix, hysteresis=_int("--hysteresis", a.hysteresis, 1, 100),
                         thresholds=th,
                         max_gpus_per_node=_int("--max-gpus-per-node", a.max_gpus_per_node, 1, 4096),
@@ -393,7 +404,7 @@ def build_profiler(s: ProfilerSettings, out: IO[str] | None = None) -> Profiler:
     """Objects for ``s``; the Kubernetes client is optional only in a dry run."""
     client = PromClient(s.prometheus_url, timeout=s.timeout_s, retries=s.retries, token_file=s.token_file,
                         ca_file=s.ca_file, headers=s.headers, max_response_bytes=s.max_response_bytes,
-                        max_parse_bytes=s.max_parse_bytes)
+                        max_parse_bytes=s.max_parse_bytes, max_query_bytes=s.query.max_query_bytes)
     store: NodeStore | None = None
     api: Any = None
     try:
@@ -418,7 +429,7 @@ def build_profiler(s: ProfilerSettings, out: IO[str] | None = None) -> Profiler:
             events = EventRecorder(api, ns, burst=s.events_burst, refill_s=s.events_refill_s,
                                    summary_object=summary)
     return Profiler(Reader(client, s.query), store, s.plan, dry_run=s.dry_run, out=out, elector=elector,
-                    events=events, health=s.health)
+                    events=events, health=s.health, latency_offset_s=s.latency_offset_s)
 
 
 def run(argv: list[str], out: IO[str] | None = None,

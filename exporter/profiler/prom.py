@@ -19,6 +19,7 @@ import http.client
 import json
 import logging
 import random
+import re
 import socket
 import ssl
 import threading
@@ -39,13 +40,52 @@ HTTP_5XX = "prometheus_http_5xx"
 BAD_QUERY = "prometheus_bad_query"
 BAD_RESPONSE = "prometheus_bad_response"
 TOO_LARGE = "prometheus_response_too_large"
-KINDS = (UNREACHABLE, TIMEOUT, HTTP_5XX, BAD_QUERY, BAD_RESPONSE, TOO_LARGE)
+QUERY_TOO_LONG = "prometheus_query_too_long"  # refused by the store, or here before sending
+TOO_MANY_SERIES = "prometheus_too_many_series"
+TOO_MANY_SAMPLES = "prometheus_too_many_samples"  # samples, chunks or the memory they take
+PARTIAL = "prometheus_partial_response"  # an answer that says some of the data is missing
+KINDS = (UNREACHABLE, TIMEOUT, HTTP_5XX, BAD_QUERY, BAD_RESPONSE, TOO_LARGE, QUERY_TOO_LONG, TOO_MANY_SERIES,
+         TOO_MANY_SAMPLES, PARTIAL)
+# refusals that a smaller question avoids: the shard (or range batch) is asked in halves
+SPLIT_KINDS = (TOO_LARGE, QUERY_TOO_LONG, TOO_MANY_SERIES, TOO_MANY_SAMPLES)
+
+# What the stores say, in a 400 or 422, when a query is over one of their limits (matched in
+# the error text; each store's own source is cited in docs/profiler.md, "Refusals"):
+_REFUSALS = tuple((kind, re.compile(words, re.IGNORECASE)) for kind, words in (
+    # VictoriaMetrics -search.maxQueryLen; Mimir -query-frontend.max-query-expression-size-bytes
+    (QUERY_TOO_LONG, r"too long query|err-mimir-max-query-expression-size-bytes|raw query size in bytes exceeds"),
+    # VictoriaMetrics -search.maxUniqueTimeseries / maxSeries; Mimir -querier.max-fetched-series-per-query;
+    # Thanos Store's --store.limits.request-series (and Mimir's store-gateway wording)
+    (TOO_MANY_SERIES, r"number of matching (unique )?time ?series exceeds|err-mimir-max-series-per-query"
+                      r"|exceeded series limit|maximum number of series"),
+    # Prometheus', Thanos' and Mimir's engine (--query.max-samples); VictoriaMetrics
+    # -search.maxSamplesPerQuery and -search.maxMemoryPerQuery; Mimir's chunk and memory limits;
+    # Thanos Store's --store.limits.request-samples (chunks)
+    (TOO_MANY_SAMPLES, r"too many samples|cannot select more than -search\.maxSamplesPerQuery"
+                       r"|not enough memory for processing|err-mimir-max-(estimated-)?chunks|"
+                       r"err-mimir-max-estimated-memory|exceeded (chunks|samples) limit"),
+))
+
+
+def refusal_kind(text: str) -> str | None:
+    """The limit a store's error text says a query is over (one of SPLIT_KINDS), or None."""
+    for kind, words in _REFUSALS:
+        if words.search(text):
+            return kind
+    return None
 
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 # The memory one answer may take to parse and convert (ParseCost); larger answers are refused
 # (prometheus_response_too_large) and the shard or range batch asked in halves. With the
 # answers of a cycle in flight this bounds the profiler's memory (docs/profiler.md, Memory).
 DEFAULT_MAX_PARSE_BYTES = 32 * 1024 * 1024
+# The longest query expression sent (bytes): VictoriaMetrics' default -search.maxQueryLen (16 KiB).
+DEFAULT_MAX_QUERY_BYTES = 16 * 1024
+# Sent with every query; a store that does not know them ignores them (Prometheus, Thanos and
+# Mimir do). VictoriaMetrics: nocache=1 answers a range on the grid asked for (its cache aligns
+# start and end to multiples of the step otherwise) and evaluates an instant query at the time
+# asked for (else at most -search.latencyOffset before now).
+_STORE_PARAMS = {"nocache": "1"}
 
 
 NOT_PROMETHEUS = ("this is not a Prometheus API: point --prometheus-url at Prometheus (e.g. http://prometheus:9090), "
@@ -181,6 +221,7 @@ class PromClient:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         headers: Mapping[str, str] | None = None,
         max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES,
+        max_query_bytes: int = DEFAULT_MAX_QUERY_BYTES,
     ) -> None:
         if not is_base_url(base_url):
             raise ValueError(f"Prometheus URL {base_url!r} must be http:// or https:// with a host")
@@ -192,6 +233,7 @@ class PromClient:
         self.token_file = token_file
         self.max_response_bytes = max_response_bytes
         self.max_parse_bytes = max_parse_bytes
+        self.max_query_bytes = max_query_bytes  # 0: no limit
         self.extra_headers = dict(headers or {})
         for name, value in self.extra_headers.items():
             if not valid_header(name, value):
@@ -209,15 +251,24 @@ class PromClient:
 
     def query(self, expr: str, at: float) -> list[Sample]:
         """Instant query evaluated at unix time ``at``; a scalar comes back as one Sample."""
-        return self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, lambda d: _vector(d, expr))
+        self._check_length(expr)
+        return self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}", **_STORE_PARAMS},
+                          lambda d: _vector(d, expr))
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[RangeSeries]:
         """Range query from ``start`` to ``end`` (unix seconds) every ``step`` seconds."""
+        self._check_length(expr)
         return self._call(
             "/api/v1/query_range",
-            {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"},
+            {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}", **_STORE_PARAMS},
             lambda d: _matrix(d, expr),
         )
+
+    def _check_length(self, expr: str) -> None:
+        n = len(expr.encode())
+        if self.max_query_bytes and n > self.max_query_bytes:
+            raise PromError(QUERY_TOO_LONG, f"a query of {n} bytes is longer than --prometheus-max-query-bytes "
+                                            f"({self.max_query_bytes}); not sent")
 
     # ---- transport ----------------------------------------------------------------------
 
@@ -265,7 +316,7 @@ class PromClient:
             if status >= 500 or status == 429:
                 raise PromError(HTTP_5XX, f"{where}: HTTP {status}: {detail}")
             if status in (400, 422):
-                raise PromError(BAD_QUERY, f"{where}: HTTP {status}: {detail}")
+                raise PromError(refusal_kind(detail) or BAD_QUERY, f"{where}: HTTP {status}: {detail}")
             if status in (404, 405):  # an exporter, a Grafana or a wrong path prefix: not the query API
                 raise PromError(BAD_RESPONSE, f"{where}: HTTP {status}: {NOT_PROMETHEUS}")
             raise PromError(BAD_RESPONSE, f"{where}: HTTP {status}: {detail}")
@@ -410,11 +461,15 @@ def _parse(raw: bytearray, where: str,
         if not isinstance(doc, dict):
             raise PromError(BAD_RESPONSE, f"{where}: answer is not a JSON object")
         if doc.get("status") != "success":
-            raise PromError(BAD_QUERY, f"{where}: {printable(str(doc.get('errorType')), 80)}: "
-                                       f"{printable(str(doc.get('error')))}")
+            detail = f"{printable(str(doc.get('errorType')), 80)}: {printable(str(doc.get('error')))}"
+            raise PromError(refusal_kind(detail) or BAD_QUERY, f"{where}: {detail}")
         data = doc.get("data")
         if not isinstance(data, dict):
             raise PromError(BAD_RESPONSE, f"{where}: answer has no data object")
+        partial = _partial(doc)
+        if partial:
+            raise PromError(PARTIAL, f"{where}: the answer is partial, some of the data is missing ({partial}); "
+                                     "not used")
         _log_warnings(doc.get("warnings"), where)
         return convert(data), None
     except PromError as exc:
@@ -522,6 +577,21 @@ def _log_warnings(warnings: Any, where: str) -> None:
     if len(warnings) > _MAX_WARNINGS_LOGGED:
         log.warning("Prometheus sent %d more warnings with that answer (%d distinct in all)",
                     len(warnings) - min(len(distinct), _MAX_WARNINGS_LOGGED), len(distinct))
+
+
+def _partial(doc: dict[str, Any]) -> str:
+    """Why an answer is partial ("" when it is whole): VictoriaMetrics cluster's ``isPartial``,
+    or a warning that is not one of Prometheus' PromQL annotations (``PromQL info: ...``,
+    ``PromQL warning: ...``, about the query itself): Thanos' partial responses say which
+    store failed in their ``warnings``."""
+    if doc.get("isPartial") is True:
+        return "isPartial: true"
+    warnings = doc.get("warnings")
+    if isinstance(warnings, list):
+        for w in warnings[:10000]:
+            if not str(w).startswith("PromQL "):
+                return f"warning: {printable(str(w), 160)}"
+    return ""
 
 
 def _error_detail(raw: bytes) -> str:

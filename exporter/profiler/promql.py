@@ -4,8 +4,10 @@ A cycle asks, evaluated at one instant:
 
 0. **nodes** (instant): GPUs per node with a ``gpu_up`` sample in the window,
    ``count by (node)``: one sample per node. The nodes are cut into shards of about
-   ``shard_gpus`` GPUs (default 2,000).
-Then, per shard (``{node=~"n1|n2|..."}``):
+   ``shard_gpus`` GPUs (default 2,000), each selected by a short name pattern, never a list
+   of its nodes (:func:`plan_shards`, :func:`shard_pattern`): a query's length does not grow
+   with the fleet, and :func:`pack` keeps each under ``max_query_bytes``.
+Then, per shard (``{node=~`gpu-node-0[0-1].*`}``):
 
 1. utilisation aggregates (instant), grouped by (node, gpu, uuid): mean, stddev, 95th
    percentile, sample count, count in the older half of the window, count in the
@@ -75,6 +77,10 @@ JOINED_METRICS = (UTIL, SM_ACTIVE, MEM_USED, MEM_FREE, MEM_TOTAL, UP, ALLOCATION
 HEALTH_STATS = ("xid", "xid_min", "xid_max", "xid_last", "xid_changes", "xid_before", "ecc", "remap", "retire", "width",
                 "width_max")
 
+# the longest single part of an aggregate query (7.5 KB: a dcgm-exporter health statistic over four
+# node labels, for 253-character node names full of escaped dots) fits this
+MIN_QUERY_BYTES = 8192
+
 _LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
@@ -100,8 +106,11 @@ class QueryConfig:
     source: str = sources.AUTO  # gpu-exporter, dcgm, amd, or auto: whichever Prometheus holds, per node
     health: bool = False  # also read the health fields (the GPUHealthy condition)
     critical_xids: tuple[int, ...] = sources.CRITICAL_XIDS
+    max_query_bytes: int = 16384  # longest query expression (VictoriaMetrics' default -search.maxQueryLen)
 
     def __post_init__(self) -> None:
+        if self.max_query_bytes < MIN_QUERY_BYTES:
+            raise ValueError(f"max query bytes {self.max_query_bytes} must be at least {MIN_QUERY_BYTES}")
         if not _LABEL_RE.match(self.node_label):
             raise ValueError(f"node label {self.node_label!r} is not a valid Prometheus label name")
         if self.source not in sources.CHOICES:
@@ -198,6 +207,15 @@ class QueryBuilder:
         return f'label_replace({expr}, "stat", "{stat}", "gpu", ".*")'
 
     def util_stats(self, nodes: str | None = None) -> str:
+        """The utilisation aggregates of a shard in one query (:meth:`util_parts` joined)."""
+        return union(self.util_parts(nodes))
+
+    def mem_stats(self, nodes: str | None = None) -> str:
+        """The memory (and health, score) aggregates of a shard in one query."""
+        return union(self.mem_parts(nodes))
+
+    def util_parts(self, nodes: str | None = None) -> list[str]:
+        """One expression per utilisation statistic, each tagged with its ``stat`` label."""
         w = duration(self.cfg.window_s)
         half = duration(self.cfg.window_s / 2)
         f = duration(self.cfg.fresh_s)
@@ -216,9 +234,10 @@ class QueryBuilder:
             # whole GPUs only (a MIG instance has its own series): underused where the series exists
             parts["sm_mean"] = lambda m: f"avg_over_time({sel(s.sm, m + ', ' + s.sm_whole)}[{w}])"
             parts["sm_count"] = lambda m: f"count_over_time({sel(s.sm, m + ', ' + s.sm_whole)}[{w}])"
-        return union([self.tag(self.per_gpu(fn, nodes=nodes), stat) for stat, fn in parts.items()])
+        return [self.tag(self.per_gpu(fn, nodes=nodes), stat) for stat, fn in parts.items()]
 
-    def mem_stats(self, nodes: str | None = None) -> str:
+    def mem_parts(self, nodes: str | None = None) -> list[str]:
+        """One expression per memory, health and score statistic, each with its ``stat`` label."""
         w = duration(self.cfg.window_s)
         half = duration(self.cfg.window_s / 2)
         f = duration(self.cfg.fresh_s)
@@ -243,11 +262,11 @@ class QueryBuilder:
         if self.ours:
             parts.update(self._score_parts())
         per_code = self.cfg.health and bool(s.health.xid_counter)
-        return union([
+        return [
             # the XID counter keeps its code: one series per critical code that rose, stat xid_<code>
             f'label_replace({self.per_gpu(fn, nodes=nodes, by=", xid")}, "stat", "xid_$1", "xid", "(.*)")'
             if per_code and stat == "xid" else self.tag(self.per_gpu(fn, nodes=nodes), stat)
-            for stat, fn in parts.items()])
+            for stat, fn in parts.items()]
 
     def _score_parts(self) -> dict[str, Callable[[str], str]]:
         """What the availability score discounts (issue 28; classify.health_factor): any XID and
@@ -308,6 +327,10 @@ class QueryBuilder:
         return parts
 
     def allocation(self, nodes: str | None = None) -> str:
+        """The allocation query of a shard (:meth:`allocation_parts` joined by ``or``)."""
+        return " or ".join(self.allocation_parts(nodes))
+
+    def allocation_parts(self, nodes: str | None = None) -> list[str]:
         """Samples of the window in which each (namespace, pod) held each GPU.
 
         Ours: ``gpu_allocation_info``; another exporter: its utilisation series, which carry
@@ -326,10 +349,10 @@ class QueryBuilder:
         if self.ours:
             plain = self.per_gpu(lambda m: f"count_over_time({self.sel(metric, m + plain_sel)}[{w}])",
                                  nodes=nodes, by=", namespace, pod")
-            return f"{exported} or {plain}"
+            return [exported, plain]  # label sets apart: their ``or`` is their concatenation
         plain = self.per_gpu(lambda m: f"count_over_time({self.sel(metric, m + plain_sel)}[{w}])",
                              nodes=nodes, by=", namespace, pod, job")
-        return f"{exported} or ({plain} unless on (namespace, pod, job) group by (namespace, pod, job) (up))"
+        return [exported, f"({plain} unless on (namespace, pod, job) group by (namespace, pod, job) (up))"]
 
     def util_range(self, uuids: Iterable[str], label: str = "uuid") -> str:
         """Raw utilisation series of the GPUs with these UUIDs (a query_range)."""
@@ -362,7 +385,7 @@ def uuid_regex(uuids: Iterable[str]) -> str:
     literals is what Prometheus turns into direct index lookups instead of matching every
     value of the label (an escaped ``-`` would defeat that).
     """
-    return "`" + "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", u) for u in sorted(set(uuids))) + "`"
+    return "`" + "|".join(_literal(u) for u in sorted(set(uuids))) + "`"
 
 
 
@@ -399,18 +422,122 @@ def selectable(uuid: str) -> bool:
 
 
 def plan_shards(gpus_per_node: dict[str, int], shard_gpus: int) -> list[list[str]]:
-    """Consecutive (sorted) nodes packed into shards of at most ``shard_gpus`` GPUs (a node
-    with more GPUs than that is a shard of its own)."""
+    """The fleet's nodes cut into shards of at most ``shard_gpus`` GPUs, each a run of the
+    sorted names that :func:`shard_pattern` selects in a few bytes (no list of nodes).
+
+    The names form a trie; a subtree that fits is never cut, consecutive sibling subtrees
+    are packed while they fit, and a subtree with more GPUs than that is cut the same way one
+    character deeper (a node with more GPUs than a shard is a shard of its own). So each
+    shard is ``prefix`` followed by one character of a range, and its pattern selects exactly
+    its own nodes among the fleet's.
+    """
+    names = sorted(gpus_per_node)
+    gpus = [max(1, gpus_per_node[n]) for n in names]
+    total = [0]
+    for g in gpus:
+        total.append(total[-1] + g)
     shards: list[list[str]] = []
-    cur: list[str] = []
-    n = 0
-    for node in sorted(gpus_per_node):
-        g = max(1, gpus_per_node[node])
-        if cur and n + g > shard_gpus:
-            shards.append(cur)
-            cur, n = [], 0
-        cur.append(node)
-        n += g
-    if cur:
-        shards.append(cur)
+
+    def cut(lo: int, hi: int, depth: int) -> None:
+        # names[lo:hi] share their first ``depth`` characters and hold more GPUs than a shard
+        run: list[str] = []
+        run_gpus = 0
+        i = lo
+        while i < hi:
+            j = i + 1
+            if len(names[i]) > depth:
+                c = names[i][depth]
+                while j < hi and len(names[j]) > depth and names[j][depth] == c:
+                    j += 1
+            child = total[j] - total[i]
+            if child > shard_gpus and j - i > 1:
+                if run:
+                    shards.append(run)
+                    run, run_gpus = [], 0
+                cut(i, j, len(_common_prefix([names[i], names[j - 1]])))
+            else:
+                if run and run_gpus + child > shard_gpus:
+                    shards.append(run)
+                    run, run_gpus = [], 0
+                run += names[i:j]
+                run_gpus += child
+            i = j
+        if run:
+            shards.append(run)
+
+    if names and total[-1] <= shard_gpus:
+        shards.append(names)
+    elif names:
+        cut(0, len(names), len(_common_prefix([names[0], names[-1]])))
     return shards
+
+
+def _common_prefix(names: list[str]) -> str:
+    """The characters ``names`` all begin with (character by character, not path components)."""
+    a, b = min(names), max(names)
+    k = 0
+    while k < len(a) and k < len(b) and a[k] == b[k]:
+        k += 1
+    return a[:k]
+
+
+def _literal(text: str) -> str:
+    """``text`` as an RE2 literal: its metacharacters escaped (as Go's regexp.QuoteMeta)."""
+    return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", text)
+
+
+def _class_char(c: str) -> str:
+    return c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):x}}}"
+
+
+def shard_pattern(nodes: Iterable[str]) -> str:
+    """A PromQL raw-string regex for a shard of :func:`plan_shards`, of a size that does not
+    grow with the shard: the names' common prefix, then the range of the characters after it
+    (``gpu-node-0[0-2].*``), the prefix alone being a name too when it is one of them.
+
+    It matches every one of ``nodes``, and of the other names only those that sort between
+    the first and the last of them under the same prefix and range: none of the fleet's, for
+    a shard of :func:`plan_shards`; a few of the neighbours', for a part of a shard cut in
+    two (the answers' series of nodes outside the shard are ignored: fold.py).
+    """
+    names = sorted(set(nodes))
+    if not names:
+        raise ValueError("pattern of no nodes")
+    first, last = names[0], names[-1]
+    if first == last:
+        return "`" + _literal(first) + "`"
+    prefix = _common_prefix([first, last])
+    k = len(prefix)
+    lo, hi = (names[1] if len(first) == k else first)[k], last[k]
+    chars = _literal(lo) if lo == hi else f"[{_class_char(lo)}-{_class_char(hi)}]"
+    tail = f"(?:{chars}.*)?" if len(first) == k else f"{chars}.*"
+    return "`" + _literal(prefix) + tail + "`"
+
+
+def query_bytes(expr: str) -> int:
+    """The length a store checks against its limit (VictoriaMetrics' -search.maxQueryLen,
+    Mimir's max_query_expression_size_bytes): bytes of the expression's UTF-8."""
+    return len(expr.encode())
+
+
+def pack(parts: list[str], limit: int) -> list[str]:
+    """Parts (each with its own ``stat`` label, or its own label set) joined by :func:`union`
+    into as few queries of at most ``limit`` bytes as the order allows. The answers' union is
+    the union's answer, so cutting it changes nothing but the number of queries; a part
+    longer than ``limit`` alone is a query of its own (the client refuses it: too long)."""
+    out: list[str] = []
+    cur: list[str] = []
+    size = 0
+    for part in parts:
+        n = query_bytes(part)
+        if cur and size + n + _OR_BYTES > limit:
+            out.append(union(cur))
+            cur, size = [], 0
+        size += n + (_OR_BYTES if cur else 0)
+        cur.append(part)
+    if cur:
+        out.append(union(cur))
+    return out
+
+
+_OR_BYTES = len("( or )")  # what union adds per part joined

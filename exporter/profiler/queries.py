@@ -3,10 +3,14 @@
 The query text is promql.py's (pure), the folding of answers into per-GPU statistics
 fold.py's (pure); this module sends them and keeps a cycle's memory and time bounded.
 
-Queries per cycle, for N nodes of G GPUs each, S = ceil(N·G / shard_gpus) shards:
-``2 + 3·S + R`` where R, the range batches, is at most ``2·S`` while a shard's ranges fit
-one batch (a cluster with few periodic, bursty or leaking GPUs has R near 0). 10,000 nodes
-x 8 GPUs: 40 shards, about 200 queries; 100 nodes: 1 shard, at most 7 queries.
+Queries per cycle, for N nodes of G GPUs each, S shards (about ceil(N·G / shard_gpus), a few
+more where the names' trie cuts them: promql.plan_shards): ``2 + 3·S + R`` where R, the range
+batches, is at most ``2·S`` while a shard's ranges fit one batch (a cluster with few periodic,
+bursty or leaking GPUs has R near 0); more when a query would pass ``max_query_bytes``
+(docs/profiler.md, "Bytes per query").
+
+A store's refusal of a query over one of its limits (too long, too many series or samples:
+prom.SPLIT_KINDS) is handled as an answer over the cap; each is counted in ``refusals``.
 
 Every answer must fit ``--prometheus-max-response-bytes``: the shard and batch sizes keep
 answers near a tenth of the default cap, and an answer refused as too large splits its
@@ -33,15 +37,18 @@ from typing import TypeVar
 from exporter.profiler import sources
 from exporter.profiler.classify import GpuStats
 from exporter.profiler.fold import attach_range, fold_shard, ours_key, scrape_interval
-from exporter.profiler.prom import TOO_LARGE, PromClient, PromError, RangeSeries, Sample, printable
+from exporter.profiler.prom import SPLIT_KINDS, PromClient, PromError, RangeSeries, Sample, printable
 from exporter.profiler.promql import (
     QueryBuilder,
     QueryConfig,
     duration,
     name_parts,
-    name_regex,
+    pack,
     plan_shards,
+    query_bytes,
     selectable,
+    shard_pattern,
+    uuid_regex,
 )
 
 __all__ = ["EMPTY", "FleetReading", "QueryConfig", "Reader", "scrape_interval"]
@@ -81,6 +88,7 @@ class Reader:
         self.last: FleetReading | None = None  # bookkeeping of the last read (gpus empty when streamed)
         self._idle: Callable[[], None] | None = None  # while a read runs: classify the shard read before
         self.picked: dict[str, int] = {}  # source -> nodes, as last discovered (logged when it changes)
+        self.refusals: Counter[str] = Counter()  # kind -> refusals a smaller question avoided, cumulative
 
     def read(self, at: float) -> FleetReading:
         """All queries evaluated at unix time ``at``, every GPU kept; raises PromError on any failure."""
@@ -151,9 +159,9 @@ class Reader:
                 out += self.client.query(" or ".join(b.nodes(names) for b in self.builders.values()), at)
             except PromError as exc:
                 subs = name_parts(part)
-                if exc.kind != TOO_LARGE or not subs:
+                if exc.kind not in SPLIT_KINDS or not subs:
                     raise
-                log.info("the node list was over the size cap: asking for it in %d parts", len(subs))
+                self._refused(exc, f"the node list was refused: asking for it in {len(subs)} parts")
                 todo += subs
         return out
 
@@ -173,7 +181,7 @@ class Reader:
         mem_step = float(max(1, math.ceil(cfg.window_s / cfg.mem_points)))
         todo = [(name, nodes) for name, per_node in found.items() for nodes in plan_shards(per_node, cfg.shard_gpus)]
         done = 0
-        prefetched: dict[tuple[str, tuple[str, ...]], list[Future[list[Sample]]]] = {}
+        prefetched: dict[tuple[str, tuple[str, ...]], list[tuple[str, Future[list[Sample]]]]] = {}
         # A shard read waits for Prometheus twice: for its aggregates (prefetched while the
         # shard before is worked on) and for its range queries. The shard before is handed to
         # ``consume`` (classified) during the second wait, so that Prometheus computes ranges
@@ -198,16 +206,16 @@ class Reader:
                 try:
                     gpus, q, d, shard_steps = self._read_shard(b, nodes, at, mem_step, stats)
                 except PromError as exc:
-                    if exc.kind != TOO_LARGE or len(nodes) == 1:
+                    if exc.kind not in SPLIT_KINDS or len(nodes) == 1:
                         for futures in prefetched.values():
-                            _settle(futures)
+                            _settle([f for _, f in futures])
                         flush()  # the shards before this one were classified, as without the overlap
                         raise
                     half = len(nodes) // 2
-                    log.info("an answer for %d nodes was over the size cap: asking for %d and %d", len(nodes), half,
-                             len(nodes) - half)
+                    self._refused(exc, f"a query for {len(nodes)} nodes was refused: asking for {half} and "
+                                       f"{len(nodes) - half}")
                     todo[:0] = [(name, nodes[:half]), (name, nodes[half:])]
-                    queries += 3
+                    queries += len(stats)
                     continue
                 queries += q
                 dropped += d
@@ -225,23 +233,42 @@ class Reader:
                              mem_step=mem_step, shards=done)
         return self.last
 
-    def _stats(self, b: QueryBuilder, nodes: list[str], at: float) -> list[Future[list[Sample]]]:
-        """The shard's three aggregate queries, submitted to run side by side."""
-        sel = name_regex(nodes)
-        self.queries_sent += 3
-        return [self._pool.submit(self.client.query, expr, at) for expr in
-                (b.util_stats(sel), b.mem_stats(sel), b.allocation(sel))]
+    def _stats(self, b: QueryBuilder, nodes: list[str], at: float) -> list[tuple[str, Future[list[Sample]]]]:
+        """The shard's aggregate queries (utilisation, memory, allocation: one each unless a
+        query would be longer than ``max_query_bytes``), submitted to run side by side."""
+        sel = shard_pattern(nodes)
+        limit = self.cfg.max_query_bytes
+        exprs = [(group, expr) for group, parts in (("util", b.util_parts(sel)), ("mem", b.mem_parts(sel)),
+                                                    ("alloc", b.allocation_parts(sel)))
+                 for expr in pack(parts, limit)]
+        self.queries_sent += len(exprs)
+        return [(group, self._pool.submit(self.client.query, expr, at)) for group, expr in exprs]
 
+    def _refused(self, exc: PromError, action: str) -> None:
+        """Count a refusal (an answer over a cap, a query over one of the store's limits) that
+        a smaller question avoids; logged once per kind, then at debug level."""
+        self.refusals[exc.kind] += 1
+        if self.refusals[exc.kind] == 1:
+            log.warning("%s (the first %s; the next are counted in gpu_profiler_prometheus_refusals_total): %s",
+                        action, exc.kind, exc)
+        else:
+            log.debug("%s: %s", action, exc)
 
     def _read_shard(self, b: QueryBuilder, nodes: list[str], at: float, mem_step: float,
-                    futures: list[Future[list[Sample]]]
+                    futures: list[tuple[str, Future[list[Sample]]]]
                     ) -> tuple[dict[tuple[str, str], GpuStats], int, int, Counter[float]]:
         """(GPUs of these nodes, queries sent, series dropped, utilisation steps used)."""
         cfg = self.cfg
         src = b.source
         key_of = ours_key(cfg.node_label) if b.ours else src.key
-        util, mem, alloc = _settle(futures)
-        queries = 3
+        answers = _settle([f for _, f in futures])
+        groups: dict[str, list[Sample]] = {"util": [], "mem": [], "alloc": []}
+        for (group, _), samples in zip(futures, answers, strict=True):
+            groups[group] += samples
+        del answers
+        util, mem, alloc = groups["util"], groups["mem"], groups["alloc"]
+        del groups
+        queries = len(futures)
         fold = fold_shard(cfg, src, nodes, util, mem, alloc, mem_step)
         del util, mem, alloc
         gpus = fold.gpus
@@ -254,10 +281,11 @@ class Reader:
         us, ms = src.util_scale, src.mem_scale
         batches: list[_Batch] = []
         for (step, label), uuids in sorted(fold.want_util.items()):
-            batches += [_Batch(u, "util_range", start, step, label, us) for u in _batches(uuids, cfg.range_gpus)]
+            batches += [_Batch(u, "util_range", start, step, label, us)
+                        for u in self._batches(uuids, query_bytes(b.util_range([], label)))]
         for label, uuids in sorted(fold.want_mem.items()):
             batches += [_Batch(u, "mem_range", mem_start, mem_step, label, ms)
-                        for u in _batches(uuids, cfg.range_gpus)]
+                        for u in self._batches(uuids, query_bytes(b.mem_range([], label)))]
         while batches:
             pair = batches[:2]
             del batches[:2]
@@ -266,14 +294,34 @@ class Reader:
             queries += len(pair)
             for bt, res in zip(pair, results, strict=True):
                 if isinstance(res, PromError):
-                    if res.kind != TOO_LARGE or len(bt.uuids) == 1:
+                    if res.kind not in SPLIT_KINDS or len(bt.uuids) == 1:
                         raise res
-                    half = len(bt.uuids) // 2  # too large: ask for it in two halves
+                    half = len(bt.uuids) // 2  # refused: ask for it in two halves
+                    self._refused(res, f"a range query for {len(bt.uuids)} GPUs was refused: asking for {half} and "
+                                       f"{len(bt.uuids) - half}")
                     batches[:0] = [replace(bt, uuids=bt.uuids[:half]), replace(bt, uuids=bt.uuids[half:])]
                     continue
                 attach_range(gpus, fold.by_uuid, res, key_of, attr=bt.attr, label=bt.label, start=bt.start,
                              step=bt.step, end=at, scale=bt.scale)
         return gpus, queries, fold.dropped, fold.steps
+
+    def _batches(self, uuids: list[str], overhead: int) -> list[list[str]]:
+        """UUIDs in batches of at most ``range_gpus``, each query at most ``max_query_bytes``
+        (``overhead``: the bytes of the query around its regex)."""
+        cfg = self.cfg
+        out: list[list[str]] = []
+        cur: list[str] = []
+        size = overhead
+        for u in uuids:
+            n = query_bytes(uuid_regex([u])) - 1  # the UUID quoted, and its "|"
+            if cur and (len(cur) >= cfg.range_gpus or size + n > cfg.max_query_bytes):
+                out.append(cur)
+                cur, size = [], overhead
+            cur.append(u)
+            size += n
+        if cur:
+            out.append(cur)
+        return out
 
     def _range_call(self, b: QueryBuilder, bt: _Batch, at: float) -> Callable[[], list[RangeSeries] | PromError]:
         fn = b.util_range if bt.attr == "util_range" else b.mem_range
@@ -282,7 +330,7 @@ class Reader:
             try:
                 return self.client.query_range(fn(bt.uuids, bt.label), bt.start, at, bt.step)
             except PromError as exc:
-                if exc.kind == TOO_LARGE:
+                if exc.kind in SPLIT_KINDS:
                     return exc  # the caller splits the batch
                 raise
 
@@ -339,5 +387,4 @@ def _settle(futures: list[Future[T]]) -> list[T]:
     return out
 
 
-def _batches(items: list[str], size: int) -> list[list[str]]:
-    return [items[i:i + size] for i in range(0, len(items), max(1, size))]
+

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -26,13 +28,29 @@ class FaultProxy:
     through with every sample value replaced by NaN; ``"empty"`` passes through with empty
     results; ``"hang"`` holds the request until :meth:`release` (or stop). ``requests``
     counts what arrived.
+
+    It also speaks the wire format of the stores in front of a fleet's Prometheus data
+    (docs/profiler.md, "Stores"): ``prefix``, a path prefix every request must carry (Mimir's
+    ``/prometheus``, vmselect's ``/select/<tenant>/prometheus``; 404 otherwise); ``tenant``, the
+    ``X-Scope-OrgID`` every request must carry (401 ``no org id`` otherwise, as Mimir and
+    Thanos' tenancy proxies answer); ``extra``, top-level fields added to every successful answer
+    (Thanos' partial-response ``warnings``, VictoriaMetrics cluster's ``isPartial``); ``refuse``,
+    given the query text and the number of series in Prometheus' answer, the (status, error
+    text) with which a store over one of its limits refuses it, or None.
     """
 
-    def __init__(self, target: str, mode: str | None = None, delay: float = 2.0) -> None:
+    def __init__(self, target: str, mode: str | None = None, delay: float = 2.0, *, prefix: str = "",
+                 tenant: str | None = None, extra: dict[str, object] | None = None,
+                 refuse: Callable[[str, int], tuple[int, str] | None] | None = None) -> None:
         assert mode in MODES
         self.target = target.rstrip("/")
         self.mode = mode
         self.delay = delay
+        self.prefix = prefix.rstrip("/")
+        self.tenant = tenant
+        self.extra = extra or {}
+        self.refuse = refuse
+        self.params: list[dict[str, list[str]]] = []  # every request's form parameters, in order
         self._release = threading.Event()
         self._http = FakeHTTP(self._answer, http11=True)
         self.url = self._http.url
@@ -42,6 +60,15 @@ class FaultProxy:
         return len(self._http.requests)
 
     def _answer(self, req: Request) -> Reply:
+        if self.tenant is not None and req.headers.get("x-scope-orgid") != self.tenant:
+            return Reply(401, b"no org id\n")
+        if not req.path.startswith(self.prefix + "/api/v1/"):
+            return Reply(404, b"404 page not found\n")
+        path = req.path[len(self.prefix):]
+        params = urllib.parse.parse_qs(req.body.decode())
+        query = params.get("query", [""])[0]
+        with self._http.lock:
+            self.params.append(params)
         mode = self.mode
         if mode == "hang":
             self._release.wait(120)
@@ -52,7 +79,14 @@ class FaultProxy:
             return json_reply(b'{"status":"error","errorType":"internal","error":"injected"}', 500)
         if mode == "garbage":
             return json_reply(b'{"status":"success","data":{"resultType":"vector","result":[{"met')
-        code, data = forward_post(self.target + req.path, req.body, req.headers.get("content-type", ""))
+        code, data = forward_post(self.target + path, req.body, req.headers.get("content-type", ""))
+        if code == 200 and (self.refuse is not None or self.extra):
+            doc = json.loads(data)
+            refused = self.refuse(query, len(doc["data"]["result"])) if self.refuse is not None else None
+            if refused is not None:
+                status, text = refused
+                return json_reply({"status": "error", "errorType": "execution", "error": text}, status)
+            data = json.dumps({**doc, **self.extra}).encode()
         if code == 200 and mode in ("nan", "empty"):
             doc = json.loads(data)
             if mode == "empty":
@@ -65,6 +99,11 @@ class FaultProxy:
                         pt[1] = "NaN"
             data = json.dumps(doc).encode()
         return json_reply(data, code)
+
+    @property
+    def queries(self) -> list[str]:
+        """Every query text that reached the store, in order."""
+        return [p.get("query", [""])[0] for p in self.params]
 
     def release(self) -> None:
         """Let held ("hang") requests through."""

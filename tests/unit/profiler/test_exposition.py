@@ -28,7 +28,8 @@ def _metrics() -> ProfilerMetrics:
     leading.set()
     m.attach(SimpleNamespace(elector=SimpleNamespace(leading=leading),  # type: ignore[arg-type]
                              events=SimpleNamespace(counts={"created": 2, "dropped": 1}),
-                             reader=SimpleNamespace(client=SimpleNamespace(largest_response_bytes=1234))))
+                             reader=SimpleNamespace(client=SimpleNamespace(largest_response_bytes=1234),
+                                                    refusals={"prometheus_too_many_series": 2})))
     m.cycles.labels("ok").inc()
     m.duration.observe(0.3)
     m.queries.inc(7)

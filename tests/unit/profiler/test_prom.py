@@ -22,6 +22,7 @@ from exporter.profiler.prom import (
     BAD_RESPONSE,
     HTTP_5XX,
     TIMEOUT,
+    TOO_MANY_SAMPLES,
     UNREACHABLE,
     ParseCost,
     PromClient,
@@ -99,7 +100,10 @@ def test_transient_error_then_success(api_factory: Any) -> None:
 
 @pytest.mark.parametrize(("code", "body", "kind"), [
     (400, {"status": "error", "errorType": "bad_data", "error": "parse error"}, BAD_QUERY),
-    (200, {"status": "error", "errorType": "execution", "error": "too many samples"}, BAD_QUERY),
+    (200, {"status": "error", "errorType": "execution", "error": "exceeded the engine's limit"}, BAD_QUERY),
+    # a limit's refusal, by Prometheus' own wording (--query.max-samples): the caller splits, never a retry
+    (200, {"status": "error", "errorType": "execution", "error": "query processing would load too many samples "
+                                                                 "into memory in query execution"}, TOO_MANY_SAMPLES),
     (200, b"<html>proxy login</html>", BAD_RESPONSE),
     (200, {"status": "success", "data": {"resultType": "vector", "result": [{"metric": [], "value": [1, "1"]}]}},
      BAD_RESPONSE),
@@ -569,7 +573,7 @@ def test_answer_without_length_is_capped_while_read() -> None:
 def test_server_text_is_escaped_and_cut_in_logs(api_factory: Any, caplog: pytest.LogCaptureFixture) -> None:
     forged = "bad query\n2030-01-01 00:00:00 ERROR exporter: forged line\x1b[31m" + "x" * 1_000_000
     api = api_factory([(400, {"status": "error", "errorType": "bad_data", "error": forged}),
-                       (200, {**VECTOR, "warnings": [f"warning {i}\nforged" for i in range(500)]})])
+                       (200, {**VECTOR, "warnings": [f"PromQL warning: {i}\nforged" for i in range(500)]})])
     client = PromClient(f"http://127.0.0.1:{api.port}")
     with pytest.raises(PromError) as exc:
         client.query("up", 1.0)

@@ -138,7 +138,8 @@ def test_classification_is_todays_whatever_the_sharding(prom: Prometheus, shard_
     if shard_gpus == 16:
         # queries = 2 + 3 x shards + range batches (at most 2 per shard when a shard's ranges fit a batch,
         # more here: three GPUs per batch)
-        assert snap.shards == -(-nodes // 2)
+        # two nodes per shard at most; a few alone, where their names' trie cuts a pair (promql.plan_shards)
+        assert -(-nodes // 2) <= snap.shards <= nodes
         ranges = snap.queries - 2 - 3 * snap.shards
         assert 0 < ranges <= 2 * snap.shards * -(-16 // range_gpus)
     elif cap == 64 * 1024:

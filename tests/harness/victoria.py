@@ -1,0 +1,155 @@
+"""A real VictoriaMetrics (Debian's ``victoria-metrics``, single-node) driven from tests.
+
+:class:`VictoriaMetrics` runs a private server on 127.0.0.1 with its own data directory and
+otherwise its default flags (``-search.latencyOffset=30s``, ``-search.maxQueryLen=16384``, ...),
+as an operator would start it; extra flags only where a test says so. History goes in
+through its own import API (:meth:`VictoriaMetrics.import_openmetrics`: the OpenMetrics file
+that :class:`~tests.harness.prom.OpenMetricsWriter` writes for Prometheus' backfill, its
+timestamps turned to milliseconds for ``/api/v1/import/prometheus``), so both stores hold the
+same labelled history.
+
+Facts these helpers rely on (1.79 as packaged by Debian): imported samples become searchable
+within about a second (``/internal/force_flush`` makes it sooner; we poll a count, never
+sleep); the Debian package enables a systemd service, which we never use; the query API is
+served under ``/`` and ``/prometheus`` (vmselect's ``/select/<tenant>/prometheus`` is the
+cluster's, not this binary's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+from tests.harness.net import free_port
+from tests.harness.poll import wait_until
+
+VICTORIA_BIN = os.environ.get("VICTORIA_METRICS_BIN", "/usr/bin/victoria-metrics")
+_HINT = "install the Debian package 'victoria-metrics' (make test does: apt-get install victoria-metrics)"
+_CHUNK = 8 << 20  # bytes per import request
+
+
+class VictoriaMetrics:
+    """A private single-node VictoriaMetrics on 127.0.0.1 for one test module (a context manager)."""
+
+    def __init__(self, tmp_dir: Path, extra_args: tuple[str, ...] = (), start_timeout: float = 60.0) -> None:
+        self.tmp_dir = Path(tmp_dir)
+        self.extra_args = extra_args
+        self.start_timeout = start_timeout
+        self.port = 0
+        self.log_path = self.tmp_dir / "victoria-metrics.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Self:
+        if not (os.path.isfile(VICTORIA_BIN) and os.access(VICTORIA_BIN, os.X_OK)):
+            raise RuntimeError(f"{VICTORIA_BIN} not found or not executable: {_HINT}")
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):  # another process may take the free port first
+            self.port = free_port()
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            self._proc = subprocess.Popen(
+                [VICTORIA_BIN, f"-storageDataPath={self.tmp_dir / 'data'}",
+                 f"-httpListenAddr=127.0.0.1:{self.port}", *self.extra_args],
+                stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.tmp_dir)
+            try:
+                wait_until(self._ready, timeout=self.start_timeout, interval=0.05, what="VictoriaMetrics /health")
+                return self
+            except AssertionError as exc:
+                self.stop()
+                tail = self.log_tail()
+                if attempt < 2 and "address already in use" in tail:
+                    continue
+                raise RuntimeError(f"VictoriaMetrics did not start: {exc}\n{tail}") from None
+        raise AssertionError("unreachable")
+
+    def _ready(self) -> bool:
+        if self._proc is not None and self._proc.poll() is not None:
+            raise AssertionError(f"victoria-metrics exited with status {self._proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self, timeout: float = 15.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no victoria-metrics log)"
+        return "--- victoria-metrics log tail ---\n" + "\n".join(text.splitlines()[-lines:])
+
+    def _post(self, path: str, body: bytes, content_type: str = "text/plain") -> bytes:
+        req = urllib.request.Request(self.url + path, data=body, method="POST",
+                                     headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return bytes(r.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"POST {path}: HTTP {e.code}: {e.read()[:300]!r}\n{self.log_tail(10)}") from None
+
+    def import_openmetrics(self, path: Path) -> int:
+        """Import an OpenMetrics file (seconds) through ``/api/v1/import/prometheus`` (milliseconds);
+        returns the finite samples sent, once all of them are searchable."""
+        sent = 0
+        buf: list[str] = []
+        size = 0
+        with open(path) as f:
+            for line in f:
+                if not line.strip() or line.startswith("#"):
+                    continue
+                head, _, ts = line.rstrip("\n").rpartition(" ")
+                buf.append(f"{head} {round(float(ts) * 1000)}\n")
+                size += len(buf[-1])
+                sent += math.isfinite(float(head.rpartition(" ")[2]))  # its count_over_time skips NaN
+                if size >= _CHUNK:
+                    self._post("/api/v1/import/prometheus", "".join(buf).encode())
+                    buf, size = [], 0
+        if buf:
+            self._post("/api/v1/import/prometheus", "".join(buf).encode())
+        self._post("/internal/force_flush", b"")
+        wait_until(lambda: self.samples() >= sent, timeout=120, interval=0.2, what=f"{sent} samples searchable")
+        return sent
+
+    def samples(self) -> int:
+        """Samples stored, as ``/api/v1/export`` would count them (a sum over every series)."""
+        query = urllib.parse.urlencode({"query": 'sum(count_over_time({__name__!=""}[3650d]))', "nocache": "1"})
+        body = self._post("/api/v1/query", query.encode(), "application/x-www-form-urlencoded")
+        result = json.loads(body)["data"]["result"]
+        return int(float(result[0]["value"][1])) if result else 0
+
+
+def available() -> bool:
+    return shutil.which(VICTORIA_BIN) is not None or os.access(VICTORIA_BIN, os.X_OK)

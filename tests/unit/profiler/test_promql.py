@@ -1,0 +1,87 @@
+"""promql.py's plan at fleet scale, without a server: every query within the byte limit at 10,000
+nodes with 63-character names, and each shard's name pattern selecting exactly its own nodes."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from exporter.profiler import sources
+from exporter.profiler.prom import PromClient
+from exporter.profiler.promql import QueryBuilder, QueryConfig, pack, plan_shards, query_bytes, shard_pattern
+from exporter.profiler.queries import Reader
+
+FLEET = 10_000
+
+
+def _names(shape: str) -> list[str]:
+    rng = random.Random(7)
+    if shape == "indexed":  # one long prefix, then the index: the longest common prefixes
+        return [f"{'gpu-pool-a' * 5}-node-{i:07d}"[-63:] for i in range(FLEET)]
+    if shape == "random":  # no structure at all
+        return ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(63)) for _ in range(FLEET)]
+    # cloud names: dots (escaped in a regex), several zones, a name that is the prefix of others
+    zones = ["eu-west-1", "us-east-2", "ap-south-1"]
+    out = [f"ip-10-{i // 250}-{i % 250}.{zones[i % 3]}.compute.internal.example-cluster-x-0000"[:63]
+           for i in range(FLEET - 1)]
+    return [*out, out[0][:20]]
+
+
+def _python(pattern: str) -> re.Pattern[str]:
+    """An RE2 raw-string pattern of ours as a Python regex (only \\x{..} differs)."""
+    return re.compile(re.sub(r"\\x\{([0-9a-f]+)\}", lambda m: f"\\U{int(m.group(1), 16):08x}", pattern[1:-1]))
+
+
+@pytest.mark.parametrize("shape", ["indexed", "random", "cloud"])
+def test_shards_select_exactly_their_nodes(shape: str) -> None:
+    names = _names(shape)
+    assert all(len(n) <= 63 for n in names) and max(len(n) for n in names) == 63
+    shards = plan_shards(dict.fromkeys(names, 8), 2000)
+    assert sorted(n for s in shards for n in s) == sorted(names)
+    assert all(sum(8 for _ in s) <= 2000 for s in shards)
+    # the trie's cuts cost a few shards more than packing a list would (docs/profiler.md)
+    assert len(shards) <= 2 * -(-FLEET * 8 // 2000)
+    for s in shards:
+        pat = _python(shard_pattern(s))
+        assert {n for n in names if pat.fullmatch(n)} == set(s)
+        assert len(shard_pattern(s)) <= 2 * 63 + 30
+
+
+@pytest.mark.parametrize("source", [s for s in sources.CHOICES if s != sources.AUTO])
+@pytest.mark.parametrize("limit", [8192, 16384])
+def test_every_query_fits_the_limit_at_ten_thousand_nodes(source: str, limit: int) -> None:
+    names = _names("cloud")
+    for health in (False, True):
+        cfg = QueryConfig(source=source, health=health, max_query_bytes=limit)
+        b = QueryBuilder(cfg, sources.make(cfg.source, "node"))
+        for join in (True, False):
+            b.join = join
+            sizes = []
+            for shard in plan_shards(dict.fromkeys(names, 8), cfg.shard_gpus):
+                sel = shard_pattern(shard)
+                for parts in (b.util_parts(sel), b.mem_parts(sel), b.allocation_parts(sel)):
+                    sizes += [query_bytes(q) for q in pack(parts, limit)]
+            assert max(sizes) <= limit
+        assert query_bytes(b.unlabelled()) <= limit and query_bytes(b.nodes(None)) <= limit
+
+
+def test_range_batches_fit_the_limit() -> None:
+    cfg = QueryConfig(source="gpu-exporter", max_query_bytes=16384)
+    reader = Reader(PromClient("http://127.0.0.1:9"), cfg)
+    b = reader.builder
+    uuids = [f"GPU-{i:08x}-1234-5678-9abc-def012345678" for i in range(5000)]
+    batches = reader._batches(uuids, query_bytes(b.util_range([], "uuid")))
+    assert [u for bt in batches for u in bt] == uuids
+    assert all(query_bytes(b.util_range(bt, "uuid")) <= 16384 for bt in batches)
+    assert all(len(bt) <= cfg.range_gpus for bt in batches) and len(batches) < 5000 // 300
+
+
+def test_pack_keeps_every_part_and_joins_as_few_as_fit() -> None:
+    parts = [f'label_replace(x{{n="{i}"}}, "stat", "s{i}", "gpu", ".*")' for i in range(40)]
+    packed = pack(parts, 300)
+    assert all(query_bytes(q) <= 300 for q in packed)
+    assert sorted(re.findall(r'"s\d+"', " ".join(packed))) == sorted(f'"s{i}"' for i in range(40))
+    assert len(packed) == len(pack(parts, 300))  # deterministic
+    assert len(pack(parts, 10**6)) == 1
