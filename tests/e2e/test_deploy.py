@@ -250,6 +250,19 @@ _RELABEL = {
         "action": {"enum": list(_RELABEL_ACTIONS)},
     },
 }
+_SECRET_KEY = {"type": "object", "additionalProperties": False, "required": ["name", "key"],
+               "properties": {"name": {"type": "string", "minLength": 1}, "key": {"type": "string", "minLength": 1}}}
+_SECRET_OR_CONFIGMAP = {"type": "object", "additionalProperties": False, "minProperties": 1, "maxProperties": 1,
+                        "properties": {"secret": _SECRET_KEY, "configMap": _SECRET_KEY}}
+# prometheus-operator's BasicAuth and SafeTLSConfig (its API reference): a misspelt key would send no
+# password or verify nothing, silently.
+_BASIC_AUTH = {"type": "object", "additionalProperties": False, "required": ["username", "password"],
+               "properties": {"username": _SECRET_KEY, "password": _SECRET_KEY}}
+_TLS_CONFIG = {"type": "object", "additionalProperties": False,
+               "properties": {"ca": _SECRET_OR_CONFIGMAP, "cert": _SECRET_OR_CONFIGMAP, "keySecret": _SECRET_KEY,
+                              "serverName": {"type": "string"}, "insecureSkipVerify": {"type": "boolean"},
+                              "minVersion": {"enum": ["TLS10", "TLS11", "TLS12", "TLS13"]},
+                              "maxVersion": {"enum": ["TLS10", "TLS11", "TLS12", "TLS13"]}}}
 # Structural schemas for the monitoring.coreos.com/v1 kinds (kubernetes-validate has only
 # built-in kinds). additionalProperties is false wherever a typo would silently do nothing.
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
@@ -297,9 +310,9 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                                 "scrapeTimeout": _DURATION,
                                 "honorLabels": {"type": "boolean"},
                                 "honorTimestamps": {"type": "boolean"},
-                                "tlsConfig": {"type": "object"},
+                                "tlsConfig": _TLS_CONFIG,
                                 "authorization": {"type": "object"},
-                                "basicAuth": {"type": "object"},
+                                "basicAuth": _BASIC_AUTH,
                                 "relabelings": {"type": "array", "items": _RELABEL},
                                 "metricRelabelings": {"type": "array", "items": _RELABEL},
                             },

@@ -79,7 +79,9 @@ SCHEMA = CHART / "values.schema.json"
 # Flags that need privileges a value of the chart grants with them: through extraArgs they would run
 # without the mount and RBAC they need (issue 25: --per-process needs exporter.perProcess=true).
 GOVERNED_BY_VALUES = {"--per-process": "exporter.perProcess", "--proc-root": "exporter.perProcess",
-                      "--dra-attribution": "exporter.draAttribution"}
+                      "--dra-attribution": "exporter.draAttribution",
+                      # the container port, probes, Service and NetworkPolicy follow exporter.port (issue 38)
+                      "--port": "exporter.port"}
 
 
 def extra_args_pattern() -> str:
@@ -123,7 +125,7 @@ def test_values_extra_args_example_is_a_real_flag() -> None:
 
 @pytest.mark.parametrize("arg", ["--collect-interval=5", "--collection-interval", "5", "-v", "--backendx=nvml",
                                  "--collection-interval=", *GOVERNED_BY_VALUES, "--per-process=true",
-                                 "--proc-root=/host/proc", "--dra-attribution=on"])
+                                 "--proc-root=/host/proc", "--dra-attribution=on", "--port=9402"])
 def test_values_schema_rejects_unknown_extra_args(arg: str) -> None:
     proc = helm("template", "gpu-exporter", str(CHART), "--set", f"exporter.extraArgs={{{arg}}}")
     assert proc.returncode != 0, f"extraArgs {arg} was accepted"
@@ -164,6 +166,13 @@ RENDERS = {
     "both": (("vendor=both", "namespace.create=true"), OLD_NAMESPACE),
     "other-namespace": (("vendor=both", "namespace.create=true", "webConfig.secretName=web", "webConfig.tls=true"),
                         OTHER_NAMESPACE),
+    "scrape-credentials": (("namespace.create=true", "webConfig.secretName=web", "webConfig.tls=true",
+                            "webConfig.basicAuth.username.name=s", "webConfig.basicAuth.username.key=u",
+                            "webConfig.basicAuth.password.name=s", "webConfig.basicAuth.password.key=p",
+                            "webConfig.tlsConfig.ca.secret.name=web", "webConfig.tlsConfig.ca.secret.key=ca.crt",
+                            "profiler.webConfig.secretName=pweb", "profiler.webConfig.tls=true",
+                            "profiler.webConfig.tlsConfig.serverName=p", "exporter.port=9402", "profiler.port=9403"),
+                           OLD_NAMESPACE),
     "per-process": (("vendor=both", "namespace.create=true", "exporter.perProcess=true"), OLD_NAMESPACE),
     "profiler-web-config": (("namespace.create=true", "profiler.webConfig.secretName=profiler-web",
                              "profiler.webConfig.tls=true"), OLD_NAMESPACE),
@@ -291,6 +300,11 @@ BAD_VALUES = {
     "profiler.enabled=maybe": ("/profiler/enabled", "boolean"),
     "exporter.colour=blue": ("/exporter", "colour"),
     "profiler.webConfig.secretName=Bad_Name": ("/profiler/webConfig/secretName", "pattern"),
+    # TLS without the Secret holding the web config: probes and scrapes would speak https to a plain server
+    "webConfig.tls=true": ("/webConfig/secretName", "minLength"),
+    "profiler.webConfig.tls=true": ("/profiler/webConfig/secretName", "minLength"),
+    "exporter.port=0": ("/exporter/port", "minimum"),
+    "profiler.port=70000": ("/profiler/port", "maximum"),
 }
 
 
@@ -797,3 +811,68 @@ def test_dra_privileges_only_while_on_and_as_kustomize() -> None:
     from tests.e2e.test_deploy import PODS_WATCH
 
     assert with_pp[1] == sorted(PODS_WATCH + SLICES_WATCH)
+
+
+# ---- issue 38: the port and the scrape credentials are values --------------------------------------
+
+BASIC_AUTH = ("webConfig.basicAuth.username.name=scrape", "webConfig.basicAuth.username.key=username",
+              "webConfig.basicAuth.password.name=scrape", "webConfig.basicAuth.password.key=password")
+
+
+@pytest.mark.parametrize("prefix", ["webConfig", "profiler.webConfig"])
+def test_credentials_without_a_web_config_are_refused(prefix: str) -> None:
+    """basicAuth sends a password to a daemon that checks none: refused without the web config's Secret."""
+    sets = [s.replace("webConfig", prefix, 1) for s in BASIC_AUTH]
+    proc = helm("template", "gpu-exporter", str(CHART), *[a for s in sets for a in ("--set", s)])
+    assert proc.returncode != 0 and f"/{prefix.replace('.', '/')}/secretName" in proc.stderr, proc.stderr
+
+
+def test_one_port_value_moves_every_reference() -> None:
+    """Issue 38, item 4: --port through extraArgs left the container port, probes, Service and
+    NetworkPolicy at 9400 (the schema now refuses it); exporter.port and profiler.port move them all."""
+    from exporter.serve import config
+
+    docs = render(("vendor=both", "exporter.port=9402", "profiler.port=9405"))
+    for ds in [d for d in docs if d["kind"] == "DaemonSet"]:
+        c = ds["spec"]["template"]["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports == {"metrics": 9402}
+        assert config.load(c["args"][1:], environ={}).port == 9402, c["args"]
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert ports[c[probe]["httpGet"]["port"]] == 9402
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    pc = dep["spec"]["template"]["spec"]["containers"][0]
+    pports = {p["name"]: p["containerPort"] for p in pc["ports"]}
+    assert pports == {"metrics": 9405}
+    assert {e["name"]: e.get("value") for e in pc["env"]}["PROFILER_PORT"] == "9405"
+    assert all(pports[pc[k]["httpGet"]["port"]] == 9405 for k in ("livenessProbe", "readinessProbe"))
+    services = {d["metadata"]["name"]: d["spec"]["ports"] for d in docs if d["kind"] == "Service"}
+    assert services["gpu-exporter"] == [{"name": "metrics", "port": 9402, "targetPort": "metrics", "protocol": "TCP"}]
+    assert services["gpu-exporter-profiler"][0]["port"] == 9405
+    policies = {d["metadata"]["name"]: [p["port"] for r in d["spec"]["ingress"] for p in r["ports"]]
+                for d in docs if d["kind"] == "NetworkPolicy"}
+    assert policies == {"gpu-exporter-metrics": [9402], "gpu-exporter-profiler-metrics": [9405]}
+    # the ServiceMonitors name the port, so they follow it
+    assert {ep["port"] for d in docs if d["kind"] == "ServiceMonitor" for ep in d["spec"]["endpoints"]} == {"metrics"}
+    # the default renders no --port at all (the kustomize install and Helm's stay the same objects)
+    (ds,) = [d for d in render(()) if d["kind"] == "DaemonSet"]
+    assert not any(a.startswith("--port") for a in ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_service_monitors_carry_each_daemons_credentials_and_tls() -> None:
+    """Issue 38, item 2: basicAuth (Secret references) and tlsConfig per daemon, nothing while unset."""
+    docs = render(("webConfig.secretName=web", "webConfig.tls=true", *BASIC_AUTH,
+                   "webConfig.tlsConfig.ca.secret.name=web", "webConfig.tlsConfig.ca.secret.key=ca.crt",
+                   "webConfig.tlsConfig.serverName=gpu-exporter",
+                   "profiler.webConfig.secretName=pweb", "profiler.webConfig.tls=true",
+                   "profiler.webConfig.tlsConfig.insecureSkipVerify=true"))
+    sms = {d["metadata"]["name"]: d["spec"]["endpoints"][0] for d in docs if d["kind"] == "ServiceMonitor"}
+    ex, prof = sms["gpu-exporter"], sms["gpu-exporter-profiler"]
+    assert ex["scheme"] == "https" and ex["basicAuth"] == {"username": {"name": "scrape", "key": "username"},
+                                                          "password": {"name": "scrape", "key": "password"}}
+    assert ex["tlsConfig"] == {"ca": {"secret": {"name": "web", "key": "ca.crt"}}, "serverName": "gpu-exporter"}
+    assert prof["scheme"] == "https" and prof["tlsConfig"] == {"insecureSkipVerify": True}
+    assert "basicAuth" not in prof
+    plain = {d["metadata"]["name"]: d["spec"]["endpoints"][0] for d in render(()) if d["kind"] == "ServiceMonitor"}
+    for ep in plain.values():
+        assert not {"scheme", "basicAuth", "tlsConfig"} & set(ep), ep

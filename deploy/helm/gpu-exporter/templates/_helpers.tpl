@@ -63,3 +63,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- join " " (uniq $names) -}}
 {{- end -}}
+
+{{/* How Prometheus reaches one daemon under its web config (a webConfig value: the exporter's or the
+     profiler's): https and its tlsConfig while tls is on, basicAuth (Secret references) while set.
+     Indented for a ServiceMonitor endpoint. */}}
+{{- define "gpu-exporter.scrapeAuth" -}}
+{{- if .tls }}
+scheme: https
+{{- with .tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- with .basicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
