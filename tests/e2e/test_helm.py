@@ -876,3 +876,45 @@ def test_service_monitors_carry_each_daemons_credentials_and_tls() -> None:
     plain = {d["metadata"]["name"]: d["spec"]["endpoints"][0] for d in render(()) if d["kind"] == "ServiceMonitor"}
     for ep in plain.values():
         assert not {"scheme", "basicAuth", "tlsConfig"} & set(ep), ep
+
+
+# ---- issue 38, item 5: one Kubernetes floor, the chart's and the docs' ------------------------------
+
+def _floor() -> str:
+    import re
+
+    kube = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    m = re.fullmatch(r">=(\d+\.\d+)\.0-0", kube)
+    assert m, kube
+    return m.group(1)
+
+
+def test_the_docs_state_the_charts_kubernetes_floor() -> None:
+    floor = _floor()
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    section = deploy[deploy.index("## Kubernetes versions"):]
+    section = section[:section.index("\n## ", 3)]
+    assert f"Kubernetes {floor} or later" in section, section
+    assert "profiler.admissionPolicy=false" in section
+
+
+def test_kube_version_floor_holds_in_helm_template() -> None:
+    """Below the floor the chart refuses; from it to 1.29 it refuses the admission policy by name and
+    renders valid objects without it; from 1.30 the default renders."""
+    major, minor = map(int, _floor().split("."))
+    below = helm("template", "gpu-exporter", str(CHART), "--kube-version", f"{major}.{minor - 1}.0")
+    assert below.returncode != 0 and "kubeVersion" in below.stderr, below.stderr
+    for v in (f"{major}.{minor}.0", "1.29.9"):
+        refused = helm("template", "gpu-exporter", str(CHART), "--kube-version", v)
+        assert refused.returncode != 0 and "profiler.admissionPolicy=false" in refused.stderr, refused.stderr
+        ok = helm("template", "gpu-exporter", str(CHART), "--kube-version", v, "--set", "vendor=both",
+                  "--set", "namespace.create=true", "--set", "profiler.admissionPolicy=false")
+        assert ok.returncode == 0, ok.stderr
+        docs = [d for d in yaml.safe_load_all(ok.stdout) if d]
+        assert not any(d["kind"].startswith("ValidatingAdmissionPolicy") for d in docs)
+        schema = f"{v.rsplit('.', 1)[0]}.0"
+        errors = [e for d in docs for e in _validation_errors(d, schema)]
+        assert not errors, "\n".join(errors)
+    ok = helm("template", "gpu-exporter", str(CHART), "--kube-version", "1.30.0")
+    assert ok.returncode == 0, ok.stderr
+    assert any(d["kind"] == "ValidatingAdmissionPolicy" for d in yaml.safe_load_all(ok.stdout) if d)
