@@ -1138,3 +1138,30 @@ def test_exporter_may_watch_pods_only_with_per_process(rendered: dict[str, list[
     spec = KUSTOMIZATIONS[name]
     want = (PODS_WATCH if spec.get("per_process") else []) + (SLICES_WATCH if spec.get("dra") else [])
     assert exporter_rbac(rendered[name]) == sorted(want)
+
+
+def _documented_overlay() -> str:
+    """The "Your own overlay" kustomization of docs/deploy.md, as printed."""
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    start = doc.index("# my-gpu-exporter/kustomization.yaml")
+    return doc[start:doc.index("```", start)]
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd", "amd-attribution"])
+def test_documented_overlay_renders_your_images(tmp_path: Path, vendor: str) -> None:
+    """Issue 38, item 3: the docs' images: example matched no image (the base had already renamed
+    gpu-exporter to its registry), so the install kept pulling ghcr.io. Rendered as printed, next to
+    a checkout named gpu-exporter, every container must run the user's image."""
+    (tmp_path / "gpu-exporter").symlink_to(ROOT)
+    mine = tmp_path / "my-gpu-exporter"
+    mine.mkdir()
+    text = _documented_overlay()
+    assert "deploy/overlays/nvidia" in text
+    (mine / "kustomization.yaml").write_text(text.replace("deploy/overlays/nvidia", f"deploy/overlays/{vendor}"))
+    docs = _render(str(mine))
+    images = {c["image"] for d in docs if d["kind"] in ("DaemonSet", "Deployment")
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    want = {"registry.example.com/gpu/gpu-exporter:0.1.0"}
+    if vendor.startswith("amd"):
+        want.add("registry.example.com/gpu/gpu-exporter-rocm:0.1.0")
+    assert images == want, images
