@@ -484,6 +484,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpu_exporter_dra_resourceslices_errors_total", COUNTER, "1",
            "Failed ResourceSlice requests (version probes, lists and watches; an expired watch is not a failure).",
            "self", "self", when="--dra-attribution on, or auto while it is on", filterable=False),
+    Family("gpu_exporter_watch_relists_total", COUNTER, "1",
+           "Lists of a Kubernetes watch after its first one (each after a 410 Expired or a failure, and its "
+           "backoff).", "self", "self", ("resource",), when="--per-process (pods) or DRA attribution "
+           "(resourceslices)", filterable=False),
+    Family("gpu_exporter_watch_errors_total", COUNTER, "1",
+           "Failed requests of a Kubernetes watch: 410 Expired, HTTP errors (429, 5xx, 403), refused "
+           "connections, streams that closed at once, undecodable or oversized answers.", "self", "self",
+           ("resource",), when="--per-process (pods) or DRA attribution (resourceslices)", filterable=False),
     # --- the exporter itself (node_exporter's scrape_collector_*) --------------------------------------
     Family("gpu_exporter_build_info", GAUGE, "1", "gpu-exporter build; value is always 1.", "self", "self",
            ("version", "python_version"), filterable=False, every_backend=True),

@@ -74,6 +74,45 @@ class PodIndex:
 EMPTY_INDEX = PodIndex({}, {})
 
 
+_STATUS_KEYS = ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses")
+_MIRROR = "kubernetes.io/config.mirror"
+MAX_CONTAINERS = 256  # per pod, every kind together: far above any real pod
+_MAX_TEXT = 512  # characters of a kept string: names are at most 253, container IDs about 80
+
+
+def _mapping(v: Any) -> Mapping[str, Any]:
+    return v if isinstance(v, Mapping) else {}
+
+
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) and len(v) <= _MAX_TEXT else ""
+
+
+def pod_summary(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What :func:`index_pods` reads of a Pod, and nothing else: name, namespace, UID, the static
+    pod's mirror hash, and each container's name and ID (at most :data:`MAX_CONTAINERS`). The pod
+    watch keeps only this (``Watcher(keep=...)``), so a pod of a megabyte of spec, environment or
+    annotations costs a few hundred bytes here. Same shape as the API's, so either indexes alike."""
+    meta = _mapping(obj.get("metadata"))
+    ann = _mapping(meta.get("annotations"))
+    kept_meta: dict[str, Any] = {k: _text(meta.get(k)) for k in ("name", "namespace", "uid")}
+    if _text(ann.get(_MIRROR)):
+        kept_meta["annotations"] = {_MIRROR: ann[_MIRROR]}
+    status = _mapping(obj.get("status"))
+    kept_status: dict[str, list[dict[str, str]]] = {}
+    room = MAX_CONTAINERS
+    for key in _STATUS_KEYS:
+        entries = status.get(key)
+        if not isinstance(entries, list):
+            continue
+        for cs in entries[:room]:
+            if isinstance(cs, Mapping) and _text(cs.get("containerID")):
+                kept_status.setdefault(key, []).append({"name": _text(cs.get("name")),
+                                                        "containerID": cs["containerID"]})
+        room -= min(room, len(entries))
+    return {"metadata": kept_meta, "status": kept_status}
+
+
 def index_pods(objects: Mapping[str, Any]) -> PodIndex:
     """The :class:`PodIndex` of Pod objects (API JSON) keyed by UID."""
     by_uid: dict[str, tuple[str, str]] = {}
@@ -90,7 +129,7 @@ def index_pods(objects: Mapping[str, Any]) -> PodIndex:
         if isinstance(mirror, str) and mirror:
             by_uid[mirror.lower()] = (ns, name)  # a static pod's cgroup carries its config hash
         status = obj.get("status") or {}
-        for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+        for key in _STATUS_KEYS:
             for cs in status.get(key) or ():
                 cid = str(cs.get("containerID") or "")
                 if "://" in cid:  # containerd://<id>, cri-o://<id>, docker://<id>

@@ -158,7 +158,7 @@ class ResourceSliceWatch:
     """
 
     def __init__(self, api_client: Any, node: str, timeout: float = 10.0, watch_seconds: int = 300,
-                 max_backoff: float = 60.0, auto: bool = False) -> None:
+                 max_backoff: float = 30.0, auto: bool = False, clock: Any = None) -> None:
         if not node:
             raise ValueError("DRA attribution: the node name is empty (set NODE_NAME)")
         self.node = node
@@ -166,9 +166,14 @@ class ResourceSliceWatch:
         self.watch_seconds = int(watch_seconds)
         self.max_backoff = float(max_backoff)
         self.auto = auto
+        from exporter.k8s.watch import Clock
+
+        self.clock = clock or Clock()  # tests give a fake one (exporter.k8s.watch.Clock)
         self.version: str | None = None
         self.synced = threading.Event()  # set after the first complete list
-        self._client = api_client
+        from exporter.k8s.watch import no_retries
+
+        self._client = no_retries(api_client) if api_client is not None else None  # our backoff, not urllib3's
         self._devices: dict[DeviceId, DraDevice | None] = {}
         self._probe_errors = 0
         self._watcher: Any = None
@@ -178,7 +183,7 @@ class ResourceSliceWatch:
 
     @property
     def errors(self) -> int:
-        """Failed requests: version probes, then the watcher's lists and watches."""
+        """Failed requests: version probes, then the watcher's lists and watches (410 Expired not counted)."""
         return self._probe_errors + (self._watcher.errors if self._watcher is not None else 0)
 
     # --- scrape side -----------------------------------------------------------------------
@@ -248,6 +253,9 @@ class ResourceSliceWatch:
                                  GROUP, version, "resourceslices")
 
     def _run(self) -> None:
+        from exporter.k8s.watch import Backoff, Watcher
+
+        backoff = Backoff(initial=min(0.8, self.max_backoff), cap=self.max_backoff, clock=self.clock)
         failures = 0
         while not self._stop.is_set():
             try:
@@ -260,17 +268,19 @@ class ResourceSliceWatch:
                     return
                 failures += 1
                 self._probe_errors += 1
+                delay = backoff.next()  # the watch's policy: exponential, jittered, capped
                 log.log(logging.WARNING if failures == 1 else logging.DEBUG,
-                        "DRA attribution: %s; retrying with backoff", exc)
-                self._stop.wait(min(self.max_backoff, 0.5 * 2 ** min(failures, 8)))
+                        "DRA attribution: %s; retrying with backoff (%.1f s)", exc, delay)
+                if self.clock.wait(self._stop, delay):
+                    return
         else:
             return
-        from exporter.k8s.watch import Watcher
 
         log.info("DRA attribution: watching this node's ResourceSlices (%s/%s, node %s)", GROUP, version, self.node)
         self._watcher = Watcher("resourceslices", self._list_call(version), self._changed,
                                 field_selector=self._selector(), timeout_seconds=self.watch_seconds,
-                                request_timeout=self.timeout, max_backoff=self.max_backoff)
+                                request_timeout=self.timeout, max_backoff=self.max_backoff, keep=slice_summary,
+                                clock=self.clock)
         if not self._stop.is_set():
             self._watcher.start()
 
@@ -281,8 +291,9 @@ class ResourceSliceWatch:
         if self.off:
             return []
         up = self.version is not None and self.synced.is_set()
+        watch = self._watcher.families() if self._watcher is not None else []
         return [schema.metric("gpu_exporter_dra_attribution_up", 1.0 if up else 0.0),
-                schema.metric("gpu_exporter_dra_resourceslices_errors_total", float(self.errors))]
+                schema.metric("gpu_exporter_dra_resourceslices_errors_total", float(self.errors)), *watch]
 
     def _changed(self, objects: Mapping[str, Any]) -> None:
         """The whole set of this node's slices changed: rebuild the index (replaced whole)."""
@@ -301,6 +312,13 @@ class ResourceSliceWatch:
                 merged.update(index_slice(obj))
         self._devices = merged
         self.synced.set()
+
+
+def slice_summary(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What :meth:`ResourceSliceWatch._changed` reads of a slice (its watch keeps only this): the
+    spec, and the uid and name; managed fields, labels and annotations are dropped as decoded."""
+    meta: Mapping[str, Any] = obj["metadata"] if isinstance(obj.get("metadata"), Mapping) else {}
+    return {"metadata": {k: meta[k] for k in ("uid", "name") if k in meta}, "spec": obj.get("spec")}
 
 
 def _pool(obj: Mapping[str, Any]) -> tuple[tuple[Any, Any], int]:

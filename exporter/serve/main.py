@@ -162,7 +162,7 @@ def start_process_attribution(settings: config.Settings, engine: Engine) -> tupl
 
     watch.import_client("--per-process")  # --proc-root was checked with the other settings
     from exporter.core.host import node_name
-    from exporter.k8s.processes import ProcessAttribution
+    from exporter.k8s.processes import ProcessAttribution, pod_summary
 
     attribution = ProcessAttribution(settings.proc_root)
     engine.observers.append(attribution.observe)
@@ -178,8 +178,10 @@ def start_process_attribution(settings: config.Settings, engine: Engine) -> tupl
     from kubernetes import client
 
     node = node_name()
-    pods = watch.Watcher("pods", client.CoreV1Api(api).list_pod_for_all_namespaces, attribution.pods_changed,
-                         field_selector=f"spec.nodeName={node}")
+    pods = watch.Watcher("pods", client.CoreV1Api(watch.no_retries(api)).list_pod_for_all_namespaces,
+                         attribution.pods_changed,
+                         field_selector=f"spec.nodeName={node}", keep=pod_summary)
+    engine.family_sources.append(pods.families)
     pods.start()
     log.info("per-process attribution: PIDs from %s, pods of node %s from a watch", settings.proc_root, node)
     return attribution, pods

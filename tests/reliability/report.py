@@ -254,6 +254,32 @@ EXTERNAL = [
             "rotated-out password kept answering, a renewed certificate was not served)",
         "test": "tests/unit/platform/test_webconfig_reload.py",
         "figures": {"cases": 5, "failures": 0}, "outcome": "make test"}),
+    ("Hostile input (hypothesis)", {
+        "scenario": "pods of a megabyte with --per-process (issue 36)",
+        "done": "100 pods of about 1.1 MiB of JSON each (a 400 KiB last-applied annotation, 7,000 "
+            "environment variables, 200 labels) on the exporter's node, listed; 10 more through the "
+            "watch; then a relist after 410",
+        "happened": "peak RSS (VmHWM) 90.6 MiB, under the DaemonSet's 128 MiB (before: 572.7 MiB): each pod "
+            "is reduced to name, namespace, UID and container IDs as it is decoded, a list item by "
+            "item from the stream, an object over 4 MiB fails the request, at most 10,000 objects "
+            "kept; the per-pod readings still right",
+        "test": "tests/unit/k8s/test_shared_gpus.py::test_a_hundred_pods_of_a_megabyte_stay_under_the_dae"
+            "monsets_limit",
+        "figures": {"cases": 1, "failures": 0}, "outcome": "make test"}),
+    ("Faults: exporter", {
+        "scenario": "Kubernetes watch failing every time (issue 36)",
+        "done": "the pod watch answered, every time, with 410 Expired, 429 with Retry-After 7, 500, a "
+            "stream closed at once, a garbage line, a line that is not an object, a 70 KB line "
+            "without end (limit 64 KiB); injected clock and jitter; a relist after 410 with a pod "
+            "deleted in the gap",
+        "happened": "each failure waits client-go's backoff (0.8 s doubling, jitter up to as much again, "
+            "capped at 30 s, Retry-After honoured up to the cap), counted in "
+            "gpu_exporter_watch_relists_total and gpu_exporter_watch_errors_total, one WARNING line "
+            "per outage, the last known pods kept; the relist drops the deleted pod (before: 317-375 "
+            "lists a second per watch, nothing counted or logged)",
+        "test": "tests/unit/k8s/test_watch.py::test_every_watch_failure_backs_off_exponentially_with_jitt"
+            "er_and_a_cap, ::test_a_relist_after_410_drops_what_was_deleted_in_the_gap",
+        "figures": {"cases": 8, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [

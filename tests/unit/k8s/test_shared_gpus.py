@@ -206,3 +206,57 @@ def test_a_container_id_of_another_pod_is_not_taken() -> None:
     assert index.holder(cgroup.CgroupRef(U[3], C[2])) is None  # a pod this node does not know: left out
     ref = cgroup.parse_path(f"/kubepods/pod{U[1]}/{C[1]}/pod{U[2]}/{C[2]}")
     assert ref is not None and index.holder(ref) == ("t", "attacker", "c")
+
+
+def _big_pod(i: int) -> dict:
+    """A pod of about 1 MiB of JSON, as big pods are: a kubectl last-applied annotation and a container
+    with thousands of environment variables (many small objects: what costs Python the most memory)."""
+    env = [{"name": f"VAR_{i}_{k:05d}", "value": f"value-{k:08d}-{'x' * 40}"} for k in range(7000)]
+    return {"metadata": {"name": f"big-{i:03d}", "namespace": "bulk", "uid": f"{i:08x}-0000-4000-8000-000000000000",
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "y" * (400 << 10)},
+                         "labels": {f"l{k}": "v" for k in range(200)}},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "x", "env": env}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "main", "containerID": f"containerd://{i:064x}", "ready": True, "restartCount": 0,
+                 "image": "x", "imageID": ""}]}}
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_hundred_pods_of_a_megabyte_stay_under_the_daemonsets_limit(tmp_path: Path, kubeapi: FakeKubeAPI,
+                                                                        proc_root: Path) -> None:
+    """Issue 36 item 2: the pod watch kept whole Pod objects (+8.3 MiB RSS per pod of 1.2 MiB JSON): 7 such
+    pods passed the DaemonSet's 128 MiB limit. Now each pod is reduced to its name, namespace, UID and
+    container IDs as it is decoded, a list item by item: 100 pods of 1 MiB, listed, then 10 more through the
+    watch and a relist, keep the exporter's peak RSS under 128 MiB, and the mapping still works."""
+    import json
+
+    assert len(json.dumps(_big_pod(0))) > 1 << 20
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=4)
+    shared_fleet(fleet)
+    add_pods(kubeapi)
+    for i in range(100):
+        kubeapi.put_object("/api/v1/pods", _big_pod(i))
+    def mapped(ex: ExporterProcess) -> dict:  # a 100 MiB list takes a while on a loaded machine
+        return wait_until(lambda: (s := ex.scrape()) and len(pod_series(s, "gpu_pod_memory_used_bytes")) >= 5 and s,
+                          timeout=120, what="5 per-pod memory series")
+
+    with start(fleet, proc_root, kubeapi.kubeconfig(tmp_path / "kubeconfig")) as ex:
+        mapped(ex)
+        for i in range(100, 110):  # through the watch
+            kubeapi.put_object("/api/v1/pods", _big_pod(i))
+        wait_until(lambda: kubeapi.requests and sum(1 for r in kubeapi.requests if r.verb == "watch") >= 1,
+                   what="the watch")
+        lists = sum(1 for r in kubeapi.requests if r.verb == "list")
+        kubeapi.expire_watches()
+        wait_until(lambda: sum(1 for r in kubeapi.requests if r.verb == "list") > lists, timeout=60,
+                   what="a list again")
+        s = mapped(ex)
+        assert pod_series(s, "gpu_pod_memory_used_bytes")[("0", "ml", "train-a", "trainer")] == 3 * GIB
+        peak = _peak_rss_mib(ex.proc.pid)
+    assert peak < 128, f"peak RSS {peak:.1f} MiB"
