@@ -58,6 +58,7 @@ from exporter.profiler.plan import (
 )
 from exporter.profiler.prom import PromError, printable
 from exporter.profiler.queries import Reader
+from exporter.profiler.taints import DeviceTaints, Failed
 
 if TYPE_CHECKING:
     from exporter.platform.webconfig import WebConfig
@@ -212,7 +213,8 @@ class Profiler:
                  out: IO[str] | None = None, metrics: ProfilerMetrics | None = None,
                  clock: Callable[[], float] = time.time, write_concurrency: int = 4,
                  elector: LeaderElector | None = None, events: EventRecorder | None = None,
-                 health: bool = False, latency_offset_s: float = 0.0) -> None:
+                 health: bool = False, latency_offset_s: float = 0.0,
+                 taints: DeviceTaints | None = None) -> None:
         self.reader = reader
         self.elector = elector
         self.events = events
@@ -232,6 +234,9 @@ class Profiler:
         if health and not reader.cfg.health:
             raise ValueError("the GPUHealthy condition needs the reader's health fields (QueryConfig(health=True))")
         self.health = health  # set the GPUHealthy Node condition (needs patch on nodes/status)
+        if taints is not None and not reader.cfg.health:
+            raise ValueError("device taints need the reader's health fields (QueryConfig(health=True))")
+        self.taints = taints  # --device-taints: a DeviceTaintRule per failed GPU (taints.py)
         self._at = 0.0  # the cycle's evaluation time
         self.cycle_started: float | None = None  # monotonic, while a cycle runs
         self.last_cycle_end: float = time.monotonic()
@@ -318,6 +323,7 @@ class Profiler:
         counts: dict[str, int] = {}
         seen: set[str] = set()
         observed: dict[str, health.Observed] = {}
+        view = Failed() if self.taints is not None else None
         classify_s = 0.0
         critical = self.reader.cfg.critical_xids
 
@@ -331,7 +337,9 @@ class Profiler:
                 for (node, gpu), st in gpus.items():
                     per_node.setdefault(node, {})[gpu] = st
                 for node, node_gpus in per_node.items():
-                    observed[node] = health.observe(node_gpus, critical)
+                    obs = observed[node] = health.observe(node_gpus, critical)
+                    if view is not None:
+                        view.add_node(node, node_gpus, critical, obs.status == health.TRUE)
             for (node, gpu), st in gpus.items():
                 seen.add(node)
                 if not st.fresh:
@@ -370,7 +378,10 @@ class Profiler:
 
         t0 = time.monotonic()
         try:
-            self._apply(self._nodes(seen, res), inputs, res, observed)
+            nodes = self._nodes(seen, res)
+            self._apply(nodes, inputs, res, observed)
+            if self.taints is not None and view is not None and nodes is not None:
+                self.taints.sync(view)  # after the conditions: the rules follow what they say
         finally:
             res.write_s = time.monotonic() - t0
 

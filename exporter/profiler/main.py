@@ -33,6 +33,7 @@ from exporter.profiler.plan import PlanConfig, valid_prefix
 from exporter.profiler.prom import PromClient, is_base_url, valid_header
 from exporter.profiler.promql import MIN_QUERY_BYTES
 from exporter.profiler.queries import QueryConfig, Reader
+from exporter.profiler.taints import DeviceTaints
 
 if TYPE_CHECKING:
     from exporter.platform.webconfig import WebConfig
@@ -190,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--health-condition", default="on",
                    help="on or off: set the GPUHealthy condition on each GPU node (needs RBAC patch on "
                         "nodes/status; env PROFILER_HEALTH_CONDITION, default on)")
+    e.add_argument("--device-taints", default="off",
+                   help="on or off: on DRA clusters, a DeviceTaintRule (effect NoSchedule) for each failed or hung "
+                        "GPU's devices, removed once it is healthy for --hysteresis cycles (needs "
+                        "--health-condition on and the RBAC of the device-taints install; default off)")
     e.add_argument("--events-burst", default="25",
                    help="Events a node may get at once before its budget limits it (default 25, as client-go)")
     e.add_argument("--events-refill", default="5m",
@@ -244,6 +249,7 @@ class ProfilerSettings:
     log_format: str
     election: ElectionConfig | None = None
     events: bool = True
+    device_taints: bool = False
     events_burst: int = 25
     events_refill_s: float = 300.0
     web: WebConfig | None = None  # --web.config.file: TLS and basic auth of /metrics and /healthz
@@ -358,6 +364,7 @@ def parse_args(argv: list[str]) -> ProfilerSettings:
         log_format=a.log_format,
         election=_election(a),
         events=_on_off("--events", a.events),
+        device_taints=_device_taints(a),
         events_burst=_int("--events-burst", a.events_burst, 1, 1000),
         events_refill_s=parse_duration("--events-refill", a.events_refill, 1, 86400),
         web=_web_config(a.web_config_file),
@@ -391,6 +398,13 @@ def _at(value: str | None, once: bool) -> float | None:
     if not 946684800 <= t <= 4102444800:  # 2000-01-01 to 2100-01-01; also refuses nan and inf
         raise ConfigError(f"--at {value!r}: must be a unix time between 2000 and 2100")
     return t
+
+
+def _device_taints(a: argparse.Namespace) -> bool:
+    on = _on_off("--device-taints", a.device_taints)
+    if on and not _on_off("--health-condition", a.health_condition):
+        raise ConfigError("--device-taints on: needs --health-condition on (the rules follow the GPUs' health)")
+    return on
 
 
 def _on_off(flag: str, value: str) -> bool:
@@ -428,8 +442,14 @@ def build_profiler(s: ProfilerSettings, out: IO[str] | None = None) -> Profiler:
             summary = {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": pod} if pod else None
             events = EventRecorder(api, ns, burst=s.events_burst, refill_s=s.events_refill_s,
                                    summary_object=summary)
+    taints = None
+    if s.device_taints and api is not None:
+        taints = DeviceTaints(api, hysteresis=s.plan.hysteresis, dry_run=s.dry_run, out=out or sys.stdout,
+                              is_leader=elector.is_leader if elector is not None else None)
+    elif s.device_taints:
+        log.warning("--device-taints: no cluster in this dry run: no DeviceTaintRule is planned")
     return Profiler(Reader(client, s.query), store, s.plan, dry_run=s.dry_run, out=out, elector=elector,
-                    events=events, health=s.health, latency_offset_s=s.latency_offset_s)
+                    events=events, health=s.health, latency_offset_s=s.latency_offset_s, taints=taints)
 
 
 def run(argv: list[str], out: IO[str] | None = None,

@@ -66,6 +66,11 @@ KUSTOMIZATIONS: dict[str, dict[str, Any]] = {
         "path": "deploy/overlays/nvidia-dra", "backend": "nvml", "vendor": "nvidia", "root": True,
         "privileged": False, "runtime_class": "nvidia", "image": "gpu-exporter", "dra": True,
     },
+    # nvidia-dra plus the profiler's --device-taints (tests/e2e/test_device_taints_deploy.py)
+    "nvidia-dra-device-taints": {
+        "path": "deploy/overlays/nvidia-dra-device-taints", "backend": "nvml", "vendor": "nvidia", "root": True,
+        "privileged": False, "runtime_class": "nvidia", "image": "gpu-exporter", "dra": True,
+    },
 }  # fmt: skip
 
 # The plain label docs/deploy.md tells operators to set where no discovery tool labels GPU nodes;
@@ -653,6 +658,8 @@ def test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events(rendered: di
     roles = _objs(docs, "ClusterRole") + _objs(docs, "Role")
     exporter = [("ClusterRole", "gpu-exporter-pods")] if KUSTOMIZATIONS[name].get("per_process") else []
     exporter += [("ClusterRole", "gpu-exporter-resourceslices")] if KUSTOMIZATIONS[name].get("dra") else []
+    # --device-taints: its own role (exact rules in tests/e2e/test_device_taints_deploy.py)
+    exporter += [("ClusterRole", "gpu-exporter-profiler-device-taints")] if "device-taints" in name else []
     assert sorted((r["kind"], r["metadata"]["name"]) for r in roles) == sorted([
         *exporter, ("ClusterRole", "gpu-exporter-profiler"), ("Role", "gpu-exporter-profiler")]), \
         "no other role is granted (the exporter's: test_exporter_may_watch_pods_only_with_per_process)"
@@ -673,7 +680,8 @@ def test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events(rendered: di
     dep = _one(docs, "Deployment", "gpu-exporter-profiler")
     sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
     bindings = [b for b in _objs(docs, "ClusterRoleBinding") + _objs(docs, "RoleBinding")
-                if b["metadata"]["name"] not in ("gpu-exporter-pods", "gpu-exporter-resourceslices")]  # tested apart
+                if b["metadata"]["name"] not in ("gpu-exporter-pods", "gpu-exporter-resourceslices",
+                                                 "gpu-exporter-profiler-device-taints")]  # tested apart
     assert sorted(b["kind"] for b in bindings) == ["ClusterRoleBinding", "RoleBinding"]
     for b in bindings:
         kind = "ClusterRole" if b["kind"] == "ClusterRoleBinding" else "Role"

@@ -43,6 +43,8 @@ AGREEMENT = {
     "nvidia": (["vendor=nvidia"], "deploy/overlays/nvidia"),
     "amd": (["vendor=amd"], "deploy/overlays/amd"),
     "amd-attribution": (["vendor=amd", "amd.attribution=true"], "deploy/overlays/amd-attribution"),
+    "nvidia-dra-device-taints": (["vendor=nvidia", "exporter.draAttribution=true", "profiler.deviceTaints=true"],
+                                 "deploy/overlays/nvidia-dra-device-taints"),
 }
 
 
@@ -52,6 +54,9 @@ AGREEMENT = {
 def chart_copies() -> dict[Path, str]:
     """Chart file -> the content it must have."""
     out = {CHART / "files" / "profiler-admission-policy.yaml": (BASE / "profiler-admission-policy.yaml").read_text()}
+    # --device-taints (profiler.deviceTaints): the kustomize overlay's policy
+    out[CHART / "files" / "profiler-device-taints-policy.yaml"] = (
+        ROOT / "deploy" / "overlays" / "nvidia-dra-device-taints" / "profiler-device-taints-policy.yaml").read_text()
     # The PrometheusRule that tests/e2e/test_rules.py keeps equal to dashboards/rules/*.yaml.
     out[CHART / "files" / "prometheusrule.yaml"] = (BASE / "prometheusrule.yaml").read_text()
     # The sidecar ConfigMaps that tests/e2e/test_dashboards.py keeps equal to dashboards/*.json.
@@ -178,6 +183,8 @@ RENDERS = {
                              "profiler.webConfig.tls=true"), OLD_NAMESPACE),
     "dra": (("vendor=both", "namespace.create=true", "amd.attribution=true", "exporter.draAttribution=true"),
             OLD_NAMESPACE),
+    "device-taints": (("vendor=nvidia", "namespace.create=true", "exporter.draAttribution=true",
+                       "profiler.deviceTaints=true"), OTHER_NAMESPACE),
 }
 
 

@@ -52,6 +52,17 @@ DRA ResourceSlices are list + watch collections too, one per ``resource.k8s.io``
 (v1beta1 wraps device fields in ``basic``), :meth:`~FakeKubeAPI.delete_resource_slice` removes it;
 only the versions in :attr:`~FakeKubeAPI.slice_versions` are served (others 404, as on a
 1.32 server with ``("v1beta1",)``).
+
+Discovery of ``resource.k8s.io`` (``GET /apis/resource.k8s.io``: the APIGroup;
+``GET /apis/resource.k8s.io/{version}``: its APIResourceList) and cluster-scoped
+``DeviceTaintRule`` objects (``/apis/resource.k8s.io/{version}/devicetaintrules[/{name}]``: list
+with ``labelSelector``, create, get, merge patch, delete), served in the versions of
+:attr:`~FakeKubeAPI.taint_rule_versions` only (``()``: the ``DRADeviceTaintRules`` gate off, the
+resource absent from discovery and 404). Their shape is checked as the real server checks it
+(kubernetes/api resource/v1beta2 and v1alpha3 types.go at 10b39a39: ``spec.deviceSelector``
+holds only ``driver``, ``pool``, ``device``; ``spec.taint`` needs a label-name ``key``, a
+label-value ``value`` and ``effect`` None, NoSchedule or NoExecute; ``timeAdded`` is set when
+absent); anything else is 422. :meth:`~FakeKubeAPI.taint_rules` lists them.
 """
 
 from __future__ import annotations
@@ -116,6 +127,10 @@ _NAMESPACED = re.compile(
     r"/(?:api/v1|apis/(?P<group>coordination\.k8s\.io)/v1)/namespaces/(?P<ns>[^/]+)/(?P<res>leases|events)"
     r"(?:/(?P<name>[^/]+))?\Z")
 _KINDS = {"leases": ("Lease", "coordination.k8s.io/v1"), "events": ("Event", "v1")}
+_TAINT_RULES = re.compile(r"/apis/resource\.k8s\.io/(?P<v>[^/]+)/devicetaintrules(?:/(?P<name>[^/]+))?\Z")
+_RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")  # resource.k8s.io, newest first
+_TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")  # DeviceTaintEffect
+_DNS_LABEL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 
 class ApiError(Exception):
@@ -168,6 +183,8 @@ class RecordedRequest:
         """``nodes``, ``leases``, ``events`` or the path."""
         if self.path == "/api/v1/nodes" or _NODE_PATH.match(self.path):
             return "nodes"
+        if _TAINT_RULES.match(self.path):
+            return "devicetaintrules"
         if _NODE_STATUS_PATH.match(self.path):
             return "nodes/status"
         if self.path in _WATCHABLE:
@@ -181,7 +198,8 @@ class RecordedRequest:
         if self.path in _WATCHABLE and self.method == "GET":
             return "watch" if self.query.get("watch") in ("true", "1") else "list"
         one = self.path != "/api/v1/nodes" and not (
-            (m := _NAMESPACED.match(self.path)) is not None and m.group("name") is None)
+            (m := _NAMESPACED.match(self.path)) is not None and m.group("name") is None) and not (
+            (t := _TAINT_RULES.match(self.path)) is not None and t.group("name") is None)
         return {"GET": "get" if one else "list", "POST": "create", "PUT": "update", "PATCH": "patch",
                 "DELETE": "delete"}.get(self.method, self.method.lower())
 
@@ -478,6 +496,9 @@ class FakeKubeAPI:
         self._injections: list[_Injection] = []
         self._watched: dict[str, dict[str, JsonObj]] = {p: {} for p in _WATCHABLE}  # list path -> uid -> obj
         self.slice_versions: tuple[str, ...] = ("v1", "v1beta1")  # resource.k8s.io versions served
+        # resource.k8s.io versions serving devicetaintrules: () is the DRADeviceTaintRules gate off
+        self.taint_rule_versions: tuple[str, ...] = ("v1beta2", "v1alpha3")
+        self._taint_rules: dict[str, JsonObj] = {}
         self._watch_log: list[tuple[int, str, str, JsonObj]] = []  # (rv, list path, event type, object)
         self._compacted = 0  # watches from a resourceVersion below this get 410 Expired
         self._changed = threading.Condition(self._lock)
@@ -715,7 +736,86 @@ class FakeKubeAPI:
             self._objects[key] = new
             return _clone(new)
 
+    # ---- resource.k8s.io discovery and DeviceTaintRules ----
+
+    def taint_rules(self) -> list[JsonObj]:
+        """Copies of the stored DeviceTaintRules, by name."""
+        with self._lock:
+            return [_clone(o) for _, o in sorted(self._taint_rules.items())]
+
+    def _resource_group(self, method: str, path: str, query: Mapping[str, str], ctype: str | None,
+                        body: Any) -> Any:
+        served = [v for v in _RESOURCE_VERSIONS if v in self.slice_versions or v in self.taint_rule_versions]
+        if method == "GET" and path.rstrip("/") == "/apis/resource.k8s.io":
+            versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in served]
+            return {"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io", "versions": versions,
+                    "preferredVersion": versions[0] if versions else None}
+        version = path[len(_SLICES):].rstrip("/")
+        if method == "GET" and "/" not in version:
+            if version not in served:
+                raise ApiError(404, f"the server could not find the requested resource ({method} {path})")
+            verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+            res = []
+            if version in self.slice_versions:
+                res.append({"name": "resourceslices", "singularName": "resourceslice", "namespaced": False,
+                            "kind": "ResourceSlice", "verbs": verbs})
+            if version in self.taint_rule_versions:
+                res.append({"name": "devicetaintrules", "singularName": "devicetaintrule", "namespaced": False,
+                            "kind": "DeviceTaintRule", "verbs": verbs})
+            return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"resource.k8s.io/{version}",
+                    "resources": res}
+        m = _TAINT_RULES.match(path)
+        if m is None or m["v"] not in self.taint_rule_versions:
+            raise ApiError(404, f"the server could not find the requested resource ({method} {path})")
+        api_version = f"resource.k8s.io/{m['v']}"
+        name = urllib.parse.unquote(m["name"]) if m["name"] else None
+        with self._lock:
+            if name is None:
+                if method == "GET":
+                    sel = label_selector(query.get("labelSelector", ""))
+                    items = [dict(_clone(o), apiVersion=api_version) for _, o in sorted(self._taint_rules.items())
+                             if sel(o["metadata"].get("labels") or {})]
+                    return {"kind": "DeviceTaintRuleList", "apiVersion": api_version,
+                            "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+                if method != "POST":
+                    raise ApiError(405, f"fake API server: {method} on devicetaintrules is not supported")
+                obj = _clone(body) if isinstance(body, dict) else None
+                _check_taint_rule(obj)
+                assert obj is not None
+                key = obj["metadata"]["name"]
+                if key in self._taint_rules:
+                    raise ApiError(409, f'devicetaintrules.resource.k8s.io "{key}" already exists', key,
+                                   reason="AlreadyExists")
+                obj["spec"]["taint"].setdefault("timeAdded", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                obj.pop("status", None)
+                obj["kind"] = "DeviceTaintRule"
+                obj["metadata"].update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(), generation=1,
+                                       creationTimestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                self._taint_rules[key] = obj
+                return dict(_clone(obj), apiVersion=api_version)
+            current = self._taint_rules.get(name)
+            if current is None:
+                raise ApiError(404, f'devicetaintrules.resource.k8s.io "{name}" not found', name)
+            if method == "GET":
+                return dict(_clone(current), apiVersion=api_version)
+            if method == "DELETE":
+                del self._taint_rules[name]
+                self._rv += 1
+                return dict(_clone(current), apiVersion=api_version)
+            if method != "PATCH":
+                raise ApiError(405, f"fake API server: {method} on devicetaintrules is not supported")
+            new = self._patched(current, ctype, body)
+            for k in ("name", "uid", "creationTimestamp"):
+                new["metadata"][k] = current["metadata"][k]
+            _check_taint_rule(new)
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self._taint_rules[name] = new
+            return dict(_clone(new), apiVersion=api_version)
+
     def _dispatch(self, method: str, path: str, query: Mapping[str, str], ctype: str | None, body: Any) -> Any:
+        if path.rstrip("/") == "/apis/resource.k8s.io" or (
+                path.startswith(_SLICES) and path not in _WATCHABLE and not path.endswith("/resourceslices")):
+            return self._resource_group(method, path, query, ctype, body)
         if path in _WATCHABLE:
             if path.startswith(_SLICES) and path[len(_SLICES):].split("/")[0] not in self.slice_versions:
                 raise ApiError(404, f"the server could not find the requested resource ({method} {path})")
@@ -1073,6 +1173,51 @@ class FakeKubeAPI:
                     self.close_connection = True  # the client gave up (timeout) or we are stopping
 
         return Handler
+
+
+def _check_taint_rule(obj: JsonObj | None) -> None:
+    """422 unless ``obj`` is a DeviceTaintRule as resource/v1beta2 (and v1alpha3) types.go define it."""
+    def bad(why: str) -> ApiError:
+        return ApiError(422, f"DeviceTaintRule is invalid: {why}", reason="Invalid")
+
+    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+        raise bad("metadata: Required value")
+    meta = obj["metadata"]
+    name = meta.get("name")
+    if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        raise bad(f"metadata.name: Invalid value: {name!r}")
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, dict) or any(_key_error(str(k)) for k in labels) or any(
+            not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.match(v) for v in labels.values()):
+        raise bad("metadata.labels: Invalid value")
+    spec = obj.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("taint"), dict):
+        raise bad("spec.taint: Required value")
+    extra = set(spec) - {"deviceSelector", "taint"}
+    if extra:
+        raise bad(f"spec: unknown field(s) {sorted(extra)}")
+    sel = spec.get("deviceSelector")
+    if sel is not None:
+        if not isinstance(sel, dict) or set(sel) - {"driver", "pool", "device"}:
+            raise bad("spec.deviceSelector: only driver, pool and device (the rest is tombstoned since 1.35)")
+        for k, limit in (("driver", 63), ("pool", 253), ("device", 63)):
+            v = sel.get(k)
+            if v is not None and (not isinstance(v, str) or not v or len(v) > limit):
+                raise bad(f"spec.deviceSelector.{k}: Invalid value: {v!r}")
+        if sel.get("device") is not None and not _DNS_LABEL_NAME.match(sel["device"]):
+            raise bad(f"spec.deviceSelector.device: Invalid value: {sel['device']!r}: must be a DNS label")
+    taint = spec["taint"]
+    if set(taint) - {"key", "value", "effect", "timeAdded"}:
+        raise bad(f"spec.taint: unknown field(s) {sorted(set(taint) - {'key', 'value', 'effect', 'timeAdded'})}")
+    key = taint.get("key")
+    if not isinstance(key, str) or _key_error(key):
+        raise bad(f"spec.taint.key: Invalid value: {key!r}")
+    value = taint.get("value", "")
+    if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+        raise bad(f"spec.taint.value: Invalid value: {value!r}")
+    if taint.get("effect") not in _TAINT_EFFECTS:
+        raise bad(f"spec.taint.effect: Unsupported value: {taint.get('effect')!r}: supported values: "
+                  + ", ".join(f'"{e}"' for e in _TAINT_EFFECTS))
 
 
 # ---- list + watch collections -------------------------------------------------------------

@@ -326,3 +326,29 @@ def test_message_is_parseable_and_bounded() -> None:
     assert [entry.match(p)[2] for p in parts[:-1]] == [str(g) for g in range(len(parts) - 1)]  # type: ignore[index]
     assert entry.match(parts[2])[3] == "-"  # type: ignore[index]
     assert "forged" not in msg and "\n" not in msg
+
+
+def test_device_taints_follow_the_gpus(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    """--device-taints through whole cycles: the lost GPU and the one with a critical XID get a
+    DeviceTaintRule for their DRA device, the narrowed link none; after recovery the rules go
+    once the GPUs have been healthy for the hysteresis (every cycle a new profiler, as --once)."""
+    from exporter.profiler.taints import DeviceTaints
+    from tests.fakes.dra_slices import NVIDIA, nvidia_gpu, resource_slice
+
+    for n in ("h-lost", "h-xid", "h-pcie"):
+        kubeapi.add_node(n)
+        kubeapi.put_resource_slice(resource_slice(f"{n}-gpus", n, NVIDIA, [
+            nvidia_gpu(g, _labels(n, str(g))["uuid"], f"0000:0{g}:00.0") for g in (0, 1)]))
+
+    def cycle(at: float) -> set[tuple[str, str, str]]:
+        reader = Reader(PromClient(prom.url), QueryConfig(health=True, window_s=1800))
+        prof = Profiler(reader, NodeStore(kube_client), PlanConfig(hysteresis=2), health=True,
+                        taints=DeviceTaints(kube_client, hysteresis=2))
+        assert prof.run_cycle(at=at).ok
+        return {(r["spec"]["deviceSelector"]["pool"], r["spec"]["deviceSelector"]["device"],
+                 r["spec"]["taint"]["value"]) for r in kubeapi.taint_rules()}
+
+    want = {("h-lost", "gpu-1", health.LOST), ("h-xid", "gpu-1", health.XID)}
+    assert cycle(AT_FAULT) == want
+    assert cycle(AT_OK) == want  # healthy once: kept
+    assert cycle(AT_OK) == set()  # healthy for the hysteresis: removed
