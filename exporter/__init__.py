@@ -5,7 +5,7 @@ harnesses and autotuners (docs/python-api.md)::
     for gpu in exporter.query_gpus():
         print(gpu.index, gpu.name, gpu.memory_free_bytes, gpu.utilization_ratio)
 
-The API lives in :mod:`exporter.tools.gpus` and is loaded on first use, so that
+The API lives in :mod:`exporter.python_api` and is loaded on first use, so that
 ``gpu-exporter serve`` (which imports this package) never loads it.
 """
 
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ below loads the same names
-    from exporter.tools.gpus import (
+    from exporter.python_api import (
         Availability,
         GpuStatus,
         GpuUnavailable,
@@ -50,9 +50,9 @@ else:
     def __getattr__(name: str) -> object:
         if name not in __all__:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        from exporter.tools import gpus
+        from exporter import python_api
 
-        value = getattr(gpus, name)
+        value = getattr(python_api, name)
         globals()[name] = value  # loaded once; later lookups do not come here
         return value
 

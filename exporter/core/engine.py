@@ -2,7 +2,7 @@
 
 It returns a :class:`~exporter.core.snapshot.Snapshot`, never bytes: ``/metrics`` renders and
 caches the exposition of a snapshot (exporter/serve/http.py), the JSON API and the Python API
-(exporter/tools/gpus.py) read the snapshot itself. Two modes:
+(exporter/python_api/) read the snapshot itself. Two modes:
 
 - collect on scrape (``COLLECTION_INTERVAL=0``, the default): the first scrape starts a
   collection on the worker thread; scrapes arriving meanwhile join it. Everyone gets the

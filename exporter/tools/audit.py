@@ -27,7 +27,7 @@ from exporter.core.options import Settings
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import FIELDS, MIB, PowerTracker, format_bytes, stats_view
 from exporter.platform.errors import ConfigError, one_line
-from exporter.tools import gpus
+from exporter.python_api import sessions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -149,17 +149,17 @@ def settings_from(args: argparse.Namespace) -> Settings:
 @contextlib.contextmanager
 def open_session(args: argparse.Namespace) -> Iterator[Engine]:
     """The backends of ``args``, initialised now and shared as the Python API shares them
-    (:func:`exporter.tools.gpus.session`); a failure is a :class:`ConfigError`."""
+    (:func:`exporter.python_api.sessions.session`); a failure is a :class:`ConfigError`."""
     settings = settings_from(args)
     with contextlib.ExitStack() as stack:
         try:
-            engine = stack.enter_context(gpus.session(settings))
-        except gpus.GpuUnavailable as exc:
+            engine = stack.enter_context(sessions.session(settings))
+        except sessions.GpuUnavailable as exc:
             raise ConfigError(str(exc).replace("use backend 'simulated'", "pass --backend simulated"),
                               code=1) from None
         try:
             yield engine
-        except gpus.GpuUnavailable as exc:  # a collection failed while the tool was using the engine
+        except sessions.GpuUnavailable as exc:  # a collection failed while the tool was using the engine
             raise ConfigError(str(exc).replace("see the warning logged", "see the warning above"),
                               code=1) from None
 
@@ -167,8 +167,8 @@ def open_session(args: argparse.Namespace) -> Iterator[Engine]:
 def read(engine: Engine) -> Snapshot:
     """One fresh collection from every backend; a failed backend is an error, not missing GPUs."""
     try:
-        return gpus.read(engine)
-    except gpus.GpuUnavailable as exc:
+        return sessions.read(engine)
+    except sessions.GpuUnavailable as exc:
         raise ConfigError(str(exc).replace("see the warning logged", "see the warning above"),
                           code=1) from None
 

@@ -16,6 +16,7 @@ from exporter.core.views import MIB
 from exporter.platform.errors import ConfigError, fail, one_line
 from exporter.platform.settings import OneLineParser
 from exporter.platform.units import parse_size
+from exporter.python_api.checks import check_number
 from exporter.tools.audit import (
     IGNORABLE,
     Limits,
@@ -24,7 +25,6 @@ from exporter.tools.audit import (
     checked,
     diff_audits,
 )
-from exporter.tools.gpus import check_number
 
 PROG = "gpu-exporter diff"
 MAX_FILE_BYTES = 16 << 20  # a 64-GPU snapshot is about 100 KiB

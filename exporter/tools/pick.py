@@ -1,6 +1,6 @@
 """``gpu-exporter pick``: the N least-loaded GPUs, comma-separated, for CUDA_VISIBLE_DEVICES.
 
-A thin layer over :mod:`exporter.tools.gpus` (the Python API's ``wait_for_availability`` and
+A thin layer over :mod:`exporter.python_api` (the Python API's ``wait_for_availability`` and
 ``estimate_requirements``): score = 0.6 x free-memory ratio + 0.4 x (1 - utilisation); a GPU
 qualifies when it is up, has at least ``--min-free`` memory free and at most ``--max-util``
 utilisation. Indices are the driver's (nvidia-smi / amd-smi order, which is PCI bus order): set
@@ -19,7 +19,7 @@ import sys
 from exporter.platform.errors import ConfigError, fail
 from exporter.platform.settings import OneLineParser
 from exporter.platform.units import parse_size
-from exporter.tools import gpus
+from exporter.python_api import checks, requirements, selection
 from exporter.tools.audit import (
     add_backend_arguments,
     checked,
@@ -86,17 +86,17 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("-n", type=int, metavar="N", help="how many GPUs")
     n.add_argument("--for", dest="config", metavar="CONFIG.json",
                    help="how many GPUs a parallelism config needs: tp x pp x max(dp, cp, dcp)")
-    p.add_argument("--min-free", default=f"{gpus.DEFAULT_MIN_FREE_BYTES >> 30}GiB", metavar="SIZE",
+    p.add_argument("--min-free", default=f"{selection.DEFAULT_MIN_FREE_BYTES >> 30}GiB", metavar="SIZE",
                    help=f"free memory a GPU needs, with its unit: 8GiB, 512MiB, 10GB (default "
-                        f"{gpus.DEFAULT_MIN_FREE_BYTES >> 30}GiB; 0: no floor)")
+                        f"{selection.DEFAULT_MIN_FREE_BYTES >> 30}GiB; 0: no floor)")
     p.add_argument("--max-util", default="0.5", metavar="RATIO",
                    help="highest utilisation a GPU may have, 0-1 or a percentage (default 0.5)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help=f"wait up to this long for enough GPUs to qualify (default 0: do not wait; "
-                        f"at most {gpus.MAX_TIMEOUT:g})")
+                        f"at most {checks.MAX_TIMEOUT:g})")
     p.add_argument("--poll", type=float, default=30.0, metavar="SECONDS",
-                   help=f"seconds between checks while waiting (default 30; {gpus.MIN_INTERVAL:g} to "
-                        f"{gpus.MAX_INTERVAL:g})")
+                   help=f"seconds between checks while waiting (default 30; {checks.MIN_INTERVAL:g} to "
+                        f"{checks.MAX_INTERVAL:g})")
     p.add_argument("--format", choices=("index", "uuid"), default="index",
                    help="print indices (default) or UUIDs (independent of CUDA_DEVICE_ORDER)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every GPU's score to stderr")
@@ -106,7 +106,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _wanted(args: argparse.Namespace) -> int:
     if args.config is None:
-        return checked(lambda: gpus.check_count(args.n), "-n")
+        return checked(lambda: checks.check_count(args.n), "-n")
     try:
         with open(args.config, "rb") as fh:
             raw = fh.read(MAX_CONFIG_BYTES + 1)
@@ -119,14 +119,14 @@ def _wanted(args: argparse.Namespace) -> int:
     except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{args.config}: not valid JSON ({str(exc)[:100]})", code=2) from None
     try:
-        sizes, given = gpus.parallelism(doc, args.config)
+        sizes, given = requirements.parallelism(doc, args.config)
     except ValueError as exc:
         raise ConfigError(str(exc), code=2) from None
     if not given:
-        names = ", ".join(s.replace("_", "-") for s in gpus.PARALLEL_KEYS["tp"])
+        names = ", ".join(s.replace("_", "-") for s in requirements.PARALLEL_KEYS["tp"])
         raise ConfigError(f"{args.config}: no parallelism setting found (expected e.g. {names}, and likewise "
                         "pipeline/data/context/decode-context parallel)", code=2)
-    n = gpus.world_size(sizes)
+    n = requirements.world_size(sizes)
     sys.stderr.write(f"{args.config}: " + " ".join(f"{k}={v}" for k, v in sizes.items()) + f" -> {n} GPUs\n")
     return n
 
@@ -135,26 +135,26 @@ def main(argv: list[str]) -> int:
     try:
         args = parser().parse_args(_negative_values_attached(argv))
         want = _wanted(args)
-        min_free = checked(lambda: gpus.check_number(parse_min_free(args.min_free), "min_free", 0, math.inf),
+        min_free = checked(lambda: checks.check_number(parse_min_free(args.min_free), "min_free", 0, math.inf),
                            "--min-free")
         max_util = checked(lambda: parse_ratio(args.max_util), "--max-util")
-        wait = checked(lambda: gpus.check_timeout(args.wait), "--wait")
-        poll = checked(lambda: gpus.check_interval(args.poll), "--poll")
+        wait = checked(lambda: checks.check_timeout(args.wait), "--wait")
+        poll = checked(lambda: checks.check_interval(args.poll), "--poll")
 
-        def show(a: gpus.Availability) -> None:
+        def show(a: selection.Availability) -> None:
             if args.verbose:
                 for s in a.statuses:
-                    state = "; ".join(gpus.why_not(s, min_free, max_util)) or "ok"
+                    state = "; ".join(selection.why_not(s, min_free, max_util)) or "ok"
                     sys.stderr.write(f"  gpu {s.index} score {s.score:.3f}: {state}\n")
 
-        def waiting(a: gpus.Availability, pause: float, left: float) -> None:
+        def waiting(a: selection.Availability, pause: float, left: float) -> None:
             sys.stderr.write(f"waiting: {len(a.gpus)} of {want} GPUs qualify; checking again in "
                              f"{seconds_text(pause)} s ({seconds_text(left)} s left)\n")
             sys.stderr.flush()
 
         setup_logging()
         with open_session(args) as engine:
-            found = gpus.wait(engine, want, min_free, max_util, wait, poll, report=waiting, on_check=show)
+            found = selection.wait(engine, want, min_free, max_util, wait, poll, report=waiting, on_check=show)
         if not found.ok:
             raise ConfigError(found.reason, code=1)
     except ConfigError as exc:

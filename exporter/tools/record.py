@@ -1,7 +1,7 @@
 """``gpu-exporter record -- CMD ...``: run a command and record GPU use while it runs.
 
-A thin layer over :mod:`exporter.tools.gpus`: the samples and their aggregates are the Python
-API's :class:`~exporter.tools.gpus.Recording` (the JSON is its ``to_dict()``); this module adds
+A thin layer over :mod:`exporter.python_api`: the samples and their aggregates are the Python
+API's :class:`~exporter.python_api.Recording` (the JSON is its ``to_dict()``); this module adds
 the command, its signals and the outputs.
 
 CMD runs in the recorder's process group, as it would from the shell, so it keeps the
@@ -30,7 +30,9 @@ from exporter.core.engine import Engine
 from exporter.core.views import GIB
 from exporter.platform.errors import ConfigError, fail
 from exporter.platform.settings import OneLineParser
-from exporter.tools import gpus
+from exporter.python_api import checks
+from exporter.python_api.recording import Recorder, Recording
+from exporter.python_api.recording import sample as take_sample
 from exporter.tools.audit import (
     add_backend_arguments,
     check_writable,
@@ -50,7 +52,7 @@ WATCHED = {*FORWARDED, signal.SIGCHLD}
 PLOT_HINT = "--plot needs matplotlib: pip install matplotlib"
 
 
-def status_line(rec: gpus.Recorder, elapsed: float, width: int) -> str:
+def status_line(rec: Recorder, elapsed: float, width: int) -> str:
     """One line: elapsed time, utilisation per GPU, total power."""
     latest = rec.latest()
     util = " ".join("-" if u is None else f"{u * 100:.0f}%" for _, u, _ in latest)
@@ -59,7 +61,7 @@ def status_line(rec: gpus.Recorder, elapsed: float, width: int) -> str:
     return line[: max(10, width - 1)]
 
 
-def plot_data(recording: gpus.Recording) -> dict[str, Any]:
+def plot_data(recording: Recording) -> dict[str, Any]:
     """What :func:`plot_figure` draws: the record JSON plus each GPU's samples in SI units."""
     result = recording.to_dict()
     for n, g in recording.gpus.items():
@@ -118,7 +120,7 @@ def parser() -> argparse.ArgumentParser:
         description="Run CMD, sample the GPUs every interval while it runs, write the aggregate; "
         "exit with CMD's status.")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between samples "
-                   f"(default 1; {gpus.MIN_INTERVAL:g} to {gpus.MAX_INTERVAL:g})")
+                   f"(default 1; {checks.MIN_INTERVAL:g} to {checks.MAX_INTERVAL:g})")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the aggregate JSON here (default: a summary on stderr only)")
     p.add_argument("--plot", metavar="PNG",
@@ -162,13 +164,13 @@ class _Run:
         self.command = command
         self.interval = interval
         self.status = status
-        self.rec = gpus.Recorder()
+        self.rec = Recorder()
         self.t0 = 0.0
 
     def sample(self) -> None:
         """Take one sample; a failure is logged, never fatal (CMD must not be orphaned by it)."""
         try:
-            gpus.sample(self.engine, self.rec, self.t0)
+            take_sample(self.engine, self.rec, self.t0)
         except Exception as exc:  # the recorder keeps supervising CMD whatever happens
             log.warning("sample failed: %s: %s", type(exc).__name__, exc)
             log.debug("sample failed", exc_info=True)
@@ -224,7 +226,7 @@ def main(argv: list[str]) -> int:
         if not command:
             raise ConfigError("no command to run: put it after --, e.g. gpu-exporter record -- python train.py",
                             code=2)
-        interval = checked(lambda: gpus.check_interval(args.interval), "--interval")
+        interval = checked(lambda: checks.check_interval(args.interval), "--interval")
         if args.plot:
             try:
                 import matplotlib  # noqa: F401 - checked before CMD runs, not after an hour of benchmark
@@ -257,7 +259,7 @@ def main(argv: list[str]) -> int:
     return code  # CMD's status, always: a failed output is reported on stderr
 
 
-def _write(recording: gpus.Recording, args: argparse.Namespace) -> None:
+def _write(recording: Recording, args: argparse.Namespace) -> None:
     """Write the outputs and say where; a failure is reported on stderr."""
     result = recording.to_dict()
     sys.stderr.write(_summary(result))

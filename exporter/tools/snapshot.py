@@ -14,6 +14,7 @@ from exporter.core.fields import Field
 from exporter.core.views import FIELDS, format_bytes
 from exporter.platform.errors import ConfigError, fail
 from exporter.platform.settings import OneLineParser
+from exporter.python_api.checks import check_number
 from exporter.tools.audit import (
     add_backend_arguments,
     check_writable,
@@ -24,7 +25,6 @@ from exporter.tools.audit import (
     take_audit,
     write_file,
 )
-from exporter.tools.gpus import check_number
 
 PROG = "gpu-exporter snapshot"
 

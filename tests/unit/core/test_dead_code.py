@@ -49,10 +49,10 @@ EXPLAINED: dict[tuple[str, str], str] = {
     ("variable", "frame"): "serve/main, profiler/main: a signal handler's signature (signum, frame)",
     ("function", "smi_fields"): "tools/gpucheck: the schema row's nvidia-smi column as a list, the API "
                                 "tests/unit/tools/test_gpucheck.py checks every compared field against",
-    ("variable", "memory_per_gpu_bytes"): "tools/gpus Requirements: a public field of the Python API "
+    ("variable", "memory_per_gpu_bytes"): "python_api Requirements: a public field of the Python API "
                                           "(docs/python-api.md), read by its callers",
-    ("variable", "exc_type"): "tools/gpus Monitor.__exit__: the context manager signature",
-    ("variable", "tb"): "tools/gpus Monitor.__exit__: the context manager signature",
+    ("variable", "exc_type"): "python_api Monitor.__exit__: the context manager signature",
+    ("variable", "tb"): "python_api Monitor.__exit__: the context manager signature",
 }
 
 GENERATED = ("exporter/k8s/proto",)

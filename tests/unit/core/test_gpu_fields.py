@@ -15,6 +15,7 @@ import pytest
 from exporter.core.readings import Collection, GpuReading, HostInfo
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import FIELDS, Field, GpuSource, Legacy, getter, stats_view, status_values
+from exporter.python_api.status import GpuStatus, status
 from exporter.serve.api import gpu_metrics_view
 from exporter.serve.api_schema import (
     DOCS,
@@ -25,7 +26,6 @@ from exporter.serve.api_schema import (
     render_python_api_docs,
     stats_schema,
 )
-from exporter.tools.gpus import GpuStatus, status
 
 FAN = Field("fan_speed_ratio", "ratio", "reading.fan_speed_ratio", digits=6, maximum=1,
             doc="fan speed, 0-1 (nvidia-smi fan.speed / 100)", status=True,
@@ -110,7 +110,7 @@ def test_docs_show_the_table_and_the_schemas_of_the_code() -> None:
 def test_a_recording_samples_what_the_views_show() -> None:
     """``record``/``Monitor`` sample the table's rows: a derived value (memory used / total, clamped) is the
     one /stats shows, not a second derivation."""
-    from exporter.tools.gpus import _Track
+    from exporter.python_api.recording import _Track
 
     g = GpuReading(index=0, uuid="GPU-0", memory_total_bytes=1e9, memory_used_bytes=1.2e9,  # a driver's overcount
                    temperature_celsius={"gpu": 41.0, "memory": 60.0}, utilization_ratio=0.25)

@@ -20,7 +20,8 @@ ALLOWED = {
     "k8s": {"core"},
     "serve": {"core", "platform", "backends", "k8s"},
     "profiler": {"core", "platform"},
-    "tools": {"core", "platform", "backends", "serve"},
+    "python_api": {"core", "backends"},
+    "tools": {"core", "platform", "backends", "serve", "python_api"},
 }
 
 

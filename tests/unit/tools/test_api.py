@@ -26,8 +26,10 @@ import pynvml
 import pytest
 
 import exporter
+from exporter import python_api as api
+from exporter.python_api import selection, sessions
+from exporter.python_api.checks import settings_for
 from exporter.serve.api_schema import RECORD
-from exporter.tools import gpus as api
 from tests.fakes import fakeamdsmi
 from tests.fakes.fakenvml import FakeNvml, load_in_process
 from tests.harness.exporter import REPO
@@ -62,9 +64,9 @@ def test_all_lists_exactly_the_public_api_and_loads_it_lazily() -> None:
     for name in PUBLIC:
         assert getattr(exporter, name) is getattr(api, name)
     code = ("import sys, exporter\n"
-            "assert 'exporter.tools.gpus' not in sys.modules and 'exporter.core.engine' not in sys.modules\n"
+            "assert 'exporter.python_api' not in sys.modules and 'exporter.core.engine' not in sys.modules\n"
             "exporter.GpuStatus\n"
-            "assert 'exporter.tools.gpus' in sys.modules\n"
+            "assert 'exporter.python_api' in sys.modules\n"
             "try:\n    exporter.no_such_name\nexcept AttributeError as e:\n    print(e)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -142,8 +144,8 @@ def test_wait_returns_as_soon_as_gpus_qualify(fleet: FakeNvml) -> None:
         if len(checks) == 2:
             fleet.set(2, util_gpu=5)  # a job ends between two polls
 
-    with api.session(api.settings_for("nvml")) as engine:
-        a = api.wait(engine, 1, 0.0, 0.5, timeout=60, interval=0.05, on_check=on_check)
+    with sessions.session(settings_for("nvml")) as engine:
+        a = selection.wait(engine, 1, 0.0, 0.5, timeout=60, interval=0.05, on_check=on_check)
     assert a.ok and a.gpus == [2] and len(checks) == 3
     assert [c.ok for c in checks] == [False, False, True]
 

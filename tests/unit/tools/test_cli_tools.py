@@ -18,8 +18,8 @@ from typing import Any
 import jsonschema
 import pytest
 
+from exporter.python_api import estimate_requirements
 from exporter.serve.api_schema import RECORD, STATS
-from exporter.tools.gpus import estimate_requirements
 from tests.fakes.fakenvml import FakeNvml
 from tests.harness.cli import gx, popen
 from tests.harness.exporter import REPO

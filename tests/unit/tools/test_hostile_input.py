@@ -22,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.tools import diff, gpus, pick, record, snapshot
+from exporter.python_api import checks as gpus
+from exporter.tools import diff, pick, record, snapshot
 from tests.harness.cli import gx
 
 Main = Callable[[list[str]], int]

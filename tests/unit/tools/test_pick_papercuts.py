@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 import exporter
+from exporter import python_api as gpus
 from exporter.platform.units import parse_size
-from exporter.tools import gpus, pick
+from exporter.python_api.selection import DEFAULT_MIN_FREE_BYTES
+from exporter.tools import pick
 from tests.harness.cli import gx
 from tests.harness.exporter import REPO
 
@@ -76,7 +78,7 @@ def test_readme_pick_line_fails_loudly(tmp_path: Path) -> None:
 
 def test_select_gpus_floor_is_picks() -> None:
     default = parse_size(pick.parser().get_default("min_free"))
-    assert default == gpus.DEFAULT_MIN_FREE_BYTES == 8 * 2**30
+    assert default == DEFAULT_MIN_FREE_BYTES == 8 * 2**30
     for fn in (exporter.select_gpus, exporter.check_availability, exporter.wait_for_availability):
         assert inspect.signature(fn).parameters["min_free_bytes"].default == default, fn.__name__
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter import python_api as gpus
 from exporter.core.host import host_info
-from exporter.tools import gpus, record
+from exporter.tools import record
 from tests.harness.cli import gx
 
 pytest.importorskip("matplotlib", reason="the plot needs matplotlib (a test dependency)")
