@@ -280,6 +280,18 @@ EXTERNAL = [
         "test": "tests/unit/k8s/test_watch.py::test_every_watch_failure_backs_off_exponentially_with_jitt"
             "er_and_a_cap, ::test_a_relist_after_410_drops_what_was_deleted_in_the_gap",
         "figures": {"cases": 8, "failures": 0}, "outcome": "make test"}),
+    ("Hostile input (hypothesis)", {
+        "scenario": "protocol nits (issue 36)",
+        "done": "an HTTP/1.1 request without Host (bare, with other headers, with an empty Host); HTTP/1.0 "
+            "with and without Connection: keep-alive, two requests on one connection; Expect: 100-continue "
+            "with a body still to come, with the body already sent, without a body",
+        "happened": "1.1 without Host is 400 (before: 200); 1.0 keep-alive is kept and says Connection: "
+            "keep-alive (before: kept open without saying so), 1.0 without it closes; 100 Continue "
+            "comes before the body is awaited, and only then (before: none)",
+        "test": "tests/unit/platform/test_http_server.py::test_http11_without_host_is_400, "
+            "::test_http10_keep_alive_is_said_and_kept, ::test_expect_100_continue_gets_an_interim_answer_"
+            "before_the_body, ::test_no_interim_answer_without_a_body_or_expect",
+        "figures": {"cases": 8, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [

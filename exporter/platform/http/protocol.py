@@ -40,11 +40,41 @@ class BadRequest(Exception):
         self.status = status
 
 
-def parse_request(buf: bytearray | bytes) -> tuple[tuple[str, str, str, Headers], int] | None:
+Request = tuple[str, str, str, Headers]  # method, target, version, headers
+
+
+def parse_request(buf: bytearray | bytes) -> tuple[Request, int] | None:
     """((method, target, version, headers), bytes used incl. any body) once ``buf`` holds a request.
 
     None while it is incomplete; :class:`BadRequest` as soon as it cannot become a valid one.
     """
+    head = _parse_head(buf)
+    if head is None:
+        return None
+    request, end, length = head
+    if len(buf) < end + length:
+        return None
+    # GET/HEAD bodies carry no meaning: consumed and dropped
+    return request, end + length
+
+
+def wants_continue(buf: bytearray | bytes) -> bool:
+    """True when ``buf`` holds a whole, valid HTTP/1.1 request head that asks ``Expect: 100-continue``
+    and whose body has not all arrived: the client waits for ``100 Continue`` before sending it
+    (RFC 9110 10.1.1)."""
+    try:
+        head = _parse_head(buf)
+    except BadRequest:
+        return False
+    if head is None:
+        return False
+    (_, _, version, headers), end, length = head
+    return (version == "HTTP/1.1" and length > 0 and len(buf) < end + length
+            and headers.get("expect", "").lower() == "100-continue")
+
+
+def _parse_head(buf: bytearray | bytes) -> tuple[Request, int, int] | None:
+    """(request, where its head ends, its Content-Length) once ``buf`` holds the whole head, else None."""
     start = 0
     while buf[start:start + 1] in (b"\r", b"\n") and start < len(buf):  # stray blank lines (RFC 9112 2.2)
         start += 1
@@ -98,10 +128,10 @@ def parse_request(buf: bytearray | bytes) -> tuple[tuple[str, str, str, Headers]
         raise BadRequest(400, "bad Content-Length")
     if int(length) > MAX_BODY:
         raise BadRequest(413, "request body too large")
-    if len(buf) < pos + int(length):
-        return None
-    # GET/HEAD bodies carry no meaning: consumed and dropped
-    return (parts[0].decode("ascii"), parts[1].decode("latin-1"), parts[2].decode("ascii"), headers), pos + int(length)
+    if version.group(2) == b"1" and "host" not in headers:
+        raise BadRequest(400, "HTTP/1.1 request without Host")  # RFC 9112 3.2: MUST be 400
+    request = (parts[0].decode("ascii"), parts[1].decode("latin-1"), parts[2].decode("ascii"), headers)
+    return request, pos, int(length)
 
 
 def _qvalues(header: str) -> list[tuple[str, float]]:
@@ -157,10 +187,17 @@ def unauthorized() -> Response:
                     headers={"WWW-Authenticate": 'Basic realm="gpu-exporter", charset="UTF-8"'})
 
 
-def answer_head(resp: Response, keep: bool, extra: dict[str, str]) -> bytes:
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def answer_head(resp: Response, keep: bool, extra: dict[str, str], http10: bool = False) -> bytes:
+    """The status line and headers; ``keep``: the connection stays open after this answer, which an
+    HTTP/1.0 client (``http10``) is told, since its default is to close (RFC 9112 9.3)."""
     lines = [f"HTTP/1.1 {resp.status} {REASONS.get(resp.status, 'Unknown')}",
              f"Content-Type: {resp.content_type}", f"Content-Length: {len(resp.body)}"]
     lines += [f"{k}: {v}" for k, v in {**extra, **(resp.headers or {})}.items()]
     if not keep:
         lines.append("Connection: close")
+    elif http10:
+        lines.append("Connection: keep-alive")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from exporter.platform.http.limits import FailureLimiter, RateBucket, ThreadLane, waiting_cap
 from exporter.platform.http.protocol import (
+    CONTINUE,
     MAX_BODY,
     MAX_HEAD,
     BadRequest,
@@ -27,6 +28,7 @@ from exporter.platform.http.protocol import (
     answer_head,
     parse_request,
     unauthorized,
+    wants_continue,
 )
 
 if TYPE_CHECKING:
@@ -85,6 +87,7 @@ class _Conn:
     out: list[memoryview] = field(default_factory=list)
     keep: bool = True  # after ``out`` is written: wait for the next request (or close)
     drain: bool = False  # an error answer: half-close and read to EOF, so the answer is not lost to a reset
+    continued: bool = False  # ``100 Continue`` sent for the request being read
 
 
 class HTTPServer:
@@ -396,10 +399,15 @@ class HTTPServer:
             elif conn.eof:
                 self._close(conn)
             else:
+                if not conn.continued and wants_continue(conn.buf):
+                    self._continue(conn)
+                    if conn.state != _READ:
+                        return
                 self._want(conn, selectors.EVENT_READ)  # the rest of the request: watched again
             return
         (command, target, version, headers), used = parsed
         del conn.buf[:used]
+        conn.continued = False
         self._fresh.pop(conn, None)
         self._idle.pop(conn, None)
         conn.state = _BUSY  # nothing more is parsed until this answer is written
@@ -514,7 +522,8 @@ class HTTPServer:
         if conn.state != _BUSY:  # closed meanwhile (evicted, the loop stopping)
             return
         web = self._web
-        head = answer_head(resp, conn.keep, web.headers if web is not None else {})
+        head = answer_head(resp, conn.keep, web.headers if web is not None else {},
+                           http10=h is not None and h.request_version == "HTTP/1.0")
         body = resp.body if h is None or h.command != "HEAD" else b""
         if len(body) <= 16384:  # small: one send; large: the shared bytes themselves, not a copy
             conn.out = [memoryview(head + body)]
@@ -566,6 +575,22 @@ class HTTPServer:
                     self._ready.append(conn)
             else:
                 self._want(conn, selectors.EVENT_READ)
+
+    def _continue(self, conn: _Conn) -> None:
+        """``100 Continue`` (25 bytes, between two requests' answers, so the socket's buffer is empty):
+        sent now or never; a client that gets none sends its body after a wait anyway."""
+        conn.continued = True
+        try:
+            sent = conn.sock.send(CONTINUE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if type(exc).__name__ in ("SSLWantWriteError", "SSLWantReadError"):
+                return
+            self._close(conn)
+            return
+        if sent != len(CONTINUE):  # half an interim answer would garble the next: give up on the connection
+            self._close(conn)
 
     def _drain(self, conn: _Conn) -> None:
         try:  # half-close and drain, so that the answer is not lost to a reset

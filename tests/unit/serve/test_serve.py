@@ -90,16 +90,17 @@ def test_scrapes_within_cache_ttl_reuse_the_collection() -> None:
 def test_http_protocol_edges() -> None:
     with ExporterProcess(["--backend", "simulated"]) as ex:
         assert raw_request(ex.port, b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
-        post = raw_request(ex.port, b"POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi")
+        post = raw_request(ex.port, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
         assert post.startswith(b"HTTP/1.1 405 ")
         assert raw_request(ex.port, b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 414 ")
         assert raw_request(ex.port, b"GET / HTTP/1.1\r\nX: " + b"b" * 10000 + b"\r\n\r\n").startswith(b"HTTP/1.1 431 ")
         many = b"".join(b"X-%d: 1\r\n" % i for i in range(200))
         assert raw_request(ex.port, b"GET / HTTP/1.1\r\n" + many + b"\r\n").startswith(b"HTTP/1.1 431 ")
-        head = raw_request(ex.port, b"HEAD /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        head = raw_request(ex.port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")
         # keep-alive: two requests on one connection, two answers; HTTP/1.0 closes after one
-        two = raw_request(ex.port, b"GET /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+        two = raw_request(ex.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                          b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert two.count(b"HTTP/1.1 200 OK") == 2
         one = raw_request(ex.port, b"GET /healthz HTTP/1.0\r\n\r\nGET /healthz HTTP/1.0\r\n\r\n")
         assert one.count(b"HTTP/1.1 200 OK") == 1 and b"Connection: close" in one
