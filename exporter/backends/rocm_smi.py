@@ -1,9 +1,9 @@
 """AMD GPUs through the ``rocm-smi`` command line tool: the fallback when ``libamd_smi.so`` is absent.
 
 One ``rocm-smi ... --json`` run per collection reads every GPU (never one run per GPU), with a
-hard timeout after which the whole process group is killed. Because a run costs a Python
-start-up (about a second), the collector serves its readings at most every
-:attr:`RocmSmiBackend.min_interval` seconds.
+hard timeout after which the whole process group is killed (exporter/backends/cli.py, the CLI
+backends' common part). Because a run costs a Python start-up (about a second), the collector
+serves its readings at most every :attr:`RocmSmiBackend.min_interval` seconds.
 
 Options (:data:`ROCM_SMI_ARGS`) are limited to those present in every ``rocm_smi.py`` from
 ROCm 5.7.1 to 6.2.x (checked against the tagged sources); an unknown option makes older
@@ -48,23 +48,17 @@ every recorded output and are not used).
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import itertools
 import json
 import logging
-import os
 import re
-import shutil
-import signal
-import subprocess
-import time
 from typing import Any, ClassVar
 
 from exporter.backends.amdsmi import KUBERNETES, PCI_VENDOR, amd_uuid, dedupe_uuids, is_na
-from exporter.backends.base import ATTRIBUTION_FAMILIES, BAD_VALUE, DRIVER, Backend, BackendError, BackendUnavailable
+from exporter.backends.base import ATTRIBUTION_FAMILIES, BAD_VALUE, BackendError
+from exporter.backends.cli import COMMAND_TIMEOUT, CliBackend, Result, path_setting
 from exporter.core.k8s_names import KubernetesNames
-from exporter.core.options import BackendOptions, BackendSetting
+from exporter.core.options import BackendSetting
 from exporter.core.pci import canonical_bus_id, count_pci_gpus
 from exporter.core.readings import Collection, GpuReading
 
@@ -225,81 +219,15 @@ def _card_reading(index: int, card: dict[str, Any], driver: str | None) -> GpuRe
     return r
 
 
-def run_rocm_smi(binary: str, timeout: float) -> tuple[str, int]:
-    """Run rocm-smi once: (stdout, exit code). BackendError on timeout or a failure without JSON.
-
-    The child gets its own session so that a timeout kills it and anything it started.
-    """
-    cmd = [binary, *ROCM_SMI_ARGS]
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-    except OSError as exc:
-        raise BackendError(f"rocm-smi could not be started ({binary}): {exc.strerror or exc}",
-                           kind=DRIVER) from None
-    _RUNNING.add(proc)  # its own session does not end with ours: killed at our exit (_kill_running)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise BackendError(f"rocm-smi timed out after {timeout:g} s and was killed", kind="timeout") from None
-    finally:
-        _RUNNING.discard(proc)
-    stdout = out.decode("utf-8", "replace")
-    if proc.returncode != 0:
-        try:
-            decode_rocm_smi_json(stdout)
-        except RocmSmiParseError:
-            lines = [ln.strip() for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
-            lines = lines or [ln.strip() for ln in stdout.splitlines() if ln.strip()] or ["no output"]
-            # a Python traceback says what went wrong on its last line
-            first = lines[-1] if lines[0].startswith("Traceback") else lines[0]
-            status = f"signal {-proc.returncode}" if proc.returncode < 0 else f"code {proc.returncode}"
-            raise BackendError(f"rocm-smi exited with {status}: {first[:200]}", kind=DRIVER) from None
-    return stdout, proc.returncode
-
-
-_RUNNING: set[subprocess.Popen[bytes]] = set()
-
-
-@atexit.register
-def _kill_running() -> None:
-    """At exit: kill every rocm-smi still running, and what it started (a hung one would live on)."""
-    for proc in list(_RUNNING):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.communicate(timeout=2.0)
-    except subprocess.TimeoutExpired:  # a grandchild left the group and holds the pipes
-        log.warning("rocm-smi (pid %d) did not exit after SIGKILL", proc.pid)
-
-
-def find_rocm_smi(explicit: str | None = None) -> str | None:
-    """``explicit``, else ``rocm-smi`` on PATH, else ``$ROCM_PATH/bin`` or ``/opt/rocm/bin``."""
-    if explicit:
-        return explicit if os.access(explicit, os.X_OK) else None
-    found = shutil.which("rocm-smi")
-    if found:
-        return found
-    for root in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
-        if root and os.access(candidate := os.path.join(root, "bin", "rocm-smi"), os.X_OK):
-            return candidate
-    return None
-
-
-class RocmSmiBackend(Backend):
+class RocmSmiBackend(CliBackend):
     """AMD GPUs via one ``rocm-smi --json`` run per collection (at most every 10 s)."""
 
     name: ClassVar[str] = "rocm-smi"
     auto_priority: ClassVar[int | None] = 30
     vendor: ClassVar[str] = "amd"
+    tool: ClassVar[str] = "rocm-smi"
+    directories: ClassVar[tuple[str, ...]] = ("$ROCM_PATH/bin", "/opt/rocm/bin")
+    arguments: ClassVar[tuple[str, ...]] = ROCM_SMI_ARGS
     #: the families this backend fills (docs/metrics.md's support table; the contract test checks it)
     families: ClassVar[frozenset[str]] = frozenset({
         "gpu_field_unsupported", "gpu_utilization_ratio", "gpu_memory_utilization_ratio", "gpu_memory_total_bytes",
@@ -308,60 +236,26 @@ class RocmSmiBackend(Backend):
         "gpu_pcie_link_generation", "gpu_pcie_link_width", "gpu_pcie_replays_total", "gpu_graphics_engine_active_ratio",
         "gpu_dram_active_ratio", "gpu_mig_mode_enabled", "gpu_pci_devices", "gpu_visible_devices",
     }) | ATTRIBUTION_FAMILIES
-    min_interval: ClassVar[float] = 10.0
     kubernetes: ClassVar[KubernetesNames] = KUBERNETES  # amdsmi's: the same GPUs, the same device plugin
     settings: ClassVar[tuple[BackendSetting, ...]] = (
-        BackendSetting("rocm_smi_path", "--rocm-smi-path", "ROCM_SMI_PATH", "path",
-                       "rocm-smi binary for the rocm-smi backend (default: PATH, then /opt/rocm/bin/rocm-smi)"),
-        BackendSetting("command_timeout", "--command-timeout", "COMMAND_TIMEOUT", "seconds",
-                       "hard timeout for CLI backends such as rocm-smi (default 5)", default=5.0, low=0.1, high=120),
-    )
-
-    def __init__(self, options: BackendOptions | None = None, binary: str | None = None) -> None:
-        super().__init__(options)
-        # explicit path: constructor, then --rocm-smi-path
-        self._explicit = binary or self.setting("rocm_smi_path")
-        self._binary: str | None = None
-        self._first: tuple[float, list[GpuReading]] | None = None
-
-    def init(self) -> None:
-        binary = find_rocm_smi(self._explicit)
-        if binary is None:
-            where = self._explicit or "PATH, $ROCM_PATH/bin or /opt/rocm/bin"
-            raise BackendUnavailable(f"rocm-smi not available: not found in {where}")
-        self._binary = binary
-        try:
-            readings = self._read()
-        except BackendError as exc:
-            raise BackendUnavailable(f"rocm-smi not available: {exc}") from None
-        if not readings:
-            raise BackendUnavailable("rocm-smi not available: it reports no AMD GPU")
-        self._first = (time.monotonic(), readings)  # served by the first collect: no second run
-
-    def reset(self) -> None:
-        self._first = None
+        path_setting("rocm-smi", "rocm-smi", "PATH, then /opt/rocm/bin/rocm-smi"), COMMAND_TIMEOUT)
 
     def collect(self, out: Collection) -> None:
-        first, self._first = self._first, None
-        if first is not None and time.monotonic() - first[0] < self.min_interval:
-            readings = first[1]
-        else:
-            readings = self._read()
-        out.gpus.extend(readings)
+        super().collect(out)
         if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
             out.pci_devices = count_pci_gpus(self.options.sysfs_root, PCI_VENDOR)
 
-    def _read(self) -> list[GpuReading]:
-        if self._binary is None:
-            self._binary = find_rocm_smi(self._explicit)
-            if self._binary is None:
-                raise BackendError("rocm-smi not found", kind=DRIVER)
-        text, code = run_rocm_smi(self._binary, self.setting("command_timeout"))
-        if code != 0:
-            self.log_once(f"exit:{code}", "rocm-smi exits with code %d (a field it was asked for is unsupported "
-                          "on some GPU); its JSON output is used", code)
+    def usable(self, result: Result) -> bool:
+        """rocm-smi exits with the status of the last failed library call: complete JSON is still its answer."""
         try:
-            return parse_rocm_smi_json(text)
+            decode_rocm_smi_json(result.stdout)
+        except RocmSmiParseError:
+            return False
+        return True
+
+    def parse(self, result: Result) -> list[GpuReading]:
+        try:
+            return parse_rocm_smi_json(result.stdout)
         except RocmSmiParseError as exc:
             raise BackendError(f"rocm-smi output unusable: {exc}", kind=BAD_VALUE) from None
 

@@ -34,7 +34,7 @@ EXPLAINED: dict[tuple[str, str], str] = {
     ("attribute", "sample1"): "nvml_gpm: a ctypes structure field that libnvidia-ml reads",
     ("attribute", "sample2"): "nvml_gpm: a ctypes structure field that libnvidia-ml reads",
     ("attribute", "metricId"): "nvml_gpm: a ctypes structure field that libnvidia-ml reads",
-    ("function", "_kill_running"): "rocm_smi: registered with @atexit.register, Python calls it at exit",
+    ("function", "kill_running"): "backends/cli: registered with @atexit.register, Python calls it at exit",
     ("function", "load_overrides"): "core/xid: the overrides loader both daemons' configs call (issue 35: the "
                                     "exporter's xid_severity setting and the profiler's, landing next)",
     ("method", "ecc_uncorrected"): "simulated: the demo (demo/run.py) draws the model's ECC counter with it",
