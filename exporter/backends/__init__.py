@@ -33,9 +33,11 @@ def registry() -> dict[str, type[Backend]]:
             module = importlib.import_module(f"{__name__}.{mod.name}")
             cls = getattr(module, "BACKEND", None)
             if cls is not None:
-                unknown = sorted(n for n in cls.families if n not in schema.FAMILY_BY_NAME)
+                unknown = sorted(n for n in (*cls.families, *cls.equivalents) if n not in schema.FAMILY_BY_NAME)
                 if unknown:  # a typo would silently drop a column of the support table
                     raise ValueError(f"backend {cls.name!r} declares {schema.unknown_family_message(unknown[0])}")
+                if cls.equivalents and not cls.tool:
+                    raise ValueError(f"backend {cls.name!r} declares equivalents without the tool that shows them")
                 cls.kubernetes.check(cls.name)
                 for setting in cls.settings:
                     setting.check(cls.name)
@@ -98,9 +100,21 @@ def support_table() -> str:
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
+def equivalents() -> dict[str, dict[str, str]]:
+    """The backends' own tools' equivalents (``Backend.equivalents``): tool -> family -> what it shows."""
+    out: dict[str, dict[str, str]] = {}
+    for name in ordered():
+        cls = registry()[name]
+        if cls.equivalents:
+            out.setdefault(cls.tool, {}).update(cls.equivalents)
+    return out
+
+
 def render_docs(text: str) -> str:
-    """``text`` (docs/metrics.md) with its generated blocks replaced: the schema's families and the support table."""
-    return schema.render_blocks(text, {"families": schema.markdown_table(), "support-table": support_table()})
+    """``text`` (docs/metrics.md) with its generated blocks replaced: the schema's families (a column per vendor
+    tool, the backends' tools included) and the support table."""
+    return schema.render_blocks(text, {"families": schema.markdown_table(equivalents()),
+                                       "support-table": support_table()})
 
 
 def gpu_resources() -> GpuResources:
@@ -145,5 +159,6 @@ def create(name: str, options: BackendOptions) -> Backend:
     return cls(options)
 
 
-__all__ = ["Backend", "BackendOptions", "BackendUnavailable", "auto_order", "create", "detect", "gpu_resources",
+__all__ = ["Backend", "BackendOptions", "BackendUnavailable", "auto_order", "create", "detect", "equivalents",
+           "gpu_resources",
            "names", "ordered", "registry", "render_docs", "settings", "support_table", "supporters"]

@@ -42,7 +42,7 @@ import logging
 import math
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -190,6 +190,10 @@ class Backend(ABC):
     settings: ClassVar[tuple[BackendSetting, ...]] = ()
     #: minimum seconds between real reads (CLI backends); 0 means read on every scrape
     min_interval: ClassVar[float] = 0.0
+    #: the vendor's command-line tool (``xpu-smi``): a CLI backend runs it; docs/metrics.md has a column of
+    #: its ``equivalents`` (family name -> what the tool shows), where the schema rows do not give them
+    tool: ClassVar[str] = ""
+    equivalents: ClassVar[Mapping[str, str]] = {}
     #: a GPU whose first DOWN_AFTER calls of a collection all fail (none answered) is down
     DOWN_AFTER: ClassVar[int] = 3
 

@@ -133,7 +133,7 @@ class CliBackend(Backend):
     is complete (some tools exit with the status of the last unsupported field).
     """
 
-    tool: ClassVar[str]
+    tool: ClassVar[str]  # the binary's name (Backend.tool)
     directories: ClassVar[tuple[str, ...]] = ()
     arguments: ClassVar[tuple[str, ...]] = ()
     min_interval: ClassVar[float] = 10.0  # a run costs a process start (often a Python start-up: ~1 s)

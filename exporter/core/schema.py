@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,8 +72,9 @@ class Family:
     default: bool = True  # on /metrics without field selection
     filterable: bool = True
     nvml: str = ""  # NVML source
-    smi: str = ""  # nvidia-smi equivalent
-    amd: str = ""  # amd-smi equivalent
+    # each vendor tool's equivalent, by tool: ("nvidia-smi", "power.draw"), ("amd-smi", "amd-smi metric --power");
+    # a backend adds its own tool's (Backend.equivalents); docs/metrics.md has a column per tool
+    tools: tuple[tuple[str, str], ...] = ()
     every_backend: bool = False  # filled by the exporter whatever the backend; else as backends declare it
     # NVIDIA GPM: the NVML_GPM_METRIC_* ids read into ``attr``, each with its label value ("" for none
     # besides gpu_instance); in % (unit "ratio") or MiB/s ("bytes per second"). nvml_gpm.py reads these.
@@ -84,8 +86,12 @@ class Family:
     def __post_init__(self) -> None:
         if self.views and self.scope != "gpu":
             raise ValueError(f"{self.name}: views are per-GPU fields; scope {self.scope!r} has none")
-        object.__setattr__(self, "views", tuple(v.of(self.attr, self.unit, self.help, self.smi) for v in self.views))
+        object.__setattr__(self, "views", tuple(v.of(self.attr, self.unit, self.help, self.equivalent("nvidia-smi"))
+                                                for v in self.views))
 
+    def equivalent(self, tool: str) -> str:
+        """What ``tool`` (``nvidia-smi``, ``amd-smi`` ...) shows of this family; "" when the row does not say."""
+        return next((text for t, text in self.tools if t == tool), "")
     @property
     def base(self) -> str:
         """Name without the ``_total`` suffix (OpenMetrics and prometheus_client family name)."""
@@ -107,9 +113,11 @@ _AMD_MM = ("gpu_metrics average_mm_activity, else the mean of vcn_activity (amd-
 
 def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, nvml: str, smi: str, amd: str,
        labels: tuple[str, ...] = (), when: str = "", gpm: tuple[tuple[int, str], ...] = (),
-       views: tuple[Field, ...] = ()) -> Family:
-    return Family(name, kind, unit, help_, group, "gpu", labels, attr, when=when, nvml=nvml, smi=smi, amd=amd,
-                  gpm=gpm, views=views)
+       views: tuple[Field, ...] = (), tools: tuple[tuple[str, str], ...] = ()) -> Family:
+    """A per-GPU row; ``smi`` and ``amd`` are its nvidia-smi and amd-smi equivalents, ``tools`` another vendor
+    tool's."""
+    return Family(name, kind, unit, help_, group, "gpu", labels, attr, when=when, nvml=nvml,
+                  tools=(("nvidia-smi", smi), ("amd-smi", amd), *tools), gpm=gpm, views=views)
 
 
 MIB = 2**20
@@ -122,8 +130,8 @@ FAMILIES: tuple[Family, ...] = (
            labels=("name", "vendor", "pci_bus_id", "serial", "driver_version", "cuda_version", "backend",
                    "vbios_version"),
            nvml="nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial, GetVbiosVersion",
-           smi="name, uuid, pci.bus_id, serial, driver_version, vbios_version",
-           amd="amd-smi static --asic --board --driver --vbios", every_backend=True,
+           tools=(("nvidia-smi", "name, uuid, pci.bus_id, serial, driver_version, vbios_version"),
+                  ("amd-smi", "amd-smi static --asic --board --driver --vbios")), every_backend=True,
            # who the GPU is, in every view (``up``, gpu_up's value, is identity there too)
            views=(identity("backend", "backend", nullable=False),
                   identity("index", "reading.index", nullable=False, kind="integer"),
@@ -138,15 +146,17 @@ FAMILIES: tuple[Family, ...] = (
                   identity("cuda_version", "reading.cuda_driver_version", diff="fixed"))),
     Family("gpu_up", GAUGE, "1", "1 when the GPU answered this collection, 0 when it is lost or unreadable.",
            "identity", attr="up", nvml="NVML_ERROR_GPU_IS_LOST and device faults -> 0",
-           smi="(nvidia-smi: 'GPU is lost')", amd="(amd-smi: device errors)", every_backend=True),
+           tools=(("nvidia-smi", "(nvidia-smi: 'GPU is lost')"),
+                  ("amd-smi", "(amd-smi: device errors)")), every_backend=True),
     Family("gpu_field_unsupported", GAUGE, "1",
            "1 for each metric family this GPU or driver does not support (so absence is explained).", "identity",
            labels=("field",), attr="unsupported", when="a reading is unsupported",
-           nvml="NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION", smi="[N/A], [Not Supported]",
-           amd="N/A, AMDSMI_STATUS_NOT_SUPPORTED"),
+           nvml="NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION",
+           tools=(("nvidia-smi", "[N/A], [Not Supported]"), ("amd-smi", "N/A, AMDSMI_STATUS_NOT_SUPPORTED"))),
     Family("gpu_host_info", GAUGE, "1", "Host identity; value is always 1.", "identity", scope="host",
            labels=("node", "cpu_model", "kernel", "os"), filterable=False,
-           smi="(hostname, lscpu, uname -r)", amd="(hostname, lscpu, uname -r)", every_backend=True),
+           tools=(("nvidia-smi", "(hostname, lscpu, uname -r)"),
+                  ("amd-smi", "(hostname, lscpu, uname -r)")), every_backend=True),
     # --- utilisation ------------------------------------------------------------------------------
     _g("gpu_utilization_ratio", GAUGE, "ratio",
        "Fraction of time a kernel ran on the GPU over the last sample period (0-1).", "utilization",
@@ -401,39 +411,43 @@ FAMILIES: tuple[Family, ...] = (
        "amd-smi static --partition"),
     Family("gpu_mig_memory_total_bytes", GAUGE, "bytes", "MIG instance memory total in bytes.", "mig", "mig",
            ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "memory_total_bytes",
-           when="MIG on", nvml="nvmlDeviceGetMemoryInfo (MIG device)", smi="nvidia-smi -q -d MEMORY (MIG)",
-           amd="(partitions are GPUs)"),
+           when="MIG on", nvml="nvmlDeviceGetMemoryInfo (MIG device)",
+           tools=(("nvidia-smi", "nvidia-smi -q -d MEMORY (MIG)"),
+                  ("amd-smi", "(partitions are GPUs)"))),
     Family("gpu_mig_memory_used_bytes", GAUGE, "bytes", "MIG instance memory used in bytes.", "mig", "mig",
            ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "memory_used_bytes",
-           when="MIG on", nvml="nvmlDeviceGetMemoryInfo (MIG device)", smi="nvidia-smi -q -d MEMORY (MIG)",
-           amd="(partitions are GPUs)"),
+           when="MIG on", nvml="nvmlDeviceGetMemoryInfo (MIG device)",
+           tools=(("nvidia-smi", "nvidia-smi -q -d MEMORY (MIG)"),
+                  ("amd-smi", "(partitions are GPUs)"))),
     Family("gpu_mig_utilization_ratio", GAUGE, "ratio", "MIG instance utilisation (0-1), where the driver reports it.",
            "mig", "mig", ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "utilization_ratio",
            when="MIG on, where the driver reports it", nvml="nvmlDeviceGetUtilizationRates (MIG device)",
-           smi="(none)", amd="(partitions are GPUs)"),
+           tools=(("nvidia-smi", "(none)"), ("amd-smi", "(partitions are GPUs)"))),
     # --- topology (off /metrics by default: N x (N-1) series) -----------------------------------------
     Family("gpu_p2p_supported", GAUGE, "1", "1 when peer-to-peer access from gpu to peer is supported, by capability.",
            "topology", "peer", ("capability",), "p2p", default=False,
-           nvml="nvmlDeviceGetP2PStatus", smi="nvidia-smi topo -p2p rwna", amd="amd-smi topology -a"),
+           nvml="nvmlDeviceGetP2PStatus", tools=(("nvidia-smi", "nvidia-smi topo -p2p rwna"),
+                                                 ("amd-smi", "amd-smi topology -a"))),
     Family("gpu_topology_level", GAUGE, "1",
            "PCIe/NVLink topology level between gpu and peer (NVML levels: 0 internal, 10 single switch, "
            "20 multiple switches, 30 host bridge, 40 NUMA node, 50 system); label level names it.",
            "topology", "peer", ("level",), "levels", default=False,
-           nvml="nvmlDeviceGetTopologyCommonAncestor", smi="nvidia-smi topo -m", amd="amd-smi topology -t"),
+           nvml="nvmlDeviceGetTopologyCommonAncestor", tools=(("nvidia-smi", "nvidia-smi topo -m"),
+                                                              ("amd-smi", "amd-smi topology -t"))),
     # --- events and the bus ----------------------------------------------------------------------
     Family("gpu_xid_errors_total", COUNTER, "1",
            "XID errors reported by the driver since the exporter started, by xid code.", "events", "event",
            ("xid",), "xid_counts", when="after an XID event", nvml="nvmlEventSetWait_v2 (XID events)",
-           smi="(dmesg: NVRM: Xid)", amd="(none)"),
+           tools=(("nvidia-smi", "(dmesg: NVRM: Xid)"), ("amd-smi", "(none)"))),
     Family("gpu_xid_last_timestamp_seconds", GAUGE, "seconds", "Unix time of the last XID error on this GPU.",
            "events", "event", attr="xid_last_seconds", when="after an XID event", nvml="nvmlEventSetWait_v2",
-           smi="(dmesg)", amd="(none)"),
+           tools=(("nvidia-smi", "(dmesg)"), ("amd-smi", "(none)"))),
     Family("gpu_pci_devices", GAUGE, "1", "GPUs of this vendor present on the PCI bus (sysfs).", "bus", "node",
            ("vendor",), "pci_devices", when="sysfs readable",
-           smi="lspci -d 10de::0300, 10de::0302", amd="lspci -d 1002::0300, 1002::0380"),
+           tools=(("nvidia-smi", "lspci -d 10de::0300, 10de::0302"), ("amd-smi", "lspci -d 1002::0300, 1002::0380"))),
     Family("gpu_visible_devices", GAUGE, "1", "GPUs of this vendor visible to the vendor library.", "bus", "node",
            ("vendor",), "visible_devices", when="sysfs readable", nvml="nvmlDeviceGetCount",
-           smi="nvidia-smi -L (count)", amd="amd-smi list (count)"),
+           tools=(("nvidia-smi", "nvidia-smi -L (count)"), ("amd-smi", "amd-smi list (count)"))),
     # --- pod attribution (exporter/k8s) -------------------------------------------------------------
     Family("gpu_allocation_info", GAUGE, "1",
            "One series per device the kubelet allocated to a container on this GPU; value is always 1. "
@@ -441,21 +455,23 @@ FAMILIES: tuple[Family, ...] = (
            "ResourceClaim (empty for device plugins).", "attribution", "pod",
            ("gpu", "uuid", "pod", "namespace", "container", "resource", "device", "shared", "claim",
             "claim_namespace"),
-           when="pod attribution on", smi="(kubelet pod-resources API)",
-           amd="(kubelet pod-resources API)"),
+           when="pod attribution on", tools=(("nvidia-smi", "(kubelet pod-resources API)"),
+                                             ("amd-smi", "(kubelet pod-resources API)"))),
     Family("gpu_pod_utilization_ratio", GAUGE, "ratio",
            "Share of time the pod's processes ran kernels on this GPU (0-1): the sum over its compute processes, "
            "capped at 1; pod empty: processes outside any pod. container is set when one container holds them.",
            "attribution", "pod", ("gpu", "uuid", "pod", "namespace", "container"),
            when="--per-process, where the driver gives per-process utilisation (AMD: from the second collection)",
            nvml="nvmlDeviceGetProcessesUtilizationInfo (R550+) or nvmlDeviceGetProcessUtilization: smUtil (%)",
-           smi="nvidia-smi pmon -s u: sm", amd="amd-smi process: engine_usage gfx (ns, as a rate)"),
+           tools=(("nvidia-smi", "nvidia-smi pmon -s u: sm"),
+                  ("amd-smi", "amd-smi process: engine_usage gfx (ns, as a rate)"))),
     Family("gpu_pod_memory_used_bytes", GAUGE, "bytes",
            "Device memory used by the pod's compute processes on this GPU, in bytes (pod empty: processes outside "
            "any pod).", "attribution", "pod", ("gpu", "uuid", "pod", "namespace", "container"),
            when="--per-process, where the driver gives every process's memory",
-           nvml="nvmlDeviceGetComputeRunningProcesses.usedGpuMemory", smi="--query-compute-apps=pid,used_memory",
-           amd="amd-smi process: memory_usage vram_mem"),
+           nvml="nvmlDeviceGetComputeRunningProcesses.usedGpuMemory",
+           tools=(("nvidia-smi", "--query-compute-apps=pid,used_memory"),
+                  ("amd-smi", "amd-smi process: memory_usage vram_mem"))),
     Family("gpu_exporter_pod_attribution_up", GAUGE, "1",
            "1 when pod labels come from a kubelet pod-resources List younger than the staleness limit.",
            "self", "self",
@@ -627,26 +643,36 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|") if text else "-"
 
 
-def markdown_table() -> str:
-    """Every family, grouped (``python -m exporter.core.schema`` prints it; docs/metrics.md embeds it)."""
+def tool_names(extra: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+    """The vendor tools whose equivalents the rows (and ``extra``) give, in the order first given."""
+    names = {t: None for f in FAMILIES for t, _ in f.tools}
+    names.update(dict.fromkeys(extra or {}))
+    return list(names)
+
+
+def markdown_table(extra: Mapping[str, Mapping[str, str]] | None = None) -> str:
+    """Every family, grouped (``python -m exporter.core.schema`` prints it; docs/metrics.md embeds it): a column
+    per vendor tool. ``extra``: tool -> family -> equivalent, the backends' own (``Backend.equivalents``)."""
+    tools = tool_names(extra)
     out: list[str] = []
     for group, title in GROUP_TITLES:
         rows = [f for f in FAMILIES if f.group == group]
         if not rows:
             continue
-        out.append(f"### {title}\n\n| name | type | unit | labels | NVML source | nvidia-smi | amd-smi | help |\n"
-                   "|---|---|---|---|---|---|---|---|\n")
+        out.append(f"### {title}\n\n| name | type | unit | labels | NVML source | {' | '.join(tools)} | help |\n"
+                   f"|---|---|---|---|---|{'---|' * len(tools)}---|\n")
         for f in rows:
             labels = ", ".join(f"`{label}`" for label in f.all_labels) or "-"
-            extra = ""
+            extra_text = ""
             if not f.default:
-                extra = " Off /metrics by default: select it with `--fields-include`."
+                extra_text = " Off /metrics by default: select it with `--fields-include`."
             if f.when:
-                extra += f" Present: {f.when}."
+                extra_text += f" Present: {f.when}."
             if not f.filterable:
-                extra += " Field selection (--fields-include/--fields-exclude) never removes it."
-            out.append(f"| `{f.name}` | {f.kind} | {f.unit} | {labels} | {_cell(f.nvml)} | {_cell(f.smi)} | "
-                       f"{_cell(f.amd)} | {_cell(f.help)}{extra} |\n")
+                extra_text += " Field selection (--fields-include/--fields-exclude) never removes it."
+            cells = " | ".join(_cell(f.equivalent(t) or (extra or {}).get(t, {}).get(f.name, "")) for t in tools)
+            out.append(f"| `{f.name}` | {f.kind} | {f.unit} | {labels} | {_cell(f.nvml)} | {cells} | "
+                       f"{_cell(f.help)}{extra_text} |\n")
         out.append("\n")
     return "".join(out).rstrip("\n") + "\n"
 

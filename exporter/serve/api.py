@@ -49,7 +49,8 @@ def families_view(fields: FieldFilter) -> dict[str, Any]:
         {"name": f.name, "type": f.kind, "unit": f.unit, "help": f.help, "labels": list(f.all_labels),
          "group": f.group, "backends": backends.supporters(f.name), "when": f.when or None,
          "state": "published" if fields.exposed(f.name) else "collected" if fields.enabled(f.name) else "off",
-         "nvidia_smi": f.smi or None, "amd_smi": f.amd or None}
+         "nvidia_smi": f.equivalent("nvidia-smi") or None,
+         "amd_smi": f.equivalent("amd-smi") or None}
         for f in FAMILIES]}
 
 

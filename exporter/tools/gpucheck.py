@@ -323,14 +323,15 @@ def topo_matrix(smi: str) -> dict[tuple[int, int], str]:
 
 def smi_fields(fam: Family) -> list[str]:
     """The ``nvidia-smi`` column of the family's schema row, as a list (``--query-gpu`` names or globs)."""
-    return [p.strip() for p in fam.smi.split(",") if p.strip()]
+    return [p.strip() for p in fam.equivalent("nvidia-smi").split(",") if p.strip()]
 
 
 def default_row(fam: Family) -> Row:
     """A family :data:`VALIDATION` says nothing about: the schema row's own unit and nvidia-smi column."""
     if fam.scope == "self":
         return Row(_ONE, _SELF)
-    why = f"no --query-gpu comparison written (nvidia-smi: {fam.smi})" if fam.smi else "no nvidia-smi equivalent"
+    smi = fam.equivalent("nvidia-smi")
+    why = f"no --query-gpu comparison written (nvidia-smi: {smi})" if smi else "no nvidia-smi equivalent"
     return Row(f"as read, in {fam.unit}" if fam.unit != "1" else _ONE, why)
 
 
@@ -345,7 +346,7 @@ def validation_rows() -> list[tuple[str, str, str, str, str, str]]:
         else:
             smi = ", ".join(f"`{f.query}`" for f in fields)
             tol = "; ".join(sorted({_tolerance(f) for f in fields}))
-        out.append((fam.name, fam.nvml or "-", row.conversion, smi, tol, fam.amd or "-"))
+        out.append((fam.name, fam.nvml or "-", row.conversion, smi, tol, fam.equivalent("amd-smi") or "-"))
     return out
 
 
