@@ -147,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose GPU series to read: gpu-exporter, dcgm (NVIDIA dcgm-exporter), amd (ROCm "
                         "device-metrics-exporter), or auto: whichever Prometheus holds, ours first on a node "
                         "with both (env PROFILER_SOURCE, default auto)")
+    g.add_argument("--source-job", default=sources.DEFAULT_JOBS,
+                   help="scrape jobs (a regular expression) whose series may name their node themselves "
+                        "(Hostname, hostname, gpu_host_info) where the scrape sets no node label (env "
+                        f"PROFILER_SOURCE_JOB, default {sources.DEFAULT_JOBS})")
+    g.add_argument("--source-namespace", default=sources.DEFAULT_NAMESPACES,
+                   help="namespaces (a regular expression; empty matches series without one) of those "
+                        "series (env PROFILER_SOURCE_NAMESPACE, default "
+                        f"{sources.DEFAULT_NAMESPACES})")
     g.add_argument("--node-label", default="node",
                    help="label holding the Kubernetes node name on GPU series (default node; series "
                         "without it are joined to gpu_host_info on instance)")
@@ -323,6 +331,10 @@ def parse_args(argv: list[str]) -> ProfilerSettings:
                          "such as gpu-exporter.io (at most 253 characters)")
     if a.source not in sources.CHOICES:
         raise ConfigError(f"--source {a.source!r}: must be one of {', '.join(sources.CHOICES)}")
+    try:
+        trust = sources.Trust(job=a.source_job, namespace=a.source_namespace)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     level = a.log_level.lower()
     if level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"--log-level {a.log_level!r}: must be one of debug, info, warning, error")
@@ -343,7 +355,7 @@ def parse_args(argv: list[str]) -> ProfilerSettings:
         timeout_s=parse_duration("--prometheus-timeout", a.prometheus_timeout, 0.1, 600),
         retries=_int("--prometheus-retries", a.prometheus_retries, 0, 10),
         query=QueryConfig(window_s=window, step_s=step, node_label=a.node_label, thresholds=th,
-                          fresh_s=min(300.0, window / 2), source=a.source,
+                          fresh_s=min(300.0, window / 2), source=a.source, trust=trust,
                           health=_on_off("--health-condition", a.health_condition),
                           max_query_bytes=_size("--prometheus-max-query-bytes", a.prometheus_max_query_bytes,
                                                 MIN_QUERY_BYTES, 1024**3)),

@@ -106,6 +106,7 @@ class QueryConfig:
     source: str = sources.AUTO  # gpu-exporter, dcgm, amd, or auto: whichever Prometheus holds, per node
     health: bool = False  # also read the health fields (the GPUHealthy condition)
     critical_xids: tuple[int, ...] = sources.CRITICAL_XIDS
+    trust: sources.Trust = field(default_factory=sources.Trust)  # whose target-set node labels are believed
     max_query_bytes: int = 16384  # longest query expression (VictoriaMetrics' default -search.maxQueryLen)
 
     def __post_init__(self) -> None:
@@ -122,7 +123,7 @@ class QueryBuilder:
 
     def __init__(self, cfg: QueryConfig, source: Source | None = None) -> None:
         self.cfg = cfg
-        self.source = source or sources.gpu_exporter(cfg.node_label)
+        self.source = source or sources.gpu_exporter(cfg.node_label, cfg.trust)
         self.ours = self.source.name == sources.OURS
         nl = cfg.node_label
         self.by = f"{nl}, gpu, uuid" if self.ours else ", ".join(self.source.identity)
@@ -135,7 +136,9 @@ class QueryBuilder:
 
     def _host(self, at: str, nodes: str | None = None) -> str:
         nl = self.cfg.node_label
-        sel = f"{{node=~{nodes}}}" if nodes else ""
+        # gpu_host_info's node is the exporter's own label: believed only from a trusted job/namespace
+        trust = self.cfg.trust.matchers()
+        sel = f"{{node=~{nodes}, {trust}}}" if nodes else f"{{{trust}}}"
         if nl == "node":
             return f"max by (instance, {nl}) ({HOST_INFO}{sel}{at})"
         return f'max by (instance, {nl}) (label_replace({HOST_INFO}{sel}{at}, "{nl}", "$1", "node", "(.+)"))'
@@ -152,7 +155,7 @@ class QueryBuilder:
         node (``Hostname``, ``hostname``, ...), every identity label kept.
         """
         if not self.ours:
-            branches = [fn(f"{lab}=~{nodes}" if nodes else f'{lab}!=""') for lab in self.node_labels]
+            branches = [fn(self.source.node_matcher(lab, nodes)) for lab in self.node_labels]
             return f"max by ({self.by}{by}) ({' or '.join(branches)})"
         nl = self.cfg.node_label
         has_node = f"{nl}=~{nodes}" if nodes else nl + '!=""'

@@ -80,7 +80,7 @@ class Reader:
         self.cfg = cfg
         names = (sources.OURS, sources.DCGM, sources.AMD) if cfg.source == sources.AUTO else (cfg.source,)
         # one builder per source; ``builder`` is ours (or the one source asked for)
-        self.builders = {n: QueryBuilder(cfg, sources.make(n, cfg.node_label)) for n in names}
+        self.builders = {n: QueryBuilder(cfg, sources.make(n, cfg.node_label, cfg.trust)) for n in names}
         self.builder = self.builders.get(sources.OURS) or self.builders[names[0]]
         self.queries_sent = 0  # logical queries, cumulative (HTTP retries not counted)
         # a shard's 3 aggregates, the next shard's 3 (prefetched) and 2 range batches

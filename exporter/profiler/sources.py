@@ -9,10 +9,19 @@ with their sources, are in docs/profiler.md ("Sources").
 
 Health (the ``GPUHealthy`` Node condition) reads each source's health fields where they exist
 (:class:`Health`); a missing field is never taken for a healthy reading of it.
+
+Trust boundary (issue 36): a node name set by the scraped target (dcgm-exporter's ``Hostname``,
+AMD's ``hostname``, ``kubernetes_node``, our ``gpu_host_info{node}``) is what any pod that
+Prometheus scrapes can claim. The scrape's own node label (``--node-label``, set by relabelling
+from the target's Kubernetes node) always wins: a series carrying it is read under it and never
+under a target's label. A target's label is read only where the scrape sets none, and only from
+series of the exporters' own jobs and namespaces (:class:`Trust`, ``--source-job`` and
+``--source-namespace``), which a tenant's pod cannot take (with ``honor_labels: false``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 MIB = 1024.0 * 1024.0
@@ -39,6 +48,43 @@ class Health:
     pcie_width_max: str = ""  # its maximum
 
 
+# The scrape jobs and namespaces the exporters run under as shipped (ours: deploy/; NVIDIA's GPU
+# Operator: nvidia-dcgm-exporter in gpu-operator, nvidia-gpu-operator on OpenShift; dcgm-exporter's
+# Helm chart: dcgm-exporter; AMD's GPU Operator: <config>-metrics-exporter in kube-amd-gpu). An
+# empty namespace: a scrape config that sets none (then the job, which only the scrape config
+# names, is what holds).
+DEFAULT_JOBS = "gpu-exporter|nvidia-dcgm-exporter|dcgm-exporter|.*metrics-exporter"
+DEFAULT_NAMESPACES = "gpu-exporter|gpu-operator|nvidia-gpu-operator|kube-amd-gpu|"
+
+
+def check_regex(flag: str, value: str) -> str:
+    """``value`` if it can be a PromQL regex matcher value (RE2, sent backquoted); else ValueError."""
+    if "`" in value or not value.isprintable():
+        raise ValueError(f"{flag} {value!r}: a regular expression without backquotes or control characters")
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"{flag} {value!r}: not a regular expression ({exc})") from None
+    return value
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The series whose target-set node label is believed: those of these scrape jobs and
+    namespaces (fully anchored regular expressions, as PromQL matches them)."""
+
+    job: str = DEFAULT_JOBS
+    namespace: str = DEFAULT_NAMESPACES
+
+    def __post_init__(self) -> None:
+        check_regex("--source-job", self.job)
+        check_regex("--source-namespace", self.namespace)
+
+    def matchers(self) -> str:
+        """PromQL matchers selecting only the trusted series."""
+        return f"job=~`{self.job}`, namespace=~`{self.namespace}`"
+
+
 @dataclass(frozen=True)
 class Source:
     """The names one exporter gives to what the profiler reads (see the module docstring)."""
@@ -50,7 +96,7 @@ class Source:
     mem_free: str  # "" where the exporter has none
     mem_total: str  # "": total = used + free
     mem_scale: float  # to bytes
-    node_labels: tuple[str, ...]  # the first non-empty one names the node
+    node_labels: tuple[str, ...]  # the scrape's label first, then the target's: the first non-empty names the node
     gpu_labels: tuple[str, ...]
     uuid_labels: tuple[str, ...]  # the first non-empty one identifies the GPU (falls back to node/gpu)
     sm: str = ""  # whole-GPU SM activity ratio, where the exporter publishes one
@@ -58,6 +104,21 @@ class Source:
     allocation: str = ""  # a series per (GPU, pod) holding it; "": the pod labels are on the util series
     any_prefix: bool = False  # the exporter may prefix every name (AMD's MetricsFieldPrefix)
     health: Health = field(default_factory=Health)
+    trust: Trust = field(default_factory=Trust)
+
+    @property
+    def scrape_label(self) -> str:
+        """The node label the scrape sets (``--node-label``): always first, always believed."""
+        return self.node_labels[0]
+
+    def node_matcher(self, label: str, nodes: str | None = None) -> str:
+        """The matchers selecting series whose node is named by ``label`` (``nodes``: a regex of
+        node names; None: any): the scrape's label as is; a target's label only on series
+        without the scrape's one, from the trusted jobs and namespaces."""
+        value = f"=~{nodes}" if nodes else '!=""'
+        if label == self.scrape_label:
+            return f"{label}{value}"
+        return f'{label}{value}, {self.scrape_label}="", {self.trust.matchers()}'
 
     def selector(self, metric: str, matchers: str) -> str:
         """``metric{matchers}``; with ``any_prefix`` the name is matched as a suffix, so
@@ -92,9 +153,9 @@ AUTO = "auto"
 CHOICES = (AUTO, OURS, DCGM, AMD)
 
 
-def gpu_exporter(node_label: str = "node") -> Source:
+def gpu_exporter(node_label: str = "node", trust: Trust | None = None) -> Source:
     """Our exporter: SI units already; the node label is ``--node-label`` (joined on ``instance``
-    with ``gpu_host_info`` where missing, see promql.py)."""
+    with ``gpu_host_info`` where missing, see promql.py: only a trusted ``gpu_host_info``)."""
     return Source(
         name=OURS, util="gpu_utilization_ratio", util_scale=1.0, mem_used="gpu_memory_used_bytes",
         mem_free="gpu_memory_free_bytes", mem_total="gpu_memory_total_bytes", mem_scale=1.0,
@@ -104,37 +165,40 @@ def gpu_exporter(node_label: str = "node") -> Source:
                       ecc_matcher='error_type="uncorrected"', remap_failed="gpu_remapped_rows_failed",
                       retire_pending="gpu_retired_pages_pending", pcie_width="gpu_pcie_link_width",
                       pcie_width_max="gpu_pcie_link_width_max"),
+        trust=trust or Trust(),
     )
 
 
-def dcgm(node_label: str = "node") -> Source:
+def dcgm(node_label: str = "node", trust: Trust | None = None) -> Source:
     """NVIDIA dcgm-exporter (etc/default-counters.csv): utilisation in percent, framebuffer in
-    MiB. The node is ``Hostname`` (every release to date), ``hostname`` (main renames it,
-    NVIDIA/dcgm-exporter#655), ``kubernetes_node``, then the scrape's node label."""
+    MiB. The node is the scrape's node label; without it (and only from a trusted job and
+    namespace) the exporter's own ``Hostname`` (every release to date), ``hostname`` (main
+    renames it, NVIDIA/dcgm-exporter#655) or ``kubernetes_node``."""
     return Source(
         name=DCGM, util="DCGM_FI_DEV_GPU_UTIL", util_scale=0.01, mem_used="DCGM_FI_DEV_FB_USED",
         mem_free="DCGM_FI_DEV_FB_FREE", mem_total="", mem_scale=MIB,
-        node_labels=tuple(dict.fromkeys(("Hostname", "hostname", "kubernetes_node", node_label))),
-        gpu_labels=("gpu",), uuid_labels=("UUID",),
+        node_labels=tuple(dict.fromkeys((node_label, "Hostname", "hostname", "kubernetes_node"))),
+        gpu_labels=("gpu",), uuid_labels=("UUID",), trust=trust or Trust(),
         sm="DCGM_FI_PROF_SM_ACTIVE", sm_whole='GPU_I_ID=""',
         health=Health(xid_last="DCGM_FI_DEV_XID_ERRORS", ecc_uncorrectable="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
                       remap_failed="DCGM_FI_DEV_ROW_REMAP_FAILURE", retire_pending="DCGM_FI_DEV_RETIRED_PENDING"),
     )
 
 
-def amd(node_label: str = "node") -> Source:
+def amd(node_label: str = "node", trust: Trust | None = None) -> Source:
     """ROCm device-metrics-exporter (pkg/amdgpu/gpuagent/gpuagent_gpu_metrics.go): graphics
-    activity in percent, VRAM in "MB" that are MiB, any configured name prefix. The node is
-    ``hostname`` (a mandatory label); the GPU is ``gpu_id``; ``gpu_uuid`` is opt-in, so the
-    mandatory ``serial_number`` identifies a GPU without it."""
+    activity in percent, VRAM in "MB" that are MiB, any configured name prefix. The node is the
+    scrape's node label; without it (and only from a trusted job and namespace) the exporter's
+    own ``hostname`` (a mandatory label) or ``kubernetes_node``; the GPU is ``gpu_id``;
+    ``gpu_uuid`` is opt-in, so the mandatory ``serial_number`` identifies a GPU without it."""
     return Source(
         name=AMD, util="gpu_gfx_activity", util_scale=0.01, mem_used="gpu_used_vram", mem_free="gpu_free_vram",
         mem_total="gpu_total_vram", mem_scale=MIB,
-        node_labels=tuple(dict.fromkeys(("hostname", "kubernetes_node", node_label))),
-        gpu_labels=("gpu_id",), uuid_labels=("gpu_uuid", "serial_number"), any_prefix=True,
+        node_labels=tuple(dict.fromkeys((node_label, "hostname", "kubernetes_node"))),
+        gpu_labels=("gpu_id",), uuid_labels=("gpu_uuid", "serial_number"), any_prefix=True, trust=trust or Trust(),
         health=Health(ecc_uncorrectable="gpu_ecc_uncorrect_total"),
     )
 
 
-def make(name: str, node_label: str = "node") -> Source:
-    return {OURS: gpu_exporter, DCGM: dcgm, AMD: amd}[name](node_label)
+def make(name: str, node_label: str = "node", trust: Trust | None = None) -> Source:
+    return {OURS: gpu_exporter, DCGM: dcgm, AMD: amd}[name](node_label, trust)

@@ -292,6 +292,20 @@ EXTERNAL = [
             "::test_http10_keep_alive_is_said_and_kept, ::test_expect_100_continue_gets_an_interim_answer_"
             "before_the_body, ::test_no_interim_answer_without_a_body_or_expect",
         "figures": {"cases": 8, "failures": 0}, "outcome": "make test"}),
+    ("Hostile input (hypothesis)", {
+        "scenario": "a tenant's series naming another node (issue 36)",
+        "done": "in a real Prometheus beside the victim's own dcgm-exporter: a tenant's DCGM_FI_* and XID"
+            " 79 with Hostname=victim under the scrape's node=tenant-node; the same with no scrape "
+            "node label in a shared job; from the exporter's job name in the tenant's namespace; "
+            "AMD's hostname both ways; our series joined to a gpu_host_info{node=victim} the tenant "
+            "serves; then one profiler cycle with the GPUHealthy condition",
+        "happened": "the victim's Node keeps GPUHealthy True and only its own GPU 0's annotations: the "
+            "scrape's node label wins wherever it is set (the tenant's GPU is its own node's), a "
+            "target's Hostname/hostname/kubernetes_node/gpu_host_info node is read only without it "
+            "and from --source-job/--source-namespace (before: GPUHealthy False CriticalXID GPU 7 and"
+            " phantom GPUs 5, 6, 7 on the victim); bad settings exit 2 with one line",
+        "test": "tests/unit/profiler/test_source_trust.py",
+        "figures": {"cases": 6, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [

@@ -63,7 +63,9 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     path = tmp / "history.om"
     with OpenMetricsWriter(path) as w:
         write_openmetrics(w, with_label, node_label=True)
-        write_openmetrics(w, _joined_set(), node_label=False, job="custom")
+        # a user's own scrape config without a node label: its gpu_host_info is believed only from the
+        # exporter's own job (--source-job, issue 36), here the shipped name under another scrape config
+        write_openmetrics(w, _joined_set(), node_label=False, job="gpu-exporter")
     with Prometheus(tmp / "server", tsdb_blocks_from=path) as server:
         yield server
 

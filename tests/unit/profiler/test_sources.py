@@ -147,10 +147,22 @@ def test_mappings_name_real_fields() -> None:
     d, a = sources.dcgm(), sources.amd()
     assert (d.util, d.mem_used, d.mem_free, d.sm) == ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED",
                                                       "DCGM_FI_DEV_FB_FREE", "DCGM_FI_PROF_SM_ACTIVE")
-    assert d.node_labels[:3] == ("Hostname", "hostname", "kubernetes_node")
+    # the scrape's node label first: a target's own Hostname/hostname never outranks it (issue 36)
+    assert d.node_labels == ("node", "Hostname", "hostname", "kubernetes_node")
+    assert a.node_labels == ("node", "hostname", "kubernetes_node")
+    assert d.key({"Hostname": "victim", "node": "tenant", "gpu": "7"}) == ("tenant", "7", "")
     assert a.key({"hostname": "n1", "gpu_id": "3", "serial_number": "S1"}) == ("n1", "3", "S1")
     assert a.selector("gpu_gfx_activity", 'hostname="n1"') == '{__name__=~".*gpu_gfx_activity", hostname="n1"}'
     assert d.mem_scale == a.mem_scale == 1024 * 1024 and d.util_scale == a.util_scale == 0.01
+
+
+def test_amd_prefers_gpu_uuid_over_the_serial_number() -> None:
+    """Survivor of issue 36: with both present, the opt-in gpu_uuid identifies the GPU, else the serial."""
+    a = sources.amd()
+    both = {"hostname": "n1", "gpu_id": "3", "serial_number": "S1", "gpu_uuid": "U1"}
+    assert a.key(both) == ("n1", "3", "U1") and a.uuid_label(both) == "gpu_uuid"
+    assert a.key({**both, "gpu_uuid": ""}) == ("n1", "3", "S1")
+    assert a.uuid_label({**both, "gpu_uuid": ""}) == "serial_number"
 
 
 def test_source_flag(tmp_path: Path) -> None:
