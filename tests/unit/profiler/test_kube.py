@@ -249,3 +249,13 @@ def test_once_dry_run_prints_and_sends_nothing(prom: Prometheus, kubeapi: FakeKu
     assert json.loads(status)["node"] == "k-0" and cond["type"] == "GPUHealthy" and cond["status"] == "True"
     assert kubeapi.node("k-0")["metadata"]["annotations"] == {"example.com/owner": "a"}
     assert "conditions" not in kubeapi.node("k-0")["status"]
+
+
+def test_listing_nodes_follows_continue_past_the_first_page(kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    """Survivor of issue 36: 501 nodes are two pages of 500; both are read (the continue token followed)."""
+    for i in range(501):
+        kubeapi.add_node(f"page-{i:03d}")
+    nodes = NodeStore(kube_client).list_nodes()
+    assert len(nodes) == 501 and "page-500" in nodes and "page-000" in nodes
+    lists = [r for r in kubeapi.requests if r.verb == "list" and r.resource == "nodes"]
+    assert len(lists) == 2 and "continue" not in lists[0].query and lists[1].query.get("continue")
