@@ -215,6 +215,10 @@ SPECS: tuple[Spec, ...] = (
          "seconds between background collections; 0 = collect on scrape (default 0)"),
     Spec("collection_timeout", "--collection-timeout", "COLLECTION_TIMEOUT", _seconds(0.01, 300),
          "seconds a scrape waits for a collection before answering with what it has (default 5)"),
+    Spec("call_deadline", "--call-deadline", "CALL_DEADLINE", _seconds(0.01, 300),
+         "seconds a vendor call on one GPU may take before that GPU is published as hung (gpu_up 0) and the "
+         "other GPUs go on; below --collection-timeout (default 1, or a fifth of a collection timeout under 5; "
+         "docs/reliability.md)"),
     Spec("cache_ttl", "--cache-ttl", "SCRAPE_CACHE_TTL", _seconds(0, 60),
          "collect-on-scrape: reuse a collection that finished less than this ago (default 1; 0 = never)"),
     Spec("ready_max_age", "--ready-max-age", "READY_MAX_AGE", _seconds(1, 86400),
@@ -348,6 +352,11 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
             settings.backend == "auto" and settings.allow_simulated):
         raise ConfigError(f"invalid simulated_scenario = {settings.simulated_scenario!r}: only the simulated "
                           "backend has scenarios; add --backend simulated")
+    if not any("call_deadline" in values for _, values in layers):  # the default: a fifth of the timeout, at most 1 s
+        settings.call_deadline = min(settings.call_deadline, settings.collection_timeout / 5)
+    elif settings.call_deadline >= settings.collection_timeout:
+        raise ConfigError(f"invalid call_deadline = {settings.call_deadline:g}: must be below collection_timeout "
+                          f"({settings.collection_timeout:g}), or one hung GPU costs every scrape its whole wait")
     if settings.dra_attribution == "on" and settings.pod_attribution == "off":
         raise ConfigError("invalid dra_attribution = 'on' with pod_attribution = 'off': DRA devices are found "
                           "through the kubelet's pod-resources API; set --pod-attribution auto or on")
