@@ -199,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--health-condition", default="on",
                    help="on or off: set the GPUHealthy condition on each GPU node (needs RBAC patch on "
                         "nodes/status; env PROFILER_HEALTH_CONDITION, default on)")
+    e.add_argument("--xid-severity", action="append", default=[], metavar="CODE=SEVERITY",
+                   help="override an XID's severity from NVIDIA's catalogue: fatal (GPUHealthy False), warn (listed "
+                        "in the message, still True) or ignore; repeatable or comma-separated, e.g. 13=fatal,79=warn "
+                        "(a YAML list in --config)")
     e.add_argument("--device-taints", default="off",
                    help="on or off: on DRA clusters, a DeviceTaintRule (effect NoSchedule) for each failed or hung "
                         "GPU's devices, removed once it is healthy for --hysteresis cycles (needs "
@@ -357,6 +361,7 @@ def parse_args(argv: list[str]) -> ProfilerSettings:
         query=QueryConfig(window_s=window, step_s=step, node_label=a.node_label, thresholds=th,
                           fresh_s=min(300.0, window / 2), source=a.source, trust=trust,
                           health=_on_off("--health-condition", a.health_condition),
+                          xid_severity=_xid_severity(a.xid_severity),
                           max_query_bytes=_size("--prometheus-max-query-bytes", a.prometheus_max_query_bytes,
                                                 MIN_QUERY_BYTES, 1024**3)),
         latency_offset_s=parse_duration("--prometheus-latency-offset", a.prometheus_latency_offset, 0, 3600),
@@ -410,6 +415,25 @@ def _at(value: str | None, once: bool) -> float | None:
     if not 946684800 <= t <= 4102444800:  # 2000-01-01 to 2100-01-01; also refuses nan and inf
         raise ConfigError(f"--at {value!r}: must be a unix time between 2000 and 2100")
     return t
+
+
+def _xid_severity(items: list[str]) -> tuple[tuple[int | str, str], ...]:
+    """``["13=fatal,79=warn", "ecc_corrected=warn"]`` -> checked pairs (exporter/core/xid.py)."""
+    from exporter.core.xid import XidConfigError, load_overrides
+
+    raw: dict[str, str] = {}
+    for item in items:
+        for part in filter(None, (p.strip() for p in item.split(","))):
+            code, eq, sev = part.partition("=")
+            if not eq or not code.strip():
+                raise ConfigError(f"--xid-severity {printable(part, 60)!r}: expected CODE=SEVERITY, e.g. 13=fatal")
+            if code.strip() in raw:
+                raise ConfigError(f"--xid-severity: {printable(code.strip(), 20)} is given twice")
+            raw[code.strip()] = sev
+    try:
+        return tuple(load_overrides(raw, "--xid-severity").items())
+    except XidConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _device_taints(a: argparse.Namespace) -> bool:
