@@ -1,9 +1,11 @@
 """Settings: the one settings object, with the one set of defaults.
 
-``exporter.serve.config`` fills :class:`Settings` from flags, environment and a YAML file;
+Every setting of every daemon is a :class:`Setting` row (flag, env twin, YAML key, kind and default
+written once), read by the one loader (exporter/platform/settings.py). ``exporter.serve.config`` is
+serve's table of rows and fills :class:`Settings` (whose field defaults are the rows' defaults);
 everything else (backends, engine, tools) reads its defaults from here. A setting only one backend
-needs is that backend's :class:`BackendSetting` (``Backend.settings``), which ``serve`` turns into
-a flag, an env twin and a YAML key like its own; its value is in ``Settings.backend_settings``.
+needs is a row in that backend's file (``Backend.settings``), which ``serve`` loads like its own;
+its value is in ``Settings.backend_settings``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -27,7 +29,6 @@ class Settings:
     metrics_path: str = "/metrics"
     collection_interval: float = 0.0
     collection_timeout: float = 5.0
-    call_deadline: float = 1.0  # seconds one vendor call on one GPU may take before the GPU is hung
     cache_ttl: float = 1.0
     ready_max_age: float = 60.0
     log_level: str = "info"
@@ -64,31 +65,37 @@ class Settings:
         return {**out, **self.backend_settings}
 
 
-#: how ``serve`` parses a backend's setting (exporter/serve/config.py), with the parsers of its own settings:
-#: a file path, a duration in seconds (exporter/platform/units.py: 30s, 5m, 1h or a number) in low..high, an
-#: integer in low..high, true/false, a size in bytes (Kubernetes quantity rules: 16Mi, 16M), one of choices
-SETTING_KINDS = ("path", "seconds", "integer", "bool", "size", "choice")
+#: how a setting's text is parsed and checked (exporter/platform/settings.py): a path, an existing file, a
+#: duration in seconds (exporter/platform/units.py: 30s, 5m, 1h or a number) in low..high, an integer in
+#: low..high, a ratio in (low, high], true/false, a size in bytes (Kubernetes quantity rules: 16Mi, 16M) in
+#: low..high, one of choices, one line of text, or the command's own ``parse`` (custom)
+SETTING_KINDS = ("path", "seconds", "integer", "bool", "size", "choice", "file", "ratio", "text", "custom")
 
 
 @dataclass(frozen=True)
-class BackendSetting:
-    """A setting of one backend, declared in its file (``Backend.settings``).
+class Setting:
+    """One setting of a daemon or a backend, declared once: the row of every settings table.
 
-    ``serve`` gives it the flag ``flag``, the env twin ``env`` and the YAML key ``name`` (or the flag's
-    spelling), lists it in ``--help`` and ``--check-config``, and parses and checks it up front like its
-    own settings (a bad value: one line naming it, exit status 2). The backend reads the value with
-    ``self.setting(name)``.
+    The loader (exporter/platform/settings.py) gives it the flag ``flag``, the env twin ``env`` (then the
+    older names in ``twins``) and the YAML key ``name`` (or the flag's spelling), lists it in ``--help``
+    with its default and in ``--check-config``, and parses and checks it up front (a bad value: one line
+    naming it, exit status 2). ``serve`` and ``profile`` are tables of these rows; a backend declares
+    its own in its file (``Backend.settings``) and reads the value with ``self.setting(name)``.
     """
 
     name: str  # attribute, YAML key and ``Backend.setting`` key: lower case and underscores
     flag: str  # --some-flag
     env: str | None  # its environment twin
     kind: str  # one of SETTING_KINDS
-    help: str  # --help text, with its default
-    default: Any = None  # the value when unset (None: unset)
-    low: float = 0.0  # seconds, integer: the allowed range
+    help: str  # --help text; the default is added to it unless it says its default itself
+    default: Any = None  # the value when unset (None: unset), already parsed
+    low: float = 0.0  # seconds, integer, ratio, size: the allowed range
     high: float = math.inf
     choices: tuple[str, ...] = ()  # choice: the allowed values, lower case
+    twins: tuple[str, ...] = ()  # older environment names, read when ``env`` is not set
+    parse: Callable[[Any], Any] | None = None  # custom: the value from its text, or ValueError(what is allowed)
+    repeat: bool = False  # the flag may be given again (a YAML list; the env twin: a comma list)
+    aliases: tuple[tuple[str, str], ...] = ()  # choice: other spellings of a choice (warn -> warning)
 
     def check(self, owner: str) -> None:
         """ValueError naming ``owner`` (the backend) and the culprit when the declaration cannot work."""
@@ -105,9 +112,13 @@ class BackendSetting:
             problem = f"kind {self.kind!r}: expected one of {', '.join(SETTING_KINDS)}"
         elif self.kind == "choice" and not self.choices:
             problem = "kind 'choice' without choices"
+        elif (self.kind == "custom") != (self.parse is not None):
+            problem = "a parse function goes with kind 'custom', and only with it"
         if problem:
             raise ValueError(f"backend {owner!r} declares setting {self.name!r}: {problem}")
 
+
+BackendSetting = Setting  # a backend's own setting (``Backend.settings``) is a row like every other
 
 
 class FieldSelectionError(ValueError):
@@ -171,7 +182,6 @@ class BackendOptions:
     simulated_scenario: str = _D.simulated_scenario  # exporter.backends.simulated.SCENARIOS
     per_process: bool = _D.per_process  # per-PID series are unbounded cardinality: opt-in
     pcie_throughput: bool = _D.pcie_throughput  # about 40 ms per GPU per read on NVIDIA: opt-in
-    call_deadline: float = _D.call_deadline  # seconds a vendor call about one GPU may take (backends/base.py)
     backend_settings: dict[str, Any] = field(default_factory=dict)  # Backend.settings' values, by name
 
     @classmethod
@@ -179,7 +189,6 @@ class BackendOptions:
         return cls(fields=FieldFilter(include=s.fields_include, exclude=s.fields_exclude),
                    sysfs_root=s.sysfs_root, simulated_gpus=s.simulated_gpus,
                    simulated_scenario=s.simulated_scenario, per_process=s.per_process,
-                   pcie_throughput=s.pcie_throughput, call_deadline=s.call_deadline,
-                   backend_settings=dict(s.backend_settings))
+                   pcie_throughput=s.pcie_throughput, backend_settings=dict(s.backend_settings))
 
 

@@ -42,6 +42,14 @@ _BARE = re.compile(rf"{_NUMBER}|\.[0-9]{{1,9}}")
 DURATION_EXAMPLES = "e.g. 90s, 30m, 1h, 1h30m, 250ms or a number of seconds"
 
 
+def format_duration(seconds: float) -> str:
+    """``1800`` -> ``30m``, ``5400`` -> ``90m``, ``3600`` -> ``1h``, ``0.5`` -> ``0.5s``: the largest whole unit."""
+    for unit, f in (("h", 3600), ("m", 60)):
+        if seconds >= f and seconds % f == 0:
+            return f"{int(seconds // f)}{unit}"
+    return f"{seconds:g}s"
+
+
 def parse_duration(text: str, bare_seconds: bool = True) -> float:
     """Seconds in ``text`` (a Go duration, or with ``bare_seconds`` a plain number of seconds);
     ValueError naming the examples otherwise."""

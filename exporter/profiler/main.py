@@ -15,14 +15,15 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from exporter.core import logs
 from exporter.core.extras import MissingExtra, require
+from exporter.core.options import Setting
 from exporter.platform import daemon, kube, settings, units
-from exporter.platform.errors import ConfigError, fail, printable
+from exporter.platform.errors import ConfigError, fail
 from exporter.profiler import sources
 from exporter.profiler.annotate import KubeError, NodeStore
 from exporter.profiler.classify import Thresholds
@@ -42,198 +43,194 @@ log = logging.getLogger("exporter.profiler")
 
 PROG = "gpu-exporter profile"
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_DNS_SUBDOMAIN_NAME = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
-def parse_duration(flag: str, value: str, lo: float, hi: float) -> float:
-    """``"30m"``, ``"1800s"``, ``"1h"``, ``"90"`` (seconds) -> seconds, within [lo, hi]."""
+def _url(v: object) -> str:
+    s = str(v).strip()
+    if not is_base_url(s):
+        raise ValueError("expected http://host:port or https://host:port")
+    return s
+
+
+def _header(v: object) -> tuple[str, str]:
+    """``'X-Scope-OrgID: a'`` -> (name, value); a malformed or reserved header is refused."""
+    name, colon, value = str(v).partition(":")
+    name, value = name.strip(), value.strip()
+    if not colon or not valid_header(name, value):
+        raise ValueError("expected 'Name: value' with a header name we do not set ourselves (not Host, "
+                         "Content-Type, ...) and a printable value")
+    return name, value
+
+
+def _step(v: object) -> float | None:
+    if str(v).strip().lower() == "auto":
+        return None
     try:
-        secs = units.parse_duration(value)
+        return units.parse_duration(str(v).strip())
     except ValueError:
-        raise ConfigError(f"{flag} {value!r}: expected a duration such as 90s, 30m, 1h or 1h30m") from None
-    if not lo <= secs <= hi:
-        raise ConfigError(f"{flag} {value!r}: must be between {_fmt_dur(lo)} and {_fmt_dur(hi)}")
-    return secs
+        raise ValueError("expected auto or a duration such as 30s or 1m") from None
 
 
-def _fmt_dur(s: float) -> str:
-    for unit, f in (("h", 3600), ("m", 60)):
-        if s >= f and s % f == 0:
-            return f"{int(s // f)}{unit}"
-    return f"{s:g}s"
+def _regex(flag: str) -> Callable[[object], str]:
+    def parse(v: object) -> str:
+        try:
+            return sources.check_regex(flag, str(v))
+        except ValueError as exc:  # its text names the flag and the value, which the loader's line names too
+            raise ValueError(str(exc).split(": ", 1)[-1]) from None
+
+    return parse
 
 
-def _ratio(flag: str, value: str) -> float:
+def _matching(ok: Callable[[str], object], allowed: str) -> Callable[[object], str]:
+    """A text setting that ``ok`` accepts, else ValueError(allowed)."""
+    def parse(v: object) -> str:
+        s = str(v).strip()
+        if not ok(s):
+            raise ValueError(allowed)
+        return s
+
+    return parse
+
+
+def _unix_time(v: object) -> float:
+    allowed = "expected a unix time in seconds between 2000 and 2100, e.g. 1767225600"
     try:
-        x = float(value)
+        t = float(str(v).strip())
     except ValueError:
-        raise ConfigError(f"{flag} {value!r}: expected a ratio between 0 and 1 (e.g. 0.3)") from None
-    if not 0.0 < x <= 1.0:
-        raise ConfigError(f"{flag} {value!r}: must be a ratio greater than 0 and at most 1 (0.3 means 30%)")
-    return x
+        raise ValueError(allowed) from None
+    if not 946684800 <= t <= 4102444800:  # 2000-01-01 to 2100-01-01; also refuses nan and inf
+        raise ValueError(allowed)
+    return t
 
 
-def _int(flag: str, value: str, lo: int, hi: int) -> int:
-    try:
-        x = int(value)
-    except ValueError:
-        raise ConfigError(f"{flag} {value!r}: expected a whole number from {lo} to {hi}") from None
-    if not lo <= x <= hi:
-        raise ConfigError(f"{flag} {value!r}: must be from {lo} to {hi}")
-    return x
+def _removed(instead: str) -> Callable[[object], Any]:
+    def parse(v: object) -> Any:
+        raise ValueError(f"removed; {instead}")
+
+    return parse
 
 
-
-
-def _size(flag: str, value: str, lo: int, hi: int) -> int:
-    """``16Mi``/``16MiB`` (2^20), ``16M`` (10^6), ``1048576`` -> bytes (Kubernetes quantity rules), within [lo, hi]."""
-    try:
-        n = units.parse_size(value)
-    except ValueError:
-        raise ConfigError(f"{flag} {value!r}: expected a size such as 16MiB, 512KiB or 1048576 "
-                         "(Kubernetes quantities: 16M is 16 x 10^6 bytes, 16Mi and 16MiB 16 x 2^20)") from None
-    if not lo <= n <= hi:
-        raise ConfigError(f"{flag} {value!r}: must be from {lo} bytes (64KiB) to {hi} bytes (1GiB)")
-    return n
-
-
-def _headers(items: list[str]) -> dict[str, str]:
-    """``['X-Scope-OrgID: a']`` -> {name: value}; a malformed or reserved header is a usage error."""
-    out: dict[str, str] = {}
-    for item in items:
-        name, colon, value = item.partition(":")
-        name, value = name.strip(), value.strip()
-        if not colon or not valid_header(name, value):
-            raise ConfigError(f"--prometheus-header {printable(item, 80)!r}: expected 'Name: value' with a header "
-                             "name we do not set ourselves (not Host, Content-Type, ...) and a printable value")
-        out[name] = value
-    return out
-
-
-# Environment names older than the PROFILER_<FLAG> twins, still read (after the PROFILER_ one).
 ENV_PREFIX, CONFIG_ENV = "PROFILER_", "PROFILER_CONFIG"
-ENV_TWINS = {"prometheus_url": "PROMETHEUS_URL", "leader_elect_namespace": "POD_NAMESPACE",
-             "listen_port": "PROFILER_PORT", "log_level": "LOG_LEVEL", "log_format": "LOG_FORMAT"}
+
+
+def _row(name: str, kind: str, help_: str, default: Any = None, flag: str | None = None,
+         twins: tuple[str, ...] = (), **kw: Any) -> Setting:
+    """A row whose flag is ``--<name with dashes>`` and whose env twin is ``PROFILER_<NAME>``."""
+    return Setting(name, flag or "--" + name.replace("_", "-"), ENV_PREFIX + name.upper(), kind, help_,
+                   default, twins=twins, **kw)
+
+
+def _custom(name: str, parse: Callable[[object], Any], help_: str, default: Any = None, **kw: Any) -> Setting:
+    return _row(name, "custom", help_, default, parse=parse, **kw)
+
+
+# Every setting of ``gpu-exporter profile``: flag, env twin (and the older names still read after it),
+# YAML key, kind and default, once each (docs/profiler.md's table lists them).
+ROWS: tuple[Setting, ...] = (
+    _custom("prometheus_url", _url, "base URL of the Prometheus HTTP API, e.g. http://prometheus:9090",
+            twins=("PROMETHEUS_URL",)),
+    _row("prometheus_token_file", "file", "file holding a bearer token, re-read on every request"),
+    _row("prometheus_ca_file", "file", "CA bundle to verify an https Prometheus"),
+    _row("prometheus_timeout", "seconds", "deadline of one HTTP attempt, from connect to the last byte", 10.0,
+         low=0.1, high=600),
+    _row("prometheus_max_response_bytes", "size", "largest answer read; a longer one is refused unread",
+         16 << 20, low=64 << 10, high=1 << 30),
+    _row("prometheus_max_parse_bytes", "size", "memory one answer may take to parse; a larger one is refused "
+         "while read and its shard asked in halves (bounds the profiler's memory, docs/profiler.md)",
+         32 << 20, low=1 << 20, high=1 << 30),
+    _row("prometheus_max_query_bytes", "size", "longest query expression sent; longer ones are cut into more queries "
+         "(VictoriaMetrics' -search.maxQueryLen; docs/profiler.md)", 16 << 10, low=MIN_QUERY_BYTES, high=1 << 30),
+    _row("prometheus_latency_offset", "seconds", "evaluate each cycle this long before now, so that no answer holds "
+         "points the store is still filling in: 30s for VictoriaMetrics (its -search.latencyOffset)", 0.0,
+         high=3600),
+    _custom("prometheus_header", _header, "extra request header 'NAME: VALUE', repeatable (e.g. "
+            "'X-Scope-OrgID: team-a' for Mimir or Cortex)", (), repeat=True),
+    _row("prometheus_retries", "integer", "extra attempts after a transient failure", 2, high=10),
+    _row("source", "choice", "whose GPU series to read: gpu-exporter, dcgm (NVIDIA dcgm-exporter), amd (ROCm "
+         "device-metrics-exporter), or auto: whichever Prometheus holds, ours first on a node with both",
+         "auto", choices=tuple(sources.CHOICES)),
+    _custom("source_job", _regex("--source-job"), "scrape jobs (a regular expression) whose series may name their "
+            "node themselves (Hostname, hostname, gpu_host_info) where the scrape sets no node label",
+            sources.DEFAULT_JOBS),
+    _custom("source_namespace", _regex("--source-namespace"), "namespaces (a regular expression; empty matches "
+            "series without one) of those series", sources.DEFAULT_NAMESPACES),
+    _custom("node_label", _matching(_LABEL.match, "expected a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"),
+            "label holding the Kubernetes node name on GPU series (series without it are "
+            "joined to gpu_host_info on instance)", "node"),
+    _row("window", "seconds", "history each classification looks at", 1800.0, low=300, high=86400),
+    _custom("step", _step, "resolution of the utilisation range, at most a sixteenth of the window; auto: each "
+            "GPU's own scrape interval (default auto)"),
+    _row("hysteresis", "integer", "consecutive evaluations a new classification must hold before it is written",
+         2, low=1, high=100),
+    _row("idle_util", "ratio", "idle-GPU count: window-mean utilisation below this ratio", 0.30, high=1.0),
+    _row("idle_mem", "ratio", "idle-GPU count: window-mean memory used below this ratio", 0.50, high=1.0),
+    _custom("annotation_prefix", _matching(valid_prefix, "expected a lowercase DNS subdomain such as "
+                                           "gpu-exporter.io (at most 253 characters)"),
+            "annotation key prefix", "gpu-exporter.io"),
+    _row("max_gpus_per_node", "integer", "GPUs annotated per node, lowest ids first; more are counted in "
+         "omitted-gpus", 64, low=1, high=4096),
+    _row("max_annotation_bytes", "integer", "bound on our annotation keys and values per node; GPUs beyond it "
+         "are left out from the highest id and counted in omitted-gpus", 16384, low=2048, high=131072),
+    _row("kubeconfig", "file", "kubeconfig file; default: in-cluster service account, else $KUBECONFIG"),
+    _row("node_selector", "text", "label selector limiting the nodes listed and annotated"),
+    _row("dry_run", "bool", "print the merge patches (one JSON document per line) instead of sending them", False),
+    _row("leader_elect", "bool", "run as one of several replicas: only the holder of a coordination.k8s.io/v1 "
+         "Lease reads and writes (not with --once or --dry-run)", False),
+    _custom("leader_elect_namespace", _matching(_DNS_LABEL.match, "expected a Kubernetes namespace name"),
+            "namespace of the Lease and of the Events (default: the service account's namespace)",
+            twins=("POD_NAMESPACE",)),
+    _custom("leader_elect_lease_name", _matching(_DNS_SUBDOMAIN_NAME.match, "expected a lowercase DNS subdomain "
+                                                 "such as gpu-exporter-profiler"),
+            "name of the Lease", "gpu-exporter-profiler"),
+    _row("leader_elect_lease_duration", "seconds", "how long a silent leader's Lease is honoured before another "
+         "replica takes over", 15.0, low=1, high=3600),
+    _row("leader_elect_renew_deadline", "seconds", "a leader that could not renew for this long stops writing",
+         10.0, low=0.5, high=3600),
+    _row("leader_elect_retry_period", "seconds", "time between attempts to acquire or renew the Lease", 2.0,
+         low=0.1, high=600),
+    _row("events", "bool", "on or off: Events on a Node when a GPU turns growing or allocated-idle (not in a "
+         "dry run)", True),
+    _row("health_condition", "bool", "on or off: set the GPUHealthy condition on each GPU node (needs RBAC patch "
+         "on nodes/status)", True),
+    _row("device_taints", "bool", "on or off: on DRA clusters, a DeviceTaintRule (effect NoSchedule) for each "
+         "failed or hung GPU's devices, removed once it is healthy for --hysteresis cycles (needs --health-condition "
+         "on and the RBAC of the device-taints install)", False),
+    _row("events_burst", "integer", "Events a node may get at once before its budget limits it (as client-go)",
+         25, low=1, high=1000),
+    _row("events_refill", "seconds", "each node gets one Event back per this interval, up to --events-burst (as "
+         "client-go); one summary Event per cycle counts those suppressed", 300.0, low=1, high=86400),
+    _custom("events_per_minute", _removed("Events are now limited per node (--events-burst, default 25, and "
+                                          "--events-refill, default 5m)"),
+            "removed (issue 35): Events are limited per node, see --events-burst and --events-refill"),
+    _row("once", "bool", "run one cycle and exit (cron style)", False),
+    _custom("at", _unix_time, "with --once: evaluate at this unix time instead of now (replay a past window, "
+            "e.g. with --dry-run after an incident)"),
+    _row("interval", "seconds", "time between cycles", 60.0, low=1, high=86400),
+    # One rule for both daemons: this machine only unless told otherwise (the manifests pass 0.0.0.0).
+    _custom("listen_address", settings.parse_address, "address of /metrics and /healthz (default 127.0.0.1, this "
+            "machine only; 0.0.0.0 or :: listens on all addresses)", "127.0.0.1"),
+    _row("listen_port", "integer", "port of /metrics and /healthz", 9401, high=65535, twins=("PROFILER_PORT",)),
+    _row("web_config_file", "path", "TLS and basic auth of /metrics and /healthz, in the exporter-toolkit "
+         "format, as for gpu-exporter serve; SIGHUP reloads it (docs/security.md)", flag="--web.config.file"),
+    _row("log_level", "choice", "debug, info, warning or error", "info", choices=settings.LOG_LEVELS,
+         aliases=(("warn", "warning"),), twins=("LOG_LEVEL",)),
+    _row("log_format", "choice", "text or json, one object per line", "text", choices=("text", "json"),
+         twins=("LOG_FORMAT",)),
+)
+settings.check_unique(ROWS)
+GROUPS = {"prometheus_url": "Prometheus", "window": "classification", "annotation_prefix": "Kubernetes",
+          "leader_elect": "replicas and Events", "once": "running"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = settings.OneLineParser(prog=PROG, description=(
+    return settings.build_parser(ROWS, PROG, (
         "Read GPU series back from Prometheus, classify each GPU's usage pattern over a window "
         "(idle, steady, periodic, bursty, growing, unknown) and write it to the Node's annotations. "
         "See docs/profiler.md and docs/annotations.md. Every flag also reads the environment variable "
-        "PROFILER_<FLAG> (PROFILER_WINDOW for --window) and the YAML key of its name in --config FILE."))
-    settings.add_config_flags(p, CONFIG_ENV)
-    g = p.add_argument_group("Prometheus")
-    g.add_argument("--prometheus-url", default=None,
-                   help="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090 (env PROMETHEUS_URL)")
-    g.add_argument("--prometheus-token-file", help="file holding a bearer token, re-read on every request")
-    g.add_argument("--prometheus-ca-file", help="CA bundle to verify an https Prometheus")
-    g.add_argument("--prometheus-timeout", default="10s",
-                   help="deadline of one HTTP attempt, from connect to the last byte (default 10s)")
-    g.add_argument("--prometheus-max-response-bytes", default="16MiB",
-                   help="largest answer read; a longer one is refused unread (default 16MiB; B, KiB, MiB, GiB)")
-    g.add_argument("--prometheus-max-parse-bytes", default="32MiB",
-                   help="memory one answer may take to parse; a larger one is refused while read and its shard "
-                        "asked in halves (default 32MiB; bounds the profiler's memory, docs/profiler.md)")
-    g.add_argument("--prometheus-max-query-bytes", default="16KiB",
-                   help="longest query expression sent; longer ones are cut into more queries (default 16KiB, "
-                        "VictoriaMetrics' -search.maxQueryLen; at least 8KiB; docs/profiler.md)")
-    g.add_argument("--prometheus-latency-offset", default="0s",
-                   help="evaluate each cycle this long before now, so that no answer holds points the store is "
-                        "still filling in: 30s for VictoriaMetrics (its -search.latencyOffset; default 0s)")
-    g.add_argument("--prometheus-header", action="append", default=[], metavar="'NAME: VALUE'",
-                   help="extra request header, repeatable (e.g. 'X-Scope-OrgID: team-a' for Mimir or Cortex)")
-    g.add_argument("--prometheus-retries", default="2", help="extra attempts after a transient failure (default 2)")
-    g.add_argument("--source", default="auto",
-                   help="whose GPU series to read: gpu-exporter, dcgm (NVIDIA dcgm-exporter), amd (ROCm "
-                        "device-metrics-exporter), or auto: whichever Prometheus holds, ours first on a node "
-                        "with both (env PROFILER_SOURCE, default auto)")
-    g.add_argument("--source-job", default=sources.DEFAULT_JOBS,
-                   help="scrape jobs (a regular expression) whose series may name their node themselves "
-                        "(Hostname, hostname, gpu_host_info) where the scrape sets no node label (env "
-                        f"PROFILER_SOURCE_JOB, default {sources.DEFAULT_JOBS})")
-    g.add_argument("--source-namespace", default=sources.DEFAULT_NAMESPACES,
-                   help="namespaces (a regular expression; empty matches series without one) of those "
-                        "series (env PROFILER_SOURCE_NAMESPACE, default "
-                        f"{sources.DEFAULT_NAMESPACES})")
-    g.add_argument("--node-label", default="node",
-                   help="label holding the Kubernetes node name on GPU series (default node; series "
-                        "without it are joined to gpu_host_info on instance)")
-    c = p.add_argument_group("classification")
-    c.add_argument("--window", default="30m", help="history each classification looks at (default 30m)")
-    c.add_argument("--step", default="auto",
-                   help="resolution of the utilisation range; auto: each GPU's own scrape interval (default)")
-    c.add_argument("--hysteresis", default="2",
-                   help="consecutive evaluations a new classification must hold before it is written (default 2)")
-    c.add_argument("--idle-util", default="0.30",
-                   help="idle-GPU count: window-mean utilisation below this ratio (default 0.30)")
-    c.add_argument("--idle-mem", default="0.50",
-                   help="idle-GPU count: window-mean memory used below this ratio (default 0.50)")
-    k = p.add_argument_group("Kubernetes")
-    k.add_argument("--annotation-prefix", default="gpu-exporter.io",
-                   help="annotation key prefix (default gpu-exporter.io)")
-    k.add_argument("--max-gpus-per-node", default="64",
-                   help="GPUs annotated per node, lowest ids first; more are counted in omitted-gpus (default 64)")
-    k.add_argument("--max-annotation-bytes", default="16384",
-                   help="bound on our annotation keys and values per node; GPUs beyond it are left out from the "
-                        "highest id and counted in omitted-gpus (default 16384, 2048 to 131072)")
-    k.add_argument("--kubeconfig", help="kubeconfig file; default: in-cluster service account, else $KUBECONFIG")
-    k.add_argument("--node-selector", help="label selector limiting the nodes listed and annotated")
-    k.add_argument("--dry-run", action="store_true",
-                   help="print the merge patches (one JSON document per line) instead of sending them")
-    e = p.add_argument_group("replicas and Events")
-    e.add_argument("--leader-elect", action="store_true",
-                   help="run as one of several replicas: only the holder of a coordination.k8s.io/v1 Lease "
-                        "reads and writes (not with --once or --dry-run)")
-    e.add_argument("--leader-elect-namespace", default=None,
-                   help="namespace of the Lease and of the Events (env POD_NAMESPACE; default: the service "
-                        "account's namespace)")
-    e.add_argument("--leader-elect-lease-name", default="gpu-exporter-profiler", help="name of the Lease")
-    e.add_argument("--leader-elect-lease-duration", default="15s",
-                   help="how long a silent leader's Lease is honoured before another replica takes over (default 15s)")
-    e.add_argument("--leader-elect-renew-deadline", default="10s",
-                   help="a leader that could not renew for this long stops writing (default 10s)")
-    e.add_argument("--leader-elect-retry-period", default="2s",
-                   help="time between attempts to acquire or renew the Lease (default 2s)")
-    e.add_argument("--events", default="on", help="on or off: Events on a Node when a GPU turns growing or "
-                                                  "allocated-idle (default on; not in a dry run)")
-    e.add_argument("--health-condition", default="on",
-                   help="on or off: set the GPUHealthy condition on each GPU node (needs RBAC patch on "
-                        "nodes/status; env PROFILER_HEALTH_CONDITION, default on)")
-    e.add_argument("--xid-severity", action="append", default=[], metavar="CODE=SEVERITY",
-                   help="override an XID's severity from NVIDIA's catalogue: fatal (GPUHealthy False), warn (listed "
-                        "in the message, still True) or ignore; repeatable or comma-separated, e.g. 13=fatal,79=warn "
-                        "(a YAML list in --config)")
-    e.add_argument("--device-taints", default="off",
-                   help="on or off: on DRA clusters, a DeviceTaintRule (effect NoSchedule) for each failed or hung "
-                        "GPU's devices, removed once it is healthy for --hysteresis cycles (needs "
-                        "--health-condition on and the RBAC of the device-taints install; default off)")
-    e.add_argument("--events-burst", default="25",
-                   help="Events a node may get at once before its budget limits it (default 25, as client-go)")
-    e.add_argument("--events-refill", default="5m",
-                   help="each node gets one Event back per this interval, up to --events-burst (default 5m, as "
-                        "client-go); one summary Event per cycle counts those suppressed")
-    e.add_argument("--events-per-minute", default=None,
-                   help="removed (issue 35): Events are limited per node, see --events-burst and --events-refill")
-    r = p.add_argument_group("running")
-    r.add_argument("--once", action="store_true", help="run one cycle and exit (cron style)")
-    r.add_argument("--at", help="with --once: evaluate at this unix time instead of now (replay a past "
-                                "window, e.g. with --dry-run after an incident)")
-    r.add_argument("--interval", default="60s",
-                   help="time between cycles (env PROFILER_INTERVAL, default 60s)")
-    # One rule for both daemons: this machine only unless told otherwise (the manifests pass 0.0.0.0).
-    r.add_argument("--listen-address", default="127.0.0.1",
-                   help="address of /metrics and /healthz (default 127.0.0.1, this machine only; 0.0.0.0 or :: "
-                        "listens on all addresses)")
-    r.add_argument("--listen-port", default="9401",
-                   help="port of /metrics and /healthz (env PROFILER_PORT, default 9401)")
-    r.add_argument("--web.config.file", dest="web_config_file", default=None,
-                   help="TLS and basic auth of /metrics and /healthz, in the exporter-toolkit format, as for "
-                        "gpu-exporter serve (env PROFILER_WEB_CONFIG_FILE; docs/security.md)")
-    r.add_argument("--log-level", default="info",
-                   help="debug, info, warning or error (env LOG_LEVEL, default info)")
-    r.add_argument("--log-format", default="text",
-                   help="text or json, one object per line (env LOG_FORMAT, default text)")
-    return p
+        "PROFILER_<FLAG> (PROFILER_WINDOW for --window) and the YAML key of its name in --config FILE."),
+        CONFIG_ENV, GROUPS)
 
 
 @dataclass
@@ -283,111 +280,79 @@ def _namespace(flag_value: str | None) -> str:
     return "default"
 
 
-def _election(a: argparse.Namespace) -> ElectionConfig | None:
-    if not a.leader_elect:
+def _election(v: dict[str, Any]) -> ElectionConfig | None:
+    if not v["leader_elect"]:
         return None
-    if a.once or a.dry_run:
+    if v["once"] or v["dry_run"]:
         raise ConfigError("--leader-elect: only for the loop (not with --once or --dry-run)")
-    ns = _namespace(a.leader_elect_namespace)
+    ns = _namespace(v["leader_elect_namespace"])
     if not _DNS_LABEL.match(ns):
         raise ConfigError(f"--leader-elect-namespace {ns!r}: must be a Kubernetes namespace name")
-    if not _DNS_SUBDOMAIN_NAME.match(a.leader_elect_lease_name):
-        raise ConfigError(f"--leader-elect-lease-name {a.leader_elect_lease_name!r}: must be a lowercase DNS "
-                         "subdomain such as gpu-exporter-profiler")
     identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    cfg = ElectionConfig(
-        namespace=ns, name=a.leader_elect_lease_name, identity=identity[:128],
-        lease_duration_s=parse_duration("--leader-elect-lease-duration", a.leader_elect_lease_duration, 1, 3600),
-        renew_deadline_s=parse_duration("--leader-elect-renew-deadline", a.leader_elect_renew_deadline, 0.5, 3600),
-        retry_period_s=parse_duration("--leader-elect-retry-period", a.leader_elect_retry_period, 0.1, 600),
-    )
+    cfg = ElectionConfig(namespace=ns, name=v["leader_elect_lease_name"], identity=identity[:128],
+                         lease_duration_s=v["leader_elect_lease_duration"],
+                         renew_deadline_s=v["leader_elect_renew_deadline"],
+                         retry_period_s=v["leader_elect_retry_period"])
     problem = cfg.problem()
     if problem:
         raise ConfigError(f"--leader-elect-*: {problem}")
     return cfg
 
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
-_DNS_SUBDOMAIN_NAME = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
-def parse_args(argv: list[str]) -> ProfilerSettings:
-    """Parse and validate flags, environment and config file; raises ConfigError with a one-line message."""
-    p = build_parser()
-    p.set_defaults(**settings.layered_defaults(p, argv, ENV_PREFIX, CONFIG_ENV, ENV_TWINS))
-    a = p.parse_args(argv)
-    if not a.prometheus_url:
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> ProfilerSettings:
+    """Flags, environment and config file (the one loader, over ROWS) -> ProfilerSettings; ConfigError (one line)."""
+    loaded = settings.load(ROWS, argv, build_parser(), CONFIG_ENV, environ)
+    v = loaded.values
+    if not v["prometheus_url"]:
         raise ConfigError("--prometheus-url is required (or set PROMETHEUS_URL), e.g. http://prometheus:9090")
-    if not is_base_url(a.prometheus_url):
-        raise ConfigError(f"--prometheus-url {a.prometheus_url!r}: expected http://host:port or https://host:port")
-    for flag, path in (("--prometheus-token-file", a.prometheus_token_file),
-                       ("--prometheus-ca-file", a.prometheus_ca_file), ("--kubeconfig", a.kubeconfig)):
-        if path is not None and not os.path.isfile(path):
-            raise ConfigError(f"{flag} {path!r}: no such file")
-    window = parse_duration("--window", a.window, 300, 86400)
-    step: float | None = None
-    if a.step != "auto":
-        step = parse_duration("--step", a.step, 1, window / 16)
-    if not _LABEL.match(a.node_label):
-        raise ConfigError(f"--node-label {a.node_label!r}: must be a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
-    if not valid_prefix(a.annotation_prefix):
-        raise ConfigError(f"--annotation-prefix {a.annotation_prefix!r}: must be a lowercase DNS subdomain "
-                         "such as gpu-exporter.io (at most 253 characters)")
-    if a.source not in sources.CHOICES:
-        raise ConfigError(f"--source {a.source!r}: must be one of {', '.join(sources.CHOICES)}")
-    try:
-        trust = sources.Trust(job=a.source_job, namespace=a.source_namespace)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    level = a.log_level.lower()
-    if level not in ("debug", "info", "warning", "error"):
-        raise ConfigError(f"--log-level {a.log_level!r}: must be one of debug, info, warning, error")
-    if a.log_format not in ("text", "json"):
-        raise ConfigError(f"--log-format {a.log_format!r}: must be text or json")
-    if a.events_per_minute is not None:
-        raise ConfigError(f"--events-per-minute {a.events_per_minute!r}: removed; Events are now limited per node "
-                          "(--events-burst, default 25, and --events-refill, default 5m)")
-    th = Thresholds(node_idle_util=_ratio("--idle-util", a.idle_util), node_idle_mem=_ratio("--idle-mem", a.idle_mem))
+    window = v["window"]
+    step = v["step"]
+    if step is not None and not 1 <= step <= window / 16:
+        most = units.format_duration(window / 16)
+        raise settings.invalid(loaded, "step", f"expected auto or a duration between 1s and {most} (a sixteenth of "
+                               "--window)")
+    if v["at"] is not None and not v["once"]:
+        raise ConfigError("--at: only with --once")
+    if v["device_taints"] and not v["health_condition"]:
+        raise ConfigError("--device-taints on: needs --health-condition on (the rules follow the GPUs' health)")
+    trust = sources.Trust(job=v["source_job"], namespace=v["source_namespace"])
+    th = Thresholds(node_idle_util=v["idle_util"], node_idle_mem=v["idle_mem"])
     return ProfilerSettings(
-        prometheus_url=a.prometheus_url,
-        token_file=a.prometheus_token_file,
-        ca_file=a.prometheus_ca_file,
-        headers=_headers(a.prometheus_header),
-        max_response_bytes=_size("--prometheus-max-response-bytes", a.prometheus_max_response_bytes,
-                                 64 * 1024, 1024**3),
-        max_parse_bytes=_size("--prometheus-max-parse-bytes", a.prometheus_max_parse_bytes, 1024**2, 1024**3),
-        timeout_s=parse_duration("--prometheus-timeout", a.prometheus_timeout, 0.1, 600),
-        retries=_int("--prometheus-retries", a.prometheus_retries, 0, 10),
-        query=QueryConfig(window_s=window, step_s=step, node_label=a.node_label, thresholds=th,
-                          fresh_s=min(300.0, window / 2), source=a.source, trust=trust,
-                          health=_on_off("--health-condition", a.health_condition),
-                          xid_severity=_xid_severity(a.xid_severity),
-                          max_query_bytes=_size("--prometheus-max-query-bytes", a.prometheus_max_query_bytes,
-                                                MIN_QUERY_BYTES, 1024**3)),
-        latency_offset_s=parse_duration("--prometheus-latency-offset", a.prometheus_latency_offset, 0, 3600),
-        plan=PlanConfig(prefix=a.annotation_prefix, hysteresis=_int("--hysteresis", a.hysteresis, 1, 100),
-                        thresholds=th,
-                        max_gpus_per_node=_int("--max-gpus-per-node", a.max_gpus_per_node, 1, 4096),
-                        max_annotation_bytes=_int("--max-annotation-bytes", a.max_annotation_bytes, 2048, 131072)),
-        kubeconfig=a.kubeconfig,
-        node_selector=a.node_selector,
-        dry_run=a.dry_run,
-        once=a.once,
-        at=_at(a.at, a.once),
-        interval_s=parse_duration("--interval", a.interval, 1, 86400),
-        listen_address=a.listen_address,
-        listen_port=_int("--listen-port", a.listen_port, 0, 65535),
-        log_level=level,
-        log_format=a.log_format,
-        election=_election(a),
-        events=_on_off("--events", a.events),
-        device_taints=_device_taints(a),
-        events_burst=_int("--events-burst", a.events_burst, 1, 1000),
-        events_refill_s=parse_duration("--events-refill", a.events_refill, 1, 86400),
-        web=_web_config(a.web_config_file),
-        health=_on_off("--health-condition", a.health_condition),
-        check_config=a.check_config,
-        described=settings.describe(p, a, ENV_PREFIX) if a.check_config else "",
+        prometheus_url=v["prometheus_url"],
+        token_file=v["prometheus_token_file"],
+        ca_file=v["prometheus_ca_file"],
+        headers=dict(v["prometheus_header"]),
+        max_response_bytes=v["prometheus_max_response_bytes"],
+        max_parse_bytes=v["prometheus_max_parse_bytes"],
+        timeout_s=v["prometheus_timeout"],
+        retries=v["prometheus_retries"],
+        query=QueryConfig(window_s=window, step_s=step, node_label=v["node_label"], thresholds=th,
+                          fresh_s=min(300.0, window / 2), source=v["source"], trust=trust,
+                          health=v["health_condition"], max_query_bytes=v["prometheus_max_query_bytes"]),
+        latency_offset_s=v["prometheus_latency_offset"],
+        plan=PlanConfig(prefix=v["annotation_prefix"], hysteresis=v["hysteresis"], thresholds=th,
+                        max_gpus_per_node=v["max_gpus_per_node"], max_annotation_bytes=v["max_annotation_bytes"]),
+        kubeconfig=v["kubeconfig"],
+        node_selector=v["node_selector"],
+        dry_run=v["dry_run"],
+        once=v["once"],
+        at=v["at"],
+        interval_s=v["interval"],
+        listen_address=v["listen_address"],
+        listen_port=v["listen_port"],
+        log_level=v["log_level"],
+        log_format=v["log_format"],
+        election=_election(v),
+        events=v["events"],
+        device_taints=v["device_taints"],
+        events_burst=v["events_burst"],
+        events_refill_s=v["events_refill"],
+        web=_web_config(v["web_config_file"]),
+        health=v["health_condition"],
+        check_config=loaded.check_config,
+        described=settings.describe(ROWS, v) if loaded.check_config else "",
     )
 
 
@@ -401,53 +366,6 @@ def _web_config(path: str | None) -> WebConfig | None:
         return load(path)
     except ConfigError as exc:
         raise ConfigError(f"--web.config.file: {exc}") from None
-
-
-def _at(value: str | None, once: bool) -> float | None:
-    if value is None:
-        return None
-    if not once:
-        raise ConfigError("--at: only with --once")
-    try:
-        t = float(value)
-    except ValueError:
-        raise ConfigError(f"--at {value!r}: expected a unix time in seconds, e.g. 1767225600") from None
-    if not 946684800 <= t <= 4102444800:  # 2000-01-01 to 2100-01-01; also refuses nan and inf
-        raise ConfigError(f"--at {value!r}: must be a unix time between 2000 and 2100")
-    return t
-
-
-def _xid_severity(items: list[str]) -> tuple[tuple[int | str, str], ...]:
-    """``["13=fatal,79=warn", "ecc_corrected=warn"]`` -> checked pairs (exporter/core/xid.py)."""
-    from exporter.core.xid import XidConfigError, load_overrides
-
-    raw: dict[str, str] = {}
-    for item in items:
-        for part in filter(None, (p.strip() for p in item.split(","))):
-            code, eq, sev = part.partition("=")
-            if not eq or not code.strip():
-                raise ConfigError(f"--xid-severity {printable(part, 60)!r}: expected CODE=SEVERITY, e.g. 13=fatal")
-            if code.strip() in raw:
-                raise ConfigError(f"--xid-severity: {printable(code.strip(), 20)} is given twice")
-            raw[code.strip()] = sev
-    try:
-        return tuple(load_overrides(raw, "--xid-severity").items())
-    except XidConfigError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _device_taints(a: argparse.Namespace) -> bool:
-    on = _on_off("--device-taints", a.device_taints)
-    if on and not _on_off("--health-condition", a.health_condition):
-        raise ConfigError("--device-taints on: needs --health-condition on (the rules follow the GPUs' health)")
-    return on
-
-
-def _on_off(flag: str, value: str) -> bool:
-    v = value.strip().lower()
-    if v not in ("on", "off", "true", "false", "1", "0"):
-        raise ConfigError(f"{flag} {value!r}: must be on or off")
-    return v in ("on", "true", "1")
 
 
 def build_profiler(s: ProfilerSettings, out: IO[str] | None = None) -> Profiler:
@@ -539,8 +457,9 @@ def run(argv: list[str], out: IO[str] | None = None,
     thread.start()
     if election is not None:
         election.start()
-    log.info("profiler: %s every %s, window %s, /metrics on %s:%d%s%s", s.prometheus_url, _fmt_dur(s.interval_s),
-             _fmt_dur(s.query.window_s), s.listen_address, server.server_address[1],
+    log.info("profiler: %s every %s, window %s, /metrics on %s:%d%s%s", s.prometheus_url,
+             units.format_duration(s.interval_s),
+             units.format_duration(s.query.window_s), s.listen_address, server.server_address[1],
              " (dry run)" if prof.dry_run else "",
              "; this machine only: --listen-address 0.0.0.0 (or ::) listens on all addresses"
              if s.listen_address in ("127.0.0.1", "::1", "localhost") else "")

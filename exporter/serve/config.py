@@ -1,10 +1,11 @@
-"""Settings for ``gpu-exporter serve``: flags, their environment twins and a YAML file.
+"""Settings for ``gpu-exporter serve``: its table of :class:`~exporter.core.options.Setting` rows.
 
-Precedence: built-in default < YAML file (``--config``/``EXPORTER_CONFIG``) < environment < flag.
-Every value is validated up front; a bad one raises :class:`ConfigError`, which the CLI turns
-into exit code 2 and one line naming the setting, the bad value and what is allowed. A backend's own
-settings (``Backend.settings``: ``--rocm-smi-path``, ``--command-timeout``) are declared in its file
-and join this table with the parser of their kind (:func:`_backend_spec`).
+The one loader (exporter/platform/settings.py) reads them: precedence default < YAML file
+(``--config``/``EXPORTER_CONFIG``) < environment < flag, every value validated up front; a bad one
+raises :class:`ConfigError`, which the CLI turns into exit code 2 and one line naming the setting,
+the bad value and what is allowed. A row's default is :class:`Settings`' (the one set of defaults).
+A backend's own settings (``Backend.settings``: ``--rocm-smi-path``, ``--command-timeout``) are rows
+declared in its file and join this table.
 """
 
 from __future__ import annotations
@@ -13,82 +14,21 @@ import argparse
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from exporter.backends.simulated import SCENARIOS  # a light module: the table of scenarios
-from exporter.core.options import BackendSetting, FieldFilter, Settings
-from exporter.platform import units
-from exporter.platform.configfile import ConfigError, read_yaml, shown_value
-from exporter.platform.settings import OneLineParser
+from exporter.core.options import DEFAULTS, FieldFilter, Setting, Settings
+from exporter.platform import settings as loader
+from exporter.platform.errors import ConfigError
+
+__all__ = ["SPECS", "ConfigError", "Settings", "build_parser", "load"]
+
+PROG = "gpu-exporter serve"
+CONFIG_ENV = "EXPORTER_CONFIG"
 
 
-def _fail(setting: str, source: str, value: object, allowed: str) -> NoReturn:
-    raise ConfigError(f"invalid {setting} ({source}) = {shown_value(value)}: {allowed[:200]}")
-
-
-# --- value parsers: (raw value) -> typed value, raising ValueError(allowed) -------------------
-
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
-
-
-def _int_range(lo: int, hi: int) -> Callable[[object], int]:
-    def parse(v: object) -> int:
-        if isinstance(v, bool):
-            raise ValueError(f"expected an integer in {lo}..{hi}")
-        s = str(v).strip()
-        # ASCII digits only, and few of them: int() would also take "1_000", "٣" and 5,000-digit strings
-        if not isinstance(v, int) and not re.fullmatch(r"[+-]?[0-9]{1,18}", s):
-            raise ValueError(f"expected an integer in {lo}..{hi}")
-        n = v if isinstance(v, int) else int(s)
-        if not lo <= n <= hi:
-            raise ValueError(f"expected an integer in {lo}..{hi}")
-        return n
-
-    return parse
-
-
-def _seconds(lo: float, hi: float) -> Callable[[object], float]:
-    def parse(v: object) -> float:
-        allowed = f"expected a duration in {lo:g}..{hi:g} seconds (e.g. 10, 0.5, 30s, 5m, 1h)"
-        if isinstance(v, bool):
-            raise ValueError(allowed)
-        s = str(v).strip().lower()
-        try:
-            x = units.parse_duration(s)  # the one duration parser: 1h, 1m30s, 250ms or bare seconds
-        except ValueError:
-            if not _DECIMAL.fullmatch(s):  # float() would also take "nan", "inf", "1_0" and non-ASCII digits
-                raise ValueError(allowed) from None
-            x = float(s)  # a signed or exponent number: refused by the range below unless in it
-        if not (lo <= x <= hi):  # also rejects an overflow to inf
-            raise ValueError(allowed)
-        return x
-
-    return parse
-
-
-def _choice(options: Sequence[str], aliases: Mapping[str, str] | None = None) -> Callable[[object], str]:
-    def parse(v: object) -> str:
-        s = str(v).strip().lower()
-        s = (aliases or {}).get(s, s)
-        if s not in options:
-            raise ValueError(f"expected one of: {', '.join(options)}")
-        return s
-
-    return parse
-
-
-def _bool(v: object) -> bool:
-    if isinstance(v, bool):
-        return v
-    s = str(v).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("expected true or false")
-
+# --- serve's own checks (the kinds' parsers are the loader's) ---------------------------------
 
 def _str_list(v: object) -> list[str]:
     """Metric family names or globs over them; each must match a family of the schema."""
@@ -120,24 +60,6 @@ def _path_prefix(v: object) -> str:
     return s
 
 
-_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
-
-
-def _address(v: object) -> str:
-    import ipaddress
-
-    s = str(v).strip()
-    allowed = "expected an IP address or host name, e.g. 0.0.0.0, :: or 127.0.0.1"
-    if ":" in s or re.fullmatch(r"[0-9.]+", s):  # looks like an IP address: it must be one (not 999.1.1.1)
-        try:
-            return str(ipaddress.ip_address(s))
-        except ValueError:
-            raise ValueError(allowed) from None
-    if len(s) > 253 or not all(_HOST_LABEL.fullmatch(x) for x in s.removesuffix(".").split(".")):
-        raise ValueError(allowed)
-    return s
-
-
 def _backend(v: object) -> str:
     from exporter import backends  # the registry imports only light modules
 
@@ -152,211 +74,105 @@ def _backend(v: object) -> str:
     return ",".join(parts)
 
 
-def _scenario(v: object) -> str:
-    return _choice(tuple(SCENARIOS))(v)
-
-
-def _file(v: object) -> str:
-    s = str(v).strip()
-    if not s:
-        raise ValueError("expected a file path")
-    return s
-
-
-def _size(v: object) -> int:
-    if isinstance(v, bool):
-        raise ValueError(f"expected a size, {units.SIZE_EXAMPLES}")
-    return units.parse_size(str(v))  # the one size parser (Kubernetes quantity rules)
-
-
 # --- the settings table --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Spec:
-    name: str  # attribute and YAML key
-    flag: str
-    env: str | None
-    parse: Callable[[object], Any]
-    help: str
-    backend: bool = False  # a backend's own setting (Settings.backend_settings)
-    default: Any = None  # a backend setting's default (the exporter's own: Settings)
+def _row(name: str, env: str | None, kind: str, help_: str, **kw: Any) -> Setting:
+    """A row of serve's: flag ``--<name with dashes>``, default the one in :class:`Settings`."""
+    flag = kw.pop("flag", "--" + name.replace("_", "-"))
+    return Setting(name, flag, env, kind, help_, kw.pop("default", getattr(DEFAULTS, name)), **kw)
 
 
-def _backend_spec(s: BackendSetting) -> Spec:
-    """A backend's declared setting as a row of the table, parsed like the exporter's own of its kind."""
-    parse: Callable[[object], Any] = {
-        "path": lambda: _file,
-        "seconds": lambda: _seconds(s.low, s.high),
-        "integer": lambda: _int_range(int(s.low), int(min(s.high, 2**63))),
-        "bool": lambda: _bool,
-        "size": lambda: _size,
-        "choice": lambda: _choice(s.choices),
-    }[s.kind]()
-    return Spec(s.name, s.flag, s.env, parse, s.help, backend=True, default=s.default)
+def _custom(name: str, env: str | None, parse: Any, help_: str, **kw: Any) -> Setting:
+    return _row(name, env, "custom", help_, parse=parse, **kw)
 
 
-def _backend_specs() -> tuple[Spec, ...]:
+def _backend_rows() -> tuple[Setting, ...]:
     from exporter import backends  # the registry imports only light modules
 
-    return tuple(_backend_spec(s) for s in backends.settings())
+    return tuple(backends.settings())
 
 
-SPECS: tuple[Spec, ...] = (
-    Spec("backend", "--backend", "EXPORTER_BACKEND", _backend,
-         "auto | {backends}, or a comma list (default auto)"),
-    Spec("allow_simulated", "--allow-simulated", "EXPORTER_ALLOW_SIMULATED", _bool,
+_ON_OFF = ("auto", "on", "off")
+
+SPECS: tuple[Setting, ...] = (
+    _custom("backend", "EXPORTER_BACKEND", _backend, "auto | {backends}, or a comma list"),
+    _row("allow_simulated", "EXPORTER_ALLOW_SIMULATED", "bool",
          "let --backend auto fall back to the simulated backend when no GPU is found (never in production)"),
-    Spec("address", "--address", "EXPORTER_ADDRESS", _address,
-         "listen address (default 127.0.0.1, this machine only; 0.0.0.0 or :: listens on all addresses)"),
-    Spec("port", "--port", "EXPORTER_PORT", _int_range(1, 65535), "listen port (default 9400)"),
-    Spec("metrics_path", "--metrics-path", "METRICS_PATH", _path_prefix, "metrics path (default /metrics)"),
-    Spec("collection_interval", "--collection-interval", "COLLECTION_INTERVAL", _seconds(0, 3600),
-         "seconds between background collections; 0 = collect on scrape (default 0)"),
-    Spec("collection_timeout", "--collection-timeout", "COLLECTION_TIMEOUT", _seconds(0.01, 300),
-         "seconds a scrape waits for a collection before answering with what it has (default 5)"),
-    Spec("call_deadline", "--call-deadline", "CALL_DEADLINE", _seconds(0.01, 300),
-         "seconds a vendor call on one GPU may take before that GPU is published as hung (gpu_up 0) and the "
-         "other GPUs go on; below --collection-timeout (default 1, or a fifth of a collection timeout under 5; "
-         "docs/reliability.md)"),
-    Spec("cache_ttl", "--cache-ttl", "SCRAPE_CACHE_TTL", _seconds(0, 60),
-         "collect-on-scrape: reuse a collection that finished less than this ago (default 1; 0 = never)"),
-    Spec("ready_max_age", "--ready-max-age", "READY_MAX_AGE", _seconds(1, 86400),
-         "/readyz fails when the last successful collection is older than this (default 60)"),
-    Spec("log_level", "--log-level", "LOG_LEVEL", _choice(("debug", "info", "warning", "error"), {"warn": "warning"}),
-         "debug | info | warning | error (default info)"),
-    Spec("log_format", "--log-format", "LOG_FORMAT", _choice(("text", "json")), "text | json (default text)"),
-    Spec("fields_include", "--fields-include", "FIELDS_INCLUDE", _str_list,
-         "only these metric families (comma list, globs allowed)"),
-    Spec("fields_exclude", "--fields-exclude", "FIELDS_EXCLUDE", _str_list,
-         "drop these metric families (comma list, globs allowed)"),
-    Spec("sysfs_root", "--sysfs-root", "SYSFS_ROOT", _file, "sysfs mount for the PCI bus count (default /sys)"),
-    Spec("simulated_gpus", "--simulated-gpus", "SIMULATED_GPUS", _int_range(1, 64),
-         "GPU count of the simulated backend (default 4)"),
-    Spec("simulated_scenario", "--simulated-scenario", "SIMULATED_SCENARIO", _scenario,
-         "state the simulated GPUs show: " + " | ".join(SCENARIOS) + " (default healthy; docs/cli.md)"),
-    Spec("per_process", "--per-process", "EXPORTER_PER_PROCESS", _bool,
+    _custom("address", "EXPORTER_ADDRESS", loader.parse_address,
+            "listen address (default 127.0.0.1, this machine only; 0.0.0.0 or :: listens on all addresses)"),
+    _row("port", "EXPORTER_PORT", "integer", "listen port", low=1, high=65535),
+    _custom("metrics_path", "METRICS_PATH", _path_prefix, "metrics path"),
+    _row("collection_interval", "COLLECTION_INTERVAL", "seconds",
+         "seconds between background collections; 0 = collect on scrape", high=3600),
+    _row("collection_timeout", "COLLECTION_TIMEOUT", "seconds",
+         "seconds a scrape waits for a collection before answering with what it has", low=0.01, high=300),
+    _row("cache_ttl", "SCRAPE_CACHE_TTL", "seconds",
+         "collect-on-scrape: reuse a collection that finished less than this ago (0 = never)", high=60),
+    _row("ready_max_age", "READY_MAX_AGE", "seconds",
+         "/readyz fails when the last successful collection is older than this", low=1, high=86400),
+    _row("log_level", "LOG_LEVEL", "choice", "debug | info | warning | error", choices=loader.LOG_LEVELS,
+         aliases=(("warn", "warning"),)),
+    _row("log_format", "LOG_FORMAT", "choice", "text | json", choices=("text", "json")),
+    _custom("fields_include", "FIELDS_INCLUDE", _str_list, "only these metric families (comma list, globs allowed)"),
+    _custom("fields_exclude", "FIELDS_EXCLUDE", _str_list, "drop these metric families (comma list, globs allowed)"),
+    _row("sysfs_root", "SYSFS_ROOT", "path", "sysfs mount for the PCI bus count"),
+    _row("simulated_gpus", "SIMULATED_GPUS", "integer", "GPU count of the simulated backend", low=1, high=64),
+    _row("simulated_scenario", "SIMULATED_SCENARIO", "choice",
+         "state the simulated GPUs show: " + " | ".join(SCENARIOS) + " (docs/cli.md)", choices=tuple(SCENARIOS)),
+    _row("per_process", "EXPORTER_PER_PROCESS", "bool",
          "per-process readings: per-pod utilisation and memory on shared GPUs (needs --proc-root and a "
-         "pods watch), and per-PID memory series (unbounded cardinality; default false)"),
-    Spec("proc_root", "--proc-root", "PROC_ROOT", _file,
-         "the host's /proc, mounted read-only, for --per-process's PID-to-pod mapping (default /proc)"),
-    Spec("pcie_throughput", "--pcie-throughput", "EXPORTER_PCIE_THROUGHPUT", _bool,
-         "read PCIe TX/RX throughput (about 40 ms per GPU per collection on NVIDIA, 20 ms for each "
-         "direction; default false)"),
-    *_backend_specs(),  # every backend's own (--rocm-smi-path, --command-timeout), declared in its file
-    Spec("pod_resources_socket", "--pod-resources-socket", "POD_RESOURCES_SOCKET", _file,
-         "kubelet pod-resources socket for pod attribution"),
-    Spec("pod_resources_interval", "--pod-resources-interval", "POD_RESOURCES_INTERVAL", _seconds(1, 3600),
-         "seconds between pod-resources List calls (default 10)"),
-    Spec("pod_attribution", "--pod-attribution", "POD_ATTRIBUTION", _choice(("auto", "on", "off")),
-         "auto (when the socket exists) | on | off (default auto)"),
-    Spec("dra_attribution", "--dra-attribution", "DRA_ATTRIBUTION", _choice(("auto", "on", "off")),
+         "pods watch), and per-PID memory series (unbounded cardinality)"),
+    _row("proc_root", "PROC_ROOT", "path", "the host's /proc, mounted read-only, for --per-process's PID-to-pod "
+         "mapping"),
+    _row("pcie_throughput", "EXPORTER_PCIE_THROUGHPUT", "bool",
+         "read PCIe TX/RX throughput (about 40 ms per GPU per collection on NVIDIA, 20 ms for each direction)"),
+    *_backend_rows(),  # every backend's own (--rocm-smi-path, --command-timeout), declared in its file
+    _row("pod_resources_socket", "POD_RESOURCES_SOCKET", "path", "kubelet pod-resources socket for pod attribution"),
+    _row("pod_resources_interval", "POD_RESOURCES_INTERVAL", "seconds", "seconds between pod-resources List calls",
+         low=1, high=3600),
+    _row("pod_attribution", "POD_ATTRIBUTION", "choice", "auto (when the socket exists) | on | off",
+         choices=_ON_OFF),
+    _row("dra_attribution", "DRA_ATTRIBUTION", "choice",
          "map DRA-claimed GPUs to pods through this node's ResourceSlices (needs NODE_NAME and RBAC): "
-         "auto (on when the API server answers) | on | off (default auto)"),
-    Spec("web_config_file", "--web.config.file", "WEB_CONFIG_FILE", _file,
-         "exporter-toolkit web config (TLS, basic auth)"),
-    Spec("max_connections", "--max-connections", "EXPORTER_MAX_CONNECTIONS", _int_range(1, 10000),
-         "requests answered at once; more get 503 at once (connections waiting for a request hold no slot; "
-         "default 64)"),
-    Spec("read_timeout", "--read-timeout", "EXPORTER_READ_TIMEOUT", _seconds(0.1, 300),
-         "seconds a connection has for its TLS handshake and whole request, and an answer for its write "
-         "(default 10)"),
+         "auto (on when the API server answers) | on | off", choices=_ON_OFF),
+    _row("web_config_file", "WEB_CONFIG_FILE", "path", "exporter-toolkit web config (TLS, basic auth); SIGHUP "
+         "reloads it", flag="--web.config.file"),
+    _row("max_connections", "EXPORTER_MAX_CONNECTIONS", "integer",
+         "requests answered at once; more get 503 at once (connections waiting for a request hold no slot)",
+         low=1, high=10000),
+    _row("read_timeout", "EXPORTER_READ_TIMEOUT", "seconds",
+         "seconds a connection has for its TLS handshake and whole request, and an answer for its write",
+         low=0.1, high=300),
 )
-
-_SPEC_BY_NAME = {s.name: s for s in SPECS}
-
-
-def _check_unique(specs: Sequence[Spec]) -> None:
-    """A backend's setting may not take the name, flag or env variable of another setting."""
-    for key in ("name", "flag", "env"):
-        values = [getattr(s, key) for s in specs if getattr(s, key)]
-        twice = next((v for v in values if values.count(v) > 1), None)
-        if twice is not None:
-            raise ValueError(f"two settings have the {key} {twice!r}: a backend's setting needs its own")
+loader.check_unique(SPECS)
+_BACKEND_NAMES = frozenset(r.name for r in _backend_rows())
 
 
-_check_unique(SPECS)
-
-
-def build_parser(prog: str = "gpu-exporter serve") -> argparse.ArgumentParser:
-    p = OneLineParser(prog=prog, description="Serve GPU metrics for Prometheus.")
-    p.add_argument("--config", dest="config_file", default=None, help="YAML config file (env EXPORTER_CONFIG)")
-    p.add_argument("--check-config", action="store_true", help="validate the settings, print them, exit")
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     from exporter import backends  # the registry imports only light modules
 
     known = " | ".join(backends.ordered())  # every backend file in exporter/backends/, so --help lists a new one
-    for s in SPECS:
-        env = f" (env {s.env})" if s.env else ""
-        s = dataclasses.replace(s, help=s.help.replace("{backends}", known))
-        if s.parse is _bool:
-            p.add_argument(s.flag, dest=s.name, nargs="?", const="true", default=None, metavar="true|false",
-                           help=s.help + " (a bare flag means true)" + env)
-        else:
-            p.add_argument(s.flag, dest=s.name, default=None, help=s.help + env)
-    return p
-
-
-def _load_yaml(path: str) -> dict[str, Any]:
-    data = read_yaml(path, "config file")
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        k = str(key).replace("-", "_").replace(".", "_")  # the flag's spelling works too (web.config.file)
-        if k == "fields":  # fields: {include: [...], exclude: [...]} (an empty entry selects nothing)
-            if not isinstance(value, dict | None):
-                raise ConfigError(f"config file {path}: fields must be a mapping with include and/or exclude "
-                                  f"lists (fields: {{include: [...], exclude: [...]}}), not {type(value).__name__}")
-            for sub, v in (value or {}).items():
-                if sub not in ("include", "exclude"):
-                    raise ConfigError(f"config file {path}: unknown key fields.{sub}: expected include, exclude")
-                flat[f"fields_{sub}"] = v
-            continue
-        if k not in _SPEC_BY_NAME:
-            # every key a file takes, spelt as the flag (docs/exporter.example.yaml); underscores work too
-            known = ", ".join(sorted([s.flag.removeprefix("--") for s in SPECS] + ["fields"]))
-            raise ConfigError(f"config file {path}: unknown setting {key!r}; known: {known}")
-        flat[k] = value
-    return flat
+    rows = [dataclasses.replace(r, help=r.help.replace("{backends}", known)) for r in SPECS]
+    return loader.build_parser(rows, prog, "Serve GPU metrics for Prometheus.", CONFIG_ENV)
 
 
 def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
     """Parse flags, environment and config file into validated :class:`Settings`."""
-    env = os.environ if environ is None else environ
-    ns = build_parser().parse_args(list(argv))
+    loaded = loader.load(SPECS, argv, build_parser(), CONFIG_ENV, environ, nests=("fields",))
     settings = Settings()
-    settings.backend_settings = {s.name: s.default for s in SPECS if s.backend}
-    settings.check_config = bool(ns.check_config)
-    config_file = ns.config_file or env.get("EXPORTER_CONFIG") or None
-    settings.config_file = config_file
-    layers: list[tuple[str, dict[str, Any]]] = []
-    if config_file:
-        layers.append((f"config {config_file}", _load_yaml(config_file)))
-    layers.append(("env", {s.name: env[s.env] for s in SPECS if s.env and env.get(s.env, "") != ""}))
-    layers.append(("flag", {s.name: getattr(ns, s.name) for s in SPECS if getattr(ns, s.name) is not None}))
-    for source, values in layers:
-        for name, raw in values.items():
-            spec = _SPEC_BY_NAME[name]
-            where = spec.flag if source == "flag" else spec.env if source == "env" else source
-            try:
-                value = spec.parse(raw)
-            except ValueError as exc:
-                _fail(name, str(where), raw, str(exc))
-            if spec.backend:
-                settings.backend_settings[name] = value
-            else:
-                setattr(settings, name, value)
+    for name, value in loaded.values.items():
+        value = list(value) if isinstance(value, list) else value  # never the row's own default list
+        if name in _BACKEND_NAMES:
+            settings.backend_settings[name] = value
+        else:
+            setattr(settings, name, value)
+    settings.check_config = loaded.check_config
+    settings.config_file = loaded.config_file
     if settings.simulated_scenario != "healthy" and "simulated" not in settings.backend.split(",") and not (
             settings.backend == "auto" and settings.allow_simulated):
         raise ConfigError(f"invalid simulated_scenario = {settings.simulated_scenario!r}: only the simulated "
                           "backend has scenarios; add --backend simulated")
-    if not any("call_deadline" in values for _, values in layers):  # the default: a fifth of the timeout, at most 1 s
-        settings.call_deadline = min(settings.call_deadline, settings.collection_timeout / 5)
-    elif settings.call_deadline >= settings.collection_timeout:
-        raise ConfigError(f"invalid call_deadline = {settings.call_deadline:g}: must be below collection_timeout "
-                          f"({settings.collection_timeout:g}), or one hung GPU costs every scrape its whole wait")
     if settings.dra_attribution == "on" and settings.pod_attribution == "off":
         raise ConfigError("invalid dra_attribution = 'on' with pod_attribution = 'off': DRA devices are found "
                           "through the kubelet's pod-resources API; set --pod-attribution auto or on")

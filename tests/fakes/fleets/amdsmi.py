@@ -10,13 +10,8 @@ from tests.harness.exporter import ExporterProcess
 BACKEND = "amdsmi"
 
 
-def env(tmp: Path) -> dict[str, str]:
-    """The environment in which the backend finds the fleet (the Python API's too)."""
+def start(tmp: Path, args: list[str]) -> ExporterProcess:
     rocm = fakeamdsmi.built()  # compiled once per session (tests/harness/cbuild.py)
     fake = fakeamdsmi.FakeAmdSmi(rocm, tmp / "amd-fleet.conf")
     fake.write(fakeamdsmi.two_gpu_fleet())
-    return fake.env()
-
-
-def start(tmp: Path, args: list[str]) -> ExporterProcess:
-    return ExporterProcess(["--backend", "amdsmi", *args], env=env(tmp))
+    return ExporterProcess(["--backend", "amdsmi", *args], env=fake.env())

@@ -233,5 +233,5 @@ def test_flag() -> None:
     assert parse_args([*base, "--device-taints", "on"]).device_taints is True
     with pytest.raises(ConfigError, match="--device-taints on: needs --health-condition on"):
         parse_args([*base, "--device-taints", "on", "--health-condition", "off"])
-    with pytest.raises(ConfigError, match="--device-taints 'maybe': must be on or off"):
+    with pytest.raises(ConfigError, match=r"\(--device-taints\) = 'maybe': expected true or false \(on or off"):
         parse_args([*base, "--device-taints", "maybe"])

@@ -157,7 +157,7 @@ def test_budget_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(UsageError):
             parse_args([*base, *bad])
     # the fleet-wide limit it replaces is refused, never accepted and ignored: flag and environment
-    with pytest.raises(UsageError, match="--events-per-minute '30': removed; Events are now limited per node"):
+    with pytest.raises(UsageError, match=r"\(--events-per-minute\) = '30': removed; Events are now limited per node"):
         parse_args([*base, "--events-per-minute", "30"])
     monkeypatch.setenv("PROFILER_EVENTS_PER_MINUTE", "30")
     with pytest.raises(UsageError, match="removed"):

@@ -10,29 +10,45 @@ from pathlib import Path
 import pytest
 
 from exporter.platform import settings
+from exporter.platform.errors import ConfigError
 from exporter.profiler import main
 from tests.harness.exporter import REPO
 
 
 def test_every_flag_has_an_env_twin_and_a_config_key(tmp_path: Path) -> None:
+    """Each row of the table is read from its flag's env twin and from its YAML key (issue 39: one loader)."""
     parser = main.build_parser()
-    options = settings._options(parser)
-    assert len(options) > 30
-    for action in options:
-        name = settings.env_name(main.ENV_PREFIX, action)
-        value = "true" if action.nargs == 0 else "7"
-        got = settings.layered_defaults(parser, [], main.ENV_PREFIX, main.CONFIG_ENV, environ={name: value})
-        assert action.dest in got, f"{action.option_strings}: {name} is not read"
-        key = max(action.option_strings, key=len).lstrip("-")
+    assert len(main.ROWS) > 30
+    for row in main.ROWS:
+        assert row.env == "PROFILER_" + row.name.upper(), row
+        value = "true" if row.kind == "bool" else "7"
+        try:
+            got = settings.load(main.ROWS, [], parser, main.CONFIG_ENV, environ={row.env: value})
+            assert got.sources[row.name] == "env", f"{row.flag}: {row.env} is not read"
+        except ConfigError as exc:  # read, and refused as a value of its kind: it names the variable
+            assert f"({row.env})" in str(exc), str(exc)
+        key = row.flag.lstrip("-")
         cfg = tmp_path / "c.yaml"
         cfg.write_text(f"{key}: '{value}'\n")
-        got = settings.layered_defaults(parser, ["--config", str(cfg)], main.ENV_PREFIX, main.CONFIG_ENV, environ={})
-        assert action.dest in got, f"{action.option_strings}: config key {key} is not read"
+        try:
+            got = settings.load(main.ROWS, ["--config", str(cfg)], parser, main.CONFIG_ENV, environ={})
+            assert got.sources[row.name] == "config", f"{row.flag}: config key {key} is not read"
+        except ConfigError as exc:
+            assert f"invalid {row.name} (config {cfg})" in str(exc), str(exc)
     assert "PROFILER_<FLAG>" in " ".join(parser.format_help().split())
 
 
+def test_defaults_are_written_once_in_the_rows() -> None:
+    """--help shows each row's default from the row itself (issue 39: --window's was written three times)."""
+    text = " ".join(main.build_parser().format_help().split())
+    assert "history each classification looks at (default 30m)" in text
+    s = main.parse_args(["--prometheus-url", "http://x:1"], environ={})
+    assert (s.query.window_s, s.interval_s, s.listen_port) == (1800.0, 60.0, 9401)
+
+
 def _settings(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> main.ProfilerSettings:
-    for k in [k for k in __import__("os").environ if k.startswith("PROFILER_") or k in main.ENV_TWINS.values()]:
+    twins = {t for r in main.ROWS for t in r.twins}
+    for k in [k for k in __import__("os").environ if k.startswith("PROFILER_") or k in twins]:
         monkeypatch.delenv(k)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -61,12 +77,12 @@ def test_historical_env_names_still_work(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.mark.parametrize(("yaml_text", "env", "needle"), [
-    ("windw: 1h\n", {}, "unknown setting 'windw'; did you mean window?"),
+    ("windw: 1h\n", {}, "unknown setting 'windw' (did you mean window?); known: "),
     ("- a\n", {}, "expected a mapping"),
     ("dry-run: maybe\n", {}, "expected true or false"),
     ("window: [1, 2]\n", {}, "expected a string or a number"),
-    ("", {"PROFILER_ONCE": "perhaps"}, "PROFILER_ONCE (env) = 'perhaps': expected true or false"),
-    ("", {"PROFILER_WINDOW": "5x"}, "--window '5x'"),
+    ("", {"PROFILER_ONCE": "perhaps"}, "invalid once (PROFILER_ONCE) = 'perhaps': expected true or false"),
+    ("", {"PROFILER_WINDOW": "5x"}, "invalid window (PROFILER_WINDOW) = '5x'"),
 ])
 def test_bad_settings_exit_2_in_one_line(tmp_path: Path, yaml_text: str, env: dict[str, str], needle: str) -> None:
     cfg = tmp_path / "p.yaml"
@@ -85,7 +101,7 @@ def test_check_config_prints_and_exits(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "exporter", "profile", "--config", str(cfg), "--check-config"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "prometheus-max-response-bytes: '16M'  # env PROFILER_PROMETHEUS_MAX_RESPONSE_BYTES" in done.stdout
+    assert "prometheus-max-response-bytes: 16000000  # env PROFILER_PROMETHEUS_MAX_RESPONSE_BYTES" in done.stdout
     bad = subprocess.run([sys.executable, "-m", "exporter", "profile", "--config", str(cfg), "--check-config",
                           "--window", "1m"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--window" in bad.stderr

@@ -172,5 +172,5 @@ def test_source_flag(tmp_path: Path) -> None:
     s = parse_args(["--prometheus-url", "http://p:9090", "--source", "dcgm"])
     assert s.query.source == "dcgm"
     assert parse_args(["--prometheus-url", "http://p:9090"]).query.source == "auto"
-    with pytest.raises(ConfigError, match="--source 'nvidia'"):
+    with pytest.raises(ConfigError, match=r"\(--source\) = 'nvidia'"):
         parse_args(["--prometheus-url", "http://p:9090", "--source", "nvidia"])
