@@ -112,7 +112,7 @@ bench: $(VENV)/.installed-test .apt-test-deps
 	$(PY) -m bench.run --write docs/benchmarks.md
 	$(PY) -m bench.run --gpm-compare 8 --write docs/benchmarks.md
 	$(PY) -m bench.run --per-pod 8x16 --write docs/benchmarks.md
-	$(PY) -m bench.profiler 100 1000 10000 --write docs/benchmarks.md
+	$(PY) -m bench.profiler 100 1000 10000 --store both --write docs/benchmarks.md
 
 # Optional: exporter (simulated) + Prometheus + profiler --dry-run --once, printing the annotations.
 demo: $(VENV)/.installed-test .apt-test-deps

@@ -11,8 +11,14 @@ changed and must send no patch and no condition write. ``--periodic-only`` makes
 periodic (every GPU needs its utilisation range: the slowest fleet to read and classify);
 ``--conditions off`` runs the profiler with ``--health-condition off``.
 
-``run_bench(nodes)`` returns a dict of figures; ``python -m bench.profiler
-100 1000 [--periodic-only] [--conditions off]`` prints them as a markdown table.
+``--store victoriametrics`` reads the same history from a real VictoriaMetrics (Debian's
+``victoria-metrics`` with its defaults, the history imported through its own import API);
+``--store both`` runs Prometheus and then VictoriaMetrics on one generated history, each with
+a fresh fake API server, so that their rows compare.
+
+``run_bench(nodes)`` returns a dict of figures (``run_stores`` one per store); ``python -m
+bench.profiler 100 1000 [--periodic-only] [--conditions off] [--store both]`` prints them as a
+markdown table.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,9 @@ from tests.fakes.profiler_history import (
 )
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.prom import OpenMetricsWriter, Prometheus
+from tests.harness.victoria import VictoriaMetrics
+
+STORES = ("prometheus", "victoriametrics")
 
 GPUS_PER_NODE = 8
 INTERVAL = 30.0
@@ -100,12 +110,32 @@ def _write(path: Path, hist: list[GpuHistory]) -> int:
 
 
 def run_bench(nodes: int, periodic_only: bool = False, conditions: bool = True) -> dict[str, Any]:
-    """One profiler cycle (and a no-change second cycle) for ``nodes`` x 8 GPUs; returns figures."""
+    """One profiler cycle (and a no-change second cycle) for ``nodes`` x 8 GPUs on Prometheus."""
+    return run_stores(nodes, periodic_only, conditions, ("prometheus",))[0]
+
+
+@contextmanager
+def _store(name: str, tmp: Path, history: Path) -> Iterator[tuple[str, int | None]]:
+    """A started store holding ``history``: (its URL, its pid)."""
+    if name == "prometheus":
+        with Prometheus(tmp / "prom", tsdb_blocks_from=history) as prom:
+            yield prom.url, prom.pid
+    else:
+        with VictoriaMetrics(tmp / "vm") as vm:
+            vm.import_openmetrics(history)
+            yield vm.url, vm.pid
+
+
+def run_stores(nodes: int, periodic_only: bool = False, conditions: bool = True,
+               stores: tuple[str, ...] = STORES) -> list[dict[str, Any]]:
+    """:func:`run_bench`'s figures for each store, on one generated history."""
     end = float(int(time.time()) - 30)
+    rows = []
     with tempfile.TemporaryDirectory(prefix="profiler-bench-") as tmp:
         t0 = time.perf_counter()
         hist = _fleet(nodes, end, periodic_only=periodic_only)
-        samples = _write(Path(tmp) / "history.om", hist)
+        history = Path(tmp) / "history.om"
+        samples = _write(history, hist)
         gen_s = time.perf_counter() - t0
         # Keep only what the check needs. The fake API server runs in this process: with
         # 80,000 histories alive, its every request paid for garbage-collector passes over them
@@ -116,39 +146,44 @@ def run_bench(nodes: int, periodic_only: bool = False, conditions: bool = True) 
         del hist
         gc.collect()
         gc.freeze()
-        t0 = time.perf_counter()
-        with Prometheus(Path(tmp) / "prom", tsdb_blocks_from=Path(tmp) / "history.om") as prom, \
-                FakeKubeAPI() as api:
-            setup_s = time.perf_counter() - t0
-            # The fake server writes headers and body in two segments; with Nagle on, each
-            # keep-alive response then waits for a delayed ACK (40 ms). A real API server does
-            # not, so switch Nagle off here to time the profiler rather than that artefact.
-            api._server.RequestHandlerClass.disable_nagle_algorithm = True  # type: ignore[attr-defined]
-            for n in node_names:
-                api.add_node(n, annotations={"example.com/owner": "team-a"})
-            kubeconfig = api.kubeconfig(Path(tmp) / "kubeconfig")
-            # evaluated at the history's end: generating 10,000 nodes' history takes minutes
-            prom_pid = prom._proc.pid if prom._proc is not None else None
-            extra = [] if conditions else ["--health-condition", "off"]
-            first = _once(prom.url, kubeconfig, Path(tmp) / "first.log", end, prom_pid, extra)
-            patches_first, status_first, events_first = _writes(api)
-            api.clear_requests()
-            second = _once(prom.url, kubeconfig, Path(tmp) / "second.log", end, prom_pid, extra)
-            patches_second, status_second, events_second = _writes(api)
-            got = {(n, k[len("gpu-exporter.io/gpu-"):-len(".pattern")]): v
-                   for n in api.nodes() for k, v in api.node(n)["metadata"]["annotations"].items()
-                   if k.startswith("gpu-exporter.io/gpu-") and k.endswith(".pattern")}
-            correct = sum(1 for key, label in expected.items() if got.get(key) == label)
-            sizes = [annotation_bytes(api.node(n)["metadata"]["annotations"], "gpu-exporter.io")
-                     for n in api.nodes()]
+        for store in stores:
+            t0 = time.perf_counter()
+            with _store(store, Path(tmp) / store, history) as (url, pid), FakeKubeAPI() as api:
+                row = _cycles(url, pid, api, node_names, expected, Path(tmp) / store, end, conditions)
+                row["setup_s"] = round(time.perf_counter() - t0 - row.pop("cycles_s"), 1)
+            rows.append({"nodes": nodes, "store": store,
+                         "fleet": ("periodic only" if periodic_only else "mix") + ("" if conditions else
+                                                                                   ", conditions off"),
+                         "gpus": nodes * GPUS_PER_NODE, "samples": samples, "history_s": round(gen_s, 1), **row})
         gc.unfreeze()
+    return rows
+
+
+def _cycles(url: str, pid: int | None, api: FakeKubeAPI, node_names: list[str], expected: dict[tuple[str, str], str],
+            tmp: Path, end: float, conditions: bool) -> dict[str, Any]:
+    """The first and the no-change cycle against one store; their figures."""
+    t0 = time.perf_counter()
+    # The fake server writes headers and body in two segments; with Nagle on, each
+    # keep-alive response then waits for a delayed ACK (40 ms). A real API server does
+    # not, so switch Nagle off here to time the profiler rather than that artefact.
+    api._server.RequestHandlerClass.disable_nagle_algorithm = True  # type: ignore[attr-defined]
+    for n in node_names:
+        api.add_node(n, annotations={"example.com/owner": "team-a"})
+    kubeconfig = api.kubeconfig(tmp / "kubeconfig")
+    # evaluated at the history's end: generating 10,000 nodes' history takes minutes
+    extra = [] if conditions else ["--health-condition", "off"]
+    first = _once(url, kubeconfig, tmp / "first.log", end, pid, extra)
+    patches_first, status_first, events_first = _writes(api)
+    api.clear_requests()
+    second = _once(url, kubeconfig, tmp / "second.log", end, pid, extra)
+    patches_second, status_second, events_second = _writes(api)
+    got = {(n, k[len("gpu-exporter.io/gpu-"):-len(".pattern")]): v
+           for n in api.nodes() for k, v in api.node(n)["metadata"]["annotations"].items()
+           if k.startswith("gpu-exporter.io/gpu-") and k.endswith(".pattern")}
+    correct = sum(1 for key, label in expected.items() if got.get(key) == label)
+    sizes = [annotation_bytes(api.node(n)["metadata"]["annotations"], "gpu-exporter.io") for n in api.nodes()]
     return {
-        "nodes": nodes,
-        "fleet": ("periodic only" if periodic_only else "mix") + ("" if conditions else ", conditions off"),
-        "gpus": nodes * GPUS_PER_NODE,
-        "samples": samples,
-        "history_s": round(gen_s, 1),
-        "prometheus_start_s": round(setup_s, 1),
+        "cycles_s": time.perf_counter() - t0,
         "cycle_first_s": first["cycle_s"],
         "cycle_steady_s": second["cycle_s"],
         "first_read_classify_write_s": [first["read_s"], first["classify_s"], first["write_s"]],
@@ -225,7 +260,7 @@ def _once(prom_url: str, kubeconfig: Path, log: Path, at: float, prom_pid: int |
 
 def to_markdown(rows: list[dict[str, Any]]) -> str:
     cols = [
-        ("nodes", "nodes"), ("fleet", "fleet"), ("gpus", "GPUs"), ("samples", "samples backfilled"),
+        ("nodes", "nodes"), ("store", "store"), ("fleet", "fleet"), ("gpus", "GPUs"), ("samples", "samples backfilled"),
         ("cycle_first_s", "first cycle (s)"), ("cycle_steady_s", "no-change cycle (s)"),
         ("queries_per_cycle", "queries / cycle"), ("shards", "shards"), ("patches_first", "patches, first cycle"),
         ("patches_second", "patches, no-change cycle"),
@@ -235,8 +270,8 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         ("max_annotation_bytes", "largest node annotations (bytes)"),
         ("peak_rss_mib", "profiler peak RSS (MiB)"), ("largest_answer_mib", "largest answer (MiB)"),
     ]
-    cols.insert(5, ("first_read_classify_write_s", "first cycle: read / classify / write (s)"))
-    cols.insert(6, ("first_cpu_profiler_prometheus_fake_s", "first cycle CPU: profiler / Prometheus / fake API (s)"))
+    cols.insert(6, ("first_read_classify_write_s", "first cycle: read / classify / write (s)"))
+    cols.insert(7, ("first_cpu_profiler_prometheus_fake_s", "first cycle CPU: profiler / store / fake API (s)"))
 
     def cell(v: Any) -> str:
         return " / ".join(str(x) for x in v) if isinstance(v, list) else str(v)
@@ -258,17 +293,22 @@ if __name__ == "__main__":
     ap.add_argument("--write", type=Path, help="replace the profiler section of this Markdown file")
     ap.add_argument("--periodic-only", action="store_true", help="every GPU periodic (the slowest fleet)")
     ap.add_argument("--conditions", choices=("on", "off"), default="on", help="the GPUHealthy condition")
+    ap.add_argument("--store", choices=(*STORES, "both"), default="prometheus",
+                    help="where the history is read from (both: Prometheus, then VictoriaMetrics, same history)")
     opts = ap.parse_args()
     target, periodic, conds, counts = opts.write, opts.periodic_only, opts.conditions == "on", opts.nodes
+    stores = STORES if opts.store == "both" else (opts.store,)
     rows = []
     for c in counts:
-        row = run_bench(c, periodic_only=periodic, conditions=conds)
-        print(row, file=sys.stderr)
-        rows.append(row)
+        for row in run_stores(c, periodic_only=periodic, conditions=conds, stores=stores):
+            print(row, file=sys.stderr)
+            rows.append(row)
     md = to_markdown(rows)
     print(md)
     if target is not None:
         begin, end = "<!-- bench:profiler:begin -->", "<!-- bench:profiler:end -->"
-        section = (f"{begin}\nRun {time.strftime('%Y-%m-%d')} on this machine ({os.cpu_count()} cores), "
-                   f"one full cycle against the real Prometheus and the fake API server:\n\n{md}\n{end}")
+        load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+        section = (f"{begin}\nRun {time.strftime('%Y-%m-%d %H:%M')} on this machine ({os.cpu_count()} cores, load "
+                   f"average {load} at the end), one full cycle against the real store and the fake API server:"
+                   f"\n\n{md}\n{end}")
         write_section(target, section, begin, end, "Profiler")

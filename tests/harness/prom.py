@@ -35,7 +35,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import urllib.error
@@ -44,12 +43,12 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self
 
 from tests.harness.httpfake import FakeHTTP, Reply
 from tests.harness.net import free_port
 from tests.harness.poll import wait_until
+from tests.harness.server import ServerProcess
 
 PROMETHEUS_BIN = os.environ.get("PROMETHEUS_BIN", "/usr/bin/prometheus")
 PROMTOOL_BIN = os.environ.get("PROMTOOL_BIN", "/usr/bin/promtool")
@@ -255,7 +254,7 @@ class ExpositionServer(FakeHTTP):
         return len(self.requests)
 
 
-class Prometheus:
+class Prometheus(ServerProcess):
     """A private Prometheus server on 127.0.0.1 for one test (use as a context manager).
 
     ``scrape_targets`` (``"127.0.0.1:9400"``) form one static job named ``job_name``;
@@ -264,6 +263,9 @@ class Prometheus:
     directory holding TSDB blocks (copied in). Change ``scrape_targets`` / ``rule_files``
     and call :meth:`reload` to apply them to a running server.
     """
+
+    name = "prometheus"
+    ready_path = "/-/ready"
 
     def __init__(
         self,
@@ -282,7 +284,7 @@ class Prometheus:
         extra_args: Sequence[str] = (),
         start_timeout: float = 30.0,
     ) -> None:
-        self.tmp_dir = Path(tmp_dir)
+        super().__init__(tmp_dir, start_timeout)
         self.scrape_targets = list(scrape_targets)
         self.scrape_interval = scrape_interval
         self.rule_files = [Path(p) for p in rule_files]
@@ -295,20 +297,10 @@ class Prometheus:
         self.scrape_timeout = scrape_timeout
         self.lookback_delta = lookback_delta
         self.extra_args = list(extra_args)
-        self.start_timeout = start_timeout
         self.config_path = self.tmp_dir / "prometheus.yml"
         self.data_dir = self.tmp_dir / "data"
-        self.log_path = self.tmp_dir / "prometheus.log"
-        self.port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
-    # ---- lifecycle ----------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:41234`` (valid once started)."""
-        return f"http://127.0.0.1:{self.port}"
+    # ---- lifecycle (tests/harness/server.py) ---------------------------------------------
 
     def config(self) -> dict[str, Any]:
         """The configuration the server runs with (JSON is valid YAML, so it is written as JSON)."""
@@ -336,43 +328,24 @@ class Prometheus:
         self.config_path.write_text(json.dumps(self.config(), indent=2))
         return self.config_path
 
-    def start(self) -> Self:
-        binary = _binary(PROMETHEUS_BIN)
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+    def prepare(self) -> None:
+        _binary(PROMETHEUS_BIN)
         self.data_dir.mkdir(exist_ok=True)
         self._seed_history()
         self.write_config()
-        # Another process may grab the free port between free_port() and bind: retry then.
-        for attempt in range(3):
-            self.port = free_port()
-            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-            self._proc = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={self.config_path}",
-                    f"--storage.tsdb.path={self.data_dir}",
-                    f"--storage.tsdb.retention.time={self.retention}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--web.enable-lifecycle",
-                    f"--query.lookback-delta={self.lookback_delta}",
-                    "--log.level=info",
-                    *self.extra_args,
-                ],
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.tmp_dir,
-            )
-            try:
-                wait_until(self._ready, timeout=self.start_timeout, interval=0.05, what="Prometheus /-/ready")
-                return self
-            except AssertionError as exc:
-                self.stop()
-                tail = self.log_tail()
-                if attempt < 2 and "address already in use" in tail:
-                    continue
-                raise RuntimeError(f"Prometheus did not become ready: {exc}\n{tail}") from None
-        raise AssertionError("unreachable")
+
+    def command(self, port: int) -> list[str]:
+        return [
+            PROMETHEUS_BIN,
+            f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={self.data_dir}",
+            f"--storage.tsdb.retention.time={self.retention}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+            f"--query.lookback-delta={self.lookback_delta}",
+            "--log.level=info",
+            *self.extra_args,
+        ]
 
     def _seed_history(self) -> None:
         src = self.tsdb_blocks_from
@@ -387,47 +360,6 @@ class Prometheus:
             backfill_openmetrics(src, self.data_dir)
         else:
             raise ValueError(f"tsdb_blocks_from {src} is neither an OpenMetrics file nor a block directory")
-
-    def _ready(self) -> bool:
-        if self._proc is not None and self._proc.poll() is not None:
-            raise AssertionError(f"prometheus exited with status {self._proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Terminate the server (SIGTERM), kill it if it has not exited after ``timeout`` s."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()
-
-    def log_tail(self, lines: int = 30) -> str:
-        """The last lines of the server's log, for failure messages."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no prometheus log)"
-        return "--- prometheus log tail ---\n" + "\n".join(text.splitlines()[-lines:])
 
     def reload(self) -> None:
         """Rewrite the config from the current attributes and ask the server to reload it."""

@@ -21,95 +21,36 @@ import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self
 
-from tests.harness.net import free_port
 from tests.harness.poll import wait_until
+from tests.harness.server import ServerProcess
 
 VICTORIA_BIN = os.environ.get("VICTORIA_METRICS_BIN", "/usr/bin/victoria-metrics")
 _HINT = "install the Debian package 'victoria-metrics' (make test does: apt-get install victoria-metrics)"
 _CHUNK = 8 << 20  # bytes per import request
 
 
-class VictoriaMetrics:
+class VictoriaMetrics(ServerProcess):
     """A private single-node VictoriaMetrics on 127.0.0.1 for one test module (a context manager)."""
 
+    name = "victoria-metrics"
+    ready_path = "/health"
+
     def __init__(self, tmp_dir: Path, extra_args: tuple[str, ...] = (), start_timeout: float = 60.0) -> None:
-        self.tmp_dir = Path(tmp_dir)
+        super().__init__(tmp_dir, start_timeout)
         self.extra_args = extra_args
-        self.start_timeout = start_timeout
-        self.port = 0
-        self.log_path = self.tmp_dir / "victoria-metrics.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Self:
+    def prepare(self) -> None:
         if not (os.path.isfile(VICTORIA_BIN) and os.access(VICTORIA_BIN, os.X_OK)):
             raise RuntimeError(f"{VICTORIA_BIN} not found or not executable: {_HINT}")
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
-        for attempt in range(3):  # another process may take the free port first
-            self.port = free_port()
-            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-            self._proc = subprocess.Popen(
-                [VICTORIA_BIN, f"-storageDataPath={self.tmp_dir / 'data'}",
-                 f"-httpListenAddr=127.0.0.1:{self.port}", *self.extra_args],
-                stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.tmp_dir)
-            try:
-                wait_until(self._ready, timeout=self.start_timeout, interval=0.05, what="VictoriaMetrics /health")
-                return self
-            except AssertionError as exc:
-                self.stop()
-                tail = self.log_tail()
-                if attempt < 2 and "address already in use" in tail:
-                    continue
-                raise RuntimeError(f"VictoriaMetrics did not start: {exc}\n{tail}") from None
-        raise AssertionError("unreachable")
 
-    def _ready(self) -> bool:
-        if self._proc is not None and self._proc.poll() is not None:
-            raise AssertionError(f"victoria-metrics exited with status {self._proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def stop(self, timeout: float = 15.0) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no victoria-metrics log)"
-        return "--- victoria-metrics log tail ---\n" + "\n".join(text.splitlines()[-lines:])
+    def command(self, port: int) -> list[str]:
+        return [VICTORIA_BIN, f"-storageDataPath={self.tmp_dir / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
+                *self.extra_args]
 
     def _post(self, path: str, body: bytes, content_type: str = "text/plain") -> bytes:
         req = urllib.request.Request(self.url + path, data=body, method="POST",
