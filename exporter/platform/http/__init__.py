@@ -34,10 +34,16 @@ Fair by construction (issue 26: twice, a few greedy but legal connections took e
   The per-address failure limiter is charged *before* the check (and refunded when it passes), so
   concurrent guesses cannot all get a check; credentials that passed are cached (``webconfig.py``).
 
-Waiting connections (TLS handshake, request bytes arriving, idle keep-alive) live under a deadline
-of ``--read-timeout`` for the whole handshake plus request; an answer must be taken within the
-same time. When more than ``max_waiting`` are open, the oldest that never completed a request is
-closed first, then the oldest idle keep-alive.
+Every state of a connection has a deadline: waiting (TLS handshake, request bytes arriving, idle
+keep-alive) ``--read-timeout`` for the whole handshake plus request; an answer must be taken within
+the same time; an answer being made, or a slot awaited, ``BUSY_READ_TIMEOUTS`` read timeouts. Every
+open connection counts against one cap derived from the file limit (``limits.connection_cap``); at
+the cap a new connection replaces one being drained, else the oldest that never completed a
+request, the oldest idle keep-alive, the oldest answer not being taken.
+
+A probe listener (``probe_port``) serves the probe paths alone, in plain HTTP, with its own accept
+queue and cap: the kubelet's probes then never wait behind a TLS handshake or a greedy client of
+the main port (docs/security.md argues why for each class of client).
 
 ``/healthz`` and ``/readyz`` (``probe_paths``) are open under basic auth (kubelet probes send
 none) and then say only ``ok`` / ``not ready``.

@@ -121,13 +121,21 @@ class ThreadLane:
                     self.pending -= 1
 
 
-def waiting_cap(max_connections: int) -> int:
-    """Connections the I/O thread holds at most: leave file descriptors for the rest of the process."""
-    try:
-        import resource
+FD_RESERVE = 64  # descriptors left for the rest of the process: logs, the driver, the kubelet, the selector
+PROBE_OPEN = 64  # connections the probe listener (``--probe-port``) holds at most, on top of the cap
 
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        soft = 1 << 20 if soft == resource.RLIM_INFINITY else soft
-    except (ImportError, OSError, ValueError):
-        soft = 1024
-    return max(16, min(max(1024, 4 * max_connections), soft - max_connections - 64))
+
+def connection_cap(max_connections: int, soft_limit: int | None = None) -> int:
+    """Connections the server holds open at most, in every state (waiting for a request, being
+    answered, writing, closing; issue 36: only the waiting ones used to count, and idle plus
+    malformed-request connections took the process to its file limit). Derived from the soft
+    ``RLIMIT_NOFILE``: what is left after ``FD_RESERVE`` and the probe listener's ``PROBE_OPEN``."""
+    if soft_limit is None:
+        try:
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            soft_limit = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+        except (ImportError, OSError, ValueError):
+            soft_limit = 1024
+    return max(16, min(max(1024, 4 * max_connections), soft_limit - FD_RESERVE - PROBE_OPEN))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from exporter.platform.http.limits import FailureLimiter, RateBucket, ThreadLane, waiting_cap
+from exporter.platform.http.limits import PROBE_OPEN, FailureLimiter, RateBucket, ThreadLane, connection_cap
 from exporter.platform.http.protocol import (
     CONTINUE,
     MAX_BODY,
@@ -43,6 +43,7 @@ SEND_CHUNK = 64 * 1024  # bytes per send() and turn: a turn stays short however 
 ACCEPT_PER_TURN = 128
 TURN_BUDGET_S = 0.002  # pipelined requests answered, and TLS handshakes worked on, per turn: this long at most
 PIPELINED_SLOTS = 4  # work slots all pipelined requests together may hold (a quarter of them at most)
+BUSY_READ_TIMEOUTS = 6  # an answer being made (or a pipelined request waiting for a slot): this many read timeouts
 
 
 Lane = str  # "inline" (on the I/O thread: must not block), "probe" or "work"
@@ -70,6 +71,7 @@ FastRoute = Callable[[Handler, str, str], "Response | None"]
 
 _READ, _BUSY, _WRITE, _CLOSING = "read", "busy", "write", "closing"
 _LISTEN = object()
+_PROBE_LISTEN = object()  # the probe listener: plain HTTP, probe paths only
 
 
 @dataclass(eq=False)
@@ -88,24 +90,29 @@ class _Conn:
     keep: bool = True  # after ``out`` is written: wait for the next request (or close)
     drain: bool = False  # an error answer: half-close and read to EOF, so the answer is not lost to a reset
     continued: bool = False  # ``100 Continue`` sent for the request being read
+    probe: bool = False  # accepted on the probe listener: plain HTTP, the probe paths only, its own cap
 
 
 class HTTPServer:
     """The listening socket, the I/O thread (``serve_forever``) and the answering lanes."""
 
     def __init__(self, addr: tuple[str, int], max_connections: int, read_timeout: float,
-                 web: WebConfig | None = None, probe_paths: frozenset[str] = PROBE_PATHS) -> None:
-        family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.socket.bind(addr)
-            self.socket.listen(1024)  # the backlog: bursts of scrapers wait in the kernel, not fail
-            self.socket.setblocking(False)
-        except OSError:
-            self.socket.close()
-            raise
+                 web: WebConfig | None = None, probe_paths: frozenset[str] = PROBE_PATHS,
+                 probe_port: int | None = None) -> None:
+        self.socket = _listen(addr)
         self.server_address = self.socket.getsockname()
+        # ``probe_port``: a second listener for the kubelet's probes, plain HTTP whatever the web config,
+        # serving the probe paths only (which say nothing but up or down), with its own accept queue and
+        # connections: no TLS handshake, basic auth or greedy client of the main port is in a probe's way
+        self.probe_socket: socket.socket | None = None
+        self.probe_address: Any = None
+        if probe_port is not None:
+            try:
+                self.probe_socket = _listen((addr[0], probe_port))
+            except OSError:
+                self.socket.close()
+                raise
+            self.probe_address = self.probe_socket.getsockname()
         self.live: LiveWebConfig | None = None
         if web is not None:
             from exporter.platform.webconfig import LiveWebConfig
@@ -117,7 +124,8 @@ class HTTPServer:
         self.probe_paths = probe_paths
         self.read_timeout = read_timeout
         self.max_connections = max_connections
-        self.max_waiting = waiting_cap(max_connections)
+        self.max_open = connection_cap(max_connections)  # connections of the main port, in every state
+        self.busy_timeout = BUSY_READ_TIMEOUTS * read_timeout
         self.failures = FailureLimiter()
         self._work = ThreadLane("work", max_connections)
         self._probe = ThreadLane("probe", PROBE_THREADS)
@@ -132,6 +140,11 @@ class HTTPServer:
         self._idle: OrderedDict[_Conn, None] = OrderedDict()  # keep-alive between requests; deadline order
         self._writing: OrderedDict[_Conn, None] = OrderedDict()  # an answer being taken; deadline order
         self._closing: OrderedDict[_Conn, None] = OrderedDict()
+        self._busy: OrderedDict[_Conn, None] = OrderedDict()  # an answer being made or a slot awaited
+        self._open: dict[_Conn, None] = {}  # every open connection of the main port, oldest first
+        self._probe_open: dict[_Conn, None] = {}  # every open connection of the probe listener, oldest first
+        self._refusing = 0  # connections refused at the cap in this episode (logged once per episode)
+        self._accept_failures = 0  # failed accepts in this episode (logged once per episode)
         self._ready: deque[_Conn] = deque()  # more pipelined bytes to parse, next turn
         self._deferred: deque[tuple[_Conn, Handler, str]] = deque()  # pipelined, waiting for a work slot
         self._pipelined = 0  # pipelined requests in the work lane
@@ -172,6 +185,8 @@ class HTTPServer:
         self._web = self._io_web()
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._sel.register(self.socket, selectors.EVENT_READ, _LISTEN)
+        if self.probe_socket is not None:
+            self._sel.register(self.probe_socket, selectors.EVENT_READ, _PROBE_LISTEN)
         try:
             while not self._stop.is_set():
                 self._turn()
@@ -179,7 +194,7 @@ class HTTPServer:
             log.exception("HTTP I/O loop failed")
             raise
         finally:
-            for d in (self._fresh, self._idle, self._writing, self._closing):
+            for d in (self._open, self._probe_open):
                 for conn in list(d):
                     self._close(conn)
             self._sel.close()
@@ -196,9 +211,9 @@ class HTTPServer:
         self._post("stop", None, None)
         if self._running:
             self._stopped.wait(5)
-        for s in (self.socket, self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                s.close()
+        for s in (self.socket, self.probe_socket, self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError, AttributeError):
+                s.close()  # type: ignore[union-attr]
 
     def _post(self, what: str, a: Any, b: Any) -> None:
         """From a lane to the I/O thread."""
@@ -230,6 +245,8 @@ class HTTPServer:
                         pass
             elif data is _LISTEN:
                 self._accept()
+            elif data is _PROBE_LISTEN:
+                self._accept_probes()
             elif data.state == _WRITE and mask & selectors.EVENT_WRITE:
                 self._flush(data)
             elif not data.handshaken and time.monotonic() > handshakes_until:
@@ -267,17 +284,23 @@ class HTTPServer:
         self._expire()
 
     def _next_timeout(self) -> float:
-        heads = [next(iter(d)).deadline for d in (self._fresh, self._idle, self._writing, self._closing) if d]
+        heads = [next(iter(d)).deadline for d in self._timed() if d]
         return max(0.0, min([1.0, *(h - time.monotonic() for h in heads)]))
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for d in (self._fresh, self._idle, self._writing, self._closing):
+        for d in self._timed():
             while d:
                 conn = next(iter(d))
                 if conn.deadline > now:
                     break
-                self._close(conn)  # idle keep-alive, a silent, trickling or not-reading client, a slow handshake
+                # idle keep-alive, a silent, trickling or not-reading client, a slow handshake, an answer
+                # that never came (a hung route: its lane's late answer is dropped), a slot never free
+                self._close(conn)
+
+    def _timed(self) -> tuple[OrderedDict[_Conn, None], ...]:
+        """Every state a connection can be in, each with its deadline, each in deadline order."""
+        return self._fresh, self._idle, self._writing, self._closing, self._busy
 
     def _want(self, conn: _Conn, events: int) -> None:
         if events == conn.events:
@@ -301,31 +324,73 @@ class HTTPServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE and friends: pause accepting instead of spinning
-                log.warning("accept failed: %s", exc)
+                if not self._accept_failures:  # once per episode (before: a line per failure, 87-95 in 8 s)
+                    log.warning("accept failed: %s; pausing accepts for 0.1 s at a time until one succeeds "
+                                "(%d connections open, cap %d)", exc, len(self._open), self.max_open)
+                self._accept_failures += 1
                 with contextlib.suppress(KeyError, ValueError):
                     self._sel.unregister(self.socket)
                 self._accept_paused_until = time.monotonic() + 0.1
                 return
+            if self._accept_failures:
+                log.info("accepting again after %d failed accepts", self._accept_failures)
+                self._accept_failures = 0
             self._add(sock, addr)
 
-    def _add(self, sock: socket.socket, addr: Any) -> None:
-        while len(self._fresh) + len(self._idle) >= self.max_waiting:
-            victim = next(iter(self._fresh or self._idle))
-            log.debug("evicting a waiting connection from %s: %d open", victim.addr, self.max_waiting)
+    def _accept_probes(self) -> None:
+        assert self.probe_socket is not None
+        for _ in range(ACCEPT_PER_TURN):
+            try:
+                sock, addr = self.probe_socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # EMFILE: the main port's accept says so; a probe retries
+                return
+            while len(self._probe_open) >= PROBE_OPEN:  # its own cap: the oldest probe connection goes
+                self._close(next(iter(self._probe_open)))
+            self._add(sock, addr, probe=True)
+
+    def _victim(self) -> _Conn | None:
+        """The connection to close for a new one at the cap: one whose answer is out and is being
+        drained, else the oldest that never completed a request, the oldest idle keep-alive, the oldest
+        answer not being taken. Never one whose answer is being made (their number is bounded by the
+        lanes: ``--max-connections``, 32 password checks, the probe lane)."""
+        for d in (self._closing, self._fresh, self._idle, self._writing):
+            for conn in d:
+                if not conn.probe:
+                    return conn
+        return None
+
+    def _add(self, sock: socket.socket, addr: Any, probe: bool = False) -> None:
+        while not probe and len(self._open) >= self.max_open:
+            victim = self._victim()
+            if victim is None:  # every connection is being answered: this one cannot be held
+                if not self._refusing:
+                    log.warning("%d connections open (the cap, from the file limit), every one being answered: "
+                                "closing new connections until one ends", len(self._open))
+                self._refusing += 1
+                with contextlib.suppress(OSError):
+                    sock.close()
+                return
+            log.debug("closing the connection of %s for a new one: %d open", victim.addr, len(self._open))
             self._close(victim)
-        conn = _Conn(sock, addr, time.monotonic() + self.read_timeout)
+        if self._refusing and not probe:
+            log.info("accepting connections again after refusing %d at the cap", self._refusing)
+            self._refusing = 0
+        conn = _Conn(sock, addr, time.monotonic() + self.read_timeout, probe=probe)
         try:
             sock.setblocking(False)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             web = self._web = self._io_web()  # per connection, as the toolkit reloads (a few stat calls)
-            if web is not None and web.ssl_context is not None:
+            if web is not None and web.ssl_context is not None and not probe:
                 conn.sock = web.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 conn.web, conn.handshaken = web, False
         except (OSError, ValueError):
             with contextlib.suppress(OSError):
                 sock.close()
             return
+        (self._probe_open if probe else self._open)[conn] = None
         self._fresh[conn] = None
         self._want(conn, selectors.EVENT_READ)
         if conn.handshaken:  # plain HTTP: the request often came with the connection (a probe): no extra turn
@@ -411,6 +476,8 @@ class HTTPServer:
         self._fresh.pop(conn, None)
         self._idle.pop(conn, None)
         conn.state = _BUSY  # nothing more is parsed until this answer is written
+        conn.deadline = time.monotonic() + self.busy_timeout
+        self._busy[conn] = None
         conn_hdr = headers.get("connection", "").lower()
         conn.keep = ("keep-alive" in conn_hdr if version == "HTTP/1.0" else "close" not in conn_hdr) and not conn.eof
         h = Handler(self, conn.addr, command, target, version, headers)
@@ -423,8 +490,14 @@ class HTTPServer:
         except ValueError:
             self._error(conn, 400, "malformed request target")
             return
-        web = self._web
         probe = path in self.probe_paths
+        if conn.probe:  # the probe listener: the probe paths, open, unlimited by rate_limit; nothing else
+            if probe:
+                self._route(conn, h, path)
+            else:
+                self._send_answer(conn, h, Response(404, b"not found\n"))
+            return
+        web = self._web
         if web is not None and web.rate_limit is not None and not probe:
             if self._rate is None or self._rate[0] != web.rate_limit:
                 self._rate = (web.rate_limit, RateBucket(*web.rate_limit))
@@ -472,6 +545,8 @@ class HTTPServer:
         self._bcrypt.submit(job)
 
     def _after_auth(self, conn: _Conn, h: Handler, path: str, ok: bool, probe: bool) -> None:
+        if conn.state != _BUSY:  # closed meanwhile (its deadline, the loop stopping)
+            return
         if ok:
             self.failures.refund(_address(conn.addr))
             h.authorized = True
@@ -530,6 +605,7 @@ class HTTPServer:
         else:
             conn.out = [memoryview(head), memoryview(body)]
         conn.state, conn.deadline = _WRITE, time.monotonic() + self.read_timeout
+        self._busy.pop(conn, None)
         self._writing[conn] = None
         self._flush(conn)
 
@@ -606,7 +682,7 @@ class HTTPServer:
         self._want(conn, selectors.EVENT_READ)
 
     def _close(self, conn: _Conn) -> None:
-        for d in (self._fresh, self._idle, self._writing, self._closing):
+        for d in (*self._timed(), self._open, self._probe_open):
             d.pop(conn, None)
         if conn.events:
             with contextlib.suppress(KeyError, ValueError, OSError):
@@ -616,6 +692,19 @@ class HTTPServer:
         conn.buf.clear()
         with contextlib.suppress(OSError):
             conn.sock.close()
+
+
+def _listen(addr: tuple[str, int]) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in addr[0] else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(1024)  # the backlog: bursts of scrapers wait in the kernel, not fail
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _address(addr: Any) -> str:
