@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from pathlib import Path
 
 from exporter.backends.base import Backend, BackendUnavailable
@@ -117,6 +118,32 @@ def render_docs(text: str) -> str:
                                        "support-table": support_table()})
 
 
+# Where the docs name the backends: inline spans ``<!-- backends:KIND -->...<!-- /backends -->`` that
+# ``python -m exporter.backends --write-docs`` rewrites from the registry (KIND: auto, the --backend auto order;
+# all, every backend; real, the real backends)
+NAMED_IN = tuple(DOCS.parents[1] / name for name in ("README.md", "docs/cli.md", "docs/python-api.md"))
+_SPAN = re.compile(r"(<!-- backends:(auto|all|real) -->)(.*?)(<!-- /backends -->)", re.S)
+
+
+def _listed(names: list[str], last: str) -> str:
+    quoted = [f"`{n}`" for n in names]
+    return quoted[0] if len(quoted) < 2 else f"{', '.join(quoted[:-1])}{last}{quoted[-1]}"
+
+
+def backend_list(kind: str) -> str:
+    """The backends as the docs name them: ``auto`` in --backend auto order ("`a`, then `b`"), ``all`` every
+    backend, ``real`` every backend but the simulated ones ("`a`, `b` or `c`")."""
+    if kind == "auto":
+        return ", then ".join(f"`{n}`" for n in auto_order())
+    names = ordered() if kind == "all" else auto_order()
+    return _listed(names, " or ")
+
+
+def render_names(text: str) -> str:
+    """``text`` with every inline span naming the backends rewritten from the registry."""
+    return _SPAN.sub(lambda m: m[1] + backend_list(m[2]) + m[4], text)
+
+
 def gpu_resources() -> GpuResources:
     """Every backend's Kubernetes names (device-plugin resources, index prefix, DRA drivers) by vendor, for
     the pod attribution. Backends of one vendor (amdsmi, rocm-smi) declare the same names."""
@@ -159,6 +186,22 @@ def create(name: str, options: BackendOptions) -> Backend:
     return cls(options)
 
 
-__all__ = ["Backend", "BackendOptions", "BackendUnavailable", "auto_order", "create", "detect", "equivalents",
-           "gpu_resources",
-           "names", "ordered", "registry", "render_docs", "settings", "support_table", "supporters"]
+__all__ = [
+    "Backend",
+    "BackendOptions",
+    "BackendUnavailable",
+    "auto_order",
+    "backend_list",
+    "create",
+    "detect",
+    "equivalents",
+    "gpu_resources",
+    "names",
+    "ordered",
+    "registry",
+    "render_docs",
+    "render_names",
+    "settings",
+    "support_table",
+    "supporters",
+]

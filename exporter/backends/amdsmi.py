@@ -434,7 +434,7 @@ class AmdSmiBackend(Backend):
         call: Callable[..., Any] = (lambda *a: getattr(smi, fn)(*a)) if isinstance(fn, str) else fn
         if library:
             try:
-                return call(*args)
+                return self.node_wide(getattr(fn, "__name__", str(fn)), lambda: call(*args))
             except Exception as exc:  # noqa: BLE001 - init and discovery failures are one-line errors
                 v = self.classify(exc)
                 raise BackendError(f"amdsmi: {getattr(fn, '__name__', fn)} failed: {v.detail}", kind=DRIVER) from None
@@ -564,7 +564,7 @@ class AmdSmiBackend(Backend):
         gpu = d  # its call state
         gpu.begin()
         try:
-            self._read_values(d, r, gpu)
+            self.on_gpu(gpu, self._read_values, d, r, gpu)  # on the GPU's lane: a hang costs it alone
         except GpuDown as down:
             self.count_error(down.kind)
             self.log_once(f"down:{d.index}:{down}", "amdsmi: GPU %d unreadable: %s", d.index, down,

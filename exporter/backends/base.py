@@ -32,6 +32,20 @@ what happens then is decided here, the same for every vendor:
     the GPUs it last knew with ``gpu_up 0``, calls :meth:`Backend.reset`, and initialises again
     on the next collection.
 
+``hung`` (a call about one GPU that has not returned within ``--call-deadline``)
+    Every call about one GPU (a :class:`Device` with an index >= 0) runs on that GPU's lane
+    (exporter/core/lane.py), a thread of its own; the collection waits for it at most the deadline.
+    A call still running then is abandoned to its lane: the GPU is published ``gpu_up 0`` as
+    ``hung`` (:class:`GpuHung`, counted as ``gpu_hung``) with the call named, the other GPUs are read
+    on, and no call is sent to the GPU until the late one returns (at most one outstanding call and
+    one thread per GPU, however long it hangs). It is read again at the first collection after.
+    A backend runs a whole GPU's read as one lane job (:meth:`Backend.on_gpu`: one thread hand-off
+    per GPU, the calls inside made directly on the lane); a call made anywhere else is handed to its
+    GPU's lane alone. So every vendor call about a GPU gets the deadline by construction, whatever
+    the backend does. Calls about no GPU run where they are made: the engine runs each backend's
+    collection on a lane of its own and publishes the backend ``stalled`` when one of them
+    (:meth:`Backend.node_call`) overruns the deadline.
+
 Only a failure to initialise, or the driver gone, fails a collection.
 """
 
@@ -41,6 +55,7 @@ import enum
 import logging
 import math
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +66,7 @@ from exporter.core.errors import DRIVER as DRIVER
 from exporter.core.errors import BackendError as BackendError
 from exporter.core.errors import BackendUnavailable as BackendUnavailable
 from exporter.core.k8s_names import KubernetesNames
+from exporter.core.lane import Abandoned, Lane, LaneBusy
 from exporter.core.options import BackendOptions, BackendSetting
 from exporter.core.readings import Collection
 
@@ -63,6 +79,7 @@ BAD_VALUE = "bad_value"
 NO_VALUE = "no_value"
 GPU_LOST = "gpu_lost"
 GPU_ERROR = "gpu_error"
+GPU_HUNG = "gpu_hung"
 # DRIVER ("driver"): exporter.core.errors, with the two collection failures the engine counts
 
 # "No value" sentinels of NVML and amdsmi for 32- and 64-bit fields (NVML_VALUE_NOT_AVAILABLE
@@ -93,6 +110,14 @@ class GpuDown(Exception):
     def __init__(self, reason: str, kind: str = GPU_ERROR) -> None:
         super().__init__(reason)
         self.kind = kind
+
+
+class GpuHung(GpuDown):
+    """A vendor call on this GPU has not returned within the call deadline (or an earlier one still
+    has not): publish ``gpu_up 0``, state ``hung``, and send the GPU no call until it returns."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, GPU_HUNG)
 
 
 class NoValue(ValueError):
@@ -207,6 +232,9 @@ class Backend(ABC):
         self._logged_once: set[str] = set()
         self._errors: dict[str, int] = {}
         self._errors_lock = threading.Lock()
+        self._lanes: dict[int, Lane] = {}  # GPU index -> the thread its vendor calls run on
+        self._lanes_lock = threading.Lock()
+        self._node_calls: dict[int, tuple[str, float]] = {}  # thread -> the call about no GPU it is in, since
 
     def setting(self, name: str) -> Any:
         """The value of this backend's setting ``name`` (one of :attr:`settings`): as given, else its default."""
@@ -254,7 +282,7 @@ class Backend(ABC):
         return Verdict(Outcome.ERROR, BAD_VALUE, f"{type(exc).__name__}: {exc}"[:300])
 
     def call(self, dev: Device | None, reading: str, fn: Callable[..., Any], *args: Any,
-             convert: Callable[[Any], Any] | None = None) -> Any:
+             convert: Callable[[Any], Any] | None = None, where: str | None = None) -> Any:
         """``convert(fn(*args))``, or :data:`MISSING` when the reading is absent.
 
         ``reading`` names what is read (a family, or ``family:detail``) for the logs,
@@ -264,12 +292,27 @@ class Backend(ABC):
         """
         if dev is not None and reading in dev.unsupported:
             return MISSING
+        lane = self._lane(dev)
+        if lane is not None and not lane.current():  # not inside the GPU's job: hand this one call over
+            return self.on_gpu(dev, self.call, dev, reading, fn, *args,  # type: ignore[arg-type]
+                               convert=convert, where=where)
+        name = where or str(getattr(fn, "__name__", reading))
+        outer = False
+        if lane is not None:
+            if lane.abandoned():  # back from a hung call: unwind without calling the GPU again
+                raise Abandoned
+            lane.mark(name)
+        else:
+            outer = self._enter_node(name)
         try:
             value = fn(*args)
             if convert is not None:
                 value = convert(value)
         except Exception as exc:  # noqa: BLE001 - the policy below decides for every exception type
-            return self._fail(dev, reading, getattr(fn, "__name__", reading), exc)
+            return self._fail(dev, reading, name, exc)
+        finally:
+            if lane is None and outer:
+                self._node_calls.pop(threading.get_ident(), None)
         if dev is not None:
             dev.answered += 1
         return value
@@ -283,9 +326,19 @@ class Backend(ABC):
             return MISSING
         known = dev.versions.get(reading)
         if known is not None:
-            _, fn = candidates[known]
-            return self.call(dev, reading, fn, *args, convert=convert)
+            name, fn = candidates[known]
+            return self.call(dev, reading, fn, *args, convert=convert, where=name)
+        lane = self._lane(dev)
+        if lane is not None and not lane.current():
+            return self.on_gpu(dev, self.probe, dev, reading, candidates, *args, convert=convert)
+        outer = False
         for i, (name, fn) in enumerate(candidates):
+            if lane is not None:
+                if lane.abandoned():
+                    raise Abandoned
+                lane.mark(name)
+            else:
+                outer = self._enter_node(name)
             try:
                 value = fn(*args)
                 if convert is not None:
@@ -297,6 +350,9 @@ class Backend(ABC):
                                   self.name, dev.index, name, verdict.detail, candidates[i + 1][0])
                     continue
                 return self._apply(dev, reading, name, verdict)
+            finally:
+                if lane is None and outer:
+                    self._node_calls.pop(threading.get_ident(), None)
             dev.versions[reading] = i
             dev.answered += 1
             return value
@@ -362,6 +418,80 @@ class Backend(ABC):
             if dev.answered == 0 and dev.failed >= self.DOWN_AFTER:
                 raise GpuDown(f"no answer, {dev.failed} errors, first: {dev.first_error}", GPU_ERROR)
         return MISSING
+
+    # --- lanes: the call deadline ------------------------------------------------------------------
+
+    @property
+    def call_deadline(self) -> float:
+        """Seconds a vendor call about one GPU may take before the GPU is ``hung`` (``--call-deadline``)."""
+        return self.options.call_deadline
+
+    def _lane(self, dev: Device | None) -> Lane | None:
+        """The lane of ``dev``'s GPU (MIG instances share their GPU's), or None for a call about no GPU."""
+        if dev is None or dev.index < 0:
+            return None
+        lane = self._lanes.get(dev.index)
+        if lane is None:
+            with self._lanes_lock:
+                lane = self._lanes.get(dev.index)
+                if lane is None:
+                    index = dev.index
+
+                    def returned(what: str, seconds: float) -> None:
+                        log.warning("%s: GPU %d: %s returned after %.1f s; the GPU is read again from the next "
+                                    "collection", self.name, index, what, seconds)
+
+                    lane = self._lanes[index] = Lane(f"{self.name}-gpu{index}", returned)
+        return lane
+
+    def on_gpu(self, dev: Device, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on ``dev``'s GPU lane, its vendor calls made there directly: how a backend
+        reads one GPU (one thread hand-off per GPU and collection). Raises :class:`GpuHung` when a call
+        in it has not returned within :attr:`call_deadline`, or when an earlier one still has not (no
+        call is then sent to the GPU). On the lane already, or for a call about no GPU: runs here."""
+        lane = self._lane(dev)
+        if lane is None or lane.current():
+            return fn(*args, **kwargs)
+        try:
+            return lane.run(lambda: fn(*args, **kwargs), self.call_deadline, getattr(fn, "__name__", "read"))
+        except LaneBusy as busy:
+            if not busy.late:
+                self.log_once(f"hung:{dev.index}:{busy.what}", "%s: GPU %d: %s; published as hung, the other "
+                              "GPUs are read on", self.name, dev.index, busy, level=logging.WARNING)
+                self.abandoned(dev)
+            # the same words at every collection while it hangs: a cause, not a clock (it labels gpu_health_state)
+            raise GpuHung(f"hung: {busy.what} did not return within {self.call_deadline:g} s") from None
+
+    def abandoned(self, dev: Device) -> None:
+        """A call on ``dev``'s GPU was left running on its lane: a backend whose calls share out
+        buffers across GPUs gives the next calls new ones here (the late call may still write the old)."""
+
+    def _enter_node(self, where: str) -> bool:
+        """Note that this thread makes the call ``where`` about no GPU (unless it is inside one already,
+        e.g. the engine's ``init``): True when this call is the outermost, which clears the note."""
+        me = threading.get_ident()
+        if me in self._node_calls:
+            return False
+        self._node_calls[me] = (where, time.monotonic())
+        return True
+
+    def node_wide(self, where: str, fn: Callable[[], Any]) -> Any:
+        """``fn()`` as one call about no GPU named ``where`` (the engine's ``init``), for :meth:`node_call`."""
+        outer = self._enter_node(where)
+        try:
+            return fn()
+        finally:
+            if outer:
+                self._node_calls.pop(threading.get_ident(), None)
+
+    def node_call(self, thread: int) -> tuple[str, float] | None:
+        """(the call about no GPU that thread ``thread`` is in, since when, monotonic), or None: the
+        engine publishes the backend ``stalled`` when one overruns the deadline."""
+        return self._node_calls.get(thread)
+
+    def stop_lanes(self) -> None:
+        for lane in list(self._lanes.values()):
+            lane.stop()
 
     # --- lifecycle -------------------------------------------------------------------------------
 

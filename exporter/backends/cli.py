@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from exporter.backends.base import DRIVER, Backend, BackendError, BackendUnavailable
+from exporter.core.errors import STALLED
 from exporter.core.options import BackendOptions, BackendSetting
 from exporter.core.readings import Collection, GpuReading
 
@@ -69,7 +70,7 @@ _RUNNING: set[subprocess.Popen[bytes]] = set()
 def run(tool: str, argv: Sequence[str], timeout: float) -> Result:
     """Run ``argv`` (``tool`` names it in errors) once, with ``timeout`` seconds for all of it.
 
-    BackendError (kind ``driver``) when it cannot be started, (kind ``timeout``) when it ran out of
+    BackendError (kind ``driver``) when it cannot be started, (kind ``stalled``) when it ran out of
     time: its process group was killed then. The child gets its own session, so that the kill reaches
     anything it started.
     """
@@ -83,7 +84,8 @@ def run(tool: str, argv: Sequence[str], timeout: float) -> Result:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc, tool)
-        raise BackendError(f"{tool} timed out after {timeout:g} s and was killed", kind="timeout") from None
+        # reported as a stalled backend, like a hung in-process call about no GPU (exporter/core/engine.py)
+        raise BackendError(f"{tool} did not answer within {timeout:g} s and was killed", kind=STALLED) from None
     finally:
         _RUNNING.discard(proc)
     return Result(out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), proc.returncode)

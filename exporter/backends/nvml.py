@@ -354,6 +354,12 @@ class NvmlBackend(Backend):
     def reset(self) -> None:
         self._shutdown_nvml()
 
+    def abandoned(self, dev: Device) -> None:
+        """The call left running on ``dev``'s lane may still write into the direct calls' and GPM's out
+        values, which the GPUs share: the next calls get new ones (the old go with the late call)."""
+        self._d = self._build_direct(self.binding)
+        self._gpm.abandon(dev.index)
+
     def shutdown(self) -> None:
         self._shutdown_nvml()
 
@@ -452,7 +458,7 @@ class NvmlBackend(Backend):
                                      driver_version=self._driver_version,
                                      cuda_driver_version=self._cuda_version)
                 try:
-                    self._read_gpu(gpu, reading)
+                    self.on_gpu(gpu, self._read_gpu, gpu, reading)  # on the GPU's lane: a hang costs it alone
                 except GpuDown as down:
                     gpu.handle = None  # fetch the handle again next time: the GPU may come back
                     # identity as last seen, so gpu_info keeps one series for the GPU while it is down
@@ -817,32 +823,36 @@ class NvmlBackend(Backend):
         if self._peers is None:
             peers: list[PeerReading] = []
             gpus = [g for g in self._gpus if g.handle is not None]
+            if len(gpus) != len(self._gpus):
+                return  # a GPU is down: try again next time rather than publish or cache a partial matrix
             want_p2p = self.enabled("gpu_p2p_supported")
             want_topo = self.enabled("gpu_topology_level")
+
+            def row(ga: _Gpu) -> None:  # one GPU's pairs, on its lane
+                for gb in gpus:
+                    if ga is gb:
+                        continue
+                    p = PeerReading(gpu=ga.index, peer=gb.index)
+                    for idx, cap in P2P_CAPS if want_p2p else ():
+                        status = self.call(ga, f"gpu_p2p_supported:{cap}", nv.nvmlDeviceGetP2PStatus,
+                                           ga.handle, gb.handle, idx, convert=int)
+                        if status is not MISSING:
+                            p.p2p[cap] = 1.0 if status == 0 else 0.0
+                    if want_topo:
+                        level = self.call(ga, "gpu_topology_level", nv.nvmlDeviceGetTopologyCommonAncestor,
+                                          ga.handle, gb.handle, convert=int)
+                        if level is not MISSING:
+                            p.topology_level = TOPOLOGY_NAMES.get(level, str(level))
+                            p.topology_level_value = float(level)
+                    if p.p2p or p.topology_level is not None:
+                        peers.append(p)
+
             try:
                 for ga in gpus:
-                    for gb in gpus:
-                        if ga is gb:
-                            continue
-                        p = PeerReading(gpu=ga.index, peer=gb.index)
-                        for idx, cap in P2P_CAPS if want_p2p else ():
-                            status = self.call(ga, f"gpu_p2p_supported:{cap}", nv.nvmlDeviceGetP2PStatus,
-                                               ga.handle, gb.handle, idx, convert=int)
-                            if status is not MISSING:
-                                p.p2p[cap] = 1.0 if status == 0 else 0.0
-                        if want_topo:
-                            level = self.call(ga, "gpu_topology_level", nv.nvmlDeviceGetTopologyCommonAncestor,
-                                              ga.handle, gb.handle, convert=int)
-                            if level is not MISSING:
-                                p.topology_level = TOPOLOGY_NAMES.get(level, str(level))
-                                p.topology_level_value = float(level)
-                        if p.p2p or p.topology_level is not None:
-                            peers.append(p)
+                    self.on_gpu(ga, row, ga)
             except GpuDown as down:
                 log.info("nvml: topology not read this time: %s", down)
                 return
-            if len(gpus) != len(self._gpus):
-                return  # a GPU is down: try again next time rather than cache a partial matrix
             self._peers = peers
         out.peers = self._peers  # the same static list object: the renderer caches its text
 

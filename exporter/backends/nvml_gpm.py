@@ -124,6 +124,16 @@ class GpmReader:
             for key in [k for k in self._pairs if k not in self._seen]:
                 self._free(self._pairs.pop(key))
 
+    def abandon(self, index: int) -> None:
+        """A GPM call on GPU ``index`` was left running (hung): forget that GPU's samples without freeing
+        them (the late call may still fill one; the GPU gets new ones when it answers again) and take
+        a new request for the other GPUs (the late call may still write the shared one)."""
+        with self._lock:
+            for key in [k for k in self._pairs if k[0] == index]:
+                del self._pairs[key]
+            self._request = None
+            self._slots = []
+
     def close(self) -> None:
         with self._lock:
             for pair in self._pairs.values():

@@ -16,6 +16,16 @@ caches the exposition of a snapshot (exporter/serve/http.py), the JSON API and t
   the last snapshot. Samples never carry timestamps.
 
 Backends with a ``min_interval`` (CLI-based, e.g. rocm-smi) are re-read at most that often.
+
+Each backend's collection runs on a lane of its own (exporter/core/lane.py), which the worker
+waits on. A call about one GPU is bounded by the backend's funnel (``--call-deadline``: that GPU is
+published ``hung``, exporter/backends/base.py); a call about no GPU (init, the device count) that
+overruns the deadline (init: the collection timeout less one call deadline, as a driver may take
+seconds to load) makes
+the backend **stalled**: its last known GPUs are published ``gpu_up 0`` with the cause, readiness
+fails naming the call, other backends are collected as usual, and no new collection of it starts
+while the call is outstanding. The first collection after the call returns reads it again. A CLI
+backend reports a run it had to kill the same way (``BackendError`` kind ``stalled``).
 """
 
 from __future__ import annotations
@@ -27,7 +37,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from exporter.core.errors import BackendError, BackendUnavailable
+from exporter.core.errors import STALLED, BackendError, BackendUnavailable
+from exporter.core.lane import Lane, LaneBusy
 from exporter.core.options import DEFAULTS, FieldFilter
 from exporter.core.readings import Collection, GpuReading, HostInfo, MigReading
 from exporter.core.snapshot import BackendStats, LabelHook, MigLabelHook, Snapshot
@@ -79,6 +90,7 @@ class Engine:
         collection_interval: float = DEFAULTS.collection_interval,
         collection_timeout: float = DEFAULTS.collection_timeout,
         cache_ttl: float = DEFAULTS.cache_ttl,
+        call_deadline: float = DEFAULTS.call_deadline,
     ) -> None:
         self.backends: tuple[Backend, ...] = tuple(backends)
         self.host = host
@@ -86,6 +98,10 @@ class Engine:
         self.interval = collection_interval
         self.timeout = collection_timeout
         self.cache_ttl = cache_ttl
+        self.call_deadline = call_deadline
+        # each backend's collection runs on its lane: a call about no GPU that hangs stalls that backend only
+        self._lanes: dict[str, Lane] = {b.name: Lane(f"collect-{b.name}") for b in backends}
+        self._stalled: dict[str, str] = {}  # backend -> why, from its stall until a collection succeeds
         self._last_done = 0.0
         self.stats: dict[str, BackendStats] = {b.name: BackendStats() for b in backends}
         self.gpu_labels: LabelHook | None = None
@@ -146,6 +162,14 @@ class Engine:
         """
         if not self.backends:
             return False, "no GPU backend available"
+        stalled = next(iter(self._stalled.items()), None)
+        if stalled is not None:  # a wedged driver: not ready, whatever the age of the last success
+            name, why = stalled
+            b = next(b for b in self.backends if b.name == name)
+            call = self._node_call(b, self._lanes[name])
+            if call is not None:
+                why = f"{call[0]} has not returned after {time.monotonic() - call[1]:.1f} s"
+            return False, f"backend {name}: stalled: {why}"
         now = time.time()
         if self.interval <= 0 and any(self._stale(st, now, max_age) for st in self.stats.values()):
             if not wait:
@@ -167,6 +191,11 @@ class Engine:
                 b.shutdown()
             except Exception:
                 log.debug("shutdown of %s failed", b.name, exc_info=True)
+            stop_lanes = getattr(b, "stop_lanes", None)
+            if stop_lanes is not None:
+                stop_lanes()
+        for lane in self._lanes.values():
+            lane.stop()
 
     # --- flights ---------------------------------------------------------------------------
 
@@ -299,11 +328,18 @@ class Engine:
         t0 = time.perf_counter()
         kind: str | None = None
         message = ""
+        lane = self._lanes[b.name]
         try:
-            if not self._initialised[b.name]:
-                b.init()
-                self._initialised[b.name] = True
-            b.collect(coll)
+            job = lane.submit(lambda: self._init_and_collect(b, coll, lane), "collect")
+            lane.wait(job, lambda: self._stall_left(b, lane, t0))
+        except LaneBusy as busy:
+            call = self._node_call(b, lane)
+            # the same words at every collection while it hangs (the GPUs' cause); /readyz adds the age
+            kind, message = STALLED, f"{busy.what} did not return" if call is None else (
+                f"{call[0]} did not return within {self._node_limit(call[0]):g} s")
+            with self._lock:  # the late collection may still append to coll: publish a new one
+                i = next(i for i, c in enumerate(flight.collections) if c is coll)
+                flight.collections[i] = coll = Collection(backend=b.name)
         except BackendUnavailable as exc:
             kind, message = "unavailable", str(exc)
         except BackendError as exc:
@@ -317,6 +353,10 @@ class Engine:
             st.collections_total += 1
             for k, n in (*coll.errors.items(), *b.drain_errors().items()):
                 st.errors_total[k] = st.errors_total.get(k, 0) + n
+            if kind == STALLED:
+                self._stalled[b.name] = message
+            elif kind is None and not flight.timed_out:
+                self._stalled.pop(b.name, None)
             if kind is not None:
                 st.success = False
                 st.errors_total[kind] = st.errors_total.get(kind, 0) + 1
@@ -330,7 +370,9 @@ class Engine:
                 st.last_success_seconds = time.time()
                 st.gpus = len(coll.gpus)
                 self._known[b.name] = list(coll.gpus)
-        if kind is not None:
+        if kind == STALLED and lane.busy() is not None:
+            self._note_failure(b.name, kind, message)  # the late collection resets the backend if it fails
+        elif kind is not None:
             self._note_failure(b.name, kind, message)
             self._initialised[b.name] = False
             try:
@@ -341,6 +383,51 @@ class Engine:
             self._note_recovery(b.name)
             if every > 0:
                 self._cached[b.name] = (now, coll)
+
+    def _init_and_collect(self, b: Backend, coll: Collection, lane: Lane) -> None:
+        """On the backend's lane: initialise it if needed (one call about no GPU named ``init``), collect."""
+        try:
+            if not self._initialised[b.name]:
+                node_wide = getattr(b, "node_wide", None)
+                if node_wide is not None:
+                    node_wide("init", b.init)
+                else:
+                    b.init()
+                self._initialised[b.name] = True
+            b.collect(coll)
+        except BaseException:
+            if lane.abandoned():  # nobody waits for this collection any more: leave the backend clean
+                self._initialised[b.name] = False
+                try:
+                    b.reset()
+                except Exception:
+                    log.debug("reset of %s failed", b.name, exc_info=True)
+            raise
+
+    @staticmethod
+    def _node_call(b: Backend, lane: Lane) -> tuple[str, float] | None:
+        """The call about no GPU the backend's lane is in, and since when (monotonic), if it says."""
+        node_call = getattr(b, "node_call", None)
+        ident = lane.ident()
+        return node_call(ident) if node_call is not None and ident is not None else None
+
+    def _node_limit(self, what: str) -> float:
+        """The deadline of a call about no GPU: the call deadline; ``init`` (a real driver may take seconds
+        to load) what a scrape can wait, less one call deadline."""
+        return max(self.call_deadline, self.timeout - self.call_deadline) if what == "init" else self.call_deadline
+
+    def _stall_left(self, b: Backend, lane: Lane, started: float) -> float:
+        """Seconds before the backend's collection counts as stalled: the call about no GPU it is in
+        overruns the call deadline (``init``: the collection timeout less one call deadline), or the
+        whole collection runs past four collection timeouts (a hang outside the funnel). Asked again at
+        least every 50 ms."""
+        now = time.monotonic()
+        left = 4 * self.timeout - (time.perf_counter() - started)
+        call = self._node_call(b, lane)
+        if call is not None:
+            what, since = call
+            left = min(left, since + self._node_limit(what) - now)
+        return min(left, 0.05) if left > 0 else left
 
     def _note_failure(self, name: str, kind: str, message: str) -> None:
         """One warning per outage (with its first cause), not one per scrape.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 # the kind of a collection failure when the library or the driver itself is gone
 DRIVER = "driver"
+# ... when a call about no GPU (init, the device count, a CLI run) did not return within its deadline
+STALLED = "stalled"
 
 
 class BackendUnavailable(Exception):

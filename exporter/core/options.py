@@ -29,6 +29,7 @@ class Settings:
     metrics_path: str = "/metrics"
     collection_interval: float = 0.0
     collection_timeout: float = 5.0
+    call_deadline: float = 1.0  # seconds one vendor call on one GPU may take before the GPU is hung
     cache_ttl: float = 1.0
     ready_max_age: float = 60.0
     log_level: str = "info"
@@ -182,6 +183,7 @@ class BackendOptions:
     simulated_scenario: str = _D.simulated_scenario  # exporter.backends.simulated.SCENARIOS
     per_process: bool = _D.per_process  # per-PID series are unbounded cardinality: opt-in
     pcie_throughput: bool = _D.pcie_throughput  # about 40 ms per GPU per read on NVIDIA: opt-in
+    call_deadline: float = _D.call_deadline  # seconds a vendor call about one GPU may take (backends/base.py)
     backend_settings: dict[str, Any] = field(default_factory=dict)  # Backend.settings' values, by name
 
     @classmethod
@@ -189,6 +191,7 @@ class BackendOptions:
         return cls(fields=FieldFilter(include=s.fields_include, exclude=s.fields_exclude),
                    sysfs_root=s.sysfs_root, simulated_gpus=s.simulated_gpus,
                    simulated_scenario=s.simulated_scenario, per_process=s.per_process,
-                   pcie_throughput=s.pcie_throughput, backend_settings=dict(s.backend_settings))
+                   pcie_throughput=s.pcie_throughput, call_deadline=s.call_deadline,
+                   backend_settings=dict(s.backend_settings))
 
 

@@ -7,10 +7,12 @@ most severe first (the condition's ``reason`` is the first one found on the node
     the exporter reports the GPU down (``gpu_up`` 0), or it stopped reporting while other
     GPUs of its node still do (lost or unreadable).
 ``CriticalXID``
-    an XID of the critical list (sources.CRITICAL_XIDS) in the window. Ours: the counter
-    ``gpu_xid_errors_total{xid}`` rose. dcgm: ``DCGM_FI_DEV_XID_ERRORS`` is a gauge holding the
-    last XID code, so a critical code among its values in the window (minimum, maximum, last)
-    counts when the gauge changed in the window or held another value before it.
+    a ``fatal`` XID in the window: the severity of exporter/core/xid.py (NVIDIA's XID catalogue,
+    then ``--xid-severity`` overrides: :class:`XidRules`). Ours: the counter
+    ``gpu_xid_errors_total{xid}`` rose, per code. dcgm: ``DCGM_FI_DEV_XID_ERRORS`` is a gauge
+    holding the last XID code, so a code among its values in the window (minimum, maximum, last)
+    counts when the gauge changed in the window or held another value before it. A ``warn`` XID
+    leaves the node ``True`` and is listed in its message; an ``ignore`` one is not shown.
 ``UncorrectableECC``
     the uncorrectable ECC counter rose in the window (dcgm only where the operator enabled
     ``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL``; it is off in the default counters).
@@ -49,10 +51,10 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from exporter.core import xid as xid_catalogue
 from exporter.profiler.classify import GpuStats
 from exporter.profiler.plan import valid_uuid
 from exporter.profiler.prom import printable
-from exporter.profiler.sources import CRITICAL_XIDS
 
 CONDITION = "GPUHealthy"
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
@@ -86,15 +88,11 @@ def _f(h: Mapping[str, float], name: str) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _critical(x: float | None, codes: frozenset[int]) -> bool:
-    return x is not None and x == int(x) and int(x) in codes
-
-
 # cause -> (code, what, NVSentinel RecommendedAction) of an entry, where the cause alone decides them
 ACTIONS = {LOST: ("GPU_LOST", "lost or not answering", "RESTART_BM"),
            ECC: ("ECC_UNCORRECTABLE", "uncorrectable ECC errors in the window", "COMPONENT_RESET"),
            PCIE: ("PCIE_LINK_NARROWED", "PCIe link narrower than its maximum width", "RUN_FIELDDIAG")}
-XID_ACTION = "COMPONENT_RESET"  # an XID whose recommended action is not known: reset the GPU
+XID_ACTION = "COMPONENT_RESET"  # a fatal XID whose number is not known: reset the GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,19 +113,84 @@ class Finding:
         return text.replace(";", ",")  # an entry never splits: consumers split the message on ';'
 
 
-def gpu_causes(st: GpuStats, critical: Iterable[int] = CRITICAL_XIDS) -> list[str]:
+# NVIDIA's immediate-action bucket (xid_catalogue.tsv) -> NVSentinel's RecommendedAction
+BUCKET_ACTION = {"RESET_GPU": "COMPONENT_RESET", "WORKFLOW_XID_48": "COMPONENT_RESET", "RESTART_BM": "RESTART_BM",
+                 "RESTART_VM": "RESTART_VM", "RESTART_APP": "RESTART_APP", "WORKFLOW_XID_45": "RESTART_APP",
+                 "IGNORE": "NONE"}  # the others (workflows, checks, updates): CONTACT_SUPPORT
+WARN = "XIDWarning"  # a warn XID's finding: listed, never a cause of False
+
+
+class XidRules:
+    """Each XID code's severity (``fatal``, ``warn``, ``ignore``) and recommended action: the
+    catalogue's, with the operator's overrides (exporter/core/xid.py ``load_overrides``)."""
+
+    def __init__(self, overrides: Mapping[int | str, str] | None = None) -> None:
+        self.overrides: dict[int | str, xid_catalogue.Severity] = xid_catalogue.load_overrides(
+            dict(overrides or {}), "--xid-severity")
+        self._cache: dict[int, str] = {}
+
+    @classmethod
+    def of(cls, rules: XidRules | Iterable[int] | None) -> XidRules:
+        """``rules`` as XidRules; a plain set of codes means: these fatal, every other ignored."""
+        if rules is None:
+            return DEFAULT_RULES
+        if isinstance(rules, XidRules):
+            return rules
+        codes = set(rules)
+        out = cls({c: "fatal" for c in codes})
+        out._only = True
+        return out
+
+    _only = False
+
+    def severity(self, code: int) -> str:
+        sev = self._cache.get(code)
+        if sev is None:
+            if self._only:
+                sev = "fatal" if code in self.overrides else "ignore"
+            else:
+                sev = xid_catalogue.severity(code, self.overrides)
+            self._cache[code] = sev
+        return sev
+
+    def ignored(self) -> tuple[int, ...]:
+        """The catalogue's codes this policy ignores (the query leaves them out)."""
+        return tuple(sorted(c for c in xid_catalogue.catalogue() if self.severity(c) == "ignore"))
+
+    def fatal(self) -> tuple[int, ...]:
+        """Every fatal code: the catalogue's and the overrides'."""
+        codes = set(xid_catalogue.catalogue()) | {c for c in self.overrides if isinstance(c, int)}
+        return tuple(sorted(c for c in codes if self.severity(c) == "fatal"))
+
+    @staticmethod
+    def action(code: int) -> str:
+        entry = xid_catalogue.catalogue().get(code)
+        return BUCKET_ACTION.get(entry.bucket, "CONTACT_SUPPORT") if entry is not None else "CONTACT_SUPPORT"
+
+    @staticmethod
+    def mnemonic(code: int) -> str:
+        entry = xid_catalogue.catalogue().get(code)
+        return entry.mnemonic.split(" / ")[0] if entry is not None else "not in NVIDIA's catalogue"
+
+
+DEFAULT_RULES = XidRules()
+CRITICAL_XIDS = DEFAULT_RULES.fatal()  # the catalogue's fatal codes, no override
+
+
+def gpu_causes(st: GpuStats, rules: XidRules | Iterable[int] | None = None) -> list[str]:
     """The causes (CAUSES order) that make one reporting GPU unhealthy; [] when none."""
-    return list(dict.fromkeys(f.cause for f in gpu_findings(st, critical)))
+    return list(dict.fromkeys(f.cause for f in gpu_findings(st, rules) if f.cause != WARN))
 
 
-def gpu_findings(st: GpuStats, critical: Iterable[int] = CRITICAL_XIDS) -> list[Finding]:
-    """What makes one reporting GPU unhealthy, CAUSES order; [] when nothing."""
+def gpu_findings(st: GpuStats, rules: XidRules | Iterable[int] | None = None) -> list[Finding]:
+    """What makes one reporting GPU unhealthy (and its warn XIDs, cause :data:`WARN`), CAUSES order;
+    [] when nothing."""
     if st.up is not None and st.up == 0:
         return [_finding(st, LOST)]
     h = st.health
     if not h:
         return []  # no health field published (or all read as absent): nothing to find
-    return _findings(st, h, critical if isinstance(critical, frozenset) else frozenset(critical))
+    return _findings(st, h, XidRules.of(rules))
 
 
 def _finding(st: GpuStats, cause: str, code: str = "", what: str = "", action: str = "") -> Finding:
@@ -135,11 +198,11 @@ def _finding(st: GpuStats, cause: str, code: str = "", what: str = "", action: s
     return Finding(st.gpu, st.uuid, cause, code or c, what or w, action or a)
 
 
-def _xid_codes(h: Mapping[str, float], codes: frozenset[int]) -> list[int] | None:
-    """The critical XID codes seen in the window ([] when one was seen but its code is not
-    known), None when none was."""
+def _xid_codes(h: Mapping[str, float]) -> list[int] | None:
+    """The XID codes seen in the window ([] when one was seen but its code is not known), None
+    when none was."""
     per_code = sorted(int(k[4:]) for k, v in h.items() if k.startswith("xid_") and k[4:].isdigit()
-                      and math.isfinite(v) and v > 0 and int(k[4:]) in codes)
+                      and math.isfinite(v) and v > 0)
     if per_code:
         return per_code  # ours, per code (the counter's xid label)
     xid = _f(h, "xid")
@@ -148,19 +211,24 @@ def _xid_codes(h: Mapping[str, float], codes: frozenset[int]) -> list[int] | Non
     if "xid_last" in h:
         before, changes = _f(h, "xid_before"), _f(h, "xid_changes") or 0.0
         seen = {v for v in (_f(h, "xid_min"), _f(h, "xid_max"), _f(h, "xid_last")) if v is not None}
-        hit = sorted(int(v) for v in seen if _critical(v, codes) and (changes > 0 or v != before))
+        hit = sorted(int(v) for v in seen if v == int(v) and v > 0 and (changes > 0 or v != before))
         if hit:
             return hit  # dcgm: the gauge holds the code itself
     return None
 
 
-def _findings(st: GpuStats, h: Mapping[str, float], codes: frozenset[int]) -> list[Finding]:
+def _findings(st: GpuStats, h: Mapping[str, float], rules: XidRules) -> list[Finding]:
     out: list[Finding] = []
-    xids = _xid_codes(h, codes)
-    if xids is not None:
-        out.extend(_finding(st, XID, f"XID{c}", f"XID {c} in the window", XID_ACTION) for c in xids)
-        if not xids:
-            out.append(_finding(st, XID, "XID", "a critical XID in the window", XID_ACTION))
+    warn: list[Finding] = []
+    xids = _xid_codes(h)
+    if xids == []:
+        out.append(_finding(st, XID, "XID", "a critical XID in the window", XID_ACTION))
+    for c in xids or ():
+        sev = rules.severity(c)
+        if sev != "ignore":
+            (out if sev == "fatal" else warn).append(_finding(
+                st, XID if sev == "fatal" else WARN, f"XID{c}", f"XID {c} ({rules.mnemonic(c)}) in the window",
+                rules.action(c)))
     ecc = _f(h, "ecc")
     if ecc is not None and ecc > 0:
         out.append(_finding(st, ECC))
@@ -172,12 +240,12 @@ def _findings(st: GpuStats, h: Mapping[str, float], codes: frozenset[int]) -> li
     width, widest = _f(h, "width"), _f(h, "width_max")
     if width is not None and widest is not None and width < widest:
         out.append(_finding(st, PCIE, what=f"PCIe link x{width:g} of x{widest:g}"))
-    return out
+    return out + warn
 
 
-def _causes(h: Mapping[str, float], codes: frozenset[int]) -> bool:
-    """Whether any cause is found in these fields (the fast path of :func:`observe`)."""
-    return bool(_findings(_NOBODY, h, codes))
+def _noted(h: Mapping[str, float], rules: XidRules) -> bool:
+    """Whether these fields hold anything to report, warn XIDs included (the fast path of :func:`observe`)."""
+    return bool(_findings(_NOBODY, h, rules))
 
 
 _NOBODY = GpuStats(node="", gpu="")
@@ -190,24 +258,24 @@ def _gpu_sort(g: str) -> tuple[int, int, str]:
 _ALL_HEALTHY: dict[int, Observed] = {}  # "N GPUs healthy", one shared (frozen) object per N
 
 
-def observe(gpus: Mapping[str, GpuStats], critical: Iterable[int] = CRITICAL_XIDS) -> Observed:
+def observe(gpus: Mapping[str, GpuStats], rules: XidRules | Iterable[int] | None = None) -> Observed:
     """The node's condition from its GPUs' stats (every GPU Prometheus knows on it).
 
     O(GPUs) with a few attribute reads per healthy GPU: it runs for every node every cycle
     (80,000 GPUs at 10,000 nodes), and nearly every GPU is healthy."""
-    codes = critical if isinstance(critical, frozenset) else frozenset(critical)
-    sick = False
+    xr = XidRules.of(rules)
+    noted = False
     fresh = 0
     for st in gpus.values():
         if st.fresh:
             fresh += 1
-            if (st.up is not None and st.up == 0) or (st.health and _causes(st.health, codes)):
-                sick = True
+            if (st.up is not None and st.up == 0) or (st.health and _noted(st.health, xr)):
+                noted = True
         else:
-            sick = True  # lost, unless no GPU of the node is fresh (then the exporter is not scraped)
+            noted = True  # lost, unless no GPU of the node is fresh (then the exporter is not scraped)
     if not fresh:
         return Observed(UNKNOWN, NOT_SCRAPED, "no recent sample from the node's GPU exporter")
-    if not sick:
+    if not noted:
         obs = _ALL_HEALTHY.get(fresh)
         if obs is None:
             obs = Observed(TRUE, HEALTHY, f"{fresh} GPUs healthy")
@@ -217,22 +285,25 @@ def observe(gpus: Mapping[str, GpuStats], critical: Iterable[int] = CRITICAL_XID
     found: list[Finding] = []
     for g in sorted(gpus, key=_gpu_sort):
         st = gpus[g]
-        found.extend(gpu_findings(st, codes) if st.fresh else [_finding(st, LOST)])
+        found.extend(gpu_findings(st, xr) if st.fresh else [_finding(st, LOST)])
+    failed = [f for f in found if f.cause != WARN]
+    if not failed:  # warn XIDs only: healthy, and listed
+        return Observed(TRUE, HEALTHY, message(found, f"{fresh} GPUs healthy"))
     rank = {c: i for i, c in enumerate(CAUSES)}
-    found.sort(key=lambda f: rank[f.cause])  # stable: GPU order within a cause
-    return Observed(FALSE, found[0].cause, message(found))
+    failed.sort(key=lambda f: rank[f.cause])  # stable: GPU order within a cause
+    return Observed(FALSE, failed[0].cause, message(failed + [f for f in found if f.cause == WARN]))
 
 
-def message(found: list[Finding]) -> str:
-    """The entries joined by ``; ``, at most MAX_MESSAGE characters: whole entries only, then one
-    ``[MORE] N more entries`` for those left out."""
-    out: list[str] = []
-    size = 0
-    for i, f in enumerate(found):
-        e = f.entry()
+def message(found: list[Finding], head: str = "") -> str:
+    """``head`` (if any) then the entries, joined by ``; ``, at most MAX_MESSAGE characters: whole
+    entries only, then one ``[MORE] N more entries`` for those left out."""
+    entries = [f.entry() for f in found]
+    out: list[str] = [head] if head else []
+    size = len(head)
+    for i, e in enumerate(entries):
         need = size + len(e) + (2 if out else 0)
-        if need + (_MORE if i + 1 < len(found) else 0) > MAX_MESSAGE:
-            out.append(f"[MORE] {len(found) - i} more entries")
+        if need + (_MORE if i + 1 < len(entries) else 0) > MAX_MESSAGE:
+            out.append(f"[MORE] {len(entries) - i} more entries")
             break
         out.append(e)
         size = need

@@ -42,6 +42,7 @@ from exporter.profiler import annotate, health, prom, queries
 from exporter.profiler.annotate import Conflict, KubeError, NodeGone, NodeInfo, NodeStore
 from exporter.profiler.classify import ALLOCATED_IDLE, GROWING, GpuStats, classify_gpu
 from exporter.profiler.events import EventRecorder
+from exporter.profiler.health import XidRules
 from exporter.profiler.leader import LeaderElector
 from exporter.profiler.plan import (
     PENDING,
@@ -237,6 +238,7 @@ class Profiler:
         if taints is not None and not reader.cfg.health:
             raise ValueError("device taints need the reader's health fields (QueryConfig(health=True))")
         self.taints = taints  # --device-taints: a DeviceTaintRule per failed GPU (taints.py)
+        self._xid_rules = XidRules(dict(reader.cfg.xid_severity))  # catalogue + --xid-severity
         self._at = 0.0  # the cycle's evaluation time
         self.cycle_started: float | None = None  # monotonic, while a cycle runs
         self.last_cycle_end: float = time.monotonic()
@@ -325,7 +327,7 @@ class Profiler:
         observed: dict[str, health.Observed] = {}
         view = Failed() if self.taints is not None else None
         classify_s = 0.0
-        critical = self.reader.cfg.critical_xids
+        critical = self._xid_rules
 
         def consume(gpus: Mapping[tuple[str, str], GpuStats]) -> None:
             # one shard at a time: only the compact profiles outlive it

@@ -23,7 +23,7 @@ from exporter.core import logs
 from exporter.core.extras import MissingExtra, require
 from exporter.core.options import Setting
 from exporter.platform import daemon, kube, settings, units
-from exporter.platform.errors import ConfigError, fail
+from exporter.platform.errors import ConfigError, fail, printable
 from exporter.profiler import sources
 from exporter.profiler.annotate import KubeError, NodeStore
 from exporter.profiler.classify import Thresholds
@@ -194,6 +194,9 @@ ROWS: tuple[Setting, ...] = (
          "dry run)", True),
     _row("health_condition", "bool", "on or off: set the GPUHealthy condition on each GPU node (needs RBAC patch "
          "on nodes/status)", True),
+    _row("xid_severity", "text", "override an XID's severity from NVIDIA's catalogue: CODE=SEVERITY, fatal "
+         "(GPUHealthy False), warn (listed in the message, still True) or ignore; repeatable or comma-separated, "
+         "e.g. 13=fatal,79=warn (a YAML list in --config)", (), repeat=True),
     _row("device_taints", "bool", "on or off: on DRA clusters, a DeviceTaintRule (effect NoSchedule) for each "
          "failed or hung GPU's devices, removed once it is healthy for --hysteresis cycles (needs --health-condition "
          "on and the RBAC of the device-taints install)", False),
@@ -330,7 +333,8 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Pro
         retries=v["prometheus_retries"],
         query=QueryConfig(window_s=window, step_s=step, node_label=v["node_label"], thresholds=th,
                           fresh_s=min(300.0, window / 2), source=v["source"], trust=trust,
-                          health=v["health_condition"], max_query_bytes=v["prometheus_max_query_bytes"]),
+                          health=v["health_condition"], xid_severity=_xid_severity(v["xid_severity"]),
+                          max_query_bytes=v["prometheus_max_query_bytes"]),
         latency_offset_s=v["prometheus_latency_offset"],
         plan=PlanConfig(prefix=v["annotation_prefix"], hysteresis=v["hysteresis"], thresholds=th,
                         max_gpus_per_node=v["max_gpus_per_node"], max_annotation_bytes=v["max_annotation_bytes"]),
@@ -354,6 +358,25 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Pro
         check_config=loaded.check_config,
         described=settings.describe(ROWS, v) if loaded.check_config else "",
     )
+
+
+def _xid_severity(items: list[str]) -> tuple[tuple[int | str, str], ...]:
+    """``["13=fatal,79=warn", "ecc_corrected=warn"]`` -> checked pairs (exporter/core/xid.py)."""
+    from exporter.core.xid import XidConfigError, load_overrides
+
+    raw: dict[str, str] = {}
+    for item in items:
+        for part in filter(None, (p.strip() for p in item.split(","))):
+            code, eq, sev = part.partition("=")
+            if not eq or not code.strip():
+                raise ConfigError(f"--xid-severity {printable(part, 60)!r}: expected CODE=SEVERITY, e.g. 13=fatal")
+            if code.strip() in raw:
+                raise ConfigError(f"--xid-severity: {printable(code.strip(), 20)} is given twice")
+            raw[code.strip()] = sev
+    try:
+        return tuple(load_overrides(raw, "--xid-severity").items())
+    except XidConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _web_config(path: str | None) -> WebConfig | None:

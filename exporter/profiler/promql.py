@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 
 from exporter.profiler import sources
 from exporter.profiler.classify import Thresholds
+from exporter.profiler.health import XidRules
 from exporter.profiler.sources import Source
 
 UTIL = "gpu_utilization_ratio"
@@ -105,8 +106,9 @@ class QueryConfig:
     range_gpus: int = 1000  # GPUs per range query (500 points each: about 15 MB at most)
     source: str = sources.AUTO  # gpu-exporter, dcgm, amd, or auto: whichever Prometheus holds, per node
     health: bool = False  # also read the health fields (the GPUHealthy condition)
-    critical_xids: tuple[int, ...] = sources.CRITICAL_XIDS
     trust: sources.Trust = field(default_factory=sources.Trust)  # whose target-set node labels are believed
+    # --xid-severity: (XID code or event, fatal|warn|ignore) over NVIDIA's catalogue (health.XidRules)
+    xid_severity: tuple[tuple[int | str, str], ...] = ()
     max_query_bytes: int = 16384  # longest query expression (VictoriaMetrics' default -search.maxQueryLen)
 
     def __post_init__(self) -> None:
@@ -308,9 +310,11 @@ class QueryBuilder:
                         f"(max_over_time({s}[{w}]) unless last_over_time({s}[{w}] offset {w}))")
             return fn
 
-        codes = "|".join(str(c) for c in self.cfg.critical_xids)
         if h.xid_counter:
-            parts["xid"] = rise(h.xid_counter, f', xid=~"{codes}"')
+            # every code but those ignored (health.py sorts fatal from warn); only numbers: a
+            # scraped target's odd xid label cannot add series to the answer
+            ignored = "|".join(str(c) for c in XidRules(dict(self.cfg.xid_severity)).ignored())
+            parts["xid"] = rise(h.xid_counter, f', xid=~"[0-9]{{1,5}}", xid!~"{ignored}"')
         if h.xid_last:
             x = h.xid_last
             parts["xid_min"] = lambda m: f"min_over_time({sel(x, m)}[{w}])"

@@ -26,13 +26,6 @@ from dataclasses import dataclass, field
 
 MIB = 1024.0 * 1024.0
 
-# XID codes that mean the GPU needs attention (reset, drain or service), from NVIDIA's XID
-# catalogue: 48 double-bit ECC, 63/64 row-remap (retirement) event or failure, 74 NVLink
-# error, 79 fallen off the bus, 92 high single-bit ECC rate, 94/95 contained/uncontained
-# ECC error, 119/120 GSP RPC timeout / GSP error. docs/annotations.md lists them.
-CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
-
-
 @dataclass(frozen=True)
 class Health:
     """A source's health fields (metric names; empty: the source has none)."""

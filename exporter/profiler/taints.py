@@ -73,7 +73,8 @@ class Failed:
     healthy_nodes: set[str] = field(default_factory=set)
     healthy: dict[str, set[str]] = field(default_factory=dict)
 
-    def add_node(self, node: str, gpus: Mapping[str, Any], critical: Iterable[int], all_healthy: bool) -> None:
+    def add_node(self, node: str, gpus: Mapping[str, Any], critical: health.XidRules | Iterable[int] | None,
+                 all_healthy: bool) -> None:
         """One node's GPUs (classify.GpuStats by index); ``all_healthy``: its condition is True."""
         if all_healthy:
             self.healthy_nodes.add(node)

@@ -55,9 +55,11 @@ def families_view(fields: FieldFilter) -> dict[str, Any]:
 
 
 def live_page(metrics_path: str) -> bytes:
-    """``exporter/serve/web/index.html`` with the metrics path filled in."""
+    """``exporter/serve/web/index.html`` with the metrics path and the real backends (the registry's) filled in."""
     text = resources.files("exporter.serve").joinpath("web/index.html").read_text(encoding="utf-8")
-    return text.replace("{{METRICS_PATH}}", html.escape(metrics_path, quote=True)).encode()
+    real = " | ".join(backends.auto_order())
+    return (text.replace("{{METRICS_PATH}}", html.escape(metrics_path, quote=True))
+            .replace("{{REAL_BACKENDS}}", html.escape(real, quote=True)).encode())
 
 
 def _json(doc: dict[str, Any]) -> Response:

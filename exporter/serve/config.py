@@ -107,6 +107,10 @@ SPECS: tuple[Setting, ...] = (
          "seconds between background collections; 0 = collect on scrape", high=3600),
     _row("collection_timeout", "COLLECTION_TIMEOUT", "seconds",
          "seconds a scrape waits for a collection before answering with what it has", low=0.01, high=300),
+    _row("call_deadline", "CALL_DEADLINE", "seconds",
+         "seconds a vendor call on one GPU may take before that GPU is published as hung (gpu_up 0) and the "
+         "other GPUs go on; below --collection-timeout (default 1, or a fifth of a collection timeout under 5; "
+         "docs/reliability.md)", low=0.01, high=300),
     _row("cache_ttl", "SCRAPE_CACHE_TTL", "seconds",
          "collect-on-scrape: reuse a collection that finished less than this ago (0 = never)", high=60),
     _row("ready_max_age", "READY_MAX_AGE", "seconds",
@@ -173,6 +177,11 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
             settings.backend == "auto" and settings.allow_simulated):
         raise ConfigError(f"invalid simulated_scenario = {settings.simulated_scenario!r}: only the simulated "
                           "backend has scenarios; add --backend simulated")
+    if loaded.sources["call_deadline"] == "default":  # the default: a fifth of the timeout, at most 1 s
+        settings.call_deadline = min(settings.call_deadline, settings.collection_timeout / 5)
+    elif settings.call_deadline >= settings.collection_timeout:
+        raise ConfigError(f"invalid call_deadline = {settings.call_deadline:g}: must be below collection_timeout "
+                          f"({settings.collection_timeout:g}), or one hung GPU costs every scrape its whole wait")
     if settings.dra_attribution == "on" and settings.pod_attribution == "off":
         raise ConfigError("invalid dra_attribution = 'on' with pod_attribution = 'off': DRA devices are found "
                           "through the kubelet's pod-resources API; set --pod-attribution auto or on")

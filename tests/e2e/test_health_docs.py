@@ -44,7 +44,7 @@ def _node(obs: health.Observed | None) -> dict[str, Any]:
 
 
 LOST = health.observe({"0": _gpu("0"), "3": GpuStats(node="n", gpu="3", up=0.0, uuid="GPU-3")})
-XID_ONLY = health.observe({"0": _gpu("0", health={"xid_79": 1.0}), "1": _gpu("1")})
+XID_ONLY = health.observe({"0": _gpu("0", health={"xid_48": 1.0}), "1": _gpu("1")})  # COMPONENT_RESET
 OK = health.observe({"0": _gpu("0"), "1": _gpu("1")})
 UNKNOWN = health.observe({"0": GpuStats(node="n", gpu="0", fresh=False)})
 
@@ -56,7 +56,7 @@ def _eval(expression: str, var: str, node: dict[str, Any]) -> bool:
 
 def test_the_examples_read_what_the_profiler_writes() -> None:
     assert LOST.status == "False" and "RecommendedAction: RESTART_BM" in LOST.message
-    assert XID_ONLY.message.startswith("[XID79] GPU 0 ") and "RESTART_BM" not in XID_ONLY.message
+    assert XID_ONLY.message.startswith("[XID48] GPU 0 ") and "RESTART_BM" not in XID_ONLY.message
     assert (OK.status, UNKNOWN.status) == ("True", "Unknown")
 
 

@@ -30,6 +30,18 @@ def fleets() -> dict[str, Start]:
     return found
 
 
+def fleet_env(backend: str, tmp: Path) -> dict[str, str] | None:
+    """The environment in which ``backend`` finds its two-GPU fleet (its fleet module's ``env``, for a user of the
+    Python API, which takes no flags); None when it has none (it needs no library, as ``simulated``)."""
+    for mod in pkgutil.iter_modules(fleets_package.__path__):
+        module = importlib.import_module(f"{fleets_package.__name__}.{mod.name}")
+        if backend == module.BACKEND and hasattr(module, "env"):
+            tmp.mkdir(parents=True, exist_ok=True)
+            environment: dict[str, str] = module.env(tmp)
+            return environment
+    return None
+
+
 BACKENDS = tuple(backends.ordered())
 # where ``python -m exporter`` finds the package these backends came from (a test's copy of it, or this checkout)
 PACKAGE_ROOT = Path(backends.__file__).resolve().parents[2]

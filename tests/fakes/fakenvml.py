@@ -79,6 +79,7 @@ FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
 ARGUMENT_VERSION_MISMATCH = 25
 UNKNOWN = 999
+HANG = 65536  # not an NVML code: the fake blocks the call until the file stops injecting it (hang())
 
 # Limits of the C side.
 MAX_GPUS = 64
@@ -467,6 +468,30 @@ class FakeNvml:
                 if gpu is None or i == gpu:
                     g["gpm_fail"] = {}
         self.write()
+
+    def hang(self, function: str, gpu: int | None = None) -> None:
+        """Make ``function`` block (on ``gpu``; ``None``: every GPU / a system function) until :meth:`release`:
+        what NVML does while a GPU falls off the bus. Blocked calls go on with what the file says then."""
+        self.fail(function, HANG, gpu)
+
+    def release(self, function: str, gpu: int | None = None) -> None:
+        """End :meth:`hang`: the blocked call returns within a few milliseconds."""
+        self.clear_fail(function, gpu)
+
+    @staticmethod
+    def hanging() -> int:
+        """Calls blocked in an injected hang now (in this process's library)."""
+        lib = load_in_process(build_library())
+        lib.fakeNvmlHanging.restype = ctypes.c_int
+        return int(lib.fakeNvmlHanging())
+
+    @staticmethod
+    def device_calls(gpu: int) -> int:
+        """Every call the library received for GPU ``gpu`` (its MIG handles included) in this process."""
+        lib = load_in_process(build_library())
+        lib.fakeNvmlDeviceCalls.restype = ctypes.c_ulong
+        lib.fakeNvmlDeviceCalls.argtypes = [ctypes.c_int]
+        return int(lib.fakeNvmlDeviceCalls(gpu))
 
     def fail_field(self, field_id: int, code: int, gpu: int | None = None) -> None:
         """Make field ``field_id`` of nvmlDeviceGetFieldValues report ``code`` in its nvmlReturn."""

@@ -96,6 +96,29 @@ MODULES: dict[str, Module] = {
                            + tuple(f"exporter.core.k8s_names.xǁGpuResourcesǁ{f}__*" for f in (
                                "__post_init__", "classify", "prefixed_index")),
                            also=("exporter/core/k8s_names.py",), isolation="forkserver"),
+    # issue 36: the surfaces a tenant or a flaky API server reaches. The cgroup path parser whole; the
+    # per-pod mapping (not the background thread, driven through the real exporter elsewhere); the watch
+    # whole (its decoding, backoff and loop, on a fake clock and a scripted API; the test that waits out a
+    # real watch timeout is left out); the ResourceSlice mapping; the profiler's source label rules.
+    "cgroup": Module("exporter/k8s/cgroup.py", ("tests/unit/k8s/test_cgroup.py",)),
+    "processes": Module("exporter/k8s/processes.py", ("tests/unit/k8s/test_shared_gpus.py",),
+                        extra_args=("-k", "build_rules or static_pod or another_pod or summary"),
+                        functions=tuple(f"exporter.k8s.processes.{f}__*" for f in (
+                            "x__mapping", "x__text", "x_pod_summary", "x_index_pods", "xǁPodIndexǁholder",
+                            "x_build", "x_render"))),
+    "watch": Module("exporter/k8s/watch.py", ("tests/unit/k8s/test_watch_decoding.py",
+                                              "tests/unit/k8s/test_watch.py"),
+                    extra_args=("-k", "not resumes_after_the_watch_times_out")),
+    "resourceslices": Module("exporter/k8s/resourceslices.py", ("tests/unit/k8s/test_dra.py",),
+                             extra_args=("-k", "identified or not_guessed or slice_summary or pool_generation"),
+                             functions=tuple(f"exporter.k8s.resourceslices.{f}__*" for f in (
+                                 "x__attr_value", "x_device_attributes", "x_identify", "x_index_slice",
+                                 "x_slice_summary", "x__pool", "xǁResourceSliceWatchǁ_changed",
+                                 "xǁResourceSliceWatchǁresolve"))),
+    "sources": Module("exporter/profiler/sources.py", ("tests/unit/profiler/test_source_labels.py",
+                                                       "tests/unit/profiler/test_sources.py"),
+                      extra_args=("-k", "not prom and not three_forms and not one_source and not both_exporters "
+                                        "and not own_pod and not empty_prometheus")),
     "prom-caps": Module("exporter/profiler/prom.py", ("tests/unit/profiler/test_prom.py",),
                         functions=("exporter.profiler.prom.xǁPromClientǁ_post__*",
                                    "exporter.profiler.prom.xǁPromClientǁ_exchange__*",

@@ -203,7 +203,7 @@ def test_rocm_smi_hanging(tmp_path: Path, result: Result) -> None:
             s = ex.scrape()
             durations.append(time.monotonic() - t1)
             assert sample(s, "gpu_exporter_collector_success", backend="rocm-smi") == 0.0
-        timeouts = errors(s, "rocm-smi", "timeout")
+        timeouts = errors(s, "rocm-smi", "stalled")
         # after a failed collection the backend is initialised again, and that init meets the hang too
         failed = timeouts + errors(s, "rocm-smi", "unavailable")
         log_lines = count_lines(ex.log(), "collection failed")
@@ -218,7 +218,7 @@ def test_rocm_smi_hanging(tmp_path: Path, result: Result) -> None:
     result.done = (f"the rocm-smi binary stops answering (`--command-timeout {timeout:g}`); {DURING} scrapes; "
                    "then it answers again, with a different card")
     result.happened = ("each hung run was killed at the command timeout (with its process group); no reading "
-                       "while it hung, the GPUs last seen as gpu_up 0; failures counted (kind timeout, then "
+                       "while it hung, the GPUs last seen as gpu_up 0; failures counted (kind stalled, then "
                        "unavailable for the re-init); "
                        "one warning; the first scrape after it answered "
                        "served the new card only")

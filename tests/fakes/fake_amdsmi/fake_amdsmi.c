@@ -14,8 +14,13 @@
  * - temperatures in degrees C, power in W, power cap in uW, clocks in MHz, PCIe speed in MT/s.
  * Error injection: "init_status=N" (amdsmi_init), "fail_all=N" (every call after init),
  * "gpu.<i>.fail.all=N" (every call on GPU i), "gpu.<i>.fail.<call>=N" (one call, name
- * without the "amdsmi_" prefix). The file is re-read whenever it changes (inode, size or
+ * without the "amdsmi_" prefix), "fail.<call>=N" (one call about no GPU: get_socket_handles,
+ * get_processor_handles). The file is re-read whenever it changes (inode, size or
  * mtime), so a test can change the fleet between two collections.
+ * Hangs: N = 65536 (FAKE_HANG) in any of these keys (init_status too) blocks the call, the
+ * library's lock released, until the file no longer says so; the call then goes on with what the
+ * file says. fakeAmdsmiHanging() counts calls blocked now; fakeAmdsmiDeviceCalls(i) counts every
+ * call made on GPU i, so a test sees whether calls are sent to a hung GPU.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -26,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "amdsmi_layout.h"
 
@@ -154,13 +160,49 @@ static void put_str(void *base, size_t off, size_t size, const char *s) {
 }
 #define PUT_STR(base, rec, field, s) put_str((base), OFF_##rec##__##field, SIZE_##rec##__##field, (s))
 
+#define FAKE_HANG 65536u
+#define MAX_COUNTED_GPUS 64
+static int g_hanging;                                   /* calls blocked in a FAKE_HANG now */
+static unsigned long g_device_calls[MAX_COUNTED_GPUS];  /* calls made on each GPU */
+
+int fakeAmdsmiHanging(void) { return __atomic_load_n(&g_hanging, __ATOMIC_RELAXED); }
+unsigned long fakeAmdsmiDeviceCalls(int i) {
+    return i >= 0 && i < MAX_COUNTED_GPUS ? __atomic_load_n(&g_device_calls[i], __ATOMIC_RELAXED) : 0;
+}
+
+/* The code `key` injects (GPU `gpu`'s, or top-level for gpu < 0; 0: none). While it is FAKE_HANG,
+ * wait with g_lock released, re-reading the fleet. Caller holds g_lock; holds it again on return. */
+static uint64_t injected(int gpu, const char *key) {
+    uint64_t v = 0;
+    bool counted = false;
+    for (;;) {
+        bool has = gpu < 0 ? parse_u64(kv(key), &v) : gnum(gpu, key, &v);
+        if (!has) v = 0;
+        if (v != FAKE_HANG) break;
+        if (!counted) {
+            __atomic_add_fetch(&g_hanging, 1, __ATOMIC_RELAXED);
+            counted = true;
+        }
+        struct timespec ts = {0, 2000000L};
+        pthread_mutex_unlock(&g_lock);
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&g_lock);
+        reload();
+    }
+    if (counted) __atomic_sub_fetch(&g_hanging, 1, __ATOMIC_RELAXED);
+    return v;
+}
+
 /* Common entry checks; returns 0 and the GPU index, or the status to return. */
 static status_t enter(const char *call) {
     reload();
     if (!g_initialised) return AMDSMI_STATUS_NOT_INIT;
-    uint64_t fail;
-    if (parse_u64(kv("fail_all"), &fail) && fail) return (status_t)fail;
-    (void)call;
+    uint64_t fail = injected(-1, "fail_all");
+    if (fail) return (status_t)fail;
+    char key[128];
+    snprintf(key, sizeof key, "fail.%s", call);
+    fail = injected(-1, key);
+    if (fail) return (status_t)fail;
     return AMDSMI_STATUS_SUCCESS;
 }
 
@@ -170,11 +212,13 @@ static status_t enter_gpu(void *handle, const char *call, int *gpu) {
     uintptr_t h = (uintptr_t)handle;
     if (h < GPU_HANDLE_BASE || h >= GPU_HANDLE_BASE + (uintptr_t)gpu_count()) return AMDSMI_STATUS_INVAL;
     *gpu = (int)(h - GPU_HANDLE_BASE);
-    uint64_t fail;
-    if (gnum(*gpu, "fail.all", &fail) && fail) return (status_t)fail;
+    if (*gpu < MAX_COUNTED_GPUS) __atomic_add_fetch(&g_device_calls[*gpu], 1, __ATOMIC_RELAXED);
+    uint64_t fail = injected(*gpu, "fail.all");
+    if (fail) return (status_t)fail;
     char key[128];
     snprintf(key, sizeof key, "fail.%s", call);
-    if (gnum(*gpu, key, &fail) && fail) return (status_t)fail;
+    fail = injected(*gpu, key);
+    if (fail) return (status_t)fail;
     return AMDSMI_STATUS_SUCCESS;
 }
 
@@ -192,8 +236,8 @@ status_t amdsmi_init(uint64_t flags) {
     (void)flags;
     LOCKED;
     reload();
-    uint64_t st;
-    if (parse_u64(kv("init_status"), &st) && st) return (status_t)st;
+    uint64_t st = injected(-1, "init_status");
+    if (st) return (status_t)st;
     g_initialised = true;
     return AMDSMI_STATUS_SUCCESS;
 }

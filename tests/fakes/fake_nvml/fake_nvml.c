@@ -38,6 +38,12 @@
  *   gpu.<i>.<scalar>=<value> see gpu_scalars[] below (name, uuid, power_mw, ...)
  *   gpu.<i>.delay_ms=<ms>    every device call on this GPU sleeps that long (a hung driver)
  *   gpu.<i>.fail.<function>=<code>   injected code for this GPU only
+ *   fail.<function>=65536 / gpu.<i>.fail.<function>=65536   (FAKE_HANG) the call blocks, as
+ *                            NVML does while a GPU falls off the bus, until the file no longer
+ *                            says so; it then goes on with whatever the file says (a new code, or
+ *                            success).  fakeNvmlHanging() counts calls blocked now;
+ *                            fakeNvmlDeviceCalls(i) counts every call made on GPU i (its MIG
+ *                            handles included), hung or not, so a test sees calls sent to it.
  *   gpu.<i>.field_fail.<fieldId>=<code>
  *   gpu.<i>.unsupported=<function>,...   these return NVML_ERROR_NOT_SUPPORTED
  *   gpu.<i>.violation.<policy>=<ns>      nvmlDeviceGetViolationStatus
@@ -373,6 +379,17 @@ static uint8_t delivered[MAX_SEQ / 8];
 static struct nvmlDevice_st gpu_handles[MAX_GPUS];
 static struct nvmlDevice_st mig_handles[MAX_GPUS][MAX_MIG];
 static struct nvmlEventSet_st event_sets[MAX_SETS];
+
+#define FAKE_HANG 65536     /* an injected "code" that blocks the call instead (see the header) */
+static int hanging;         /* calls blocked in FAKE_HANG now */
+static unsigned long device_calls[MAX_GPUS];
+
+/* Test hooks (not NVML): calls blocked in an injected hang now; calls made on GPU i. */
+API int fakeNvmlHanging(void) { return __atomic_load_n(&hanging, __ATOMIC_RELAXED); }
+API unsigned long fakeNvmlDeviceCalls(int i)
+{
+    return i >= 0 && i < MAX_GPUS ? __atomic_load_n(&device_calls[i], __ATOMIC_RELAXED) : 0;
+}
 
 /* Test hook (not NVML): how many times the fleet file was parsed. */
 API unsigned long fakeNvmlParseCount(void) { return __atomic_load_n(&parse_count, __ATOMIC_RELAXED); }
@@ -739,10 +756,28 @@ static int injected(int fid, const struct gpu *g)
     return cfg.fail[fid];
 }
 
+/* An injected FAKE_HANG: block, the read lock released, until the file no longer injects it for
+ * (fid, g); return the code it injects then, with the read lock held again. */
+static int hang_while_injected(int fid, const struct gpu *g)
+{
+    int rc = injected(fid, g);
+    if (rc != FAKE_HANG) return rc;
+    __atomic_add_fetch(&hanging, 1, __ATOMIC_RELAXED);
+    while (rc == FAKE_HANG) {
+        struct timespec ts = { 0, 2000000L };
+        pthread_rwlock_unlock(&lock);
+        nanosleep(&ts, NULL);
+        enter_read();  /* re-parses a changed file; g points into cfg, which stays put */
+        rc = injected(fid, g);
+    }
+    __atomic_sub_fetch(&hanging, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
 /* Checks common to every call about one GPU; read lock held, not released. */
 static nvmlReturn_t check_gpu(int fid, const struct gpu *g)
 {
-    int rc = injected(fid, g);
+    int rc = hang_while_injected(fid, g);
     if (rc) return rc;
     if (g->lost) return NVML_ERROR_GPU_IS_LOST;
     if (g->unsupported[fid]) return NVML_ERROR_NOT_SUPPORTED;
@@ -759,6 +794,7 @@ static nvmlReturn_t enter_dev(int fid, nvmlDevice_t dev, int flags, struct gpu *
     if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
     if (decode(dev, &gpu, &slot) || (uint64_t)gpu >= cfg.count) return leave(NVML_ERROR_INVALID_ARGUMENT);
     struct gpu *g = &cfg.gpus[gpu];
+    __atomic_add_fetch(&device_calls[gpu], 1, __ATOMIC_RELAXED);
     if (slot >= 0 && (!g->mig_mode || !g->mig[slot].present)) return leave(NVML_ERROR_INVALID_ARGUMENT);
     nvmlReturn_t rc = check_gpu(fid, g);
     if (rc) return leave(rc);
@@ -778,7 +814,7 @@ static nvmlReturn_t enter_sys(int fid)
 {
     enter_read();
     if (!refcount) return leave(NVML_ERROR_UNINITIALIZED);
-    int rc = injected(fid, NULL);
+    int rc = hang_while_injected(fid, NULL);
     if (rc) return leave(rc);
     return NVML_SUCCESS;
 }
@@ -852,6 +888,13 @@ static nvmlReturn_t do_init(int fid)
         goto out;
     }
     rc = cfg.fail[fid];
+    if (rc == FAKE_HANG) {  /* init hangs: wait with no lock held, as hang_while_injected does */
+        pthread_rwlock_unlock(&lock);
+        enter_read();
+        rc = hang_while_injected(fid, NULL);
+        pthread_rwlock_unlock(&lock);
+        pthread_rwlock_wrlock(&lock);
+    }
     if (rc == NVML_ERROR_DRIVER_NOT_LOADED) refcount = 0;
     if (!rc) refcount++;
 out:

@@ -10,8 +10,13 @@ from tests.harness.exporter import ExporterProcess
 BACKEND = "amdsmi"
 
 
-def start(tmp: Path, args: list[str]) -> ExporterProcess:
+def env(tmp: Path) -> dict[str, str]:
+    """The environment in which the backend finds the fleet (the Python API's too)."""
     rocm = fakeamdsmi.built()  # compiled once per session (tests/harness/cbuild.py)
     fake = fakeamdsmi.FakeAmdSmi(rocm, tmp / "amd-fleet.conf")
     fake.write(fakeamdsmi.two_gpu_fleet())
-    return ExporterProcess(["--backend", "amdsmi", *args], env=fake.env())
+    return fake.env()
+
+
+def start(tmp: Path, args: list[str]) -> ExporterProcess:
+    return ExporterProcess(["--backend", "amdsmi", *args], env=env(tmp))

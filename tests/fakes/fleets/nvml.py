@@ -10,6 +10,10 @@ from tests.harness.exporter import ExporterProcess
 BACKEND = "nvml"
 
 
+def env(tmp: Path) -> dict[str, str]:
+    """The environment in which the backend finds the fleet (the Python API's too)."""
+    return FakeNvml(tmp / "fleet.conf", gpus=2, fans=1).env()
+
+
 def start(tmp: Path, args: list[str]) -> ExporterProcess:
-    fleet = FakeNvml(tmp / "fleet.conf", gpus=2, fans=1)
-    return ExporterProcess(["--backend", "nvml", *args], env=fleet.env())
+    return ExporterProcess(["--backend", "nvml", *args], env=env(tmp))

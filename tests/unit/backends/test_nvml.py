@@ -223,10 +223,11 @@ def test_not_supported_everywhere_still_serves(fleet: FakeNvml, tmp_path: Path) 
 def test_slow_driver_answers_with_what_it_has_within_the_timeout(fleet: FakeNvml, tmp_path: Path) -> None:
     import time
 
+    # --call-deadline 0.5: each of GPU 1's calls answers within it, but its ~40 calls overrun the collection
     with ExporterProcess(["--backend", "nvml", "--sysfs-root", str(tmp_path), "--collection-timeout", "1",
-                          "--cache-ttl", "0"], env=fleet.env()) as ex:
+                          "--call-deadline", "0.5", "--cache-ttl", "0"], env=fleet.env()) as ex:
         assert sample(ex.scrape(), "gpu_up", gpu="1") == 1.0
-        fleet.set(1, delay_ms=400)  # ~40 calls per GPU: GPU 1 takes far longer than the 1 s budget
+        fleet.set(1, delay_ms=100)  # ~40 calls per GPU: GPU 1 takes far longer than the 1 s budget
         t0 = time.monotonic()
         s = ex.scrape()
         elapsed = time.monotonic() - t0
@@ -239,6 +240,25 @@ def test_slow_driver_answers_with_what_it_has_within_the_timeout(fleet: FakeNvml
         wait_until(lambda: sample(ex.scrape(), "gpu_exporter_collector_success", backend="nvml") == 1.0, 60,
                    what="recovery once the driver answers again")
         assert ex.log().count("collection failed (timeout)") == 1
+
+
+def test_a_call_slower_than_the_deadline_makes_its_gpu_hung_not_the_scrape(fleet: FakeNvml, tmp_path: Path) -> None:
+    import time
+
+    with ExporterProcess(["--backend", "nvml", "--sysfs-root", str(tmp_path), "--collection-timeout", "1",
+                          "--cache-ttl", "0"], env=fleet.env()) as ex:  # the call deadline: 0.2 s (a fifth)
+        assert sample(ex.scrape(), "gpu_up", gpu="1") == 1.0
+        fleet.set(1, delay_ms=400)  # every call on GPU 1 overruns the deadline
+        t0 = time.monotonic()
+        s = ex.scrape()
+        assert time.monotonic() - t0 < 1.0, "the scrape waited for more than the hung GPU's one deadline"
+        assert sample(s, "gpu_exporter_collector_success", backend="nvml") == 1.0  # one GPU: not the collection
+        assert sample(s, "gpu_up", gpu="1") == 0.0
+        assert sample(s, "gpu_power_watts", gpu="1") is None
+        assert sample(s, "gpu_power_watts", gpu="0") is not None
+        assert (sample(s, "gpu_exporter_collection_errors_total", backend="nvml", kind="gpu_hung") or 0) >= 1
+        fleet.set(1, delay_ms=0)
+        wait_until(lambda: sample(ex.scrape(), "gpu_up", gpu="1") == 1.0, 30, what="GPU 1 back once it answers")
 
 
 def test_driver_without_init_with_flags_uses_init_v2(tmp_path: Path) -> None:

@@ -405,3 +405,40 @@ def test_without_dra_every_claimed_device_is_counted_and_the_reason_logged_once(
     assert ignoring == ["pod attribution: ignoring resource 'gpu.nvidia.com' (DRA attribution is off)",
                         "pod attribution: ignoring resource 'sriov.example.com (DRA driver)' "
                         "(not a GPU resource name we know)"]
+
+
+def _slice(name: str, pool: str, gen: Any, devices: list[dict[str, Any]], node: str = NODE,
+           driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": "u-" + name, "managedFields": [{"x": "y" * 100}], "labels": {"a": "b"}},
+            "spec": {"nodeName": node, "driver": driver, "pool": {"name": pool, "generation": gen},
+                     "devices": devices}}
+
+
+def _dev(name: str, uuid: str) -> dict[str, Any]:
+    return {"name": name, "attributes": {"uuid": {"string": uuid}}}
+
+
+def test_slice_summary_and_pool_generation_without_a_server() -> None:
+    """The watch keeps only what _changed reads (issue 36); the highest generation of each pool counts,
+    another node's slice or a slice without a spec never does."""
+    from exporter.k8s.resourceslices import slice_summary
+
+    old = _slice("s-old", "p", 1, [_dev("gpu-0", "GPU-OLD")])
+    new = _slice("s-new", "p", 2, [_dev("gpu-0", "GPU-NEW"), _dev("gpu-1", "GPU-ONE")])
+    other_pool = _slice("s-q", "q", 0, [_dev("gpu-9", "GPU-Q")])
+    bad_gen = _slice("s-r", "r", "7", [_dev("gpu-8", "GPU-R")])
+    elsewhere = _slice("s-x", "p", 9, [_dev("gpu-0", "GPU-ELSEWHERE")], node="other-node")
+    summaries = {s["metadata"]["uid"]: slice_summary(s) for s in (old, new, other_pool, bad_gen, elsewhere)}
+    assert summaries["u-s-new"] == {"metadata": {"uid": "u-s-new", "name": "s-new"}, "spec": new["spec"]}
+    assert slice_summary({"metadata": "x"}) == {"metadata": {}, "spec": None}
+    w = ResourceSliceWatch(None, NODE)
+    w._changed({**summaries, "junk": {"spec": None}, "junk2": "x"})
+    d = "gpu.nvidia.com"
+    assert w.resolve(d, "p", "gpu-0").keys == (("uuid", "gpu-new"),)  # type: ignore[union-attr]
+    assert w.resolve(d, "p", "gpu-1") is not None and w.resolve(d, "q", "gpu-9") is not None
+    assert w.resolve(d, "r", "gpu-8") is not None  # a generation that is not an int counts as 0
+    assert w.resolve(d, "p", "gpu-2") is None and w.synced.is_set()
+    w._changed({"a": slice_summary(old)})
+    assert w.resolve(d, "p", "gpu-0").keys == (("uuid", "gpu-old"),)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="NODE_NAME"):
+        ResourceSliceWatch(None, "")

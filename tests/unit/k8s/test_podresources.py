@@ -431,24 +431,33 @@ def test_index_keys_are_the_gpus_own_vendor_and_both_for_a_simulated_one() -> No
 # aws.amazon.com/neuroncore), GKE TPUs (google.com/tpu).
 
 
-@pytest.mark.parametrize(("resource", "kind"), [
-    ("nvidia.com/gpu", ("nvidia", False)),
-    ("nvidia.com/gpu.shared", ("nvidia", False)),  # a time-sliced replica is all of the GPU, shared
-    ("nvidia.com/mig-1g.10gb", ("nvidia", True)),
-    ("nvidia.com/mig-3g.40gb.shared", ("nvidia", True)),
-    ("amd.com/gpu", ("amd", False)),
-    ("gpu.intel.com/i915", None), ("gpu.intel.com/xe", None), ("habana.ai/gaudi", None),
-    ("aws.amazon.com/neuron", None), ("aws.amazon.com/neuroncore", None), ("google.com/tpu", None),
-    ("example.com/nvidia.com/gpu", None), ("nvidia.com/gpu-metrics", None), ("nvidia.com/gpux", None),
-    ("nvidia.com/mig-", None), ("amd.com/gpu/x", None), ("NVIDIA.COM/GPU", None),
-])
-def test_resource_names_are_the_declaring_vendors_and_no_one_elses(resource: str,
-                                                                   kind: tuple[str, bool] | None) -> None:
-    """Whose GPU a resource name is and whether its devices are slices; another vendor's name is not taken."""
+# (resource, the vendor whose device plugin publishes it, whether its devices are slices); None: no vendor's GPU
+PUBLISHED: list[tuple[str, str | None, bool]] = [
+    ("nvidia.com/gpu", "nvidia", False),
+    ("nvidia.com/gpu.shared", "nvidia", False),  # a time-sliced replica is all of the GPU, shared
+    ("nvidia.com/mig-1g.10gb", "nvidia", True),
+    ("nvidia.com/mig-3g.40gb.shared", "nvidia", True),
+    ("amd.com/gpu", "amd", False),
+    ("gpu.intel.com/i915", "intel", False), ("gpu.intel.com/xe", "intel", False),
+    ("habana.ai/gaudi", "habana", False), ("aws.amazon.com/neuron", "aws", False),
+    ("aws.amazon.com/neuroncore", "aws", True), ("google.com/tpu", "google", False),
+    ("example.com/nvidia.com/gpu", None, False), ("nvidia.com/gpu-metrics", None, False),
+    ("nvidia.com/gpux", None, False), ("nvidia.com/mig-", None, False), ("amd.com/gpu/x", None, False),
+    ("NVIDIA.COM/GPU", None, False),
+]
+
+
+@pytest.mark.parametrize(("resource", "vendor", "slices"), PUBLISHED)
+def test_resource_names_are_the_declaring_vendors_and_no_one_elses(resource: str, vendor: str | None,
+                                                                   slices: bool) -> None:
+    """Whose GPU a resource name is and whether its devices are slices: the publishing vendor's when a backend of
+    the registry is that vendor's, else no one's (another vendor's name is not taken)."""
     from exporter.backends import gpu_resources
     from exporter.k8s.podresources import classify_resource
 
-    assert classify_resource(resource, gpu_resources()) == kind
+    resources = gpu_resources()
+    kind = (vendor, slices) if vendor in resources.vendors else None
+    assert classify_resource(resource, resources) == kind
 
 
 def test_index_prefixes_of_several_vendors_and_of_none() -> None:

@@ -260,3 +260,41 @@ def test_a_hundred_pods_of_a_megabyte_stay_under_the_daemonsets_limit(tmp_path: 
         assert pod_series(s, "gpu_pod_memory_used_bytes")[("0", "ml", "train-a", "trainer")] == 3 * GIB
         peak = _peak_rss_mib(ex.proc.pid)
     assert peak < 128, f"peak RSS {peak:.1f} MiB"
+
+
+def test_pod_summary_keeps_only_what_the_mapping_reads_and_bounds_it() -> None:
+    from exporter.k8s.processes import MAX_CONTAINERS, pod_summary
+
+    h = "6d5e0f3c9a8b7c6d5e4f3a2b1c0d9e8f"
+    pod = {"metadata": {"name": "p", "namespace": "n", "uid": U[1], "labels": {"a": "b"},
+                        "annotations": {"kubernetes.io/config.mirror": h, "other": "x" * 1000},
+                        "managedFields": [{"big": "y" * 1000}]},
+           "spec": {"containers": [{"name": "c", "env": [{"name": "E", "value": "v"}] * 100}]},
+           "status": {"phase": "Running",
+                      "containerStatuses": [{"name": "c", "containerID": f"containerd://{C[1]}", "image": "i"},
+                                            {"name": "waiting"}],
+                      "initContainerStatuses": [{"name": "i", "containerID": f"containerd://{C[2]}"}],
+                      "ephemeralContainerStatuses": [{"name": "e", "containerID": f"containerd://{C[3]}"}]}}
+    s = pod_summary(pod)
+    assert s == {"metadata": {"name": "p", "namespace": "n", "uid": U[1],
+                              "annotations": {"kubernetes.io/config.mirror": h}},
+                 "status": {"containerStatuses": [{"name": "c", "containerID": f"containerd://{C[1]}"}],
+                            "initContainerStatuses": [{"name": "i", "containerID": f"containerd://{C[2]}"}],
+                            "ephemeralContainerStatuses": [{"name": "e", "containerID": f"containerd://{C[3]}"}]}}
+    assert index_pods({"x": s}) == index_pods({"x": pod})
+    # hostile shapes and sizes: nothing raises, nothing unbounded is kept
+    many = {"metadata": {"name": "m" * 600, "namespace": 5, "uid": U[2]},
+            "status": {"containerStatuses": [{"name": f"c{i}", "containerID": f"containerd://{i:064x}"}
+                                             for i in range(MAX_CONTAINERS + 50)],
+                       "initContainerStatuses": [{"name": "late", "containerID": f"containerd://{C[4]}"}]}}
+    s = pod_summary(many)
+    assert s["metadata"] == {"name": "", "namespace": "", "uid": U[2]}
+    assert len(s["status"]["containerStatuses"]) == MAX_CONTAINERS and "initContainerStatuses" not in s["status"]
+    assert pod_summary({"metadata": [], "status": "x"}) == {"metadata": {"name": "", "namespace": "", "uid": ""},
+                                                             "status": {}}
+    odd = pod_summary({"metadata": {"annotations": {"kubernetes.io/config.mirror": "z" * 600}},
+                       "status": {"containerStatuses": ["x", {"containerID": "c" * 600}, {"containerID": 7}],
+                                  "initContainerStatuses": "nope"}})
+    assert "annotations" not in odd["metadata"] and odd["status"] == {}
+    edge = pod_summary({"metadata": {"name": "n" * 512, "uid": "u"}})
+    assert edge["metadata"]["name"] == "n" * 512

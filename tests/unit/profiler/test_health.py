@@ -171,7 +171,11 @@ def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus,
     # [code] text - RecommendedAction: X, with the GPU's index and uuid (docs/health.md)
     xid_uuid, lost_uuid = _labels("h-xid", "1")["uuid"], _labels("h-lost", "1")["uuid"]
     assert got["h-xid"]["message"] == (
-        f"[XID79] GPU 1 {xid_uuid}: XID 79 in the window - RecommendedAction: COMPONENT_RESET")
+        f"[XID79] GPU 1 {xid_uuid}: XID 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS) in the window - "
+        "RecommendedAction: RESTART_BM")  # NVIDIA's catalogue: 79 is RESTART_BM
+    # 13 is warn in the catalogue (RESTART_APP): the node stays True and lists it
+    assert got["h-xid13"]["message"].startswith("2 GPUs healthy; [XID13] GPU 1 ")
+    assert got["h-xid13"]["message"].endswith(" - RecommendedAction: RESTART_APP")
     assert got["d-xid"]["message"].startswith("[XID79] GPU 1 GPU-")  # dcgm: the gauge's value is the code
     assert got["h-retire"]["message"] == (f"[PAGE_RETIREMENT_PENDING] GPU 0 {_labels('h-retire', '0')['uuid']}: "
                                           "a page retirement is pending - RecommendedAction: COMPONENT_RESET")
@@ -196,7 +200,13 @@ def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus,
     kubeapi.clear_requests()
     before = _conditions(kubeapi)
     r3 = _cycle(prom, kube_client, AT_OK)  # changed once: waits (hysteresis 2), the candidate kept on the node
-    assert r3.status_writes == 0 and _conditions(kubeapi) == before
+    # only h-xid13's message changed (its warn XID left the window; still True): written at once
+    assert r3.status_writes == 1
+    now = _conditions(kubeapi)
+    assert now["h-xid13"]["message"] == "2 GPUs healthy" and now["h-xid13"]["lastTransitionTime"] == \
+        before["h-xid13"]["lastTransitionTime"]
+    assert {n: c for n, c in now.items() if n != "h-xid13"} == {n: c for n, c in before.items() if n != "h-xid13"}
+    before = now
     changed = {n for n, (a, b) in WANT.items() if a != b}
     pend = {n: kubeapi.node(n)["metadata"]["annotations"].get("gpu-exporter.io/pending", "") for n in changed}
     assert all("gpu-healthy=" in p for p in pend.values()), pend
@@ -352,3 +362,63 @@ def test_device_taints_follow_the_gpus(prom: Prometheus, kubeapi: FakeKubeAPI, k
     assert cycle(AT_FAULT) == want
     assert cycle(AT_OK) == want  # healthy once: kept
     assert cycle(AT_OK) == set()  # healthy for the hysteresis: removed
+
+
+def test_xid_severity_overrides() -> None:
+    """--xid-severity over the catalogue: fatal makes the node False, warn lists the code on a True
+    node, ignore hides it; a plain set of codes is the old critical list (the rest ignored)."""
+    def st(**h: float) -> GpuStats:
+        return GpuStats(node="n", gpu="0", uuid="GPU-a", health=h)
+
+    gpus = {"0": st(xid_13=2.0), "1": GpuStats(node="n", gpu="1", up=1.0)}
+    obs = health.observe(gpus)  # the catalogue: 13 is warn
+    assert (obs.status, obs.reason) == ("True", health.HEALTHY) and "[XID13] GPU 0 GPU-a" in obs.message
+    obs = health.observe(gpus, health.XidRules({13: "fatal"}))
+    assert (obs.status, obs.reason) == ("False", health.XID)
+    assert obs.message.startswith("[XID13] GPU 0 GPU-a: XID 13 (ROBUST_CHANNEL_GR_EXCEPTION) in the window")
+    assert health.observe(gpus, health.XidRules({"13": "ignore"})).message == "2 GPUs healthy"
+    lost_bus = {"0": st(xid_79=1.0)}
+    assert health.observe(lost_bus).status == "False"
+    assert health.observe(lost_bus, health.XidRules({79: "warn"})).status == "True"
+    assert health.observe(lost_bus, health.XidRules({79: "ignore"})).message == "1 GPUs healthy"
+    # a code NVIDIA's catalogue does not list is warn, unless overridden
+    assert health.XidRules().severity(999) == "warn" and health.XidRules({999: "fatal"}).severity(999) == "fatal"
+    assert 999 in health.XidRules({999: "fatal"}).fatal() and 63 in health.XidRules().ignored()
+    assert 63 not in health.XidRules({63: "fatal"}).ignored()
+    # the old form: these codes fatal, every other ignored
+    assert [f.code for f in health.gpu_findings(st(xid_13=1.0, xid_48=1.0), [13])] == ["XID13"]
+    with pytest.raises(ValueError, match="--xid-severity: 13: severity 'deadly' is not one of fatal, warn, ignore"):
+        health.XidRules({13: "deadly"})
+
+
+def test_xid_severity_through_prometheus(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    """The override reaches the query (an ignored code is not read) and the condition."""
+    for n in ("h-xid", "h-xid13"):
+        kubeapi.add_node(n)
+    reader = Reader(PromClient(prom.url), QueryConfig(health=True, window_s=1800,
+                                                      xid_severity=((13, "fatal"), (79, "ignore"))))
+    query = reader.builder.mem_stats()
+    assert 'xid!~"14|37|38|43|44|63|66|67|79|92|' in query and '"stat", "xid_$1", "xid"' in query  # 79 not read
+    res = Profiler(reader, NodeStore(kube_client), PlanConfig(), health=True).run_cycle(at=AT_FAULT)
+    assert res.ok, res.errors
+    got = _conditions(kubeapi)
+    assert (got["h-xid13"]["status"], got["h-xid13"]["reason"]) == ("False", health.XID)
+    assert (got["h-xid"]["status"], got["h-xid"]["message"]) == ("True", "2 GPUs healthy")
+
+
+def test_xid_severity_flag(tmp_path: Path) -> None:
+    from exporter.platform.errors import ConfigError
+    from exporter.profiler.main import parse_args
+
+    base = ["--prometheus-url", "http://127.0.0.1:9"]
+    assert parse_args(base).query.xid_severity == ()
+    s = parse_args([*base, "--xid-severity", "13=fatal, 79=warn", "--xid-severity", "ecc_corrected=WARN"])
+    assert dict(s.query.xid_severity) == {13: "fatal", 79: "warn", "ecc_corrected": "warn"}
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("xid-severity: ['43=fatal']\n")
+    assert dict(parse_args([*base, "--config", str(cfg)]).query.xid_severity) == {43: "fatal"}
+    for bad, words in ((["13"], "expected CODE=SEVERITY"), (["13=deadly"], "severity 'deadly' is not one of"),
+                       (["0=fatal"], "out of range"), (["xid79=fatal"], "is not an XID code"),
+                       (["13=fatal,13=warn"], "13 is given twice")):
+        with pytest.raises(ConfigError, match=words):
+            parse_args([*base, *[a for b in bad for a in ("--xid-severity", b)]])

@@ -170,3 +170,19 @@ def test_a_port_in_use_names_the_flag_that_moves_it() -> None:
         held.close()
     readme = (REPO / "README.md").read_text()
     assert "make run PORT=" in readme
+
+
+def test_call_deadline_defaults_under_the_collection_timeout_and_must_stay_under_it() -> None:
+    from exporter.platform.configfile import ConfigError
+
+    assert config.load([], environ={}).call_deadline == 1.0  # a fifth of the 5 s collection timeout
+    assert config.load(["--collection-timeout", "1"], environ={}).call_deadline == pytest.approx(0.2)
+    assert config.load(["--collection-timeout", "60"], environ={}).call_deadline == 1.0  # at most 1 s
+    assert config.load(["--call-deadline", "2.5"], environ={"COLLECTION_TIMEOUT": "10"}).call_deadline == 2.5
+    assert config.load([], environ={"CALL_DEADLINE": "300ms"}).call_deadline == pytest.approx(0.3)
+    with pytest.raises(ConfigError) as err:
+        config.load(["--call-deadline", "5"], environ={})
+    assert str(err.value) == ("invalid call_deadline = 5: must be below collection_timeout (5), or one hung GPU "
+                              "costs every scrape its whole wait")
+    with pytest.raises(ConfigError, match=r"^invalid call_deadline \(--call-deadline\) = '0': expected a duration"):
+        config.load(["--call-deadline", "0"], environ={})

@@ -1,0 +1,303 @@
+"""Issue 35: a failing GPU costs only itself. A vendor call that never returns, made to hang in the fake
+libraries (NVML and amdsmi), on 1 GPU of 8 and on 2 of 8, for each kind of call: a per-GPU reading, a
+processes call, a call about no GPU (the device count, init).
+
+Through the real stack: the real pynvml / amdsmi bindings over the fake C libraries (in this process,
+so their counters are readable), the real backends and the real engine. What must hold, per hang:
+
+- the hung GPUs are ``gpu_up 0`` with the hung call named, and none of their readings is published;
+- the other GPUs keep fresh readings: a change made during the hang shows at the next collection;
+- no further call reaches a hung GPU while its call is outstanding (the library's own call counter for
+  that GPU stops), and the thread count stays flat: one outstanding call and one thread per GPU;
+- once the call returns, the first collection reads the GPU again;
+- a call about no GPU that hangs makes the backend ``stalled``: readiness says so, naming the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from exporter.backends import create
+from exporter.backends.base import Backend
+from exporter.core.engine import Engine
+from exporter.core.host import host_info
+from exporter.core.options import BackendOptions, FieldFilter
+from exporter.core.readings import GpuReading
+from exporter.core.snapshot import Snapshot
+from tests.fakes.fakeamdsmi import FakeAmdSmi, two_gpu_fleet
+from tests.fakes.fakenvml import HANG, FakeNvml
+from tests.harness.poll import wait_until
+
+DEADLINE = 0.3  # seconds: --call-deadline for these tests
+TIMEOUT = 5.0  # --collection-timeout
+
+
+def gpus(snap: Snapshot) -> dict[int, GpuReading]:
+    return {r.index: r for c in snap.collections for r in c.gpus}
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+# --- the two vendors, behind one small interface --------------------------------------------------
+
+
+@dataclass
+class Vendor:
+    name: str
+    backend: Backend
+    hang: Callable[[str, int | None], None]  # (call, gpu or None) -> blocks until release
+    release: Callable[[str, int | None], None]
+    set_util: Callable[[int, int], None]  # (gpu, percent)
+    hanging: Callable[[], int]  # calls blocked in the library now
+    device_calls: Callable[[int], int]  # calls the library received for a GPU
+    reading_call: str  # the power reading's function
+    processes_call: str
+    node_call: str  # a call about no GPU made at every collection ("" when the backend makes none)
+
+
+@pytest.fixture
+def nvml(tmp_path: Path) -> Iterator[Vendor]:
+    fleet = FakeNvml(tmp_path / "fleet.conf", gpus=8)
+    fleet.activate()
+    b = create("nvml", BackendOptions(call_deadline=DEADLINE))
+
+    def set_util(gpu: int, pct: int) -> None:
+        fleet.set(gpu, util_gpu=pct)
+
+    yield Vendor("nvml", b, fleet.hang, fleet.release, set_util, fleet.hanging, fleet.device_calls,
+                 "nvmlDeviceGetPowerUsage", "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetCount_v2")
+    fleet.clear_fail()  # whatever a failed test left hanging returns
+    b.shutdown()
+
+
+def _amd_fleet(n: int, util: dict[int, int], hangs: dict[tuple[str, int | None], int]) -> tuple[list, dict]:
+    base = {k: v for k, v in two_gpu_fleet()[0].items() if not k.startswith(("link.", "p2p."))}
+    out = []
+    for i in range(n):
+        g = dict(base)
+        g.update({"uuid": f"9dff74a1-0000-1000-8020-5b1f1f2b6a{i:02x}", "asic_serial": f"0x9D205B1F1F2B6A{i:02X}",
+                  "bdf": f"0000:{0x10 + i:02x}:00.0", "gfx_activity": util.get(i, 10 + i)})
+        out.append(g)
+    top: dict[str, object] = {"rocm_version": "6.2.1"}
+    for (call, gpu), code in hangs.items():
+        if gpu is None:
+            top["init_status" if call == "init" else f"fail.{call}"] = code
+        else:
+            out[gpu][f"fail.{call}"] = code
+    return out, top
+
+
+@pytest.fixture
+def amdsmi(fake_rocm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Vendor]:
+    fake = FakeAmdSmi(fake_rocm, tmp_path / "fleet.conf")
+    util: dict[int, int] = {}
+    hangs: dict[tuple[str, int | None], int] = {}
+
+    def write() -> None:
+        fleet, top = _amd_fleet(8, util, hangs)
+        fake.write(fleet, **top)
+
+    write()
+    monkeypatch.delenv("ROCM_HOME", raising=False)
+    for k, v in fake.env().items():
+        monkeypatch.setenv(k, v)
+    lib = ctypes.CDLL(str(fake_rocm / "lib" / "libamd_smi.so"))
+    lib.fakeAmdsmiHanging.restype = ctypes.c_int
+    lib.fakeAmdsmiDeviceCalls.restype = ctypes.c_ulong
+    lib.fakeAmdsmiDeviceCalls.argtypes = [ctypes.c_int]
+    b = create("amdsmi", BackendOptions(call_deadline=DEADLINE))
+
+    def hang(call: str, gpu: int | None) -> None:
+        hangs[(call, gpu)] = HANG
+        write()
+
+    def release(call: str, gpu: int | None) -> None:
+        hangs.pop((call, gpu), None)
+        write()
+
+    def set_util(gpu: int, pct: int) -> None:
+        util[gpu] = pct
+        write()
+
+    yield Vendor("amdsmi", b, hang, release, set_util, lambda: int(lib.fakeAmdsmiHanging()),
+                 lambda i: int(lib.fakeAmdsmiDeviceCalls(i)), "get_power_info", "get_gpu_process_list", "")
+    hangs.clear()
+    write()
+    b.shutdown()
+
+
+@pytest.fixture(params=["nvml", "amdsmi"])
+def vendor(request: pytest.FixtureRequest) -> Vendor:
+    return request.getfixturevalue(request.param)
+
+
+def engine_for(v: Vendor) -> Engine:
+    return Engine([v.backend], host_info(), FieldFilter(), collection_interval=0.0, collection_timeout=TIMEOUT,
+                  cache_ttl=0.0, call_deadline=DEADLINE)
+
+
+def wait_returned(v: Vendor, hung: list[int]) -> None:
+    """Until the released calls are back in the library and their lanes idle (the GPU's job unwound)."""
+    lanes = v.backend._lanes  # the GPUs' lanes (exporter/core/lane.py)
+    wait_until(lambda: v.hanging() == 0 and all(lanes[i].busy() is None for i in hung), 30,
+               what="the hung calls to return")
+
+
+# --- a per-GPU call hangs ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hung", [[3], [2, 5]], ids=["1-of-8", "2-of-8"])
+@pytest.mark.parametrize("kind", ["reading", "processes"])
+def test_a_hung_call_costs_its_gpu_only(vendor: Vendor, kind: str, hung: list[int]) -> None:
+    v = vendor
+    engine = engine_for(v)
+    try:
+        first = gpus(engine.scrape())
+        assert sorted(first) == list(range(8)) and all(r.up for r in first.values())
+        call = v.reading_call if kind == "reading" else v.processes_call
+        for i in hung:
+            v.hang(call, i)
+        healthy = [i for i in range(8) if i not in hung]
+        threads = None
+        calls_while_hung: list[dict[int, int]] = []
+        for round_ in range(4):
+            for i in healthy:  # a change made during the hang ...
+                v.set_util(i, 50 + round_ * 10 + i)
+            t0 = time.monotonic()
+            snap = engine.scrape()
+            took = time.monotonic() - t0
+            now = gpus(snap)
+            # ... shows at the very next collection, on every healthy GPU
+            assert {i: now[i].utilization_ratio for i in healthy} == {
+                i: pytest.approx((50 + round_ * 10 + i) / 100) for i in healthy}
+            assert snap.stats[v.name].success, "one hung GPU failed the whole collection"
+            assert took < TIMEOUT, "the scrape waited for the collection timeout"
+            for i in hung:
+                r = now[i]
+                assert not r.up and r.up_reason is not None and "hung" in r.up_reason
+                named = call if v.name == "nvml" else f"amdsmi_{call}"  # the fake's key drops the prefix
+                assert r.up_reason == f"hung: {named} did not return within {DEADLINE:g} s"  # the same every time
+                assert r.power_watts is None and r.utilization_ratio is None and r.process_count is None
+                assert r.uuid == first[i].uuid  # still identified, as a lost GPU is
+            assert v.hanging() == len(hung)  # exactly one outstanding call per hung GPU
+            calls_while_hung.append({i: v.device_calls(i) for i in hung})
+            if round_ == 0:
+                threads = threading.active_count()
+            else:
+                assert threading.active_count() == threads, "threads grow while the GPU hangs"
+        # no call reached a hung GPU after its hang began
+        assert calls_while_hung[1:] == calls_while_hung[:-1]
+        for i in hung:
+            v.release(call, i)
+        wait_returned(v, hung)
+        back = gpus(engine.scrape())  # the first collection after the return reads them again
+        for i in hung:
+            assert back[i].up and back[i].power_watts is not None, back[i].up_reason
+    finally:
+        engine.stop()
+
+
+# --- a call about no GPU hangs ---------------------------------------------------------------------
+
+
+def test_a_hung_device_count_stalls_the_backend_and_readiness_says_so(nvml: Vendor) -> None:
+    v = nvml
+    engine = engine_for(v)
+    try:
+        assert all(r.up for r in gpus(engine.scrape()).values())
+        assert engine.ready(60) == (True, "ok")
+        v.hang(v.node_call, None)
+        threads = None
+        for round_ in range(3):
+            snap = engine.scrape()
+            now = gpus(snap)
+            assert not snap.stats["nvml"].success
+            assert sorted(now) == list(range(8))  # the GPUs it knew, shown down with the cause
+            cause = f"stalled: {v.node_call} did not return within {DEADLINE:g} s"  # the same every time
+            assert {r.up_reason for r in now.values()} == {cause}
+            assert not any(r.up for r in now.values())
+            assert all(r.power_watts is None for r in now.values())
+            ok, why = engine.ready(60, wait=False) or (None, "")
+            assert ok is False and why.startswith(f"backend nvml: stalled: {v.node_call} has not returned"), why
+            assert v.hanging() == 1  # no second call was started behind the hung one
+            if round_ == 0:
+                threads = threading.active_count()
+            else:
+                assert threading.active_count() == threads
+        v.release(v.node_call, None)
+        wait_until(lambda: v.hanging() == 0 and engine._lanes["nvml"].busy() is None, 30,
+                   what="the device count to return")
+        snap = engine.scrape()
+        assert snap.stats["nvml"].success and all(r.up for r in gpus(snap).values())
+        assert engine.ready(60) == (True, "ok")
+    finally:
+        engine.stop()
+
+
+def test_a_hung_init_stalls_the_backend_until_it_returns(vendor: Vendor) -> None:
+    v = vendor
+    init = "nvmlInitWithFlags" if v.name == "nvml" else "init"
+    v.hang(init, None)
+    engine = Engine([v.backend], host_info(), FieldFilter(), collection_interval=0.0, collection_timeout=1.0,
+                    cache_ttl=0.0, call_deadline=DEADLINE)
+    try:
+        snap = engine.scrape()  # init may take seconds on a real driver: its deadline is the collection timeout
+        assert not snap.stats[v.name].success and gpus(snap) == {}
+        ok, why = engine.ready(60, wait=False) or (None, "")
+        assert ok is False and why.startswith(f"backend {v.name}: stalled: init has not returned"), why
+        engine.scrape()
+        assert v.hanging() == 1  # the second collection did not call init again
+        v.release(init, None)
+        wait_until(lambda: v.hanging() == 0 and engine._lanes[v.name].busy() is None, 30, what="init to return")
+        snap = engine.scrape()
+        assert snap.stats[v.name].success and len(gpus(snap)) == 8 and all(r.up for r in gpus(snap).values())
+        assert engine.ready(60) == (True, "ok")
+    finally:
+        engine.stop()
+
+
+# --- bounded however long it hangs ------------------------------------------------------------------
+
+
+def hold_hang(v: Vendor, seconds: float) -> None:
+    """Collect for ``seconds`` while GPU 3's power reading hangs: threads and RSS stay flat."""
+    engine = engine_for(v)
+    try:
+        engine.scrape()
+        v.hang(v.reading_call, 3)
+        for _ in range(20):  # warm up: the allocator's and the first hung collection's growth
+            engine.scrape()
+        threads, rss = threading.active_count(), rss_bytes()
+        end = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < end:
+            snap = engine.scrape()
+            n += 1
+            assert not gpus(snap)[3].up and gpus(snap)[4].up
+            assert threading.active_count() == threads
+            assert v.hanging() == 1
+        growth = rss_bytes() - rss
+        assert growth < 4 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over {n} collections of a hung GPU"
+        v.release(v.reading_call, 3)
+        wait_returned(v, [3])
+        assert gpus(engine.scrape())[3].up
+    finally:
+        engine.stop()
+
+
+def test_threads_and_memory_stay_flat_while_a_gpu_hangs(vendor: Vendor) -> None:
+    hold_hang(vendor, 5.0)  # ten minutes of it: tests/reliability/test_hang_long.py (make reliability)
+
+

@@ -1,0 +1,314 @@
+"""exporter/k8s/watch.py's pieces on their own: the backoff policy, Retry-After, and the bounded
+decoding of list answers and watch streams (read in pieces as small as one byte)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+from exporter.k8s import watch
+from exporter.k8s.watch import Backoff, Clock, TooLarge, Watcher, _JsonStream, _lines, _reader, retry_after
+
+
+class _Clock(Clock):
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_backoff_doubles_from_initial_to_the_cap_and_jitter_stays_under_it() -> None:
+    clock = _Clock()
+    b = Backoff(initial=1.0, cap=10.0, factor=3.0, jitter=0.5, reset_after=60.0, clock=clock, rand=lambda: 0.0)
+    assert [b.next() for _ in range(4)] == [1.0, 3.0, 9.0, 10.0]
+    hi = Backoff(initial=1.0, cap=10.0, factor=2.0, jitter=0.5, clock=clock, rand=lambda: 1.0)
+    assert [hi.next() for _ in range(5)] == [1.5, 3.0, 6.0, 10.0, 10.0]
+    assert Backoff(initial=2.0, cap=5.0, clock=clock, rand=lambda: 0.0).next(floor=3.5) == 3.5
+    assert Backoff(initial=2.0, cap=5.0, clock=clock, rand=lambda: 0.0).next(floor=1.0) == 2.0
+
+
+def test_backoff_resets_only_after_a_quiet_spell_longer_than_reset_after() -> None:
+    clock = _Clock()
+    b = Backoff(initial=1.0, cap=100.0, reset_after=10.0, clock=clock, rand=lambda: 0.0)
+    assert b.next() == 1.0  # the delay ends at 1.0
+    clock.now = 11.0  # exactly reset_after after it: still the same outage
+    assert b.next() == 2.0  # ends at 13.0
+    clock.now = 23.5
+    assert b.next() == 1.0
+    many = Backoff(initial=1.0, cap=1e300, clock=clock, rand=lambda: 0.0)
+    for _ in range(200):  # the exponent is bounded: no overflow however long the outage
+        many.next()
+
+
+def test_the_default_backoff_is_client_gos() -> None:
+    b = Backoff()
+    assert (b.initial, b.cap, b.factor, b.jitter, b.reset_after) == (0.8, 30.0, 2.0, 1.0, 120.0)
+    for _ in range(50):
+        assert 0.8 <= Backoff().next() <= 1.6
+
+
+class _Exc(Exception):
+    def __init__(self, headers: Any) -> None:
+        super().__init__("x")
+        self.headers = headers
+
+
+@pytest.mark.parametrize(("headers", "want"), [
+    ({"Retry-After": "7"}, 7.0), ({"Retry-After": "0.5"}, 0.5), ({}, 0.0), (None, 0.0),
+    ({"Retry-After": "soon"}, 0.0), ({"Retry-After": "-3"}, 0.0), ({"Retry-After": "0"}, 0.0),
+    ({"Retry-After": "1e9"}, 0.0), ({"Retry-After": "999999"}, 999999.0), ({"Retry-After": "nan"}, 0.0),
+])
+def test_retry_after(headers: Any, want: float) -> None:
+    assert retry_after(_Exc(headers)) == want
+
+
+def test_retry_after_of_an_error_without_headers() -> None:
+    assert retry_after(ValueError("x")) == 0.0
+
+
+def _one_byte_at_a_time(data: bytes) -> Any:
+    buf = io.BytesIO(data)
+    return lambda n: buf.read(1)
+
+
+@pytest.mark.parametrize("reader", ["whole", "bytes"])
+def test_a_list_is_read_member_by_member_and_item_by_item(reader: str) -> None:
+    doc = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "42", "continue": ""},
+           "items": [{"metadata": {"uid": "a", "name": "é"}, "n": 12345}, {"metadata": {"uid": "b"}, "x": [1.5, -2e3]},
+                     {"deep": {"k": [True, False, None, "s\"q\\u00e9"]}}],
+           "tail": 7}
+    data = json.dumps(doc, indent=1).encode()
+    read = io.BytesIO(data).read if reader == "whole" else _one_byte_at_a_time(data)
+    s = _JsonStream(read, 1 << 20)
+    seen: dict[str, Any] = {}
+    for key in s.members():
+        seen[key] = list(s.elements()) if key == "items" else s.value()
+    assert seen == doc
+
+
+@pytest.mark.parametrize("text", ["{}", " { } ", "{\"items\": []}", "{\"items\":[ ]}"])
+def test_empty_objects_and_arrays(text: str) -> None:
+    s = _JsonStream(_one_byte_at_a_time(text.encode()), 100)
+    got = {k: list(s.elements()) for k in s.members()}
+    assert got in ({}, {"items": []})
+
+
+def test_a_number_split_across_reads_is_read_whole() -> None:
+    s = _JsonStream(_one_byte_at_a_time(b'{"n": 1234567, "t": true}'), 100)
+    assert {k: s.value() for k in s.members()} == {"n": 1234567, "t": True}
+
+
+@pytest.mark.parametrize("text", [
+    '{"a" 1}', '{"a": 1 "b": 2}', '{1: 2}', '{"items": [1 2]}', '[1]', '{"a": 1', '{"items": [1,', '',
+    '{"a": tru}', '{"a": "unterminated}',
+])
+def test_malformed_answers_raise_value_error(text: str) -> None:
+    s = _JsonStream(_one_byte_at_a_time(text.encode()), 100)
+    with pytest.raises(ValueError):
+        for key in s.members():
+            if key == "items":
+                list(s.elements())
+            else:
+                s.value()
+
+
+def test_an_object_over_the_limit_is_refused_whole_or_in_pieces() -> None:
+    big = json.dumps({"items": [{"x": "y" * 500}]}).encode()
+    for read in (io.BytesIO(big).read, _one_byte_at_a_time(big)):
+        s = _JsonStream(read, 200)
+        with pytest.raises(TooLarge):
+            for _ in s.members():
+                list(s.elements())
+    ok = _JsonStream(io.BytesIO(json.dumps({"items": [{"x": "y" * 150}]}).encode()).read, 200)
+    assert [len(e["x"]) for k in ok.members() for e in ok.elements()] == [150]
+
+
+def test_a_watch_stream_is_cut_into_bounded_lines() -> None:
+    data = b'{"a":1}\n\n{"b":2}\r\n{"c":3}'
+    assert list(_lines(_one_byte_at_a_time(data), 100)) == [b'{"a":1}', b"", b'{"b":2}\r', b'{"c":3}']
+    assert list(_lines(io.BytesIO(b"x\n").read, 100)) == [b"x"]
+    assert list(_lines(io.BytesIO(b"").read, 100)) == []
+    assert list(_lines(io.BytesIO(b"y" * 100 + b"\n").read, 100)) == [b"y" * 100]
+    with pytest.raises(TooLarge):
+        list(_lines(io.BytesIO(b"z" * 70_000).read, 65536))
+
+
+class _Resp:
+    def __init__(self, data: bytes, read1: bool = True) -> None:
+        self._buf = io.BytesIO(data)
+        self.calls: list[str] = []
+        if read1:
+            self.read1 = self._read1
+
+    def _read1(self, n: int) -> bytes:
+        self.calls.append("read1")
+        return self._buf.read(min(n, 3))
+
+    def read(self, n: int) -> bytes:
+        self.calls.append("read")
+        return self._buf.read(n)
+
+    def release_conn(self) -> None:
+        pass
+
+
+def test_a_watch_reads_what_has_arrived_and_a_list_reads_in_blocks() -> None:
+    r = _Resp(b"abcdef")
+    assert _reader(r, stream=True)(100) == b"abc" and r.calls == ["read1"]
+    r = _Resp(b"abcdef")
+    assert _reader(r)(100) == b"abcdef" and r.calls == ["read"]
+    r = _Resp(b"abcdef", read1=False)
+    assert _reader(r, stream=True)(100) == b"abcdef"
+
+    class Data:
+        data = b"xyz"
+        read = None
+
+    read = _reader(Data())
+    assert read(2) == b"xy" and read(5) == b"z" and read(5) == b""
+
+
+def _list_answer(items: list[dict[str, Any]], rv: str = "9") -> bytes:
+    return json.dumps({"kind": "PodList", "items": items, "metadata": {"resourceVersion": rv}}).encode()
+
+
+def test_a_list_keeps_at_most_max_objects_and_only_what_keep_keeps(caplog: pytest.LogCaptureFixture) -> None:
+    items = [{"metadata": {"uid": f"u{i}", "name": f"p{i}"}, "spec": {"big": "x" * 100}} for i in range(5)]
+    items.append({"metadata": {"name": "no-uid"}})
+    published: list[dict[str, Any]] = []
+    w = Watcher("pods", lambda **kw: _Resp(_list_answer(items)), lambda o: published.append(dict(o)),
+                keep=lambda o: {"metadata": o["metadata"]}, max_objects=3)
+    with caplog.at_level(logging.WARNING):
+        assert w._list() == "9"
+        assert w._list() == "9"
+    assert list(published[-1]) == ["u0", "u1", "u2"]
+    assert published[-1]["u1"] == {"metadata": {"uid": "u1", "name": "p1"}}
+    assert w.dropped == 4 and w.lists == 2 and w.synced.is_set()
+    assert len([r for r in caplog.records if "left out" in r.getMessage()]) == 1
+
+
+def test_a_list_without_metadata_or_items_is_empty() -> None:
+    w = Watcher("pods", lambda **kw: _Resp(b'{"kind": "PodList", "items": null}'), lambda o: None)
+    assert w._list() == "" and w._objects == {}
+
+
+def test_watch_events_add_modify_delete_bookmark_and_cap(caplog: pytest.LogCaptureFixture) -> None:
+    lines = [{"type": "ADDED", "object": {"metadata": {"uid": "a", "resourceVersion": "2"}, "v": 1}},
+             {"type": "ADDED", "object": {"metadata": {"uid": "b", "resourceVersion": "3"}}},
+             {"type": "MODIFIED", "object": {"metadata": {"uid": "a", "resourceVersion": "4"}, "v": 2}},
+             {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "5"}}},
+             {"type": "ADDED", "object": {"metadata": {"resourceVersion": "6"}}},
+             {"type": "DELETED", "object": {"metadata": {"uid": "b", "resourceVersion": "7"}}},
+             {"type": "ADDED", "object": {"metadata": {"uid": "c", "resourceVersion": "8"}}},
+             {"type": "ADDED", "object": {"metadata": {"uid": "d", "resourceVersion": "9"}}}]
+    body = b"".join(json.dumps(e).encode() + b"\n" for e in lines) + b"\n"
+    seen: list[dict[str, Any]] = []
+    w = Watcher("pods", lambda **kw: _Resp(body), lambda o: seen.append(dict(o)), max_objects=2,
+                keep=lambda o: {"v": o.get("v")})
+    assert w._watch("1") == "9"
+    assert seen[-1] == {"a": {"v": 2}, "c": {"v": None}}
+    assert w.dropped == 1 and len(seen) == 5  # the bookmark, the uid-less and the dropped one publish nothing
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    (b'{"type": "ERROR", "object": {"code": 410}}\n', watch._Expired),
+    (b'{"type": "ERROR", "object": {"code": 500, "message": "boom"}}\n', RuntimeError),
+    (b"[]\n", ValueError), (b'{"type": "ADDED", "object": [1]}\n', ValueError), (b"nope\n", ValueError),
+    (b"", watch._ShortWatch), (b"\n\n", watch._ShortWatch),
+])
+def test_watch_failures(body: bytes, error: type[Exception]) -> None:
+    w = Watcher("pods", lambda **kw: _Resp(body), lambda o: None, clock=_Clock())
+    with pytest.raises(error):
+        w._watch("1")
+
+
+def test_a_watch_that_ran_its_course_ends_the_outage(caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+
+    class Slow(_Resp):
+        def _read1(self, n: int) -> bytes:
+            clock.now += 2.0  # the watch lasted its timeout, then ended without an event
+            return b""
+
+    def call(**kw: Any) -> _Resp:
+        return Slow(b"")
+
+    w = Watcher("pods", call, lambda o: None, clock=clock)
+    w._failing = True
+    with caplog.at_level(logging.INFO):
+        assert w._watch("5") == "5"
+    assert not w._failing and "pods watch back" in caplog.text
+    assert str(watch._Expired()) == "HTTP 410 Expired (resourceVersion too old)"
+    assert "closed at once" in str(watch._ShortWatch())
+
+
+def test_the_first_failure_of_an_outage_is_a_warning_the_rest_debug(caplog: pytest.LogCaptureFixture) -> None:
+    w = Watcher("pods", lambda **kw: None, lambda o: None)
+
+    class Forbidden(Exception):
+        status, reason = 403, "Forbidden"
+
+    with caplog.at_level(logging.DEBUG, logger="exporter.k8s.watch"):
+        w._note_failure(Forbidden(), 1.5)
+        w._note_failure(ValueError("bad"), 3.0)
+    warn = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warn == ["pods watch failed (HTTP 403 Forbidden); the exporter's ServiceAccount needs get, list and watch "
+                    "on pods; listing again with backoff (1.5 s, at most 30 s), the last known pods are kept"]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert debug == ["pods watch still failing (ValueError: bad); next try in 3.0 s"]
+
+
+def test_the_selector_and_timeouts_go_with_every_request() -> None:
+    calls: list[dict[str, Any]] = []
+
+    def call(**kw: Any) -> _Resp:
+        calls.append(kw)
+        return _Resp(_list_answer([]) if not kw.get("watch") else b"")
+
+    w = Watcher("pods", call, lambda o: None, field_selector="spec.nodeName=n1", timeout_seconds=7,
+                request_timeout=3.0, clock=_Clock())
+    w._list()
+    with pytest.raises(watch._ShortWatch):
+        w._watch("12")
+    assert calls[0] == {"field_selector": "spec.nodeName=n1", "_preload_content": False, "_request_timeout": (3.0, 3.0)}
+    assert calls[1] == {"field_selector": "spec.nodeName=n1", "_preload_content": False, "watch": True,
+                        "resource_version": "12", "timeout_seconds": 7, "allow_watch_bookmarks": True,
+                        "_request_timeout": (3.0, 10.0)}
+    bare = Watcher("pods", call, lambda o: None)
+    bare._list()
+    assert "field_selector" not in calls[-1]
+
+
+def test_no_retries_turns_urllib3s_off() -> None:
+    class Pool:
+        connection_pool_kw: dict[str, Any] = {}
+
+    class Rest:
+        pool_manager = Pool()
+
+    class Cfg:
+        retries: Any = None
+
+    class Api:
+        configuration = Cfg()
+        rest_client = Rest()
+
+    api = Api()
+    assert watch.no_retries(api) is api
+    r = api.configuration.retries
+    assert r.total == 0 and not r.respect_retry_after_header and not r.raise_on_status
+    assert Pool.connection_pool_kw["retries"] is r
+
+
+def test_a_stopped_watch_ends_quietly() -> None:
+    w = Watcher("pods", lambda **kw: _Resp(b'{"type": "ADDED", "object": {"metadata": {"uid": "a"}}}\n'),
+                lambda o: None, clock=_Clock())
+    w._stop.set()
+    assert w._watch("3") == "3" and w._objects == {}
+    assert threading.active_count() >= 1
