@@ -71,6 +71,33 @@ KUSTOMIZATIONS: dict[str, dict[str, Any]] = {
         "path": "deploy/overlays/nvidia-dra-device-taints", "backend": "nvml", "vendor": "nvidia", "root": True,
         "privileged": False, "runtime_class": "nvidia", "image": "gpu-exporter", "dra": True,
     },
+    # platform presets (issue 38; tests/e2e/test_presets.py cites each platform's documentation)
+    "no-runtimeclass": {
+        "path": "deploy/overlays/no-runtimeclass", "backend": "nvml", "vendor": "nvidia", "root": True,
+        "privileged": False, "runtime_class": None, "image": "gpu-exporter",
+    },
+    "eks": {
+        "path": "deploy/overlays/eks", "backend": "nvml", "vendor": "nvidia", "root": True,
+        "privileged": False, "runtime_class": None, "image": "gpu-exporter",
+    },
+    "gke": {
+        "path": "deploy/overlays/gke", "backend": "nvml", "vendor": "nvidia", "root": False,
+        "privileged": True, "runtime_class": None, "image": "gpu-exporter",
+        "host_paths": {"/home/kubernetes/bin/nvidia": "Directory"},
+        "mounts": {"/home/kubernetes/bin/nvidia": "/usr/local/nvidia"},
+    },
+    "openshift": {
+        "path": "deploy/overlays/openshift", "backend": "nvml", "vendor": "nvidia", "root": True,
+        "privileged": False, "runtime_class": "nvidia", "image": "gpu-exporter", "openshift": True,
+    },
+    "amd-gpu-operator": {
+        "path": "deploy/overlays/amd-gpu-operator", "backend": "amdsmi", "vendor": "amd", "root": False,
+        "privileged": True, "runtime_class": None, "image": "gpu-exporter-rocm",
+    },
+    "amd-no-operator": {
+        "path": "deploy/overlays/amd-no-operator", "backend": "amdsmi", "vendor": "amd", "root": False,
+        "privileged": True, "runtime_class": None, "image": "gpu-exporter-rocm", "operator_label": False,
+    },
 }  # fmt: skip
 
 # The plain label docs/deploy.md tells operators to set where no discovery tool labels GPU nodes;
@@ -182,7 +209,9 @@ def _selected(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def test_every_kustomization_is_tested() -> None:
-    on_disk = {str(p.parent.relative_to(ROOT)) for p in DEPLOY.rglob("kustomization.yaml")}
+    # components (deploy/components/) are not installs: they render only inside an overlay
+    on_disk = {str(p.parent.relative_to(ROOT)) for p in DEPLOY.rglob("kustomization.yaml")
+               if yaml.safe_load(p.read_text()).get("kind") != "Component"}
     assert on_disk == {spec["path"] for spec in KUSTOMIZATIONS.values()}, (
         "a kustomization was added or removed: list it in KUSTOMIZATIONS with what it must produce"
     )
@@ -325,6 +354,38 @@ CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                     },
                 },
             },
+        },
+    },
+    # OpenShift's SCC (deploy/overlays/openshift), from its API reference (security.openshift.io/v1,
+    # "SecurityContextConstraints"): the required booleans and the strategy types it takes.
+    ("security.openshift.io/v1", "SecurityContextConstraints"): {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "allowHostDirVolumePlugin", "allowHostIPC", "allowHostNetwork",
+                     "allowHostPID", "allowHostPorts", "allowPrivilegedContainer", "readOnlyRootFilesystem"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "security.openshift.io/v1"},
+            "kind": {"const": "SecurityContextConstraints"},
+            "metadata": _METADATA,
+            **{k: {"type": "boolean"} for k in ("allowHostDirVolumePlugin", "allowHostIPC", "allowHostNetwork",
+                                                 "allowHostPID", "allowHostPorts", "allowPrivilegedContainer",
+                                                 "allowPrivilegeEscalation", "readOnlyRootFilesystem")},
+            **{k: {"type": "array", "items": {"type": "string"}} for k in (
+                "allowedCapabilities", "defaultAddCapabilities", "requiredDropCapabilities", "seccompProfiles",
+                "users", "groups")},
+            "volumes": {"type": "array", "items": {"enum": [
+                "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "hostPath", "image", "nfs",
+                "persistentVolumeClaim", "projected", "secret", "*"]}},
+            "priority": {"type": ["integer", "null"]},
+            "runAsUser": {"type": "object", "additionalProperties": False, "required": ["type"], "properties": {
+                "type": {"enum": ["MustRunAs", "MustRunAsRange", "MustRunAsNonRoot", "RunAsAny"]},
+                "uid": {"type": "integer", "minimum": 0}, "uidRangeMin": {"type": "integer"},
+                "uidRangeMax": {"type": "integer"}}},
+            "seLinuxContext": {"type": "object", "additionalProperties": False, "required": ["type"], "properties": {
+                "type": {"enum": ["MustRunAs", "RunAsAny"]}, "seLinuxOptions": {"type": "object"}}},
+            **{k: {"type": "object", "additionalProperties": False, "required": ["type"], "properties": {
+                "type": {"enum": ["MustRunAs", "RunAsAny"]}, "ranges": {"type": "array"}}}
+               for k in ("fsGroup", "supplementalGroups")},
         },
     },
     # Another engineer adds a PrometheusRule to the base; its shape is checked here too.
@@ -538,7 +599,7 @@ def test_exporter_host_mounts_are_minimal_and_read_only(rendered: dict[str, list
     pod = ds["spec"]["template"]["spec"]
     c = _container(ds, "gpu-exporter")
     host = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
-    want = HOST_PATHS[spec["vendor"]] | (ATTRIBUTION_HOST_PATHS if spec["root"] else {})
+    want = spec.get("host_paths", HOST_PATHS[spec["vendor"]]) | (ATTRIBUTION_HOST_PATHS if spec["root"] else {})
     want |= PER_PROCESS_HOST_PATHS if spec.get("per_process") else {}
     assert {h["path"]: h.get("type") for h in host.values()} == want
 
@@ -546,7 +607,7 @@ def test_exporter_host_mounts_are_minimal_and_read_only(rendered: dict[str, list
     for vol, hp in host.items():
         assert vol in mounts, f"hostPath volume {vol} is not mounted"
         assert mounts[vol].get("readOnly") is True, f"{hp['path']} must be mounted read-only"
-        assert mounts[vol]["mountPath"] == PER_PROCESS_MOUNTS.get(hp["path"], hp["path"])
+        assert mounts[vol]["mountPath"] == {**PER_PROCESS_MOUNTS, **spec.get("mounts", {})}.get(hp["path"], hp["path"])
     if spec.get("per_process"):
         assert _env(c)["PROC_ROOT"] == PER_PROCESS_MOUNTS["/proc"]
 
@@ -568,7 +629,8 @@ def test_exporter_runs_on_gpu_nodes_only(rendered: dict[str, list[dict[str, Any]
     allowed = VENDOR_NODE_LABELS[vendor]
     assert terms
     assert any(e["key"] == FALLBACK_LABEL for t in terms for e in t["matchExpressions"]), "the plain fallback label"
-    assert any(e["key"] == VENDOR_OPERATOR_LABEL[vendor] for t in terms for e in t["matchExpressions"])
+    operator = any(e["key"] == VENDOR_OPERATOR_LABEL[vendor] for t in terms for e in t["matchExpressions"])
+    assert operator is KUSTOMIZATIONS[name].get("operator_label", True)
     for term in terms:
         # Terms are ORed, expressions within a term ANDed: each term must require a GPU label.
         keys = {e["key"] for e in term["matchExpressions"] if e["operator"] in ("In", "Exists")}
@@ -660,6 +722,7 @@ def test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events(rendered: di
     exporter += [("ClusterRole", "gpu-exporter-resourceslices")] if KUSTOMIZATIONS[name].get("dra") else []
     # --device-taints: its own role (exact rules in tests/e2e/test_device_taints_deploy.py)
     exporter += [("ClusterRole", "gpu-exporter-profiler-device-taints")] if "device-taints" in name else []
+    exporter += [("ClusterRole", "gpu-exporter-scc")] if KUSTOMIZATIONS[name].get("openshift") else []
     assert sorted((r["kind"], r["metadata"]["name"]) for r in roles) == sorted([
         *exporter, ("ClusterRole", "gpu-exporter-profiler"), ("Role", "gpu-exporter-profiler")]), \
         "no other role is granted (the exporter's: test_exporter_may_watch_pods_only_with_per_process)"
@@ -681,7 +744,8 @@ def test_profiler_rbac_is_nodes_get_list_patch_its_lease_and_events(rendered: di
     sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
     bindings = [b for b in _objs(docs, "ClusterRoleBinding") + _objs(docs, "RoleBinding")
                 if b["metadata"]["name"] not in ("gpu-exporter-pods", "gpu-exporter-resourceslices",
-                                                 "gpu-exporter-profiler-device-taints")]  # tested apart
+                                                 "gpu-exporter-profiler-device-taints",
+                                                 "gpu-exporter-scc")]  # tested apart
     assert sorted(b["kind"] for b in bindings) == ["ClusterRoleBinding", "RoleBinding"]
     for b in bindings:
         kind = "ClusterRole" if b["kind"] == "ClusterRoleBinding" else "Role"
@@ -716,7 +780,10 @@ def test_profiler_deployment(rendered: dict[str, list[dict[str, Any]]], name: st
 
     # Meets the "restricted" Pod Security Standard.
     psc, csc = pod["securityContext"], c["securityContext"]
-    assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0
+    if KUSTOMIZATIONS[name].get("openshift"):  # restricted-v2 assigns a UID of the namespace's range
+        assert psc["runAsNonRoot"] is True and "runAsUser" not in psc
+    else:
+        assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0
     assert (csc.get("seccompProfile") or psc.get("seccompProfile")) == {"type": "RuntimeDefault"}
     assert csc["allowPrivilegeEscalation"] is False
     assert csc["readOnlyRootFilesystem"] is True
@@ -1139,12 +1206,15 @@ def exporter_rbac(docs: list[dict[str, Any]]) -> list[tuple[str, tuple[str, ...]
 
 PODS_WATCH = [("ClusterRole", ("",), ("pods",), ("get", "list", "watch"))]
 SLICES_WATCH = [("ClusterRole", ("resource.k8s.io",), ("resourceslices",), ("get", "list", "watch"))]
+# OpenShift: the use of its own SCC, nothing else (tests/e2e/test_presets.py checks the SCC)
+SCC_USE = [("ClusterRole", ("security.openshift.io",), ("securitycontextconstraints",), ("use",))]
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
 def test_exporter_may_watch_pods_only_with_per_process(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
     spec = KUSTOMIZATIONS[name]
     want = (PODS_WATCH if spec.get("per_process") else []) + (SLICES_WATCH if spec.get("dra") else [])
+    want += SCC_USE if spec.get("openshift") else []
     assert exporter_rbac(rendered[name]) == sorted(want)
 
 
