@@ -139,6 +139,24 @@ def backend_list(kind: str) -> str:
     return _listed(names, " or ")
 
 
+EXAMPLE = DOCS.with_name("exporter.example.yaml")
+_SETTINGS_BLOCK = re.compile(r"(# backend-settings:begin\n).*?(# backend-settings:end)", re.S)
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def render_example(text: str) -> str:
+    """docs/exporter.example.yaml with its block of the backends' own settings rewritten: one commented line
+    each, at its default (its example where it has none)."""
+    lines = "".join(f"# {s.flag.removeprefix('--')}: {_shown(s.default if s.default is not None else s.example)}\n"
+                    for s in settings())
+    return _SETTINGS_BLOCK.sub(lambda m: m[1] + lines + m[2], text)
+
+
 def render_names(text: str) -> str:
     """``text`` with every inline span naming the backends rewritten from the registry."""
     return _SPAN.sub(lambda m: m[1] + backend_list(m[2]) + m[4], text)
@@ -199,7 +217,7 @@ __all__ = [
     "names",
     "ordered",
     "registry",
-    "render_docs",
+    "render_docs", "render_example",
     "render_names",
     "settings",
     "support_table",

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sys
 
-from exporter.backends import DOCS, NAMED_IN, render_docs, render_names, support_table
+from exporter.backends import DOCS, EXAMPLE, NAMED_IN, render_docs, render_example, render_names, support_table
 
 if sys.argv[1:] == ["--write-docs"]:
     DOCS.write_text(render_docs(DOCS.read_text()))
+    if EXAMPLE.exists():
+        EXAMPLE.write_text(render_example(EXAMPLE.read_text()))
     for path in (p for p in NAMED_IN if p.exists()):  # a copy of the package may carry only metrics.md
         path.write_text(render_names(path.read_text()))
 else:

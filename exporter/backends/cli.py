@@ -38,12 +38,13 @@ COMMAND_TIMEOUT = BackendSetting("command_timeout", "--command-timeout", "COMMAN
 KILL_WAIT = 2.0  # seconds to wait for the pipes to close after the SIGKILL of a timed-out group
 
 
-def path_setting(tool: str, backend: str, default: str) -> BackendSetting:
+def path_setting(tool: str, backend: str, default: str, example: str = "") -> BackendSetting:
     """The ``--<tool>-path`` setting of a CLI backend: the tool's binary (``default`` says where it is
-    looked for without it)."""
+    looked for without it; ``example``: a path to show, /usr/bin/<tool> if not given)."""
     key = tool.replace("-", "_")
     return BackendSetting(f"{key}_path", f"--{tool}-path", f"{key.upper()}_PATH", "path",
-                          f"{tool} binary for the {backend} backend (default: {default})")
+                          f"{tool} binary for the {backend} backend (default: {default})",
+                          example=example or f"/usr/bin/{tool}")
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,8 @@ class RocmSmiBackend(CliBackend):
     }) | ATTRIBUTION_FAMILIES
     kubernetes: ClassVar[KubernetesNames] = KUBERNETES  # amdsmi's: the same GPUs, the same device plugin
     settings: ClassVar[tuple[BackendSetting, ...]] = (
-        path_setting("rocm-smi", "rocm-smi", "PATH, then /opt/rocm/bin/rocm-smi"), COMMAND_TIMEOUT)
+        path_setting("rocm-smi", "rocm-smi", "PATH, then /opt/rocm/bin/rocm-smi",
+                                 "/opt/rocm/bin/rocm-smi"), COMMAND_TIMEOUT)
 
     def collect(self, out: Collection) -> None:
         super().collect(out)

@@ -97,6 +97,7 @@ class Setting:
     parse: Callable[[Any], Any] | None = None  # custom: the value from its text, or ValueError(what is allowed)
     repeat: bool = False  # the flag may be given again (a YAML list; the env twin: a comma list)
     aliases: tuple[tuple[str, str], ...] = ()  # choice: other spellings of a choice (warn -> warning)
+    example: str = ""  # a value to show where it has no default (docs/exporter.example.yaml)
 
     def check(self, owner: str) -> None:
         """ValueError naming ``owner`` (the backend) and the culprit when the declaration cannot work."""

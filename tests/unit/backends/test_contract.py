@@ -83,12 +83,15 @@ def test_docs_are_generated_from_the_schema() -> None:
 def test_docs_name_the_registrys_backends() -> None:
     """The README, docs/cli.md and docs/python-api.md name the backends in generated spans, and the README's
     backend table has one row per backend of the registry, in documentation order (a new vendor's one row)."""
-    from exporter.backends import NAMED_IN, backend_list, ordered, render_names
+    from exporter.backends import EXAMPLE, NAMED_IN, backend_list, ordered, render_example, render_names
 
     for path in NAMED_IN:
         text = path.read_text()
         assert render_names(text) == text, f"{path.name} is stale: python -m exporter.backends --write-docs"
         assert "<!-- backends:" in text, path.name
+    example = EXAMPLE.read_text()
+    assert render_example(example) == example, (
+        "docs/exporter.example.yaml is stale: python -m exporter.backends --write-docs")
     assert backend_list("auto").split(", then ")[0] == f"`{ordered()[0]}`"  # --backend auto's first first
     readme = NAMED_IN[0].read_text().split("\n## Backends\n", 1)[1].split("\n\n| backend |", 1)[1]
     rows = [line.split("|")[1].strip().strip("`") for line in readme.split("\n\n", 1)[0].splitlines()[2:]]
