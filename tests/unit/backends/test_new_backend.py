@@ -229,3 +229,150 @@ def test_a_bad_setting_fails_at_discovery(tree: Path, tmp_path: Path) -> None:
     """A setting of a kind the exporter cannot parse fails at discovery, naming the backend and the setting."""
     err = _discovery_error(tree, tmp_path, '"ACME_BOOST", "integer"', '"ACME_BOOST", "int"')
     assert "backend 'acme' declares setting 'acme_boost': kind 'int': expected one of path, seconds," in err
+
+
+# ---- two vendors in a copy of the whole checkout, and the suites that know every backend -----------------------
+
+ZETA = '''\
+"""Zeta GPUs through the ``zeta-smi --json`` command line tool (a CLI vendor, over exporter/backends/cli.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from exporter.backends.base import BAD_VALUE, BackendError
+from exporter.backends.cli import COMMAND_TIMEOUT, CliBackend, Result, path_setting
+from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
+from exporter.core.options import BackendSetting
+from exporter.core.readings import GpuReading
+
+MIB = 2**20
+
+
+class ZetaSmiBackend(CliBackend):
+    name: ClassVar[str] = "zeta-smi"
+    vendor: ClassVar[str] = "zeta"
+    auto_priority: ClassVar[int | None] = 40
+    tool: ClassVar[str] = "zeta-smi"
+    directories: ClassVar[tuple[str, ...]] = ("/opt/zeta/bin",)
+    arguments: ClassVar[tuple[str, ...]] = ("--json",)
+    families: ClassVar[frozenset[str]] = frozenset({
+        "gpu_utilization_ratio", "gpu_memory_total_bytes", "gpu_memory_used_bytes", "gpu_temperature_celsius",
+        "gpu_power_watts"})
+    equivalents: ClassVar[dict[str, str]] = {"gpu_power_watts": "zeta-smi --json: power_w",
+                                             "gpu_temperature_celsius": "zeta-smi --json: temperature_c"}
+    kubernetes: ClassVar[KubernetesNames] = KubernetesNames(
+        resources=(DevicePluginResource(r"zeta\\.example/gpu"),), dra_drivers=("gpu.zeta.example",))
+    settings: ClassVar[tuple[BackendSetting, ...]] = (
+        path_setting("zeta-smi", "zeta-smi", "PATH, then /opt/zeta/bin/zeta-smi"), COMMAND_TIMEOUT)
+
+    def parse(self, result: Result) -> list[GpuReading]:
+        try:
+            cards: list[dict[str, Any]] = json.loads(result.stdout)["gpus"]
+            return [GpuReading(index=int(c["index"]), uuid=str(c["uuid"]), vendor=self.vendor, name=c.get("name"),
+                               utilization_ratio=c["utilization_pct"] / 100,
+                               memory_total_bytes=c["memory_total_mib"] * MIB,
+                               memory_used_bytes=c["memory_used_mib"] * MIB,
+                               temperature_celsius={"gpu": c["temperature_c"]}, power_watts=c["power_w"])
+                    for c in cards]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BackendError(f"zeta-smi output unusable: {type(exc).__name__}: {exc}", kind=BAD_VALUE) from None
+
+
+BACKEND = ZetaSmiBackend
+'''
+
+ZETA_FLEET = '''\
+"""The zeta-smi backend's contract fleet: a zeta-smi script printing two GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from tests.harness.exporter import ExporterProcess
+
+BACKEND = "zeta-smi"
+GPUS = [{"index": i, "uuid": f"ZETA-{i}", "name": "Zeta Z1", "utilization_pct": 10 * i, "memory_total_mib": 16384,
+         "memory_used_mib": 1024, "temperature_c": 40 + i, "power_w": 100.5} for i in range(2)]
+
+
+def env(tmp: Path) -> dict[str, str]:
+    (tmp / "bin").mkdir(parents=True, exist_ok=True)
+    script = tmp / "bin" / "zeta-smi"
+    script.write_text(f"#!/bin/sh\\necho '{json.dumps({'gpus': GPUS})}'\\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return {"PATH": f"{tmp / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def start(tmp: Path, args: list[str]) -> ExporterProcess:
+    return ExporterProcess(["--backend", "zeta-smi", *args], env=env(tmp))
+'''
+
+README_ROWS = ("| `acme` | Acme | a minimal model | itself |\n"
+               "| `zeta-smi` | Zeta | the `zeta-smi --json` CLI, run once per collection | a fake CLI |\n")
+# What a developer copies to work on the exporter (what the suites below read).
+CHECKOUT = ("exporter", "tests", "docs", "deploy", "dashboards", "README.md", "pyproject.toml", "Makefile")
+# The suites that name every backend (each reads the registry): the contract test, the Python API on every
+# backend, the pod attribution's vendor names, the docs' generated parts and tables, the example config, the
+# chart's flags and vendor entries, the folder rules.
+SUITES = ("tests/unit/backends/test_contract.py", "tests/unit/tools/test_api.py::test_every_backend",
+          "tests/unit/k8s/test_podresources.py", "tests/unit/core/test_docs_tables.py",
+          "tests/unit/core/test_gpu_fields.py", "tests/unit/core/test_layout.py::test_no_import_cycle",
+          "tests/unit/serve/test_papercuts.py::test_example_config_loads_and_names_every_setting",
+          "tests/e2e/test_helm.py::test_extra_args_schema_knows_every_serve_flag",
+          "tests/e2e/test_helm.py::test_each_shipped_vendor_runs_a_backend_the_exporter_has")
+# What the generators (make docs) rewrite; README.md also gets its two rows by hand
+GENERATED = {"docs/metrics.md", "docs/exporter.example.yaml", "README.md", "docs/cli.md", "docs/python-api.md",
+             "deploy/helm/gpu-exporter/values.schema.json"}
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and ".build" not in p.parts}
+
+
+def test_the_suite_passes_with_two_new_vendors(tmp_path: Path) -> None:
+    """An in-process vendor (acme) and a CLI one (zeta-smi, over the backends' CLI helper) in a copy of the
+    checkout: one file each, the CLI one's fixture and one README row each; the generators rewrite only their
+    files; then every suite that names the backends passes there, running both new vendors."""
+    root = tmp_path / "checkout"
+    for name in CHECKOUT:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
+        else:
+            shutil.copy(src, root / name)
+    (root / ".test-tools").symlink_to(REPO / ".test-tools")  # helm and kubectl, as make test installs them
+    before = _files(root)
+    (root / "exporter" / "backends" / "acme.py").write_text(ACME)
+    (root / "exporter" / "backends" / "zeta_smi.py").write_text(ZETA)
+    (root / "tests" / "fakes" / "fleets" / "zeta_smi.py").write_text(ZETA_FLEET)
+    readme = root / "README.md"
+    anchor = "| `simulated` | none |"
+    assert readme.read_text().count(anchor) == 1
+    readme.write_text(readme.read_text().replace(anchor, README_ROWS + anchor))
+    for generator in (["-m", "exporter.backends", "--write-docs"], ["-m", "tests.e2e.test_helm", "--write"]):
+        done = subprocess.run([sys.executable, *generator], cwd=root, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    after = _files(root)
+    added = sorted(set(after) - set(before))
+    changed = sorted(k for k in before if after.get(k) != before[k])
+    assert added == ["exporter/backends/acme.py", "exporter/backends/zeta_smi.py", "tests/fakes/fleets/zeta_smi.py"]
+    assert set(changed) <= GENERATED, changed
+    metrics = (root / "docs" / "metrics.md").read_text()
+    assert "| nvidia-smi | amd-smi | zeta-smi | help |" in metrics and "zeta-smi --json: power_w" in metrics
+    assert "# zeta-smi-path: /usr/bin/zeta-smi\n" in (root / "docs" / "exporter.example.yaml").read_text()
+    assert "`acme`, then `nvml`" in (root / "docs" / "cli.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-n", "2", *SUITES],
+                          cwd=root, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "PASSED tests/unit/backends/test_contract.py::test_support_table_is_true" in done.stdout
+    for backend in ("acme", "zeta-smi"):  # the Python API ran each new vendor, the contract test's fleets have it
+        assert f"PASSED tests/unit/tools/test_api.py::test_every_backend[{backend}]" in done.stdout, backend
+    contract, _, with_fleet = _run(root, "-c", "from tests.fakes.contract_fleets import BACKENDS, fleets; "
+                                              "print(*BACKENDS, '|', *fleets())").partition("|")
+    assert {"acme", "zeta-smi"} <= set(contract.split()) and "zeta-smi" in with_fleet.split(), contract + with_fleet

@@ -25,6 +25,7 @@ import pynvml
 import pytest
 
 import exporter
+from exporter import backends
 from exporter import python_api as api
 from exporter.python_api import selection, sessions
 from exporter.python_api.checks import settings_for
@@ -323,7 +324,7 @@ import json, sys
 import exporter
 backend = sys.argv[1]
 found = exporter.query_gpus(backend=backend)
-best = exporter.select_gpus(1, max_utilization=1.0, backend=backend)
+best = exporter.select_gpus(1, min_free_bytes=None, max_utilization=1.0, backend=backend)
 with exporter.Monitor(interval=0.05, backend=backend) as m:
     exporter.check_availability(1, backend=backend)
 print(json.dumps({"gpus": [g.__dict__ for g in found], "best": best, "record": m.recording.to_dict()}))
@@ -342,9 +343,12 @@ def test_every_backend(backend: str, tmp_path: Path) -> None:
     out = json.loads(p.stdout)
     want = 2 if fleet is not None else len(out["gpus"])  # a fleet has two GPUs; a backend without one, its own
     assert want >= 1 and [g["index"] for g in out["gpus"]] == list(range(want))
+    declared = backends.registry()[backend].families  # what it reads is what it declares
     for g in out["gpus"]:
-        assert g["up"] and g["memory_total_bytes"] > 0 and g["uuid"]
-        assert 0 <= g["score"] <= 1 and g["utilization_ratio"] is not None
+        assert g["up"] and g["uuid"] and 0 <= g["score"] <= 1
+        assert (g["memory_total_bytes"] is not None and g["memory_total_bytes"] > 0) == (
+            "gpu_memory_total_bytes" in declared)
+        assert (g["utilization_ratio"] is not None) == ("gpu_utilization_ratio" in declared)
     assert out["best"][0] == max(out["gpus"], key=lambda g: (g["score"], -g["index"]))["index"]
     jsonschema.validate(out["record"], RECORD)
     assert sorted(out["record"]["gpu_stats"]) == [str(i) for i in range(want)]
