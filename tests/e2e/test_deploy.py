@@ -1243,3 +1243,15 @@ def test_documented_overlay_renders_your_images(tmp_path: Path, vendor: str) -> 
     if vendor.startswith("amd"):
         want.add("registry.example.com/gpu/gpu-exporter-rocm:0.1.0")
     assert images == want, images
+
+
+def test_docs_name_every_grant_of_the_profilers_cluster_role(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """Issue 38, item 13: docs/deploy.md's table said "Nodes: get, list, patch, nothing else" while the
+    ClusterRole also patches nodes/status. Its row names each resource with exactly its verbs."""
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    (row,) = [ln for ln in doc.splitlines() if ln.startswith("| ServiceAccount, ClusterRole, ClusterRoleBinding |")
+              and "`gpu-exporter-profiler`" in ln]
+    for rule in _one(rendered["nvidia"], "ClusterRole", "gpu-exporter-profiler")["rules"]:
+        for resource in rule["resources"]:
+            verbs = ", ".join(f"`{v}`" for v in rule["verbs"])
+            assert f"`{resource}`: {verbs}" in row, (resource, rule["verbs"], row)

@@ -427,3 +427,23 @@ def test_the_api_passes_mypy_strict_in_user_code(tmp_path: Path) -> None:
     assert 'mistakes.py:4: error: Incompatible types in assignment (expression has type "float"' in bad.stdout
     assert "mistakes.py:5: error: Argument 1 to \"select_gpus\" has incompatible type \"str\"" in bad.stdout
     assert 'mistakes.py:6: error: Module has no attribute "no_such_function"' in bad.stdout
+
+
+def test_documented_outputs_are_what_the_examples_print() -> None:
+    """Issue 38, item 14: an example's "# ..." comment after print() shows what it prints (the
+    estimate_requirements example said 16 GPUs for 8). Each such comment's values, up to "...", must
+    match; the examples that read GPUs are checked by test_every_documented_example_runs."""
+    text = (REPO / "docs" / "python-api.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "estimate_requirements(" in b)
+    setup, line = block.split("print(need.")[0], next(ln for ln in block.splitlines() if ln.startswith("print(need."))
+    call, comment = line.split("  # ", 1)
+    scope: dict[str, Any] = {}
+    exec(compile(setup, "<docs/python-api.md>", "exec"), scope)  # noqa: S102 - the project's own doc example
+    args = call.removeprefix("print(").removesuffix(")").split(", ")
+    got = [str(eval(a, scope)) for a in args]  # noqa: S307
+    want = comment.split()
+    for g, w in zip(got, want, strict=False):
+        if w.startswith("{..."):
+            break
+        assert g == w, (line, got)
+    assert "\n- **Errors:**" in text and text.count("- **Errors:**") == 1, "one Errors bullet"
