@@ -81,12 +81,12 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-test .apt-test-deps $(TOOLS)/.installed
 	$(VENV)/bin/ruff check exporter tests bench demo
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not reliability_long and not serial" -n 4 --dist loadfile
-	$(PY) -m pytest -m "not reliability_long and serial"
+	GPU_EXPORTER_CHECK=1 $(PY) -m pytest -m "not reliability_long and not serial" -n 4 --dist loadfile
+	GPU_EXPORTER_CHECK=1 $(PY) -m pytest -m "not reliability_long and serial"
 
 # The inner loop: pure unit tests (no process, no Prometheus, no daemon), under 60 s on a 2-core machine.
 # Tests that start a process are marked slow (tests/conftest.py's SLOW) and left to `make test`;
-# GPU_EXPORTER_CHECK=1 fails any other test that starts one, so the split stays honest.
+# GPU_EXPORTER_CHECK=1 (here and in make test, so CI enforces it) fails any other test that starts one.
 CHECK_JOBS ?= 2
 check: $(VENV)/.installed-test
 	GPU_EXPORTER_CHECK=1 $(PY) -m pytest tests/unit -m "not slow and not serial and not reliability_long" \

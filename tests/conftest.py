@@ -39,13 +39,15 @@ SERIAL = ("tests/reliability/test_load.py", "tests/reliability/test_soak.py", "t
 
 # Test modules that start processes (a daemon, a real Prometheus or promtool, a CLI command, helm, chromium),
 # or spend seconds of CPU (bcrypt at real costs, hypothesis round trips): marked `slow`, so that `make check`
-# (pure unit tests, the inner loop, under 60 s) leaves them to `make test`. Under `make check`
-# (GPU_EXPORTER_CHECK=1) a test that starts a process anyway fails, naming this list.
+# (pure unit tests, the inner loop, under 60 s) leaves them to `make test`. Under `make check` and `make test`
+# (GPU_EXPORTER_CHECK=1) a test that starts a process without being marked fails, naming this list: CI keeps
+# the split honest.
 SLOW = frozenset((
     "tests/unit/backends/test_amdsmi.py",
     "tests/unit/backends/test_amdsmi_activity.py",
     "tests/unit/backends/test_amdsmi_fidelity.py",
     "tests/unit/backends/test_amdsmi_floor.py",
+    "tests/unit/backends/test_amdsmi_processes.py",
     "tests/unit/backends/test_contract.py",
     "tests/unit/backends/test_new_backend.py",
     "tests/unit/backends/test_nvml.py",
@@ -65,6 +67,7 @@ SLOW = frozenset((
     "tests/unit/core/test_new_family.py",
     "tests/unit/k8s/test_podresources.py",
     "tests/unit/k8s/test_shared_gpus.py",
+    "tests/unit/platform/test_http_server.py",
     "tests/unit/platform/test_profiler_web.py",
     "tests/unit/platform/test_units.py",
     "tests/unit/profiler/test_allocated.py",
@@ -81,7 +84,9 @@ SLOW = frozenset((
     "tests/unit/profiler/test_prom.py",
     "tests/unit/profiler/test_reader.py",
     "tests/unit/profiler/test_settings.py",
+    "tests/unit/profiler/test_source_trust.py",
     "tests/unit/profiler/test_sources.py",
+    "tests/unit/profiler/test_stores.py",
     "tests/unit/profiler/test_underused.py",
     "tests/unit/serve/test_api.py",
     "tests/unit/serve/test_config.py",
@@ -106,7 +111,6 @@ SLOW = frozenset((
     "tests/unit/tools/test_pick_papercuts.py",
     "tests/unit/tools/test_record_plot.py",
 ))
-SLOW_DIRS = ("tests/e2e/", "tests/reliability/")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -115,7 +119,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         rel = Path(item.path).resolve().relative_to(root.resolve()).as_posix()
         if rel in SERIAL:
             item.add_marker(pytest.mark.serial)
-        if rel in SLOW or rel.startswith(SLOW_DIRS):
+            item.add_marker(pytest.mark.slow)  # timing-sensitive: never in make check
+        if rel in SLOW or not rel.startswith("tests/unit/"):  # make check runs tests/unit only
             item.add_marker(pytest.mark.slow)
 
 
