@@ -21,25 +21,18 @@ from exporter.core.options import BackendOptions, FieldFilter
 from exporter.core.readings import HostInfo
 from exporter.serve import config
 from exporter.serve.render import render
+from tests.harness.clock import FakeClock
 from tests.harness.exporter import REPO, parse_samples
 from tests.harness.prom import check_metrics
 
 Samples = dict[tuple[str, frozenset], float]
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def expositions(scenario: str, gpus: int, times: list[float], start: float = 1_000_000.0,
                 wire: Callable[[Engine], object] | None = None) -> Iterator[str]:
     """The /metrics text of a simulated fleet at each of ``times`` (seconds after ``start``);
     ``wire`` attaches more to the engine first, as ``serve`` does (pod attribution)."""
-    clock = Clock(start)
+    clock = FakeClock(start)
     backend = SimulatedBackend(BackendOptions(simulated_gpus=gpus, simulated_scenario=scenario), clock=clock)
     engine = Engine([backend], HostInfo(node="sim-node", cpu_model="test", kernel="test"), FieldFilter(),
                     collection_interval=0, collection_timeout=30, cache_ttl=0)
@@ -48,7 +41,7 @@ def expositions(scenario: str, gpus: int, times: list[float], start: float = 1_0
     try:
         engine.scrape()  # the backend starts (its faults develop from here) at the first collection, at ``start``
         for t in times:
-            clock.t = start + t
+            clock.now = start + t
             yield render(engine.scrape(), engine.fields).decode()
     finally:
         engine.stop()

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient, Configuration, CoreV1Api
 
-from exporter.k8s.watch import Backoff, Clock, Watcher, no_retries
+from exporter.k8s.watch import Backoff, Watcher, no_retries
+from tests.harness.clock import FakeClock
 from tests.harness.httpfake import JSON, FakeHTTP, Reply, Request, json_reply
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
@@ -95,28 +95,6 @@ def test_forbidden_is_retried_and_the_last_objects_are_kept(kubeapi: FakeKubeAPI
 
 
 # --- issue 36 item 3: every watch failure backs off as client-go's reflector does --------------------------------
-
-
-class FakeClock(Clock):
-    """Time that moves only when the watch waits: each wait is recorded and returns at once; after
-    ``park_after`` waits the thread parks (a real wait for stop), so a test reads a finished run."""
-
-    def __init__(self, park_after: int = 1000) -> None:
-        self.now = 1000.0
-        self.waits: list[float] = []
-        self.park_after = park_after
-        self.parked = threading.Event()
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wait(self, stop: threading.Event, seconds: float) -> bool:
-        self.waits.append(seconds)
-        self.now += seconds
-        if len(self.waits) >= self.park_after:
-            self.parked.set()
-            return stop.wait(60)
-        return stop.is_set()
 
 
 def _pod(name: str, uid: str) -> dict[str, Any]:

@@ -12,19 +12,12 @@ from typing import Any
 import pytest
 
 from exporter.k8s import watch
-from exporter.k8s.watch import Backoff, Clock, TooLarge, Watcher, _JsonStream, _lines, _reader, retry_after
-
-
-class _Clock(Clock):
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
+from exporter.k8s.watch import Backoff, TooLarge, Watcher, _JsonStream, _lines, _reader, retry_after
+from tests.harness.clock import FakeClock
 
 
 def test_backoff_doubles_from_initial_to_the_cap_and_jitter_stays_under_it() -> None:
-    clock = _Clock()
+    clock = FakeClock(now=0.0)
     b = Backoff(initial=1.0, cap=10.0, factor=3.0, jitter=0.5, reset_after=60.0, clock=clock, rand=lambda: 0.0)
     assert [b.next() for _ in range(4)] == [1.0, 3.0, 9.0, 10.0]
     hi = Backoff(initial=1.0, cap=10.0, factor=2.0, jitter=0.5, clock=clock, rand=lambda: 1.0)
@@ -34,7 +27,7 @@ def test_backoff_doubles_from_initial_to_the_cap_and_jitter_stays_under_it() -> 
 
 
 def test_backoff_resets_only_after_a_quiet_spell_longer_than_reset_after() -> None:
-    clock = _Clock()
+    clock = FakeClock(now=0.0)
     b = Backoff(initial=1.0, cap=100.0, reset_after=10.0, clock=clock, rand=lambda: 0.0)
     assert b.next() == 1.0  # the delay ends at 1.0
     clock.now = 11.0  # exactly reset_after after it: still the same outage
@@ -223,13 +216,13 @@ def test_watch_events_add_modify_delete_bookmark_and_cap(caplog: pytest.LogCaptu
     (b"", watch._ShortWatch), (b"\n\n", watch._ShortWatch),
 ])
 def test_watch_failures(body: bytes, error: type[Exception]) -> None:
-    w = Watcher("pods", lambda **kw: _Resp(body), lambda o: None, clock=_Clock())
+    w = Watcher("pods", lambda **kw: _Resp(body), lambda o: None, clock=FakeClock(now=0.0))
     with pytest.raises(error):
         w._watch("1")
 
 
 def test_a_watch_that_ran_its_course_ends_the_outage(caplog: pytest.LogCaptureFixture) -> None:
-    clock = _Clock()
+    clock = FakeClock(now=0.0)
 
     class Slow(_Resp):
         def _read1(self, n: int) -> bytes:
@@ -272,7 +265,7 @@ def test_the_selector_and_timeouts_go_with_every_request() -> None:
         return _Resp(_list_answer([]) if not kw.get("watch") else b"")
 
     w = Watcher("pods", call, lambda o: None, field_selector="spec.nodeName=n1", timeout_seconds=7,
-                request_timeout=3.0, clock=_Clock())
+                request_timeout=3.0, clock=FakeClock(now=0.0))
     w._list()
     with pytest.raises(watch._ShortWatch):
         w._watch("12")
@@ -308,7 +301,7 @@ def test_no_retries_turns_urllib3s_off() -> None:
 
 def test_a_stopped_watch_ends_quietly() -> None:
     w = Watcher("pods", lambda **kw: _Resp(b'{"type": "ADDED", "object": {"metadata": {"uid": "a"}}}\n'),
-                lambda o: None, clock=_Clock())
+                lambda o: None, clock=FakeClock(now=0.0))
     w._stop.set()
     assert w._watch("3") == "3" and w._objects == {}
     assert threading.active_count() >= 1

@@ -17,6 +17,7 @@ import pytest
 
 from exporter.platform.kube import api_client as build_api_client
 from exporter.profiler.annotate import KUBE_REJECTED, Conflict, KubeError, NodeStore
+from tests.harness.clock import FakeClock
 from tests.harness.kubeapi import FakeKubeAPI
 
 PLUGIN = """
@@ -28,14 +29,6 @@ print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "Exec
                   "status": {"token": (here / "token").read_text(),
                              "expirationTimestamp": "2001-01-01T00:00:00Z"}}))
 """
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _exec_kubeconfig(api: FakeKubeAPI, tmp: Path) -> Path:
@@ -61,7 +54,7 @@ def _runs(tmp: Path) -> int:
 def test_an_expired_token_is_refreshed_at_most_once_a_second_and_a_rotated_one_is_used(
         kubeapi: FakeKubeAPI, tmp_path: Path) -> None:
     kubeapi.add_node("gpu-1")
-    clock = Clock()
+    clock = FakeClock()
     store = NodeStore(build_api_client(str(_exec_kubeconfig(kubeapi, tmp_path)), clock=clock))
     loaded = _runs(tmp_path)  # the loader runs the plugin once while it reads the kubeconfig
     for _ in range(20):
@@ -91,7 +84,7 @@ def test_a_static_token_client_sends_its_token_on_every_request(kubeapi: FakeKub
     """The throttle skips the loader's hook, never the Authorization header: requests inside the
     second carry the token too."""
     kubeapi.add_node("gpu-1")
-    store = NodeStore(build_api_client(str(kubeapi.kubeconfig(tmp_path / "kc")), clock=Clock()))
+    store = NodeStore(build_api_client(str(kubeapi.kubeconfig(tmp_path / "kc")), clock=FakeClock()))
     kubeapi.clear_requests()
     for _ in range(5):
         assert store.get_node("gpu-1") is not None

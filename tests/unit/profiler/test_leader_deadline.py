@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from exporter.profiler.leader import ElectionConfig, LeaderElector, LeaseClient
+from tests.harness.clock import FakeClock
 from tests.harness.kubeapi import FakeKubeAPI
 
 NS = "gpu-exporter"
@@ -22,18 +23,10 @@ CFG = ElectionConfig(namespace=NS, identity="prof-a", lease_duration_s=15.0, ren
 LEASES = r"/leases"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class SlowLeases(LeaseClient):
     """The real client; a read and an update each take ``takes`` seconds of fake time (a slow API server)."""
 
-    def __init__(self, api_client: Any, clock: Clock) -> None:
+    def __init__(self, api_client: Any, clock: FakeClock) -> None:
         super().__init__(api_client, NS, CFG.name)
         self.clock = clock
         self.takes = 0.0
@@ -51,7 +44,7 @@ class FakeTimeStop:
     """The loop's ``stop`` event: waiting advances the fake clock; after each wait the test's
     ``tick`` runs (it plays the writer: it asks :meth:`is_leader` before every write)."""
 
-    def __init__(self, clock: Clock, tick: Any, until: float) -> None:
+    def __init__(self, clock: FakeClock, tick: Any, until: float) -> None:
         self.clock, self.tick, self.until = clock, tick, until
         self.stopped = False
 
@@ -71,7 +64,7 @@ class FakeTimeStop:
 @pytest.mark.parametrize("renewal_takes", [0.0, 3.0])  # seconds, its read and its update together
 def test_leader_stops_writing_within_the_renew_deadline_of_its_last_renewal_start(
         kubeapi: FakeKubeAPI, kube_client: Any, renewal_takes: float) -> None:
-    clock = Clock()
+    clock = FakeClock()
     leases = SlowLeases(kube_client, clock)
     elector = LeaderElector(leases, CFG, clock=clock)
     writes: list[float] = []

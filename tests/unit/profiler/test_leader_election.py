@@ -20,6 +20,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from exporter.profiler.leader import ElectionConfig, LeaderElector, LeaseClient
+from tests.harness.clock import FakeClock
 from tests.harness.kubeapi import FakeKubeAPI
 
 NS = "gpu-exporter"
@@ -29,18 +30,10 @@ LEASES = r"/leases"
 MICRO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|\+00:00)")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Replica:
     """One elector and what it told its ``on_change`` callback."""
 
-    def __init__(self, api_client: Any, identity: str, clock: Clock, **timings: float) -> None:
+    def __init__(self, api_client: Any, identity: str, clock: FakeClock, **timings: float) -> None:
         self.cfg = ElectionConfig(namespace=NS, identity=identity, **{
             "lease_duration_s": 15.0, "renew_deadline_s": 10.0, "retry_period_s": 2.0, **timings})
         self.changes: list[bool] = []
@@ -48,7 +41,7 @@ class Replica:
                                on_change=self.changes.append, clock=clock)
 
 
-def run_until_leading(b: Replica, clock: Clock) -> list[float]:
+def run_until_leading(b: Replica, clock: FakeClock) -> list[float]:
     """Run ``b``'s elector loop on the fake clock until it leads (or 11 waits); return its waits (s)."""
     waits: list[float] = []
 
@@ -79,7 +72,7 @@ def stamp(text: str) -> float:
 def test_acquire_renew_follow_and_take_over(kubeapi: FakeKubeAPI, kube_client: Any,
                                             caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="exporter.profiler.leader")
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, b = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-b", clock)
 
     before = time.time()
@@ -144,7 +137,7 @@ def test_acquire_renew_follow_and_take_over(kubeapi: FakeKubeAPI, kube_client: A
 
 def test_the_record_changing_restarts_the_followers_count(kubeapi: FakeKubeAPI, kube_client: Any) -> None:
     """A follower counts the lease duration from the last change it saw, whatever its own clock."""
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, b = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-b", clock)
     assert a.e.step()
     assert not b.e.step()
@@ -156,7 +149,7 @@ def test_the_record_changing_restarts_the_followers_count(kubeapi: FakeKubeAPI, 
 
 def test_a_follower_that_saw_the_last_renewal_late_still_waits_a_whole_lease(kubeapi: FakeKubeAPI,
                                                                              kube_client: Any) -> None:
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, b = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-b", clock)
     assert b.e.step() is True  # nothing held yet: B acquires
     assert lease(kubeapi)["spec"]["holderIdentity"] == "prof-b"
@@ -171,7 +164,7 @@ def test_a_follower_that_saw_the_last_renewal_late_still_waits_a_whole_lease(kub
 
 def test_lost_race_and_api_errors(kubeapi: FakeKubeAPI, kube_client: Any, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="exporter.profiler.leader")
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, b = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-b", clock)
     # both see no lease; A creates it first, B's create is refused with 409: B is not the leader
     assert b.e.leases.get() is None
@@ -203,7 +196,7 @@ def test_lost_race_and_api_errors(kubeapi: FakeKubeAPI, kube_client: Any, caplog
 def test_release_hands_the_lease_over_at_once(kubeapi: FakeKubeAPI, kube_client: Any,
                                               caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="exporter.profiler.leader")
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, b = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-b", clock)
     b.e.release()  # not the leader: touches nothing
     assert kubeapi.objects("leases", NS) == [] and b.changes == []
@@ -229,7 +222,7 @@ def test_release_hands_the_lease_over_at_once(kubeapi: FakeKubeAPI, kube_client:
 def test_release_never_clears_another_replicas_lease(kubeapi: FakeKubeAPI, kube_client: Any,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="exporter.profiler.leader")
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, b = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-b", clock)
     assert a.e.step() and not b.e.step()
     clock.now += 16  # A stalls; B takes over
@@ -249,7 +242,7 @@ def test_release_never_clears_another_replicas_lease(kubeapi: FakeKubeAPI, kube_
 
 def test_release_survives_an_api_error(kubeapi: FakeKubeAPI, kube_client: Any,
                                        caplog: pytest.LogCaptureFixture) -> None:
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a = Replica(kube_client, "prof-a", clock)
     assert a.e.step()
     kubeapi.inject("PUT", LEASES, 500)
@@ -262,7 +255,7 @@ def test_release_survives_an_api_error(kubeapi: FakeKubeAPI, kube_client: Any,
 def test_a_lease_duration_we_cannot_use_falls_back_to_ours(kubeapi: FakeKubeAPI, kube_client: Any,
                                                            duration: Any) -> None:
     """The holder's leaseDurationSeconds counts when it is a positive number, else our own."""
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, b = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-b", clock, lease_duration_s=20.0)
     assert a.e.step()
     obj = lease(kubeapi)
@@ -285,7 +278,7 @@ def test_a_lease_duration_we_cannot_use_falls_back_to_ours(kubeapi: FakeKubeAPI,
 def test_run_counts_errors_and_logs_one_warning_per_outage(kubeapi: FakeKubeAPI, kube_client: Any,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="exporter.profiler.leader")
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a = Replica(kube_client, "prof-a", clock)
     waits: list[float] = []
 
@@ -318,7 +311,7 @@ def test_run_counts_errors_and_logs_one_warning_per_outage(kubeapi: FakeKubeAPI,
 
 
 def test_a_follower_wakes_when_the_lease_runs_out(kubeapi: FakeKubeAPI, kube_client: Any) -> None:
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, b = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-b", clock, retry_period_s=4.0,
                                                                renew_deadline_s=8.0, lease_duration_s=20.0)
     assert a.e.step()
@@ -350,7 +343,7 @@ def test_defaults() -> None:
 
 
 def test_a_follower_wakes_for_the_last_fraction_of_a_second(kubeapi: FakeKubeAPI, kube_client: Any) -> None:
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, b = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-b", clock, retry_period_s=4.75,
                                                                renew_deadline_s=9.0)
     assert a.e.step()
@@ -364,7 +357,7 @@ def test_errors_from_the_very_first_attempt(kubeapi: FakeKubeAPI, kube_client: A
     """The API fails before the replica ever read the Lease: it keeps trying every retry period,
     warns once, and takes the lease when the API answers."""
     caplog.set_level(logging.DEBUG, logger="exporter.profiler.leader")
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a = Replica(kube_client, "prof-a", clock)
     kubeapi.inject("*", LEASES, 503, times=3)
     waits: list[float] = []
@@ -387,7 +380,7 @@ def test_errors_from_the_very_first_attempt(kubeapi: FakeKubeAPI, kube_client: A
 def test_the_leader_steps_down_on_its_own_when_the_deadline_passes(kubeapi: FakeKubeAPI, kube_client: Any,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="exporter.profiler.leader")
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a = Replica(kube_client, "prof-a", clock)
     assert a.e.step()
     clock.now += 9.99
@@ -398,7 +391,7 @@ def test_the_leader_steps_down_on_its_own_when_the_deadline_passes(kubeapi: Fake
 
 
 def test_a_short_lease_is_written_in_whole_seconds(kubeapi: FakeKubeAPI, kube_client: Any) -> None:
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a = Replica(kube_client, "prof-a", clock, lease_duration_s=1.4, renew_deadline_s=1.0, retry_period_s=0.2)
     assert a.e.step() and lease(kubeapi)["spec"]["leaseDurationSeconds"] == 1
 
@@ -458,7 +451,7 @@ def test_a_replica_back_from_a_stall_never_takes_a_lease_renewed_during_it(kubea
     """A replica counts a changed record from its previous read only when that read was recent:
     after a long gap (a pause, a hung request) the change may be brand new, and counting from the
     old read would take a lease its holder still writes under."""
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, b = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-b", clock)
     assert a.e.step() and not b.e.step()  # both read at 500
     clock.now = 515.0  # A stalls; B (its previous read at 500) takes over
@@ -476,7 +469,7 @@ def test_a_replica_back_from_a_stall_never_takes_a_lease_renewed_during_it(kubea
 class HangingLeases(LeaseClient):
     """A LeaseClient whose next read hangs: ``during`` runs while it hangs, then the clock jumps to ``back``."""
 
-    def __init__(self, api_client: Any, clock: Clock) -> None:
+    def __init__(self, api_client: Any, clock: FakeClock) -> None:
         super().__init__(api_client, NS, LEASE, timeout=5.0)
         self.clock = clock
         self.hang: tuple[Any, float] | None = None
@@ -493,7 +486,7 @@ class HangingLeases(LeaseClient):
 def test_a_read_that_hung_never_takes_a_lease_renewed_while_it_hung(kubeapi: FakeKubeAPI, kube_client: Any) -> None:
     """The time that counts is when the read returned: a request that hung while another replica
     took and renewed the lease must not count that change from before the request."""
-    clock = Clock()
+    clock = FakeClock(now=500.0)
     a, c = Replica(kube_client, "prof-a", clock), Replica(kube_client, "prof-c", clock)
     leases = HangingLeases(kube_client, clock)
     b = LeaderElector(leases, ElectionConfig(namespace=NS, identity="prof-b", lease_duration_s=15.0,
