@@ -87,19 +87,34 @@ def test_served_with_its_rows_help(tree: Path) -> None:
     assert row["backends"] == ["simulated"] and row["labels"] == ["gpu", "uuid", "widget"]
 
 
-def test_shown_in_stats_and_gpu_metrics(tree: Path) -> None:
+def test_shown_in_stats_gpu_metrics_and_the_live_page(tree: Path) -> None:
     with ExporterProcess(["--backend", "simulated", "--simulated-gpus", "2"], cwd=tree) as ex:
         stats = json.loads(ex.get("/stats")[1])
         legacy = json.loads(ex.get("/api/v1/monitoring/gpu-metrics")[1])
+        page = ex.get("/")[1].decode()
     assert [g["widget_alpha_bytes"] for g in stats["gpus"]] == [ALPHA, ALPHA]  # SI, a JSON integer
     assert all(type(g["widget_alpha_bytes"]) is int for g in stats["gpus"])
     assert [g["widget"] for g in legacy["gpus"]] == [{"alpha": 3}, {"alpha": 3}]  # MiB
+    # the live page shows it on each card, from /stats, titled as its snapshot column
+    assert 'const FIELDS = [{"key": "widget_alpha_bytes", "title": "ALPHA", "unit": "bytes"}];' in page
     jsonschema.validate(stats, _schema(tree, "stats"))
     jsonschema.validate(legacy, _schema(tree, "gpu-metrics"))
     gpu = _schema(tree, "stats")["properties"]["gpus"]["items"]
     assert gpu["properties"]["widget_alpha_bytes"] == {  # the doc is the row's help and nvidia-smi equivalent
         "type": ["integer", "null"], "minimum": 0,
         "description": "Bytes in the widget cache, by widget. (nvidia-smi widgets.used)"}
+
+
+def test_on_each_card_of_the_live_page(tree: Path, tmp_path: Path) -> None:
+    """In real headless Chromium: each card shows the field, titled and in its unit, as the snapshot table."""
+    from tests.e2e.test_live_page import Cards, chromium
+
+    with ExporterProcess(["--backend", "simulated", "--simulated-gpus", "2"], cwd=tree) as ex:
+        dom = chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom", ex.url + "/")
+    page = Cards()
+    page.feed(dom.stdout)
+    assert [c.get("widget_alpha_bytes") for c in page.cards.values()] == ["3.0 MiB", "3.0 MiB"], page.cards
+    assert "ALPHA 3.0 MiB" in " ".join(dom.stdout.split()).replace("<span data-field=\"widget_alpha_bytes\">", "")
 
 
 def test_in_snapshot_and_compared_by_diff(tree: Path) -> None:
