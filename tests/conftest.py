@@ -221,6 +221,24 @@ def make_prometheus(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
         prom.stop()
 
 
+# ---- the profiler (tests/harness/profiler.py) -------------------------------------------
+
+
+@pytest.fixture
+def make_profiler(kubeapi: FakeKubeAPI, tmp_path: Path) -> Callable[..., Any]:
+    """Factory: ``make_profiler(prometheus_url, *flags, cluster=True, out=None)`` -> a Profiler wired as
+    ``gpu-exporter profile`` wires it (tests/harness/profiler.build_profiler), writing to ``kubeapi``
+    (``cluster=False``: a dry run without a cluster)."""
+    from tests.harness.profiler import build_profiler
+
+    kubeconfig = kubeapi.kubeconfig(tmp_path / "profiler-kubeconfig")
+
+    def make(prometheus_url: str, *flags: str, cluster: bool = True, out: Any = None) -> Any:
+        return build_profiler(prometheus_url, *flags, kubeconfig=kubeconfig if cluster else None, out=out)
+
+    return make
+
+
 # ---- Kubernetes API (tests/harness/kubeapi.py) ------------------------------------------
 
 

@@ -3,6 +3,7 @@ and small builders shared by the profiler test modules."""
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import urllib.error
@@ -11,11 +12,14 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import IO, TYPE_CHECKING, Self
 
 from tests.fakes.profiler_history import GpuHistory, write_openmetrics
 from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
 from tests.harness.prom import OpenMetricsWriter
+
+if TYPE_CHECKING:
+    from exporter.profiler.loop import Profiler
 
 MODES = (None, "500", "garbage", "slow", "nan", "empty", "hang")
 
@@ -139,3 +143,16 @@ def closed_port_url() -> str:
     from tests.harness.net import free_port
 
     return f"http://127.0.0.1:{free_port()}"
+
+
+def build_profiler(prometheus_url: str, *flags: str, kubeconfig: Path | None = None,
+                   out: IO[str] | None = None) -> Profiler:
+    """The one way a test makes a profiler in process: ``gpu-exporter profile``'s own wiring (its settings
+    table, its loader, ``main.build_profiler``) from ``flags``, against ``prometheus_url`` and the API server
+    of ``kubeconfig`` (None: a dry run without a cluster, ``--dry-run`` implied). The process itself:
+    ``tests.harness.exporter.DaemonProcess("profile", ...)``."""
+    from exporter.profiler import main
+
+    argv = ["--prometheus-url", prometheus_url, *flags]
+    argv += ["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--dry-run"]
+    return main.build_profiler(main.parse_args(argv, environ={}), out=out if out is not None else io.StringIO())

@@ -14,17 +14,15 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from exporter.profiler.annotate import NodeStore
 from exporter.profiler.classify import classify_gpu
 from exporter.profiler.loop import Profiler
-from exporter.profiler.plan import PlanConfig
 from exporter.profiler.prom import PromClient
 from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import (
@@ -40,7 +38,7 @@ from tests.harness.profiler import history_file
 from tests.harness.prom import Prometheus
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+    pass
 
 pytestmark = pytest.mark.prometheus
 
@@ -163,8 +161,8 @@ def test_scenario_node_every_case(prom: Prometheus) -> None:
 
 
 def test_full_cycle_annotates_nodes_and_then_goes_quiet(prom: Prometheus, kubeapi: FakeKubeAPI,
-                                                         kube_client: ApiClient) -> None:
-    api, client = kubeapi, kube_client
+                                                         make_profiler: Callable[..., Profiler]) -> None:
+    api = kubeapi
     foreign = {"example.com/owner": "team-a", "gpu-exporter.io.bak/pattern": "old"}
     # scn-a was annotated by an earlier run, when GPU 5 still existed
     api.add_node("scn-a", annotations={
@@ -178,7 +176,7 @@ def test_full_cycle_annotates_nodes_and_then_goes_quiet(prom: Prometheus, kubeap
     api.add_node("cpu-only", annotations={"example.com/owner": "team-b"})
     api.add_node("lab-000")
     out = io.StringIO()
-    prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(client), PlanConfig(), out=out)
+    prof = make_profiler(prom.url, "--events", "off", "--health-condition", "off", out=out)
 
     r1 = prof.run_cycle(at=END)
     assert r1.ok and r1.errors == [] and r1.queries == 7
@@ -230,9 +228,9 @@ def test_full_cycle_annotates_nodes_and_then_goes_quiet(prom: Prometheus, kubeap
     assert out.getvalue() == ""  # not a dry run: nothing printed
 
 
-def test_dry_run_without_cluster_prints_patches(prom: Prometheus) -> None:
+def test_dry_run_without_cluster_prints_patches(prom: Prometheus, make_profiler: Callable[..., Profiler]) -> None:
     out = io.StringIO()
-    prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), None, PlanConfig(), out=out)
+    prof = make_profiler(prom.url, "--health-condition", "off", cluster=False, out=out)
     r = prof.run_cycle(at=END)
     docs = [json.loads(line) for line in out.getvalue().splitlines()]
     nodes = [d["node"] for d in docs]
