@@ -65,3 +65,20 @@ def test_the_install_hint_works_without_pypi() -> None:
     for doc in ("docs/attribution.md", "docs/cli.md", "README.md"):
         text = (REPO / doc).read_text()
         assert "pip install 'gpu-exporter[k8s]'" not in text, doc
+
+
+def test_readme_says_what_make_test_installs() -> None:
+    """Issue 38, item 19: the README said make test installs "Debian's prometheus"; it also installs
+    other Debian packages and npm tools. Each package the Makefile installs is named."""
+    import re
+
+    makefile = (REPO / "Makefile").read_text()
+    debian = set(re.findall(r'missing="\$\$missing ([a-z0-9.+-]+)"', makefile))
+    npm = re.search(r"NPM_TEST_DEPS := (.*?)\n(?=\S)", makefile, re.S)
+    assert debian and npm
+    packages = {p.rsplit("@", 1)[0] for p in npm.group(1).replace("\\", " ").split()}
+    readme = (REPO / "README.md").read_text()
+    quick = readme[readme.index("## Quick start"):readme.index("## Backends")]
+    for name in sorted(debian | packages):
+        assert f"`{name}`" in quick, f"README's quick start does not name {name}"
+    assert "`.[test,k8s]`" in quick
