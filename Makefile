@@ -115,9 +115,10 @@ bench: $(VENV)/.installed-test .apt-test-deps
 	$(PY) -m bench.run --per-pod 8x16 --write docs/benchmarks.md
 	$(PY) -m bench.profiler 100 1000 10000 --store both --write docs/benchmarks.md
 
-# Optional: exporter (simulated) + Prometheus + profiler --dry-run --once, printing the annotations.
+# Optional: exporter (simulated) + Prometheus + profiler --dry-run --once, printing the annotations;
+# the exporter and Prometheus keep serving (their URLs printed) until Ctrl-C.
 demo: $(VENV)/.installed-test .apt-test-deps
-	$(PY) -m demo.run
+	$(PY) -m demo.run --serve
 
 # The whole reliability suite, long scenarios included (docs/reliability.md).
 reliability: $(VENV)/.installed-test .apt-test-deps

@@ -20,8 +20,10 @@
    The scrape config has no ``node`` relabelling, so the profiler joins GPU series to
    ``gpu_host_info`` on ``instance`` (the fallback path).
 
-Run: ``.venv/bin/python -m demo.run`` (about 15 s). Nothing is written anywhere outside
-a temporary directory; everything listens on 127.0.0.1.
+Run: ``.venv/bin/python -m demo.run`` (about 15 s), which exits when the patches are printed and
+names no address (nothing listens any more); ``make demo`` passes ``--serve``: the exporter and
+Prometheus then keep running, their URLs are printed, and Ctrl-C stops them. Nothing is written
+anywhere outside a temporary directory; everything listens on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -99,7 +101,22 @@ def without_own_kubeconfig_warning(log: str) -> str:
     return "".join(kept)
 
 
-def main() -> int:
+def serve_until_interrupted(urls: dict[str, str]) -> None:
+    """Print what still listens and wait for Ctrl-C (SIGINT) or SIGTERM."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    lines = "".join(f"  {name}: {url}\n" for name, url in urls.items())
+    sys.stderr.write(f"serving until Ctrl-C:\n{lines}")
+    sys.stderr.flush()
+    stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    keep = "--serve" in (sys.argv[1:] if argv is None else argv)
     port = free_port()
     env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO)}
     for var in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
@@ -116,38 +133,50 @@ def main() -> int:
         # started at its first scrape, just now)
         end = time.time() - INTERVAL
         model = simulated.Model(SCENARIO, GPUS, end - SPAN)
-        print(f"exporter: {GPUS} simulated GPUs ({SCENARIO}: {', '.join(model.state(i) for i in range(GPUS))}) "
-              f"on {url}, live page http://127.0.0.1:{port}/", file=sys.stderr)
+        # no address here: without --serve nothing listens once the patches are printed
+        print(f"exporter: {GPUS} simulated GPUs ({SCENARIO}: {', '.join(model.state(i) for i in range(GPUS))})",
+              file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="gpu-exporter-demo-") as tmp:
             history = Path(tmp) / "history.om"
-            backfill(history, f"127.0.0.1:{port}", "targets", end, model)
-            with Prometheus(Path(tmp) / "prometheus", scrape_targets=[f"127.0.0.1:{port}"],
+            # the job the shipped scrape configs give the exporter: the profiler trusts a target's own
+            # node names (gpu_host_info) only from the exporters' jobs (--source-job, docs/profiler.md)
+            backfill(history, f"127.0.0.1:{port}", "gpu-exporter", end, model)
+            with Prometheus(Path(tmp) / "prometheus", scrape_targets=[f"127.0.0.1:{port}"], job_name="gpu-exporter",
                             scrape_interval="15s", tsdb_blocks_from=history) as prom:
                 prom.wait_for_up(f"127.0.0.1:{port}")
-                print(f"prometheus: {prom.url} (35 min backfilled from the simulated model)", file=sys.stderr)
+                print("prometheus: 35 min backfilled from the simulated model", file=sys.stderr)
                 proc = subprocess.run(
                     [sys.executable, "-m", "exporter", "profile", "--once", "--dry-run", "--at", f"{end:.3f}",
                      "--prometheus-url", prom.url, "--log-level", "warning"],
                     cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        sys.stderr.write(without_own_kubeconfig_warning(proc.stderr))
-        if proc.returncode != 0:
-            print(f"profiler exited {proc.returncode}", file=sys.stderr)
-            return proc.returncode
-        print("profiler --dry-run --once: the merge patches it would send\n")
-        for line in proc.stdout.splitlines():
-            doc = json.loads(line)
-            patch = doc["patch"]
-            if "metadata" in patch:  # the annotations (docs/annotations.md)
-                print(f"node {doc['node']}:")
-                for key, value in patch["metadata"]["annotations"].items():
-                    print(f"  {key}: {value}")
-            for cond in patch.get("status", {}).get("conditions", []):  # the GPUHealthy Node condition
-                print(f"node {doc['node']} condition {cond.get('type')}={cond.get('status')} "
-                      f"({cond.get('reason')}): {cond.get('message')}")
+                sys.stderr.write(without_own_kubeconfig_warning(proc.stderr))
+                if proc.returncode != 0:
+                    print(f"profiler exited {proc.returncode}", file=sys.stderr)
+                    return proc.returncode
+                print_patches(proc.stdout)
+                sys.stdout.flush()
+                if keep:
+                    serve_until_interrupted({"live page": f"http://127.0.0.1:{port}/", "metrics": url,
+                                             "prometheus": f"{prom.url}/graph"})
         return 0
     finally:
         exporter.terminate()
         exporter.wait(10)
+
+
+def print_patches(out: str) -> None:
+    """The profiler's dry-run lines as annotations and Node conditions, per node."""
+    print("profiler --dry-run --once: the merge patches it would send\n")
+    for line in out.splitlines():
+        doc = json.loads(line)
+        patch = doc["patch"]
+        if "metadata" in patch:  # the annotations (docs/annotations.md)
+            print(f"node {doc['node']}:")
+            for key, value in patch["metadata"]["annotations"].items():
+                print(f"  {key}: {value}")
+        for cond in patch.get("status", {}).get("conditions", []):  # the GPUHealthy Node condition
+            print(f"node {doc['node']} condition {cond.get('type')}={cond.get('status')} "
+                  f"({cond.get('reason')}): {cond.get('message')}")
 
 
 if __name__ == "__main__":

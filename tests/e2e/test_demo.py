@@ -27,6 +27,8 @@ def demo() -> tuple[dict[int, str], dict[str, str]]:
     proc = subprocess.run([sys.executable, "-m", "demo.run"], cwd=REPO, env=dict(os.environ), capture_output=True,
                           text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # issue 38, item 16: once it has exited nothing listens, so it names no address to visit
+    assert "http://" not in proc.stdout + proc.stderr, proc.stderr
     states = re.search(r"simulated GPUs \(mixed: ([a-z_, ]+)\)", proc.stderr)
     assert states, proc.stderr
     by_index = dict(enumerate(s.strip() for s in states.group(1).split(",")))
@@ -82,3 +84,33 @@ def test_docs_show_the_block_the_demo_prints(demo: tuple[dict[int, str], dict[st
         else:
             assert documented[key] == value, (key, documented[key], value)
     assert f"its {len(demo[0])} simulated GPUs" in text
+
+
+@pytest.mark.prometheus
+def test_make_demo_serves_what_it_prints_until_ctrl_c() -> None:
+    """Issue 38, item 16: `make demo` (demo.run --serve) printed URLs that were dead once it exited.
+    It now keeps the exporter and Prometheus up, prints their URLs, each answers, and Ctrl-C stops it."""
+    import signal
+    import urllib.request
+
+    assert "-m demo.run --serve" in (REPO / "Makefile").read_text()
+    proc = subprocess.Popen([sys.executable, "-m", "demo.run", "--serve"], cwd=REPO, env=dict(os.environ),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:  # the line that says it serves, then one line per URL
+            lines.append(line)
+            if line.startswith("serving until Ctrl-C"):
+                break
+        urls = [proc.stderr.readline().split(": ", 1)[1].strip() for _ in range(3)]
+        assert len(urls) == 3 and all(u.startswith("http://127.0.0.1:") for u in urls), "".join(lines)
+        for url in urls:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                assert r.status == 200, url
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
