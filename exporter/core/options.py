@@ -49,6 +49,7 @@ class Settings:
     web_config_file: str | None = None
     max_connections: int = 64
     read_timeout: float = 10.0
+    probe_port: int = 0  # 0: none; else a plain-HTTP listener for /healthz and /readyz alone
     config_file: str | None = None
     check_config: bool = False
     #: the backends' own settings (``Backend.settings``) by name, every one present (its default when unset)

@@ -148,6 +148,10 @@ SPECS: tuple[Setting, ...] = (
     _row("read_timeout", "EXPORTER_READ_TIMEOUT", "seconds",
          "seconds a connection has for its TLS handshake and whole request, and an answer for its write",
          low=0.1, high=300),
+    _row("probe_port", "EXPORTER_PROBE_PORT", "integer",
+         "a second port for the kubelet's probes: /healthz and /readyz only, plain HTTP whatever the web config, "
+         "its own connections, so no TLS handshake or greedy client of --port is in a probe's way (0 = none: "
+         "probes on --port)", low=0, high=65535),
 )
 loader.check_unique(SPECS)
 _BACKEND_NAMES = frozenset(r.name for r in _backend_rows())
@@ -185,6 +189,9 @@ def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Setti
     if settings.dra_attribution == "on" and settings.pod_attribution == "off":
         raise ConfigError("invalid dra_attribution = 'on' with pod_attribution = 'off': DRA devices are found "
                           "through the kubelet's pod-resources API; set --pod-attribution auto or on")
+    if settings.probe_port and settings.probe_port == settings.port:
+        raise ConfigError(f"invalid probe_port = {settings.probe_port}: the same as --port; the probes need a port "
+                          "of their own (or 0 for none)")
     if settings.per_process and not os.path.isdir(os.path.join(settings.proc_root, "self")):
         raise ConfigError(f"invalid proc_root = {settings.proc_root!r}: not a proc filesystem (no self/ in it); "
                           "--per-process reads PIDs' cgroups there: mount the host's /proc read-only and point "

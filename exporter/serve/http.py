@@ -111,8 +111,10 @@ def metrics_fast(engine: Engine, cache: Exposition) -> FastRoute:
 
 
 def build_server(engine: Engine, address: str, port: int, metrics_path: str, ready_max_age: float,
-                 max_connections: int = 64, read_timeout: float = 10.0, web: WebConfig | None = None) -> HTTPServer:
-    srv = HTTPServer((address, port), max_connections=max_connections, read_timeout=read_timeout, web=web)
+                 max_connections: int = 64, read_timeout: float = 10.0, web: WebConfig | None = None,
+                 probe_port: int | None = None) -> HTTPServer:
+    srv = HTTPServer((address, port), max_connections=max_connections, read_timeout=read_timeout, web=web,
+                     probe_port=probe_port)
     landing = LANDING.format(metrics=metrics_path).encode()
 
     def index(h: Handler, path: str, query: str) -> Response:

@@ -290,7 +290,8 @@ def main(argv: Sequence[str]) -> int:
         engine.family_sources.append(dra.families)
     try:
         server = build_server(engine, settings.address, settings.port, settings.metrics_path,
-                              settings.ready_max_age, settings.max_connections, settings.read_timeout, web)
+                              settings.ready_max_age, settings.max_connections, settings.read_timeout, web,
+                              probe_port=settings.probe_port or None)
     except OSError as exc:
         # a port another process holds: say which setting moves ours (make run passes PORT= to --port)
         hint = ("; pick another with --port (EXPORTER_PORT; make run PORT=...)"
@@ -310,6 +311,9 @@ def main(argv: Sequence[str]) -> int:
     log.info("serving %s://%s%s (backend %s%s)%s", scheme, host_port(settings.address, server.server_address[1]),
              settings.metrics_path, names, ", basic auth" if web is not None and web.users else "",
              loopback_hint(settings.address))
+    if server.probe_address is not None:
+        log.info("probes: http://%s/healthz and /readyz (plain HTTP, the probe paths only)",
+                 host_port(settings.address, server.probe_address[1]))
     try:
         server.serve_forever(poll_interval=0.5)
     finally:

@@ -112,6 +112,11 @@ class HTTPServer:
             except OSError:
                 self.socket.close()
                 raise
+            # accepted only once a request's bytes are here (Linux): a connection that sends nothing never
+            # takes a place, and a probe's request (one segment) is read and answered the moment it is
+            # accepted, so no later connection can push it out before its answer
+            with contextlib.suppress(AttributeError, OSError):
+                self.probe_socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, max(1, int(read_timeout)))
             self.probe_address = self.probe_socket.getsockname()
         self.live: LiveWebConfig | None = None
         if web is not None:
@@ -346,25 +351,28 @@ class HTTPServer:
                 return
             except OSError:  # EMFILE: the main port's accept says so; a probe retries
                 return
-            while len(self._probe_open) >= PROBE_OPEN:  # its own cap: the oldest probe connection goes
-                self._close(next(iter(self._probe_open)))
             self._add(sock, addr, probe=True)
 
-    def _victim(self) -> _Conn | None:
+    def _victim(self, probe: bool) -> _Conn | None:
         """The connection to close for a new one at the cap: one whose answer is out and is being
         drained, else the oldest that never completed a request, the oldest idle keep-alive, the oldest
         answer not being taken. Never one whose answer is being made (their number is bounded by the
         lanes: ``--max-connections``, 32 password checks, the probe lane)."""
         for d in (self._closing, self._fresh, self._idle, self._writing):
             for conn in d:
-                if not conn.probe:
+                if conn.probe is probe:
                     return conn
         return None
 
     def _add(self, sock: socket.socket, addr: Any, probe: bool = False) -> None:
-        while not probe and len(self._open) >= self.max_open:
-            victim = self._victim()
+        pool, cap = (self._probe_open, PROBE_OPEN) if probe else (self._open, self.max_open)
+        while len(pool) >= cap:
+            victim = self._victim(probe)
             if victim is None:  # every connection is being answered: this one cannot be held
+                if probe:
+                    with contextlib.suppress(OSError):
+                        sock.close()
+                    return
                 if not self._refusing:
                     log.warning("%d connections open (the cap, from the file limit), every one being answered: "
                                 "closing new connections until one ends", len(self._open))
