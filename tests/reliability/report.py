@@ -332,6 +332,18 @@ EXTERNAL = [
             "argument per class in docs/security.md",
         "test": "tests/unit/platform/test_probe_starvation.py::test_no_class_of_greedy_client_starves_the_probes",
         "figures": {"cases": 9, "failures": 0}, "outcome": "make test"}),
+    ("Access control and secrets", {
+        "scenario": "HTTP and web-config survivors (issue 36)",
+        "done": "four one-line bugs the whole suite missed, each planted by hand: silent sockets evicted after "
+            "an idle keep-alive at the cap; a fifth request queued at --max-connections 4; a reload dropping "
+            "client_allowed_sans taken; RequireAndVerifyClientCert and VerifyClientCertIfGiven swapped",
+        "happened": "each fails its new test: the keep-alive connection that completed a request survives 48 "
+            "silent sockets; four requests held and the fifth 503 with Retry-After at once; the reload "
+            "refused and the other client's certificate still refused; without client_allowed_sans a client "
+            "with no certificate is refused by RequireAndVerifyClientCert and admitted by "
+            "VerifyClientCertIfGiven (real TLS handshakes)",
+        "test": "tests/unit/platform/test_http_survivors.py",
+        "figures": {"cases": 6, "failures": 0}, "outcome": "make test"}),
 ]
 
 FIXED = [
