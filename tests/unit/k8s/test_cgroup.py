@@ -75,3 +75,33 @@ def test_a_container_id_is_only_the_pods_direct_child() -> None:
     # a child named like CRI-O's monitor, below a container, does not hide the process outside any pod
     assert cgroup.parse_path(f"/kubepods/pod{_OWN}/{_OCID}/crio-conmon-{_VCID}.scope") == \
         cgroup.CgroupRef(_OWN, _OCID)
+
+
+def test_which_line_of_a_cgroup_file_decides() -> None:
+    a, b = _OWN, _VICTIM
+    # the v2 line wins, even when a v1 line names a container and it does not
+    assert cgroup.parse(f"1:cpu:/kubepods/pod{a}/{_OCID}\n0::/kubepods/pod{a}\n") == cgroup.CgroupRef(a, "")
+    # a v1 line with an empty controller list is not the v2 line
+    assert cgroup.parse(f"3::/kubepods/pod{a}\n0::/kubepods/pod{b}/{_VCID}\n") == cgroup.CgroupRef(b, _VCID)
+    # v1 only: the first line that names a container; a line without one never replaces it
+    assert cgroup.parse(f"2:memory:/kubepods/pod{a}/{_OCID}\n1:cpu:/kubepods/pod{b}/{_VCID}\n") == \
+        cgroup.CgroupRef(a, _OCID)
+    assert cgroup.parse(f"2:memory:/kubepods/pod{a}\n1:cpu:/kubepods/pod{b}/{_VCID}\n") == cgroup.CgroupRef(b, _VCID)
+    assert cgroup.parse(f"2:memory:/kubepods/pod{a}/{_OCID}\n1:cpu:/kubepods/pod{b}\n") == cgroup.CgroupRef(a, _OCID)
+    # lines that say nothing (malformed, outside any pod) are skipped, not the end of the file
+    assert cgroup.parse(f"garbage\n4:pids:/system.slice/x\n1:cpu:/kubepods/pod{a}/{_OCID}\n") == \
+        cgroup.CgroupRef(a, _OCID)
+    # a path may hold colons: only the first two separate the fields
+    assert cgroup.parse(f"1:cpu:/kubepods/pod{a}/containerd:{_OCID}\n") == cgroup.CgroupRef(a, _OCID)
+    assert cgroup.parse_path(f"/kubepods/pod{a}//{_OCID}") == cgroup.CgroupRef(a, _OCID)  # an empty component
+
+
+def test_read_never_raises(tmp_path: Path) -> None:
+    (tmp_path / "7" / "cgroup").mkdir(parents=True)  # opens, but cannot be read
+    assert cgroup.read(str(tmp_path), 7) is False
+    (tmp_path / "8").mkdir()
+    (tmp_path / "8" / "cgroup").write_bytes(b"0::/system.slice/caf\xe9\xff.service\n")  # not UTF-8: no pod
+    assert cgroup.read(str(tmp_path), 8) is None
+    (tmp_path / "9").mkdir()
+    (tmp_path / "9" / "cgroup").write_bytes(f"0::/\xff/kubepods/pod{_OWN}/{_OCID}\n".encode("latin-1"))
+    assert cgroup.read(str(tmp_path), 9) == cgroup.CgroupRef(_OWN, _OCID)
