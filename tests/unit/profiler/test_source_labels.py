@@ -28,9 +28,10 @@ def test_trust_matchers_and_defaults() -> None:
 ])
 def test_bad_trust_values_name_the_flag(flag: str, value: str, why: str) -> None:
     kw = {"job": value} if flag == "--source-job" else {"namespace": value}
-    with pytest.raises(ValueError, match=flag) as exc:
+    with pytest.raises(ValueError) as exc:
         Trust(**kw)
-    assert why in str(exc.value) and "\n" not in str(exc.value).replace(repr(value), "")
+    msg = str(exc.value)
+    assert msg.startswith(f"{flag} {value!r}: ") and why in msg and "\n" not in msg.replace(repr(value), "")
     assert sources.check_regex(flag, "ok|fine") == "ok|fine"
 
 
@@ -72,3 +73,56 @@ def test_selectors_and_identity() -> None:
     assert (o.util, o.util_scale, o.mem_scale, o.mem_total) == ("gpu_utilization_ratio", 1.0, 1.0,
                                                                 "gpu_memory_total_bytes")
     assert d.mem_total == "" and d.health.xid_last == "DCGM_FI_DEV_XID_ERRORS" and a.any_prefix and not d.any_prefix
+
+
+def _names(src: sources.Source) -> dict[str, object]:
+    """Every metric name and matcher a source's queries select, and its scales."""
+    import dataclasses
+
+    out = {k: v for k, v in dataclasses.asdict(src).items() if k not in ("health", "trust")}
+    out.update({f"health.{k}": v for k, v in dataclasses.asdict(src.health).items()})
+    return out
+
+
+def test_every_name_ours_queries_is_a_family_we_publish() -> None:
+    from exporter.core import schema
+
+    o = sources.make(sources.OURS)
+    assert o.name == sources.OURS and sources.make(sources.DCGM).name == sources.DCGM
+    assert sources.make(sources.AMD).name == sources.AMD
+    names = _names(o)
+    metrics = [v for k, v in names.items() if isinstance(v, str) and v and k not in
+               ("name", "sm_whole", "health.ecc_matcher")]
+    assert len(metrics) == 13
+    for m in metrics:
+        assert schema.family(m).name == m, m  # raises for a name the exporter does not publish
+    assert names["sm_whole"] == 'gpu_instance=""' and names["health.ecc_matcher"] == 'error_type="uncorrected"'
+    assert (names["gpu_labels"], names["uuid_labels"], names["any_prefix"]) == (("gpu",), ("uuid",), False)
+    assert names["node_labels"] == ("node",)  # make()'s default node label
+    assert (names["util_scale"], names["mem_scale"]) == (1.0, 1.0)
+    assert "gpu_instance" in schema.family("gpu_sm_active_ratio").all_labels
+    assert "error_type" in schema.family("gpu_ecc_errors_total").all_labels
+
+
+def test_the_other_exporters_names_are_their_published_ones() -> None:
+    # dcgm-exporter: etc/default-counters.csv (and DCGM_FI_PROF_SM_ACTIVE, DCGM_FI_DEV_ROW_REMAP_FAILURE,
+    # DCGM_FI_DEV_RETIRED_PENDING from its dcgm-fields list); AMD: pkg/amdgpu/gpuagent/gpuagent_gpu_metrics.go
+    assert _names(sources.dcgm()) == {
+        "name": "dcgm", "util": "DCGM_FI_DEV_GPU_UTIL", "util_scale": 0.01, "mem_used": "DCGM_FI_DEV_FB_USED",
+        "mem_free": "DCGM_FI_DEV_FB_FREE", "mem_total": "", "mem_scale": 1048576.0,
+        "node_labels": ("node", "Hostname", "hostname", "kubernetes_node"), "gpu_labels": ("gpu",),
+        "uuid_labels": ("UUID",), "sm": "DCGM_FI_PROF_SM_ACTIVE", "sm_whole": 'GPU_I_ID=""', "allocation": "",
+        "any_prefix": False, "health.up": "", "health.xid_counter": "", "health.xid_last": "DCGM_FI_DEV_XID_ERRORS",
+        "health.ecc_uncorrectable": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "health.ecc_matcher": "",
+        "health.remap_failed": "DCGM_FI_DEV_ROW_REMAP_FAILURE", "health.retire_pending": "DCGM_FI_DEV_RETIRED_PENDING",
+        "health.pcie_width": "", "health.pcie_width_max": ""}
+    assert _names(sources.amd()) == {
+        "name": "amd", "util": "gpu_gfx_activity", "util_scale": 0.01, "mem_used": "gpu_used_vram",
+        "mem_free": "gpu_free_vram", "mem_total": "gpu_total_vram", "mem_scale": 1048576.0,
+        "node_labels": ("node", "hostname", "kubernetes_node"), "gpu_labels": ("gpu_id",),
+        "uuid_labels": ("gpu_uuid", "serial_number"), "sm": "", "sm_whole": "", "allocation": "", "any_prefix": True,
+        "health.up": "", "health.xid_counter": "", "health.xid_last": "", "health.ecc_uncorrectable":
+        "gpu_ecc_uncorrect_total", "health.ecc_matcher": "", "health.remap_failed": "", "health.retire_pending": "",
+        "health.pcie_width": "", "health.pcie_width_max": ""}
+    with pytest.raises(KeyError):
+        sources.make("nvidia")
