@@ -102,7 +102,7 @@ MODULES: dict[str, Module] = {
     # real watch timeout is left out); the ResourceSlice mapping; the profiler's source label rules.
     "cgroup": Module("exporter/k8s/cgroup.py", ("tests/unit/k8s/test_cgroup.py",)),
     "processes": Module("exporter/k8s/processes.py", ("tests/unit/k8s/test_shared_gpus.py",),
-                        extra_args=("-k", "build_rules or static_pod or another_pod or summary"),
+                        extra_args=("-k", "build_rules or static_pod or another_pod or summary or edge_cases"),
                         functions=tuple(f"exporter.k8s.processes.{f}__*" for f in (
                             "x__mapping", "x__text", "x_pod_summary", "x_index_pods", "xǁPodIndexǁholder",
                             "x_build", "x_render"))),

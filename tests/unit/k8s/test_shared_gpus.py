@@ -298,3 +298,52 @@ def test_pod_summary_keeps_only_what_the_mapping_reads_and_bounds_it() -> None:
     assert "annotations" not in odd["metadata"] and odd["status"] == {}
     edge = pod_summary({"metadata": {"name": "n" * 512, "uid": "u"}})
     assert edge["metadata"]["name"] == "n" * 512
+
+
+def test_build_and_render_edge_cases(proc_root: Path) -> None:
+    """From the processes mutation run: sums, caps, skipped readings, containers, and what is rendered."""
+    from exporter.k8s.processes import PodReading, View
+
+    objects = {U[1]: {"metadata": {"name": "a", "namespace": "n", "uid": U[1]},
+                      "status": {"containerStatuses": [{"name": "c", "containerID": f"containerd://{C[1]}"}]}},
+               U[2]: {"metadata": {"name": "b", "namespace": "m", "uid": U[2]},
+                      "status": {"containerStatuses": [{"name": "w", "containerID": f"cri-o://{C[2]}"},
+                                                       {"name": "s", "containerID": f"cri-o://{C[3]}"}]}}}
+    index = index_pods(objects)
+    skipped = _reading({1001: (1.0, 0.5)}, index=7)
+    skipped.process_pids = None
+    down = _reading({1001: (1.0, 0.5)}, index=8)
+    down.up = False
+    both = _reading({1001: (1.0, 0.7), 1002: (2.0, 0.6), 2001: (3.0, 0.1), 2002: (4.0, 0.2)}, index=2)
+    no_util = _reading({1001: (1.0, None)}, index=3)
+    no_util.process_utilization_by_pid = None  # the driver has no per-process utilisation
+    view = build([skipped, down, both, no_util], index, str(proc_root))
+    assert [g[0] for g in view.gpus] == ["2", "3"]
+    rows = dict(view.gpus[0][2])
+    assert rows[("n", "a", "c")] == PodReading(1.0, 3.0)  # 0.7 + 0.6 capped at 1; memory summed
+    assert rows[("m", "b", "")] == PodReading(pytest.approx(0.3), 7.0)  # two containers: none named
+    assert dict(view.gpus[1][2]) == {("n", "a", "c"): PodReading(None, 1.0)}
+    metrics = {m.name: {tuple(s.labels.values()): s.value for s in m.samples} for m in render(
+        View((("0", "GPU-0", ((("n", "a", "c"), PodReading(0.5, None)), (("n", "b", ""), PodReading(None, 9.0)))),),
+             {"in_pod": 3}))}
+    assert metrics["gpu_pod_utilization_ratio"] == {("0", "GPU-0", "a", "n", "c"): 0.5}
+    assert metrics["gpu_pod_memory_used_bytes"] == {("0", "GPU-0", "b", "n", ""): 9.0}
+    assert metrics["gpu_exporter_pod_processes"] == {("in_pod",): 3.0, ("outside_pod",): 0.0, ("unknown_pod",): 0.0,
+                                                     ("gone",): 0.0}
+
+
+def test_index_pods_edge_cases() -> None:
+    from exporter.k8s.processes import pod_summary
+
+    index = index_pods({
+        "x": {"metadata": {"uid": "nameless"}},  # no name: never a holder, and the next pod still indexed
+        "y": {"metadata": {"name": "p", "uid": U[1].upper(), "annotations": {"kubernetes.io/config.mirror": 5}},
+              "status": {"containerStatuses": [{"containerID": "containerd://ABC://def"}, {"name": "q"}]}},
+        "z": {"metadata": {"name": "r", "namespace": "ns"}}})
+    assert index.by_uid == {U[1]: ("", "p")}
+    assert index.by_container == {"abc://def": ("", "p", "")}
+    assert index.holder(cgroup.CgroupRef(U[1], "abc://def")) == ("", "p", "")
+    kept = pod_summary({"metadata": {"name": "p", "uid": "u"},
+                        "status": {"containerStatuses": "x",
+                                   "initContainerStatuses": [{"name": "i", "containerID": f"containerd://{C[2]}"}]}})
+    assert kept["status"] == {"initContainerStatuses": [{"name": "i", "containerID": f"containerd://{C[2]}"}]}
