@@ -110,7 +110,7 @@ MODULES: dict[str, Module] = {
                                               "tests/unit/k8s/test_watch.py"),
                     extra_args=("-k", "not resumes_after_the_watch_times_out")),
     "resourceslices": Module("exporter/k8s/resourceslices.py", ("tests/unit/k8s/test_dra.py",),
-                             extra_args=("-k", "identified or not_guessed or slice_summary or pool_generation"),
+                             extra_args=("-k", "identified or not_guessed or slice_summary or every_shape"),
                              functions=tuple(f"exporter.k8s.resourceslices.{f}__*" for f in (
                                  "x__attr_value", "x_device_attributes", "x_identify", "x_index_slice",
                                  "x_slice_summary", "x__pool", "xǁResourceSliceWatchǁ_changed",

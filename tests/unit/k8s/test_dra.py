@@ -423,12 +423,13 @@ def test_slice_summary_and_pool_generation_without_a_server() -> None:
     another node's slice or a slice without a spec never does."""
     from exporter.k8s.resourceslices import slice_summary
 
-    old = _slice("s-old", "p", 1, [_dev("gpu-0", "GPU-OLD")])
+    old = _slice("s-old", "p", 1, [_dev("gpu-0", "GPU-OLD"), _dev("gpu-gone", "GPU-GONE")])
     new = _slice("s-new", "p", 2, [_dev("gpu-0", "GPU-NEW"), _dev("gpu-1", "GPU-ONE")])
     other_pool = _slice("s-q", "q", 0, [_dev("gpu-9", "GPU-Q")])
     bad_gen = _slice("s-r", "r", "7", [_dev("gpu-8", "GPU-R")])
     elsewhere = _slice("s-x", "p", 9, [_dev("gpu-0", "GPU-ELSEWHERE")], node="other-node")
-    summaries = {s["metadata"]["uid"]: slice_summary(s) for s in (old, new, other_pool, bad_gen, elsewhere)}
+    # the newer generation first: the older one must lose by its generation, not by coming later
+    summaries = {s["metadata"]["uid"]: slice_summary(s) for s in (new, old, other_pool, bad_gen, elsewhere)}
     assert summaries["u-s-new"] == {"metadata": {"uid": "u-s-new", "name": "s-new"}, "spec": new["spec"]}
     assert slice_summary({"metadata": "x"}) == {"metadata": {}, "spec": None}
     w = ResourceSliceWatch(None, NODE)
@@ -438,7 +439,38 @@ def test_slice_summary_and_pool_generation_without_a_server() -> None:
     assert w.resolve(d, "p", "gpu-1") is not None and w.resolve(d, "q", "gpu-9") is not None
     assert w.resolve(d, "r", "gpu-8") is not None  # a generation that is not an int counts as 0
     assert w.resolve(d, "p", "gpu-2") is None and w.synced.is_set()
+    assert w.resolve(d, "p", "gpu-gone") is None  # only in the older generation
     w._changed({"a": slice_summary(old)})
     assert w.resolve(d, "p", "gpu-0").keys == (("uuid", "gpu-old"),)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="NODE_NAME"):
         ResourceSliceWatch(None, "")
+
+
+def test_attributes_identification_and_slices_of_every_shape() -> None:
+    from exporter.k8s.resourceslices import device_attributes
+
+    attrs = device_attributes({"name": "d", "attributes": {
+        "gpu.nvidia.com/uuid": {"string": "GPU-A"}, "driverVersion": {"version": "1.2.3"}, "index": {"int": 3},
+        "mig": {"bool": False}, "odd": {"unknown": 1}, "none": {"string": None}, "bad": "x",
+        "late": {"string": "kept"}}}, "gpu.nvidia.com")
+    assert attrs == {"uuid": "GPU-A", "driverVersion": "1.2.3", "index": "3", "mig": "False", "late": "kept"}
+    assert device_attributes({"name": "d", "attributes": 5}, "x") == {}
+    assert device_attributes({"name": "d", "basic": {"attributes": {"a": {"int": 1}}}}, "x") == {"a": "1"}
+    # MIG: the uuid alone, the profile alone, neither
+    mig = identify({"parentUUID": "GPU-P", "uuid": "MIG-1"})
+    assert mig is not None and mig.keys == (("mig", "mig-1"),) and mig.slice is True
+    prof = identify({"parentUUID": "GPU-P", "profile": " 1g.10gb "})
+    assert prof is not None and prof.keys == (("migp", "gpu-p", "1g.10gb"),)
+    assert identify({"parentUUID": "GPU-P"}) is None
+    full = identify({"uuid": "GPU-X"})
+    assert full is not None and full.slice is False and full.keys == (("uuid", "gpu-x"),)
+    assert identify({}) is None
+    # slices of the wrong shape index nothing, and raise nothing
+    dev = {"name": "ok", "attributes": {"uuid": {"string": "GPU-OK"}}}
+    good = {"spec": {"driver": "d", "pool": {"name": "p"}, "devices": ["x", {"name": 5}, dev]}}
+    assert list(index_slice(good)) == [("d", "p", "ok")]
+    for spec in ({"driver": 1, "pool": {"name": "p"}, "devices": [dev]}, {"driver": "d", "pool": "p", "devices": [dev]},
+                 {"driver": "d", "pool": {"name": 2}, "devices": [dev]}, {"driver": "d", "pool": {"name": "p"},
+                                                                        "devices": {"x": dev}}):
+        assert index_slice({"spec": spec}) == {}, spec
+    assert index_slice({"spec": "x"}) == {}
