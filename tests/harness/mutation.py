@@ -119,6 +119,17 @@ MODULES: dict[str, Module] = {
                                                        "tests/unit/profiler/test_sources.py"),
                       extra_args=("-k", "not prom and not three_forms and not one_source and not both_exporters "
                                         "and not own_pod and not empty_prometheus")),
+    # the shared HTTP server (issue 39 split it along its seams): the pure protocol functions by their own
+    # table of requests; the I/O loop and its limits by a real server in this process (real sockets and TLS)
+    "http-protocol": Module("exporter/platform/http/protocol.py", ("tests/unit/platform/test_http_protocol.py",)),
+    "http-server": Module("exporter/platform/http/server.py", ("tests/unit/platform/test_http_server.py",
+                                                               "tests/unit/platform/test_http_survivors.py"),
+                          also=("exporter/platform/http/limits.py",)),
+    # the web config's reload (never fail open, never lose an edit) and its TLS settings in force
+    "webconfig-reload": Module("exporter/platform/webconfig.py", ("tests/unit/platform/test_webconfig_reload.py",
+                                                                  "tests/unit/platform/test_http_survivors.py"),
+                               functions=tuple(f"exporter.platform.webconfig.{f}__*" for f in (
+                                   "x__stamp", "x__weakens", "xǁLiveWebConfigǁ*"))),
     "prom-caps": Module("exporter/profiler/prom.py", ("tests/unit/profiler/test_prom.py",),
                         functions=("exporter.profiler.prom.xǁPromClientǁ_post__*",
                                    "exporter.profiler.prom.xǁPromClientǁ_exchange__*",

@@ -239,3 +239,23 @@ def test_a_user_name_that_is_not_utf8_is_refused_not_a_crash(tmp_path: Path) -> 
     odd = basic(b"pr\xffom", PASSWORD)
     assert cfg.check(odd) is False and cfg.cached(odd) is False
     assert cfg.check(basic("prom", PASSWORD))
+
+
+def test_a_pasted_htpasswd_line_gets_an_error_that_says_so(tmp_path: Path) -> None:
+    """Issue 38 item 15: ``htpasswd -nB user`` prints ``user:hash``; pasted whole, as the mapping or
+    as a user's value, the error names the mistake (the hash itself is never echoed)."""
+    line = "bob:" + hashed()
+    path = tmp_path / "web.yml"
+    for text, want in (
+            (f"basic_auth_users:\n  {line}\n",
+             f"web config {path}: basic_auth_users holds an htpasswd line (user:hash); write it as a mapping, one "
+             "user per line: '  <user>: <hash>' (a space after the colon, no quotes needed)"),
+            (f"basic_auth_users:\n  bob: '{line}'\n",
+             f"web config {path}: basic_auth_users.bob: the value is an htpasswd line (user:hash): drop the user "
+             "name and colon before the hash ($2y$...)")):
+        path.write_text(text)
+        with pytest.raises(webconfig.ConfigError) as exc:
+            webconfig.load(str(path))
+        assert str(exc.value) == want
+    path.write_text(f"basic_auth_users:\n  bob: '{hashed()}'\n")  # the same hash written right: loads
+    assert list(webconfig.load(str(path)).users) == ["bob"]

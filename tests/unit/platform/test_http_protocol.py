@@ -1,0 +1,155 @@
+"""The server's protocol functions, pure (exporter/platform/http/protocol.py): request parsing (RFC
+9112), Expect: 100-continue, Accept / Accept-Encoding negotiation (RFC 9110 12.5) and the answer head.
+
+Exact outcomes for each rule; the fuzzing of the same parser is tests/reliability/test_fuzz_inputs.py
+and the same rules through a real socket are test_http_server.py. ``make mutation`` judges
+protocol.py by this file.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.platform.http import protocol
+from exporter.platform.http.protocol import BadRequest, Response, answer_head, parse_request, wants_continue
+
+H = b"Host: x\r\n"
+
+
+@pytest.mark.parametrize(("data", "want"), [
+    (b"GET /metrics HTTP/1.1\r\n" + H + b"\r\n", ("GET", "/metrics", "HTTP/1.1", {"host": "x"}, 34)),
+    (b"HEAD / HTTP/1.0\r\n\r\n", ("HEAD", "/", "HTTP/1.0", {}, 19)),
+    (b"\r\n\r\nGET / HTTP/1.0\r\n\r\n", ("GET", "/", "HTTP/1.0", {}, 22)),  # stray blank lines first
+    (b"GET / HTTP/1.0\n\n", ("GET", "/", "HTTP/1.0", {}, 16)),  # bare LF line ends
+    (b"GET / HTTP/1.0\r\nX-A: 1\r\nX-A: 2\r\n\r\n", ("GET", "/", "HTTP/1.0", {"x-a": "1, 2"}, 34)),
+    (b"GET / HTTP/1.0\r\nAccept:  \t a/b \t\r\n\r\n", ("GET", "/", "HTTP/1.0", {"accept": "a/b"}, 36)),
+    (b"GET / HTTP/1.0\r\nContent-Length: 3\r\n\r\nabcGET", ("GET", "/", "HTTP/1.0", {"content-length": "3"}, 40)),
+    (b"GET /p?q=%C3%A9 HTTP/1.1\r\nHOST: y\r\n\r\n", ("GET", "/p?q=%C3%A9", "HTTP/1.1", {"host": "y"}, 37)),
+    (b"GET /\xe9 HTTP/1.0\r\nX: \xe9\r\n\r\n", ("GET", "/\xe9", "HTTP/1.0", {"x": "\xe9"}, 25)),  # latin-1
+])
+def test_a_whole_request_is_parsed(data: bytes, want: tuple[str, str, str, dict[str, str], int]) -> None:
+    parsed = parse_request(bytearray(data))
+    assert parsed is not None
+    (method, target, version, headers), used = parsed
+    assert (method, target, version, dict(headers), used) == want
+    assert headers.get("HOST") == headers.get("host")  # looked up by any case
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"GET / HTTP/1.1", b"GET / HTTP/1.1\r\n", b"GET / HTTP/1.1\r\nHost: x\r\n",
+    b"GET / HTTP/1.0\r\nContent-Length: 3\r\n\r\nab", b"\r\n\r\n",
+])
+def test_an_incomplete_request_waits(data: bytes) -> None:
+    assert parse_request(bytearray(data)) is None
+
+
+LONG = b"a" * (protocol.MAX_LINE + 1)
+
+
+@pytest.mark.parametrize(("data", "status", "message"), [
+    (b"GET /" + LONG + b" HTTP/1.1\r\n\r\n", 414, "request line or header too long"),
+    (b"GET /" + LONG, 414, "request line or header too long"),  # not even a line end yet
+    (b"GET / HTTP/1.1\r\nX: " + LONG + b"\r\n\r\n", 431, "request line or header too long"),
+    (b"GET / HTTP/1.1\r\nX: " + LONG, 431, "request line or header too long"),
+    (b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(protocol.MAX_HEADERS + 1)) + b"\r\n",
+     431, "too many headers"),
+    (b"\r\n" * (protocol.MAX_LINE + 2), 400, "malformed request line"),
+    (b"GET  / HTTP/1.1\r\n\r\n", 400, "malformed request line"),
+    (b"GET / HTTP/1.1 x\r\n\r\n", 400, "malformed request line"),
+    (b"G(T / HTTP/1.1\r\n\r\n", 400, "malformed request line"),
+    (b"GET /a\x01 HTTP/1.1\r\n\r\n", 400, "malformed request line"),
+    (b"GET / http/1.1\r\n\r\n", 400, "malformed request line"),
+    (b"GET / HTTP/2.0\r\n\r\n", 505, "only HTTP/1.0 and HTTP/1.1"),
+    (b"GET / HTTP/1.2\r\n\r\n", 505, "only HTTP/1.0 and HTTP/1.1"),
+    (b"GET / HTTP/0.9\r\n\r\n", 505, "only HTTP/1.0 and HTTP/1.1"),
+    (b"GET / HTTP/1.1\r\nX A: 1\r\n\r\n", 400, "malformed header"),
+    (b"GET / HTTP/1.1\r\nNoColon\r\n\r\n", 400, "malformed header"),
+    (b"GET / HTTP/1.1\r\n folded\r\n\r\n", 400, "malformed header"),
+    (b"GET / HTTP/1.1\r\nX: a\x00b\r\n\r\n", 400, "malformed header"),
+    (b"GET / HTTP/1.1\r\nX: a\x7fb\r\n\r\n", 400, "malformed header"),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "more than one host header"),
+    (b"GET / HTTP/1.0\r\nContent-Length: 1\r\ncontent-length: 1\r\n\r\nx", 400, "more than one content-length header"),
+    (b"GET / HTTP/1.0\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n", 400, "more than one authorization header"),
+    (b"GET / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 501, "request bodies are not supported"),
+    (b"GET / HTTP/1.0\r\nContent-Length: +1\r\n\r\nx", 400, "bad Content-Length"),
+    (b"GET / HTTP/1.0\r\nContent-Length: \xb2\r\n\r\n", 400, "bad Content-Length"),
+    (b"GET / HTTP/1.0\r\nContent-Length: 1234567890123\r\n\r\n", 400, "bad Content-Length"),
+    (b"GET / HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % (protocol.MAX_BODY + 1), 413, "request body too large"),
+    (b"GET / HTTP/1.1\r\n\r\n", 400, "HTTP/1.1 request without Host"),
+])
+def test_a_request_that_cannot_become_valid_is_refused(data: bytes, status: int, message: str) -> None:
+    with pytest.raises(BadRequest) as exc:
+        parse_request(bytearray(data))
+    assert (exc.value.status, str(exc.value)) == (status, message)
+
+
+def test_the_limits_are_inclusive() -> None:
+    line = b"GET /" + b"a" * (protocol.MAX_LINE - len(b"GET / HTTP/1.0")) + b" HTTP/1.0"
+    assert len(line) == protocol.MAX_LINE and parse_request(line + b"\r\n\r\n") is not None
+    many = b"".join(b"X-%d: 1\r\n" % i for i in range(protocol.MAX_HEADERS))
+    assert parse_request(b"GET / HTTP/1.0\r\n" + many + b"\r\n") is not None
+    body = b"x" * protocol.MAX_BODY
+    whole = b"GET / HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    parsed = parse_request(whole + b"GET")
+    assert parsed is not None and parsed[1] == len(whole)
+
+
+@pytest.mark.parametrize(("data", "want"), [
+    (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", True),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-Continue\r\n\r\nab", True),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\nab", False),  # body here
+    (b"GET / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n", False),  # no body
+    (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n", False),  # no Expect
+    (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: other\r\n\r\n", False),
+    (b"GET / HTTP/1.0\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", False),  # 1.0 knows no 100
+    (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n", False),  # head not whole
+    (b"GET / HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", False),  # invalid: no Host
+])
+def test_wants_continue(data: bytes, want: bool) -> None:
+    assert wants_continue(bytearray(data)) is want
+
+
+@pytest.mark.parametrize(("accept", "want"), [
+    ("", False),
+    ("application/openmetrics-text", True),
+    ("application/openmetrics-text; version=1.0.0", True),
+    ("application/openmetrics-text;version=1.0.0;q=0.6,text/plain;version=0.0.4;q=0.5,*/*;q=0.1", True),
+    ("text/plain;q=0.6,application/openmetrics-text;q=0.5", False),
+    ("application/openmetrics-text;q=0.5,text/plain;q=0.5", False),  # a tie: the classic text
+    ("application/openmetrics-text;q=0", False),
+    ("application/openmetrics-text;q=bad", False),  # a malformed q counts as 0
+    ("application/openmetrics-text;q=1.0001", False),
+    ("application/openmetrics-text;q=0.001,text/plain;q=0", True),
+    ("APPLICATION/OPENMETRICS-TEXT", True),
+    ("application/*", True),  # OpenMetrics at q=1, text/plain unnamed (0)
+    ("application/*;q=0.9,text/*;q=0.8", True),
+    ("*/*", False),
+    ("text/*;q=0.2,*/*;q=0.5", True),
+    ("text/plain", False),
+    (",,", False),
+])
+def test_wants_openmetrics(accept: str, want: bool) -> None:
+    assert protocol.wants_openmetrics(accept) is want
+
+
+@pytest.mark.parametrize(("accept_encoding", "want"), [
+    ("", False), ("gzip", True), ("GZIP", True), ("gzip;q=0", False), ("deflate, gzip;q=0.1", True),
+    ("*", True), ("*;q=0", False), ("gzip;q=0, *", False), ("*, gzip;q=0", False), ("identity", False),
+    ("gzip;q=1, gzip;q=0", True),  # the first mention wins
+])
+def test_wants_gzip(accept_encoding: str, want: bool) -> None:
+    assert protocol.wants_gzip(accept_encoding) is want
+
+
+def test_the_answer_head() -> None:
+    resp = Response(404, b"nope\n", headers={"X-B": "2"})
+    assert answer_head(resp, True, {"X-A": "1"}) == (
+        b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 5\r\n"
+        b"X-A: 1\r\nX-B: 2\r\n\r\n")
+    assert answer_head(resp, False, {}).endswith(b"X-B: 2\r\nConnection: close\r\n\r\n")
+    assert answer_head(resp, True, {}, http10=True).endswith(b"X-B: 2\r\nConnection: keep-alive\r\n\r\n")
+    assert answer_head(resp, False, {}, http10=True).endswith(b"Connection: close\r\n\r\n")
+    assert answer_head(Response(299, b""), True, {}).startswith(b"HTTP/1.1 299 Unknown\r\n")
+    assert answer_head(Response(200, b"", headers={"X-A": "mine"}), True, {"X-A": "config"}).count(b"X-A") == 1
+    assert protocol.unauthorized().headers == {"WWW-Authenticate": 'Basic realm="gpu-exporter", charset="UTF-8"'}
+    assert protocol.unauthorized().status == 401
