@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import logging
 import threading
 from collections.abc import Mapping
@@ -217,7 +216,7 @@ class ResourceSliceWatch:
                 resp = self._list_call(version)(field_selector=self._selector(), _preload_content=False,
                                                 _request_timeout=(self.timeout, self.timeout))
                 try:
-                    doc = json.loads(resp.data)
+                    items = _summaries(resp)  # item by item, as the watch decodes: memory bounded per slice
                 finally:
                     resp.release_conn()
             except ApiException as exc:
@@ -232,8 +231,7 @@ class ResourceSliceWatch:
                 raise DraUnavailable(f"{GROUP}/{version} resourceslices: HTTP {status}") from None
             except Exception as exc:  # noqa: BLE001 - connection refused, DNS, TLS, not JSON
                 raise DraUnavailable(f"the API server does not answer: {type(exc).__name__}: {exc}") from None
-            items = doc.get("items") if isinstance(doc, dict) else None
-            if not isinstance(items, list):
+            if items is None:
                 raise DraUnavailable(f"{GROUP}/{version} resourceslices: the answer has no items")
             self._changed({str(i): obj for i, obj in enumerate(items)})
             self.version = version
@@ -312,6 +310,21 @@ class ResourceSliceWatch:
                 merged.update(index_slice(obj))
         self._devices = merged
         self.synced.set()
+
+
+def _summaries(resp: Any) -> list[dict[str, Any]] | None:
+    """The :func:`slice_summary` of each item of a list answer, decoded one item at a time (an
+    item over the watch's object limit raises); None when the answer has no ``items`` array."""
+    from exporter.k8s.watch import MAX_OBJECT_BYTES, _JsonStream, _reader
+
+    stream = _JsonStream(_reader(resp), MAX_OBJECT_BYTES)
+    items: list[dict[str, Any]] | None = None
+    for key in stream.members():
+        if key == "items" and stream.peek() == "[":
+            items = [slice_summary(obj) for obj in stream.elements() if isinstance(obj, Mapping)]
+        else:
+            stream.value()
+    return items
 
 
 def slice_summary(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JsonObj = dict[str, Any]
+MAX_OBJECT_BYTES = 4 << 20  # one object of a list or watch: over etcd's 1.5 MiB request limit, so never a real one
 
 
 def import_client(who: str = "the Kubernetes API") -> Any:
@@ -158,7 +159,7 @@ class Watcher:
     def __init__(self, what: str, list_call: Callable[..., Any], on_change: Callable[[Mapping[str, JsonObj]], None],
                  field_selector: str = "", timeout_seconds: int = 300, request_timeout: float = 10.0,
                  max_backoff: float = 30.0, keep: Callable[[JsonObj], JsonObj] | None = None,
-                 max_object_bytes: int = 4 << 20, max_objects: int = 10000, clock: Clock | None = None,
+                 max_object_bytes: int = MAX_OBJECT_BYTES, max_objects: int = 10000, clock: Clock | None = None,
                  backoff: Backoff | None = None) -> None:
         self.what = what
         self._list_call = list_call

@@ -474,3 +474,25 @@ def test_attributes_identification_and_slices_of_every_shape() -> None:
                                                                         "devices": {"x": dev}}):
         assert index_slice({"spec": spec}) == {}, spec
     assert index_slice({"spec": "x"}) == {}
+
+
+def test_the_version_probe_decodes_its_list_item_by_item() -> None:
+    """Issue 36: the probe's list is decoded as the watch's is (bounded per slice), not read whole."""
+    import io
+    import json
+
+    from exporter.k8s import resourceslices, watch
+
+    class Resp:
+        def __init__(self, data: bytes) -> None:
+            self.read = io.BytesIO(data).read
+
+    one = _slice("s", "p", 1, [_dev("gpu-0", "GPU-A")])
+    got = resourceslices._summaries(Resp(json.dumps({"kind": "ResourceSliceList", "items": [one, "x"],
+                                                     "metadata": {"resourceVersion": "3"}}).encode()))
+    assert got == [resourceslices.slice_summary(one)]
+    assert resourceslices._summaries(Resp(b'{"kind": "ResourceSliceList", "items": null}')) is None
+    assert resourceslices._summaries(Resp(b'{"kind": "Status"}')) is None
+    big = _slice("b", "p", 1, [_dev(f"gpu-{i}", "GPU-" + "x" * 1000) for i in range(watch.MAX_OBJECT_BYTES // 1000)])
+    with pytest.raises(watch.TooLarge):
+        resourceslices._summaries(Resp(json.dumps({"items": [big]}).encode()))
