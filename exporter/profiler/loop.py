@@ -666,7 +666,8 @@ EXPOSITION_TTL_S = 0.5  # /metrics bytes are shared for this long (the figures c
 
 def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Health,
                 read_timeout_s: float = SERVER_READ_TIMEOUT_S, deadline_s: float = SERVER_REQUEST_DEADLINE_S,
-                max_connections: int = SERVER_MAX_CONNECTIONS, web: WebConfig | None = None) -> HTTPServer:
+                max_connections: int = SERVER_MAX_CONNECTIONS, web: WebConfig | None = None,
+                probe_port: int | None = None) -> HTTPServer:
     """The profiler's HTTP server (not started): ``/metrics``, ``/healthz``, ``/``.
 
     The exporter's server (exporter/platform/http/), so the same fairness, limits, TLS and basic
@@ -675,7 +676,8 @@ def make_server(address: str, port: int, metrics: ProfilerMetrics, health: Healt
     scrape, and is open under basic auth (saying only ok / not ok to an anonymous probe).
     """
     srv = HTTPServer((address, port), max_connections=max_connections,
-                        read_timeout=min(read_timeout_s, deadline_s), web=web, probe_paths=frozenset({"/healthz"}))
+                     read_timeout=min(read_timeout_s, deadline_s), web=web, probe_paths=frozenset({"/healthz"}),
+                     probe_port=probe_port)
 
     # (openmetrics, gzip) -> (when rendered, bytes): each format and encoding rendered at most once per
     # EXPOSITION_TTL_S and shared, so a flood of scrapes costs what one does

@@ -215,6 +215,9 @@ ROWS: tuple[Setting, ...] = (
     _custom("listen_address", settings.parse_address, "address of /metrics and /healthz (default 127.0.0.1, this "
             "machine only; 0.0.0.0 or :: listens on all addresses)", "127.0.0.1"),
     _row("listen_port", "integer", "port of /metrics and /healthz", 9401, high=65535, twins=("PROFILER_PORT",)),
+    _row("probe_port", "integer", "a second port for the kubelet's probes: /healthz only, plain HTTP whatever the web "
+         "config, its own connections, so no TLS handshake or greedy client of --listen-port is in a probe's way "
+         "(0 = none; docs/security.md)", 0, high=65535),
     _row("web_config_file", "path", "TLS and basic auth of /metrics and /healthz, in the exporter-toolkit "
          "format, as for gpu-exporter serve; SIGHUP reloads it (docs/security.md)", flag="--web.config.file"),
     _row("log_level", "choice", "debug, info, warning or error", "info", choices=settings.LOG_LEVELS,
@@ -257,6 +260,7 @@ class ProfilerSettings:
     interval_s: float
     listen_address: str
     listen_port: int
+    probe_port: int
     log_level: str
     log_format: str
     election: ElectionConfig | None = None
@@ -318,6 +322,9 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Pro
                                "--window)")
     if v["at"] is not None and not v["once"]:
         raise ConfigError("--at: only with --once")
+    if v["probe_port"] and v["probe_port"] == v["listen_port"]:
+        raise ConfigError(f"invalid probe_port = {v['probe_port']}: the same as --listen-port; the probes need a "
+                          "port of their own (or 0 for none)")
     if v["device_taints"] and not v["health_condition"]:
         raise ConfigError("--device-taints on: needs --health-condition on (the rules follow the GPUs' health)")
     trust = sources.Trust(job=v["source_job"], namespace=v["source_namespace"])
@@ -346,6 +353,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Pro
         interval_s=v["interval"],
         listen_address=v["listen_address"],
         listen_port=v["listen_port"],
+        probe_port=v["probe_port"],
         log_level=v["log_level"],
         log_format=v["log_format"],
         election=_election(v),
@@ -464,7 +472,8 @@ def run(argv: list[str], out: IO[str] | None = None,
                                     daemon=True)
     health = Health(prof, s.interval_s, stall_after_s=max(120.0, 2 * s.interval_s), thread=thread)
     try:
-        server = make_server(s.listen_address, s.listen_port, prof.metrics, health, web=s.web)
+        server = make_server(s.listen_address, s.listen_port, prof.metrics, health, web=s.web,
+                             probe_port=s.probe_port or None)
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s%s", s.listen_address, s.listen_port, exc.strerror or exc,
                   "; pick another with --listen-port (PROFILER_PORT)" if exc.errno == errno.EADDRINUSE else "")

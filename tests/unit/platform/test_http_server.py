@@ -353,3 +353,28 @@ def test_the_probe_listener_has_its_own_cap_and_the_main_port_cannot_fill_it() -
         finally:
             for s in clients:
                 s.close()
+
+
+def test_the_profilers_probe_port() -> None:
+    """``gpu-exporter profile --probe-port``: its /healthz on a plain listener of its own, nothing else
+    there; the same port as --listen-port is refused at start-up."""
+    from exporter.platform.configfile import ConfigError
+    from exporter.profiler import main as profiler_main
+    from exporter.profiler.loop import ProfilerMetrics, make_server
+    from tests.harness.profiler_http import AlwaysHealthy
+
+    srv = make_server("127.0.0.1", 0, ProfilerMetrics(), AlwaysHealthy(), probe_port=0)  # type: ignore[arg-type]
+    loop = threading.Thread(target=srv.serve_forever, daemon=True)
+    loop.start()
+    try:
+        for path, status in (("/healthz", b"200"), ("/metrics", b"404"), ("/readyz", b"404")):
+            with socket.create_connection(("127.0.0.1", srv.probe_address[1]), timeout=10) as s:
+                s.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert read_answer(s).startswith(b"HTTP/1.1 " + status + b" "), path
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        loop.join(10)
+    with pytest.raises(ConfigError, match="the same as --listen-port"):
+        profiler_main.parse_args(["--prometheus-url", "http://127.0.0.1:9090", "--listen-port", "9500",
+                                  "--probe-port", "9500"], environ={})
