@@ -569,7 +569,7 @@ class AmdSmiBackend(Backend):
             self.count_error(down.kind)
             self.log_once(f"down:{d.index}:{down}", "amdsmi: GPU %d unreadable: %s", d.index, down,
                           level=logging.WARNING)
-            return r.down(str(down))  # its identity, VBIOS included, and no readings
+            return r.down(str(down), down.kind)  # its identity, VBIOS included, and no readings
         attrs = {_ATTR_OF_FAMILY.get(x.partition(":")[0], "") for x in gpu.unsupported}
         for attr in list(attrs):
             attrs.update(_ALSO_ABSENT.get(attr, ()))

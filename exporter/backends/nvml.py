@@ -466,7 +466,7 @@ class NvmlBackend(Backend):
                                          pci_bus_id=gpu.static.get("pci_bus_id"), serial=gpu.static.get("serial"),
                                          firmware_version=gpu.static.get("vbios_version"),
                                          driver_version=self._driver_version,
-                                         cuda_driver_version=self._cuda_version).down(str(down))
+                                         cuda_driver_version=self._cuda_version).down(str(down), down.kind)
                     if not reading.uuid or not reading.pci_bus_id:
                         self._identity_from_sysfs(reading)
                     self.count_error(down.kind)

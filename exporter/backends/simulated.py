@@ -365,7 +365,7 @@ class SimulatedBackend(Backend):
         state = m.state(i)
         if not m.up(i, now):
             # identity as last seen, as the NVML backend keeps it
-            return self._identity(i).down("nvmlDeviceGetUtilizationRates: GPU is lost (simulated)")
+            return self._identity(i).down("nvmlDeviceGetUtilizationRates: GPU is lost (simulated)", "gpu_lost")
         r = self._identity(i)
         u = m.utilization(i, now)
         load = m.load(i, now)

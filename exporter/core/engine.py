@@ -33,11 +33,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from exporter.core import xid
 from exporter.core.errors import STALLED, BackendError, BackendUnavailable
+from exporter.core.gpu_health import HealthTracker
 from exporter.core.lane import Lane, LaneBusy
 from exporter.core.options import DEFAULTS, FieldFilter
 from exporter.core.readings import Collection, GpuReading, HostInfo, MigReading
@@ -91,6 +93,7 @@ class Engine:
         collection_timeout: float = DEFAULTS.collection_timeout,
         cache_ttl: float = DEFAULTS.cache_ttl,
         call_deadline: float = DEFAULTS.call_deadline,
+        xid_severity: Mapping[int | str, str] | None = None,
     ) -> None:
         self.backends: tuple[Backend, ...] = tuple(backends)
         self.host = host
@@ -99,6 +102,8 @@ class Engine:
         self.timeout = collection_timeout
         self.cache_ttl = cache_ttl
         self.call_deadline = call_deadline
+        # each GPU's health state and cause, XIDs and ECC rated by NVIDIA's catalogue and the overrides
+        self.health = HealthTracker(xid.load_overrides(xid_severity))
         # each backend's collection runs on its lane: a call about no GPU that hangs stalls that backend only
         self._lanes: dict[str, Lane] = {b.name: Lane(f"collect-{b.name}") for b in backends}
         self._stalled: dict[str, str] = {}  # backend -> why, from its stall until a collection succeeds
@@ -281,6 +286,7 @@ class Engine:
             flight.done.set()
 
     def _snapshot(self, collections: list[Collection]) -> Snapshot:
+        self.health.assess(collections, time.time())
         extra: list[Metric] = []
         for source in self.family_sources:
             try:
@@ -362,7 +368,7 @@ class Engine:
                 st.errors_total[kind] = st.errors_total.get(kind, 0) + 1
                 # A failed collection publishes no readings, never stale ones; the GPUs it last
                 # knew stay visible as gpu_up 0 (with their identity), so alerts see them go down.
-                coll.gpus[:] = [r.down(f"{kind}: {message}") for r in self._known.get(b.name, ())]
+                coll.gpus[:] = [r.down(f"{kind}: {message}", kind) for r in self._known.get(b.name, ())]
                 coll.peers = []
                 st.gpus = 0
             elif not flight.timed_out:

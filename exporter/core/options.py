@@ -50,6 +50,8 @@ class Settings:
     max_connections: int = 64
     read_timeout: float = 10.0
     probe_port: int = 0  # 0: none; else a plain-HTTP listener for /healthz and /readyz alone
+    #: XID code or RAS/ECC event -> severity, over NVIDIA's catalogue (exporter/core/xid.py)
+    xid_severity: dict[int | str, str] = field(default_factory=dict)
     config_file: str | None = None
     check_config: bool = False
     #: the backends' own settings (``Backend.settings``) by name, every one present (its default when unset)

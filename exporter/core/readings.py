@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 from exporter.core.schema import TOPOLOGY_LEVELS
 
+#: a GPU's health states (exporter/core/gpu_health.py), OpenTelemetry hw.state's where they fit
+HEALTH_STATES = ("ok", "degraded", "failed", "hung", "lost")
+
 
 @dataclass
 class MigReading:
@@ -39,6 +42,10 @@ class GpuReading:
     # The exporter then emits gpu_up 0 and no other reading for it.
     up: bool = True
     up_reason: str | None = None
+    down_kind: str | None = None  # why it is down: gpu_lost, gpu_hung, stalled, gpu_error, driver ...
+    # one health state and its cause (exporter/core/gpu_health.py sets them): ok, degraded, failed, hung, lost
+    health_state: str = "ok"
+    health_cause: str = ""
 
     # identity (gpu_info labels)
     name: str | None = None
@@ -140,10 +147,17 @@ class GpuReading:
             return max(0.0, self.memory_total_bytes - self.memory_used_bytes)
         return None
 
-    def down(self, reason: str) -> GpuReading:
-        """This GPU's identity with ``up=False``, ``reason`` and no readings: what is published for a GPU
-        that exists but cannot be read (gpu_up 0, and gpu_info keeps its one series)."""
+    @property
+    def health(self) -> dict[tuple[str, str], float]:
+        """``gpu_health_state``'s samples: (state, cause) -> 1 for the GPU's state, 0 for the others."""
+        return {(s, self.health_cause): 1.0 if s == self.health_state else 0.0 for s in HEALTH_STATES}
+
+    def down(self, reason: str, kind: str | None = None) -> GpuReading:
+        """This GPU's identity with ``up=False``, ``reason`` (``kind``: gpu_lost, gpu_hung, stalled ...) and no
+        readings: what is published for a GPU that exists but cannot be read (gpu_up 0, gpu_info's one
+        series, gpu_health_state)."""
         return GpuReading(index=self.index, uuid=self.uuid, vendor=self.vendor, up=False, up_reason=reason,
+                          down_kind=kind,
                           name=self.name, pci_bus_id=self.pci_bus_id, serial=self.serial,
                           driver_version=self.driver_version, cuda_driver_version=self.cuda_driver_version,
                           firmware_version=self.firmware_version)

@@ -52,7 +52,7 @@ def _open_engine(settings: Settings) -> Engine:
                 log.warning("backend simulated: these readings are SIMULATED, not real GPUs")
     engine = Engine(chosen, host_info(), options.fields, collection_interval=0.0,
                     collection_timeout=settings.collection_timeout, cache_ttl=0.0,
-                    call_deadline=settings.call_deadline)
+                    call_deadline=settings.call_deadline, xid_severity=settings.xid_severity)
     for b in chosen:
         engine.mark_initialised(b.name)
     return engine

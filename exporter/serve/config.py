@@ -74,6 +74,24 @@ def _backend(v: object) -> str:
     return ",".join(parts)
 
 
+def _xid_severity(v: object) -> dict[int | str, str]:
+    """XID code or RAS/ECC event -> fatal | warn | ignore: a YAML mapping, or ``48=fatal,13=ignore`` (flag, env)."""
+    from exporter.core import xid
+
+    raw: object = v
+    if isinstance(v, str):
+        pairs = [p.strip() for p in v.split(",") if p.strip()]
+        if any("=" not in p for p in pairs):
+            raise ValueError("expected CODE=SEVERITY pairs separated by commas, e.g. 48=fatal,13=ignore")
+        raw = dict(p.split("=", 1) for p in pairs)
+        if len(raw) != len(pairs):
+            raise ValueError("each XID code or event at most once")
+    try:
+        return dict(xid.load_overrides(raw, "xid_severity"))
+    except xid.XidConfigError as exc:
+        raise ValueError(str(exc).removeprefix("xid_severity: ")) from None
+
+
 # --- the settings table --------------------------------------------------------------------
 
 
@@ -131,6 +149,9 @@ SPECS: tuple[Setting, ...] = (
          "mapping"),
     _row("pcie_throughput", "EXPORTER_PCIE_THROUGHPUT", "bool",
          "read PCIe TX/RX throughput (about 40 ms per GPU per collection on NVIDIA, 20 ms for each direction)"),
+    _custom("xid_severity", "XID_SEVERITY", _xid_severity,
+            "override the severity of XID codes or RAS/ECC events (fatal | warn | ignore), e.g. 48=fatal,13=ignore "
+            "(default: NVIDIA's XID catalogue, exporter/core/xid.py; docs/metrics.md)"),
     *_backend_rows(),  # every backend's own (--rocm-smi-path, --command-timeout), declared in its file
     _row("pod_resources_socket", "POD_RESOURCES_SOCKET", "path", "kubelet pod-resources socket for pod attribution"),
     _row("pod_resources_interval", "POD_RESOURCES_INTERVAL", "seconds", "seconds between pod-resources List calls",

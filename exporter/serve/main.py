@@ -274,7 +274,8 @@ def main(argv: Sequence[str]) -> int:
     options = options_from(settings)
     chosen, ready = choose_backends(settings, options)
     engine = Engine(chosen, host_info(), options.fields, settings.collection_interval,
-                    settings.collection_timeout, settings.cache_ttl, settings.call_deadline)
+                    settings.collection_timeout, settings.cache_ttl, settings.call_deadline,
+                    settings.xid_severity)
     for name in ready:
         engine.mark_initialised(name)
     from exporter.core.extras import MissingExtra

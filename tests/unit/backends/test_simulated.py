@@ -113,8 +113,9 @@ def test_lost_keeps_identity_and_publishes_nothing_else() -> None:
     assert get(before, "gpu_up", gpu="0") == 1.0 and get(before, "gpu_utilization_ratio", gpu="0") is not None
     for s in (after, later):
         assert get(s, "gpu_up", gpu="0") == 0.0
-        assert gpu_families(s, "0") == {"gpu_info", "gpu_up", "gpu_xid_errors_total",
+        assert gpu_families(s, "0") == {"gpu_info", "gpu_up", "gpu_health_state", "gpu_xid_errors_total",
                                         "gpu_xid_last_timestamp_seconds"}
+        assert get(s, "gpu_health_state", gpu="0", state="lost") == 1.0  # issue 35: the one state, with the cause
         info = next(dict(ls) for (n, ls), _ in s.items() if n == "gpu_info" and ("gpu", "0") in ls)
         assert info["pci_bus_id"] == "0000:10:00.0" and info["serial"] == "SIM00000000"
         assert info["name"] == "Simulated GPU" and info["uuid"].startswith("GPU-")

@@ -35,8 +35,6 @@ EXPLAINED: dict[tuple[str, str], str] = {
     ("attribute", "sample2"): "nvml_gpm: a ctypes structure field that libnvidia-ml reads",
     ("attribute", "metricId"): "nvml_gpm: a ctypes structure field that libnvidia-ml reads",
     ("function", "kill_running"): "backends/cli: registered with @atexit.register, Python calls it at exit",
-    ("function", "load_overrides"): "core/xid: the overrides loader both daemons' configs call (issue 35: the "
-                                    "exporter's xid_severity setting and the profiler's, landing next)",
     ("method", "ecc_uncorrected"): "simulated: the demo (demo/run.py) draws the model's ECC counter with it",
     ("attribute", "lists"): "k8s/watch: how many lists a watcher made, read by tests/unit/k8s/test_watch.py "
                             "to prove a watch follows the first list",

@@ -186,3 +186,26 @@ def test_call_deadline_defaults_under_the_collection_timeout_and_must_stay_under
                               "costs every scrape its whole wait")
     with pytest.raises(ConfigError, match=r"^invalid call_deadline \(--call-deadline\) = '0': expected a duration"):
         config.load(["--call-deadline", "0"], environ={})
+
+
+def test_xid_severity_from_flag_env_and_yaml_with_one_line_errors(tmp_path: Path) -> None:
+    from exporter.platform.configfile import ConfigError
+
+    assert config.load([], environ={}).xid_severity == {}
+    assert config.load(["--xid-severity", "48=warn, 13=IGNORE,ecc_corrected=fatal"], environ={}).xid_severity == {
+        48: "warn", 13: "ignore", "ecc_corrected": "fatal"}
+    assert config.load([], environ={"XID_SEVERITY": "79=ignore"}).xid_severity == {79: "ignore"}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("xid-severity:\n  48: ignore\n  '63': fatal\n")
+    assert config.load(["--config", str(cfg)], environ={}).xid_severity == {48: "ignore", 63: "fatal"}
+    for raw, message in (
+        ("48=critical", "invalid xid_severity (--xid-severity) = '48=critical': 48: severity 'critical' is not one "
+                        "of fatal, warn, ignore"),
+        ("48", "invalid xid_severity (--xid-severity) = '48': expected CODE=SEVERITY pairs separated by commas"),
+        ("48=warn,48=fatal", "invalid xid_severity (--xid-severity) = '48=warn,48=fatal': each XID code or event "
+                             "at most once"),
+        ("x=warn", "invalid xid_severity (--xid-severity) = 'x=warn': key 'x' is not an XID code"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            config.load(["--xid-severity", raw], environ={})
+        assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
