@@ -120,3 +120,22 @@ def test_a_recording_samples_what_the_views_show() -> None:
     for name in ("memory_used_ratio", "temperature_celsius", "utilization_ratio"):
         assert track.values[name] == [stats[name]], name
     assert stats["memory_used_ratio"] == 1.0
+
+
+def test_a_status_row_without_an_annotation_is_an_attribute() -> None:
+    """A row marked ``status`` that the class does not annotate is an attribute all the same, typed by its kind
+    (before, such a row made every GpuStatus(...) call, and so every query_gpus, raise TypeError)."""
+    from exporter.python_api.rows import rows_dataclass
+
+    @rows_dataclass([f for f in TABLE if f.status], after="index", row_type=lambda f: f.python_type | None)
+    class Status:
+        index: int
+        score: float
+        uuid: str
+
+    names = [f.name for f in dataclasses.fields(Status)]
+    assert names == ["index", *(f.name for f in TABLE if f.status), "score"]
+    g = GpuReading(index=0, uuid="GPU-0", fan_speed_ratio=0.5)
+    s = Status(index=0, **status_values(GpuSource("nvml", 0, g), TABLE), score=0.0)
+    assert s.fan_speed_ratio == 0.5 and s.uuid == "GPU-0"  # type: ignore[attr-defined]
+    assert dataclasses.fields(Status)[names.index("fan_speed_ratio")].type == float | None
