@@ -86,7 +86,9 @@ SCHEMA = CHART / "values.schema.json"
 GOVERNED_BY_VALUES = {"--per-process": "exporter.perProcess", "--proc-root": "exporter.perProcess",
                       "--dra-attribution": "exporter.draAttribution",
                       # the container port, probes, Service and NetworkPolicy follow exporter.port (issue 38)
-                      "--port": "exporter.port"}
+                      "--port": "exporter.port",
+                      # the container port and both probes follow exporter.probePort (issue 36 item 5)
+                      "--probe-port": "exporter.probePort"}
 
 
 def extra_args_pattern() -> str:
@@ -865,6 +867,28 @@ def test_one_port_value_moves_every_reference() -> None:
     # the default renders no --port at all (the kustomize install and Helm's stay the same objects)
     (ds,) = [d for d in render(()) if d["kind"] == "DaemonSet"]
     assert not any(a.startswith("--port") for a in ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_probe_port_moves_both_probes_to_plain_http() -> None:
+    """Issue 36 item 5: with exporter.probePort the kubelet probes a port of its own in plain HTTP, even
+    with webConfig.tls (where it used to probe HTTPS on the metrics port, behind every TLS handshake);
+    without it nothing changes."""
+    from exporter.serve import config
+
+    for sets, probes_port, scheme in ((("exporter.probePort=9404", "webConfig.secretName=web", "webConfig.tls=true"),
+                                       "probes", None),
+                                      (("webConfig.secretName=web", "webConfig.tls=true"), "metrics", "HTTPS"),
+                                      ((), "metrics", None)):
+        (ds,) = [d for d in render(sets) if d["kind"] == "DaemonSet"]
+        c = ds["spec"]["template"]["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert c[probe]["httpGet"]["port"] == probes_port and c[probe]["httpGet"].get("scheme") == scheme, sets
+        probe_port = config.load(c["args"][1:], environ={}).probe_port
+        if probes_port == "probes":
+            assert ports == {"metrics": 9400, "probes": 9404} and probe_port == 9404
+        else:
+            assert ports == {"metrics": 9400} and probe_port == 0
 
 
 def test_service_monitors_carry_each_daemons_credentials_and_tls() -> None:
