@@ -86,7 +86,8 @@ def test_auto_detects_and_serves_it(tree: Path, tmp_path: Path) -> None:
     # its declaration is what it serves: the declared families, and those the exporter adds for every backend
     # (besides its self-metrics: gpu_exporter_*, process_*)
     served = {name for name, _ in samples if name.startswith("gpu_") and not name.startswith("gpu_exporter_")}
-    assert served == {"gpu_info", "gpu_up", "gpu_host_info", "gpu_temperature_celsius", "gpu_power_watts"}
+    assert served == {"gpu_info", "gpu_up", "gpu_health_state", "gpu_host_info", "gpu_temperature_celsius",
+                      "gpu_power_watts"}
 
 
 def test_its_pods_are_attributed(tree: Path, tmp_path: Path) -> None:

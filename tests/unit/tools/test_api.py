@@ -447,3 +447,15 @@ def test_documented_outputs_are_what_the_examples_print() -> None:
             break
         assert g == w, (line, got)
     assert "\n- **Errors:**" in text and text.count("- **Errors:**") == 1, "one Errors bullet"
+
+
+def test_query_gpus_gives_each_gpu_its_health_state_and_cause(fleet: FakeNvml) -> None:
+    """Issue 35: the Python API shows gpu_health_state's state and cause (the row's view fields)."""
+    fleet.set(2, remap_failure=1)  # a failed row remap: fatal (as XID 64)
+    fleet.set(3, ecc_uncorrected_volatile=2)  # an uncorrectable ECC error since the driver loaded: fatal (XID 48)
+    fleet.lose(1)
+    found = {g.index: g for g in exporter.query_gpus(backend="nvml")}
+    assert (found[0].health, found[0].health_cause) == ("ok", "")
+    assert found[1].health == "lost" and "GPU is lost" in found[1].health_cause
+    assert (found[2].health, found[2].health_cause) == ("failed", "page_retirement_failed (fatal)")
+    assert (found[3].health, found[3].health_cause) == ("failed", "ecc_uncorrected (fatal)")

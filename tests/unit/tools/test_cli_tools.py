@@ -467,3 +467,16 @@ def test_output_file_cut_short_leaves_nothing_behind(tmp_path: Path) -> None:
                        timeout=60)
     assert p.returncode == 1 and p.stderr.strip() == f"cannot write {target}: File too large"
     assert [f.name for f in tmp_path.iterdir()] == ["out.json"] and target.read_text() == "previous\n"
+
+
+def test_snapshot_shows_each_gpus_health_state(fleet: FakeNvml, tmp_path: Path) -> None:
+    """Issue 35: the snapshot table has a health column and its JSON the state and cause."""
+    fleet.lose(2)
+    doc = snapshot(fleet, tmp_path / "s.json")
+    assert [g["health"] for g in doc["gpus"]] == ["ok", "ok", "lost", "ok"]
+    assert "GPU is lost" in doc["gpus"][2]["health_cause"]
+    table = nvml(fleet, "snapshot", "--window", "0")
+    assert table.returncode == 0, table.stderr
+    header = next(line for line in table.stdout.splitlines() if "GPU" in line and "health" in line.lower())
+    assert header
+    assert "lost" in table.stdout and "ok" in table.stdout
