@@ -183,7 +183,8 @@ class QueryBuilder:
         s = self.source
         if self.ours:
             return UP
-        return f"{s.util}/{s.mem_used}" + (" (any name prefix)" if s.any_prefix else "")
+        names = s.util if s.present_by_util else f"{s.util}/{s.mem_used}"
+        return names + (" (any name prefix)" if s.any_prefix else "")
 
     def nodes(self, names: str | None = None) -> str:
         """GPUs per node with a sample in the window: the shards are cut from this.
@@ -202,8 +203,8 @@ class QueryBuilder:
             inner = self.per_gpu(lambda m: f"last_over_time({UP}{{{m}}}[{w}])", nodes=names)
             by = self.cfg.node_label
         else:
-            inner = self.per_gpu(lambda m: f"last_over_time({self.sel(s.util, m)}[{w}]) or "
-                                           f"last_over_time({self.sel(s.mem_used, m)}[{w}])", nodes=names)
+            inner = self.per_gpu(lambda m: f"last_over_time({self.sel(s.util, m)}[{w}])" + (
+                "" if s.present_by_util else f" or last_over_time({self.sel(s.mem_used, m)}[{w}])"), nodes=names)
             by = ", ".join(self.node_labels)
         return f'label_replace(count by ({by}) ({inner}), "source", "{s.name}", "", "")'
 

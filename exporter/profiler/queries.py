@@ -78,7 +78,8 @@ class Reader:
     def __init__(self, client: PromClient, cfg: QueryConfig) -> None:
         self.client = client
         self.cfg = cfg
-        names = (sources.OURS, sources.DCGM, sources.AMD) if cfg.source == sources.AUTO else (cfg.source,)
+        asked = (sources.OURS, sources.DCGM, sources.AMD) if cfg.source == sources.AUTO else (cfg.source,)
+        names = tuple(n for a in asked for n in sources.expand(a))
         # one builder per source; ``builder`` is ours (or the one source asked for)
         self.builders = {n: QueryBuilder(cfg, sources.make(n, cfg.node_label, cfg.trust)) for n in names}
         self.builder = self.builders.get(sources.OURS) or self.builders[names[0]]
@@ -137,6 +138,7 @@ class Reader:
             found[name] = {n: c for n, c in found[name].items() if n not in taken}
             taken.update(found[name])
         if not taken:
+            self._unlabelled(at)
             looked = "; ".join(f"{b.presence()} ({name})" for name, b in self.builders.items())
             raise PromError(EMPTY, f"no GPU series in Prometheus for the last {duration(cfg.window_s)}: looked for "
                                    f"{looked}; check --prometheus-url, --source and the scrape config")
@@ -145,6 +147,24 @@ class Reader:
             log.info("source %s: %s", cfg.source, ", ".join(f"{n} for {c} nodes" for n, c in picked.items()))
             self.picked = picked
         return found
+
+    def _unlabelled(self, at: float) -> None:
+        """No node found: if another exporter's series are there all the same, none carries a node
+        label this profiler reads (or trusts): say which series and which labels were tried."""
+        w = duration(self.cfg.window_s)
+        for name, b in self.builders.items():
+            s = b.source
+            if b.ours:
+                continue
+            self.queries_sent += 1
+            found = self.client.query(f"count by (__name__) (last_over_time({s.selector(s.util, '')}[{w}]))", at)
+            metrics = sorted({x.labels.get("__name__", s.util) for x in found if x.value > 0})
+            if metrics:
+                tried = ", ".join(f"`{n}`" for n in s.node_labels)
+                raise PromError(EMPTY, f"{'/'.join(metrics)} series ({name}) in Prometheus for the last {w}, but none "
+                                       f"with a node label the profiler reads: tried {tried} (a target's own "
+                                       "Hostname/hostname only from jobs --source-job trusts); relabel the node name "
+                                       "into --node-label in the scrape config")
 
     def _node_counts(self, at: float) -> list[Sample]:
         """The nodes query's answer; one over the size cap is asked again in parts of the

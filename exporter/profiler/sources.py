@@ -22,7 +22,7 @@ series of the exporters' own jobs and namespaces (:class:`Trust`, ``--source-job
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 MIB = 1024.0 * 1024.0
 
@@ -96,6 +96,8 @@ class Source:
     sm_whole: str = ""  # matcher keeping whole GPUs only (MIG instances have their own series)
     allocation: str = ""  # a series per (GPU, pod) holding it; "": the pod labels are on the util series
     any_prefix: bool = False  # the exporter may prefix every name (AMD's MetricsFieldPrefix)
+    # a node is this source's only by its utilisation series (another form shares its memory names)
+    present_by_util: bool = False
     health: Health = field(default_factory=Health)
     trust: Trust = field(default_factory=Trust)
 
@@ -178,6 +180,29 @@ def dcgm(node_label: str = "node", trust: Trust | None = None) -> Source:
     )
 
 
+# --source dcgm reads both forms of dcgm-exporter's names: the legacy fields and DCGM 4.7's renamed ones
+DCGM_47 = "dcgm-4.7"
+
+
+def dcgm_47(node_label: str = "node", trust: Trust | None = None) -> Source:
+    """dcgm-exporter with DCGM 4.7's field names (its 4.9.0 default): NVIDIA/DCGM
+    dcgmlib/dcgm_fields.h, "Deprecated: renamed per DCGM Field Naming Standard", maps GPU_UTIL to
+    GPU_UTIL_RATIO (a 0-1 ratio, dcgm-exporter 4.9.0's release notes), PROF_SM_ACTIVE to
+    PROF_SM_UTIL_RATIO, XID_ERRORS to XID_ERROR, ROW_REMAP_FAILURE to ROW_REMAP_FAILED and
+    RETIRED_PENDING to PAGE_RETIRED_PENDING; the framebuffer fields keep their names (MiB)."""
+    return replace(dcgm(node_label, trust), name=DCGM_47, util="DCGM_FI_DEV_GPU_UTIL_RATIO", util_scale=1.0,
+                   sm="DCGM_FI_PROF_SM_UTIL_RATIO", present_by_util=True,
+                   health=Health(xid_last="DCGM_FI_DEV_XID_ERROR", ecc_uncorrectable="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                                 remap_failed="DCGM_FI_DEV_ROW_REMAP_FAILED",
+                                 retire_pending="DCGM_FI_DEV_PAGE_RETIRED_PENDING"))
+
+
+def expand(name: str) -> tuple[str, ...]:
+    """The sources one --source name reads (dcgm: both forms of its names; the renamed form first,
+    since only its utilisation name tells the two apart)."""
+    return (DCGM_47, DCGM) if name == DCGM else (name,)
+
+
 def amd(node_label: str = "node", trust: Trust | None = None) -> Source:
     """ROCm device-metrics-exporter (pkg/amdgpu/gpuagent/gpuagent_gpu_metrics.go): graphics
     activity in percent, VRAM in "MB" that are MiB, any configured name prefix. The node is the
@@ -194,4 +219,4 @@ def amd(node_label: str = "node", trust: Trust | None = None) -> Source:
 
 
 def make(name: str, node_label: str = "node", trust: Trust | None = None) -> Source:
-    return {OURS: gpu_exporter, DCGM: dcgm, AMD: amd}[name](node_label, trust)
+    return {OURS: gpu_exporter, DCGM: dcgm, DCGM_47: dcgm_47, AMD: amd}[name](node_label, trust)

@@ -112,7 +112,8 @@ def test_the_other_exporters_names_are_their_published_ones() -> None:
         "mem_free": "DCGM_FI_DEV_FB_FREE", "mem_total": "", "mem_scale": 1048576.0,
         "node_labels": ("node", "Hostname", "hostname", "kubernetes_node"), "gpu_labels": ("gpu",),
         "uuid_labels": ("UUID",), "sm": "DCGM_FI_PROF_SM_ACTIVE", "sm_whole": 'GPU_I_ID=""', "allocation": "",
-        "any_prefix": False, "health.up": "", "health.xid_counter": "", "health.xid_last": "DCGM_FI_DEV_XID_ERRORS",
+        "any_prefix": False, "present_by_util": False,
+        "health.up": "", "health.xid_counter": "", "health.xid_last": "DCGM_FI_DEV_XID_ERRORS",
         "health.ecc_uncorrectable": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "health.ecc_matcher": "",
         "health.remap_failed": "DCGM_FI_DEV_ROW_REMAP_FAILURE", "health.retire_pending": "DCGM_FI_DEV_RETIRED_PENDING",
         "health.pcie_width": "", "health.pcie_width_max": ""}
@@ -121,6 +122,7 @@ def test_the_other_exporters_names_are_their_published_ones() -> None:
         "mem_free": "gpu_free_vram", "mem_total": "gpu_total_vram", "mem_scale": 1048576.0,
         "node_labels": ("node", "hostname", "kubernetes_node"), "gpu_labels": ("gpu_id",),
         "uuid_labels": ("gpu_uuid", "serial_number"), "sm": "", "sm_whole": "", "allocation": "", "any_prefix": True,
+        "present_by_util": False,
         "health.up": "", "health.xid_counter": "", "health.xid_last": "", "health.ecc_uncorrectable":
         "gpu_ecc_uncorrect_total", "health.ecc_matcher": "", "health.remap_failed": "", "health.retire_pending": "",
         "health.pcie_width": "", "health.pcie_width_max": ""}
