@@ -45,7 +45,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
-from tests.harness.httpfake import FakeHTTP, Reply
+from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
 from tests.harness.net import free_port
 from tests.harness.poll import wait_until
 from tests.harness.server import ServerProcess
@@ -233,6 +233,45 @@ def backfill_openmetrics(
     if proc.returncode != 0:
         raise RuntimeError(f"promtool backfill of {src} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc
+
+
+class FakePrometheus(FakeHTTP):
+    """The one stand-in for Prometheus's HTTP API, for what a real Prometheus will not answer (errors,
+    hostile or malformed bodies, scripted sequences). The real one is :class:`Prometheus`.
+
+    Answers, in the order given: ``answer(request, query)`` (a function: the request and its PromQL
+    ``query`` form field, returns a :class:`Reply`); or ``answers``, ``(status, JSON document or bytes)``
+    pairs used in turn, the last one repeated; or ``by_path``, a body per API path (``{}`` elsewhere),
+    changeable while serving. ``seen``: each request's path, headers and body; ``queries``: each query sent.
+    """
+
+    def __init__(self, answer: Callable[[Request, str], Reply] | None = None, *,
+                 answers: Sequence[tuple[int, Any]] | None = None, by_path: dict[str, bytes] | None = None,
+                 tls: Any = None, http11: bool = False) -> None:
+        self.answers = list(answers or [])
+        self.by_path = by_path if by_path is not None else {}
+        self._answer_fn = answer
+        super().__init__(self._reply, tls=tls, http11=http11)
+
+    @staticmethod
+    def query_of(req: Request) -> str:
+        return urllib.parse.parse_qs(req.body.decode(errors="replace")).get("query", [""])[0]
+
+    def _reply(self, req: Request) -> Reply:
+        if self._answer_fn is not None:
+            return self._answer_fn(req, self.query_of(req))
+        if self.answers:
+            code, doc = self.answers[min(len(self.requests), len(self.answers)) - 1]
+            return json_reply(doc, code, headers={})
+        return json_reply(self.by_path.get(req.path.split("?")[0], b"{}"))
+
+    @property
+    def seen(self) -> list[tuple[str, dict[str, str], str]]:
+        return [(r.path, r.headers, r.body.decode()) for r in self.requests]
+
+    @property
+    def queries(self) -> list[str]:
+        return [self.query_of(r) for r in self.requests]
 
 
 class ExpositionServer(FakeHTTP):

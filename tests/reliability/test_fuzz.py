@@ -25,7 +25,7 @@ from exporter.backends.rocm_smi import RocmSmiParseError, parse_rocm_smi_json
 from exporter.core.readings import GpuReading
 from exporter.serve import config as exporter_config
 from tests.harness.fuzz import one_line, run, text, values
-from tests.harness.httpfake import FakeHTTP, json_reply
+from tests.harness.prom import FakePrometheus
 from tests.reliability.support import Result
 
 FAST, LONG = 300, 3000
@@ -436,14 +436,6 @@ def _answers(draw: Callable[[st.SearchStrategy[Any]], Any], typed: bool) -> dict
             "/api/v1/query_range": json.dumps(_matrix(draw, typed)).encode()}
 
 
-class _JsonServer(FakeHTTP):
-    """Answers POSTs on 127.0.0.1 with the canned body for the path (a stand-in Prometheus)."""
-
-    def __init__(self) -> None:
-        self.answers: dict[str, bytes] = {}
-        super().__init__(lambda req: json_reply(self.answers.get(req.path, b"{}")), http11=True)
-
-
 def _prometheus_answers(budget: int, typed: bool, result: Result) -> None:
     import io
 
@@ -462,10 +454,10 @@ def _prometheus_answers(budget: int, typed: bool, result: Result) -> None:
     result.happened = "every cycle ended with a classified result or a Prometheus error kind; never `internal`"
     seen: dict[str, int] = {"ok": 0}
     result.figures = {"cases": budget, "outcomes": seen}
-    server = _JsonServer()
+    server = FakePrometheus(http11=True)
     try:
         def check(answers: dict[str, bytes]) -> None:
-            server.answers = answers
+            server.by_path = answers
             out = io.StringIO()
             prof = Profiler(Reader(promapi.PromClient(server.url, timeout=10, retries=0), QueryConfig()), None,
                             PlanConfig(), dry_run=True, out=out)
@@ -497,9 +489,9 @@ def test_deeply_nested_prometheus_answer(result: Result) -> None:
     from exporter.profiler.prom import BAD_RESPONSE, PromClient
     from exporter.profiler.queries import QueryConfig, Reader
 
-    server = _JsonServer()
+    server = FakePrometheus(http11=True)
     deep = b'{"status": "success", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    server.answers = {"/api/v1/query": deep, "/api/v1/query_range": deep}
+    server.by_path = {"/api/v1/query": deep, "/api/v1/query_range": deep}
     try:
         prof = Profiler(Reader(PromClient(server.url, retries=0), QueryConfig()), None, PlanConfig(), dry_run=True,
                         out=io.StringIO())

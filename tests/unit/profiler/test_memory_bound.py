@@ -17,17 +17,16 @@ import re
 import signal
 import subprocess
 import sys
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
+from tests.harness.httpfake import Reply, Request, json_reply
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
-from tests.harness.prom import free_port
+from tests.harness.prom import FakePrometheus, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 CAP = 16 * 1024 * 1024
@@ -59,7 +58,7 @@ HOSTILE: dict[str, Callable[[], bytes]] = {
 }
 
 
-class HostileProm(FakeHTTP):
+class HostileProm(FakePrometheus):
     """Discovery queries get a fleet of NODES nodes; every other query gets ``body`` (``answered`` counts
     those, under ``lock``)."""
 
@@ -72,8 +71,7 @@ class HostileProm(FakeHTTP):
         zero = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
             {"metric": {}, "value": [1700000000, "0"]}]}}).encode()
 
-        def answer(req: Request) -> Reply:
-            query = urllib.parse.parse_qs(req.body.decode()).get("query", [""])[0]
+        def answer(req: Request, query: str) -> Reply:
             if 'node=""' in query:
                 return json_reply(zero)
             if "count by" in query and '"source"' in query:

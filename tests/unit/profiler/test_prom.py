@@ -29,6 +29,7 @@ from exporter.profiler.prom import (
     PromError,
 )
 from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
+from tests.harness.prom import FakePrometheus
 
 VECTOR = {"status": "success", "data": {"resultType": "vector", "result": [
     {"metric": {"node": "n", "gpu": "0"}, "value": [1.0, "0.5"]},
@@ -36,28 +37,12 @@ VECTOR = {"status": "success", "data": {"resultType": "vector", "result": [
 ]}}
 
 
-class Api(FakeHTTP):
-    """Answers POSTs with ``answers`` in turn (status, body); ``seen``: each request's path, headers and body."""
-
-    def __init__(self, answers: list[tuple[int, Any]], tls: ssl.SSLContext | None = None) -> None:
-        self.answers = answers
-        super().__init__(self._answer, tls=tls)
-
-    def _answer(self, req: Request) -> Reply:
-        code, doc = self.answers[min(len(self.requests), len(self.answers)) - 1]
-        return json_reply(doc, code, headers={})
-
-    @property
-    def seen(self) -> list[tuple[str, dict[str, str], str]]:
-        return [(r.path, r.headers, r.body.decode()) for r in self.requests]
-
-
 @pytest.fixture
 def api_factory() -> Iterator[Any]:
-    made: list[Api] = []
+    made: list[FakePrometheus] = []
 
-    def make(answers: list[tuple[int, Any]], tls: ssl.SSLContext | None = None) -> Api:
-        made.append(Api(answers, tls))
+    def make(answers: list[tuple[int, Any]], tls: ssl.SSLContext | None = None) -> FakePrometheus:
+        made.append(FakePrometheus(answers=answers, tls=tls))
         return made[-1]
 
     yield make
