@@ -22,6 +22,12 @@ most severe first (the condition's ``reason`` is the first one found on the node
     the PCIe link runs narrower than its maximum width. A lower generation is not a fault:
     GPUs drop the generation when idle to save power. (dcgm has no width field.)
 
+Ours also publishes its own verdict per GPU, ``gpu_health_state{state}`` (exporter/core/gpu_health.py:
+ok, degraded, failed, hung, lost, OpenTelemetry's ``hw.status`` where they fit): ``hung`` is
+``GPUHung`` (after ``GPULost`` in rank), ``lost`` is ``GPULost``, ``failed`` with nothing above
+in the window is ``GPUFailed`` (ranked after ``RowRemapFailure``), ``degraded`` alone is listed on a
+``True`` node like a warn XID.
+
 Node: ``True`` (``AllGPUsHealthy``) when every GPU answers with no cause; ``False`` with the
 first cause as reason; ``Unknown`` (``ExporterNotScraped``) when none of its GPUs has a recent
 sample.
@@ -31,7 +37,7 @@ each in the form NVSentinel's and NPD-style consumers parse::
 
     [<code>] GPU <index> <uuid>: <what> - RecommendedAction: <action>
 
-``<code>``: ``XID<n>`` (the XID's number, where the source tells it), ``GPU_LOST``,
+``<code>``: ``XID<n>`` (the XID's number, where the source tells it), ``GPU_LOST``, ``GPU_HUNG``, ``GPU_FAILED``,
 ``ECC_UNCORRECTABLE``, ``ROW_REMAP_FAILURE``, ``PAGE_RETIREMENT_PENDING``,
 ``PCIE_LINK_NARROWED``; ``<uuid>`` is ``-`` where the source has none; ``<action>`` is one of
 NVSentinel's ``RecommendedAction`` names (data-models/protobufs/health_event.proto:
@@ -61,11 +67,13 @@ TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 HEALTHY = "AllGPUsHealthy"
 NOT_SCRAPED = "ExporterNotScraped"
 LOST = "GPULost"
+HUNG = "GPUHung"
 XID = "CriticalXID"
 ECC = "UncorrectableECC"
 REMAP = "RowRemapFailure"
+FAILED = "GPUFailed"
 PCIE = "PCIeLinkNarrowed"
-CAUSES = (LOST, XID, ECC, REMAP, PCIE)  # most severe first
+CAUSES = (LOST, HUNG, XID, ECC, REMAP, FAILED, PCIE)  # most severe first
 PENDING_NAME = "gpu-healthy"  # its entry in the pending annotation record
 MAX_MESSAGE = 1024
 
@@ -90,6 +98,9 @@ def _f(h: Mapping[str, float], name: str) -> float | None:
 
 # cause -> (code, what, NVSentinel RecommendedAction) of an entry, where the cause alone decides them
 ACTIONS = {LOST: ("GPU_LOST", "lost or not answering", "RESTART_BM"),
+           HUNG: ("GPU_HUNG", "a driver call about it did not return (the exporter's gpu_health_state hung)",
+                  "RESTART_BM"),
+           FAILED: ("GPU_FAILED", "the exporter reports it failed (gpu_health_state)", "COMPONENT_RESET"),
            ECC: ("ECC_UNCORRECTABLE", "uncorrectable ECC errors in the window", "COMPONENT_RESET"),
            PCIE: ("PCIE_LINK_NARROWED", "PCIe link narrower than its maximum width", "RUN_FIELDDIAG")}
 XID_ACTION = "COMPONENT_RESET"  # a fatal XID whose number is not known: reset the GPU
@@ -185,12 +196,21 @@ def gpu_causes(st: GpuStats, rules: XidRules | Iterable[int] | None = None) -> l
 def gpu_findings(st: GpuStats, rules: XidRules | Iterable[int] | None = None) -> list[Finding]:
     """What makes one reporting GPU unhealthy (and its warn XIDs, cause :data:`WARN`), CAUSES order;
     [] when nothing."""
-    if st.up is not None and st.up == 0:
-        return [_finding(st, LOST)]
     h = st.health
+    state = _state(h) if h else None
+    if (st.up is not None and st.up == 0) or state in ("hung", "lost"):
+        return [_finding(st, HUNG if state == "hung" else LOST)]
     if not h:
         return []  # no health field published (or all read as absent): nothing to find
     return _findings(st, h, XidRules.of(rules))
+
+
+def _state(h: Mapping[str, float]) -> str | None:
+    """The exporter's ``gpu_health_state`` for this GPU when it is not ok (ours only), else None."""
+    for k, v in h.items():
+        if k.startswith("state_") and v == 1:
+            return k[6:]
+    return None
 
 
 def _finding(st: GpuStats, cause: str, code: str = "", what: str = "", action: str = "") -> Finding:
@@ -240,12 +260,18 @@ def _findings(st: GpuStats, h: Mapping[str, float], rules: XidRules) -> list[Fin
     width, widest = _f(h, "width"), _f(h, "width_max")
     if width is not None and widest is not None and width < widest:
         out.append(_finding(st, PCIE, what=f"PCIe link x{width:g} of x{widest:g}"))
+    state = _state(h)
+    if state == "failed" and not [f for f in out if f.cause != PCIE]:
+        out.append(_finding(st, FAILED))  # the exporter's verdict on what this window does not show
+    elif state == "degraded" and not out and not warn:
+        warn.append(_finding(st, WARN, "GPU_DEGRADED", "the exporter reports it degraded (gpu_health_state)",
+                             "CONTACT_SUPPORT"))
     return out + warn
 
 
 def _noted(h: Mapping[str, float], rules: XidRules) -> bool:
     """Whether these fields hold anything to report, warn XIDs included (the fast path of :func:`observe`)."""
-    return bool(_findings(_NOBODY, h, rules))
+    return _state(h) in ("hung", "lost") or bool(_findings(_NOBODY, h, rules))
 
 
 _NOBODY = GpuStats(node="", gpu="")

@@ -85,6 +85,9 @@ MIN_QUERY_BYTES = 8192
 _LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
+_STATES = 'state=~"degraded|failed|hung|lost"'  # gpu_health_state's states but ok (exporter/core/gpu_health.py)
+
+
 def duration(seconds: float) -> str:
     """PromQL duration for whole seconds (``1800s``)."""
     return f"{max(1, round(seconds))}s"
@@ -267,11 +270,13 @@ class QueryBuilder:
             parts.update(self._health_parts())
         if self.ours:
             parts.update(self._score_parts())
-        per_code = self.cfg.health and bool(s.health.xid_counter)
+        # labels that become part of the stat (health.py): the XID counter's code (one series per
+        # code that rose, stat xid_<code>) and the exporter's health state (state_<state>)
+        keep = {"xid": "xid", "state": "state"} if self.cfg.health else {}
         return [
-            # the XID counter keeps its code: one series per critical code that rose, stat xid_<code>
-            f'label_replace({self.per_gpu(fn, nodes=nodes, by=", xid")}, "stat", "xid_$1", "xid", "(.*)")'
-            if per_code and stat == "xid" else self.tag(self.per_gpu(fn, nodes=nodes), stat)
+            f'label_replace({self.per_gpu(fn, nodes=nodes, by=", " + keep[stat])}, "stat", "{stat}_$1", '
+            f'"{keep[stat]}", "(.*)")' if stat in keep and (stat != "xid" or s.health.xid_counter)
+            else self.tag(self.per_gpu(fn, nodes=nodes), stat)
             for stat, fn in parts.items()]
 
     def _score_parts(self) -> dict[str, Callable[[str], str]]:
@@ -332,6 +337,10 @@ class QueryBuilder:
         if h.pcie_width:
             parts["width"] = lambda m: f"last_over_time({sel(h.pcie_width, m)}[{f}])"
             parts["width_max"] = lambda m: f"last_over_time({sel(h.pcie_width_max, m)}[{f}])"
+        if h.state:
+            # the exporter's own verdict, where it is not ok (nearly never: an empty part); the
+            # states are a fixed set, so a target's odd label cannot add series
+            parts["state"] = lambda m: (f'last_over_time({sel(h.state, m + ", " + _STATES)}[{f}]) == 1')
         return parts
 
     def allocation(self, nodes: str | None = None) -> str:

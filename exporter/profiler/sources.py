@@ -39,6 +39,7 @@ class Health:
     retire_pending: str = ""  # > 0 when a page retirement is pending
     pcie_width: str = ""  # current PCIe link width (lanes)
     pcie_width_max: str = ""  # its maximum
+    state: str = ""  # one series per state, label ``state``, 1 on the GPU's own (ours: gpu_health_state)
 
 
 # The scrape jobs and namespaces the exporters run under as shipped (ours: deploy/; NVIDIA's GPU
@@ -159,7 +160,7 @@ def gpu_exporter(node_label: str = "node", trust: Trust | None = None) -> Source
         health=Health(up="gpu_up", xid_counter="gpu_xid_errors_total", ecc_uncorrectable="gpu_ecc_errors_total",
                       ecc_matcher='error_type="uncorrected"', remap_failed="gpu_remapped_rows_failed",
                       retire_pending="gpu_retired_pages_pending", pcie_width="gpu_pcie_link_width",
-                      pcie_width_max="gpu_pcie_link_width_max"),
+                      pcie_width_max="gpu_pcie_link_width_max", state="gpu_health_state"),
         trust=trust or Trust(),
     )
 

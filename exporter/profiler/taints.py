@@ -58,7 +58,7 @@ TAINT_KEY = "gpu-exporter.io/unhealthy"
 EFFECT = "NoSchedule"
 A_NODE, A_GPU, A_UUID, A_HEALTHY = ("gpu-exporter.io/node", "gpu-exporter.io/gpu", "gpu-exporter.io/uuid",
                                     "gpu-exporter.io/healthy-cycles")
-TAINTED = frozenset((health.LOST, health.XID, health.ECC, health.REMAP))  # failed or hung: not a narrow link
+TAINTED = frozenset((health.LOST, health.HUNG, health.XID, health.ECC, health.REMAP, health.FAILED))  # not PCIE
 REPROBE_CYCLES = 30
 
 DeviceId = tuple[str, str, str]  # (driver, pool, device)

@@ -88,6 +88,9 @@ def test_a_failed_gpu_gets_rules_selecting_exactly_its_devices(kubeapi: FakeKube
     (None, True),  # lost
     ({"ecc": 2.0}, True),
     ({"remap": 1.0}, True),
+    ({"state_hung": 1.0}, True),  # the exporter's gpu_health_state: a driver call that did not return
+    ({"state_failed": 1.0}, True),
+    ({"state_degraded": 1.0}, False),
     ({"xid_13": 4.0}, False),  # not a critical XID
     ({"width": 8.0, "width_max": 16.0}, False),  # a narrowed link is degraded, not failed
 ])

@@ -90,7 +90,7 @@ def _history(path: Path) -> Path:
         return [(t, value) for t in ts if t >= RISE]
 
     with OpenMetricsWriter(path) as w:
-        for node in WANT:
+        for node in (*WANT, "h-hung", "h-failed", "h-degraded"):
             if node.startswith("d-"):
                 write_dcgm(w, _gpus(node))
             else:
@@ -110,6 +110,14 @@ def _history(path: Path) -> Path:
             w.add("gpu_pcie_link_width", _labels("h-gen", g), state(16.0, 16.0))
             w.add("gpu_pcie_link_generation", _labels("h-gen", g), state(1.0, 1.0))
             w.add("gpu_pcie_link_generation_max", _labels("h-gen", g), state(4.0, 4.0))
+        # the exporter's own verdict (gpu_health_state: 1 on the GPU's state, 0 on the others)
+        for node, gpu, bad in (("h-hung", "1", "hung"), ("h-failed", "0", "failed"), ("h-degraded", "0", "degraded")):
+            cause = {"hung": "hung: nvmlDeviceGetPowerUsage did not return within 1 s",
+                     "failed": "the driver asks for a GPU reset",
+                     "degraded": "the driver asks to drain peer-to-peer traffic"}[bad]
+            for name in ("ok", "degraded", "failed", "hung", "lost"):
+                w.add("gpu_health_state", _labels(node, gpu) | {"state": name, "cause": cause},
+                      state(1.0 if name == bad else 0.0, 1.0 if name == "ok" else 0.0))
         lost = _labels("h-lost", "1")
         w.add("gpu_up", lost | {"state": "lost"}, [(t, 0.0) for t in ts if t < FAULT_END])
         for node in ("d-xid", "d-remap"):
@@ -422,3 +430,38 @@ def test_xid_severity_flag(tmp_path: Path) -> None:
                        (["13=fatal,13=warn"], "13 is given twice")):
         with pytest.raises(ConfigError, match=words):
             parse_args([*base, *[a for b in bad for a in ("--xid-severity", b)]])
+
+
+def test_the_exporters_health_state(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    """gpu_health_state (exporter/core/gpu_health.py): hung is GPUHung, failed with nothing else in the
+    window is GPUFailed, degraded alone is listed on a True node; the recovery clears each."""
+    for n in ("h-hung", "h-failed", "h-degraded"):
+        kubeapi.add_node(n)
+    _cycle(prom, kube_client, AT_FAULT)
+    got = _conditions(kubeapi)
+    assert (got["h-hung"]["status"], got["h-hung"]["reason"]) == ("False", health.HUNG)
+    assert got["h-hung"]["message"].startswith(f"[GPU_HUNG] GPU 1 {_labels('h-hung', '1')['uuid']}: ")
+    assert (got["h-failed"]["status"], got["h-failed"]["reason"]) == ("False", health.FAILED)
+    assert got["h-failed"]["message"].endswith("- RecommendedAction: COMPONENT_RESET")
+    assert (got["h-degraded"]["status"], got["h-degraded"]["reason"]) == ("True", health.HEALTHY)
+    assert got["h-degraded"]["message"].startswith("2 GPUs healthy; [GPU_DEGRADED] GPU 0 ")
+    for _ in range(2):
+        _cycle(prom, kube_client, AT_OK)
+    assert {n: (c["status"], c["message"]) for n, c in _conditions(kubeapi).items()} == {
+        n: ("True", "2 GPUs healthy") for n in ("h-hung", "h-failed", "h-degraded")}
+
+
+def test_health_state_fields() -> None:
+    def st(up: float = 1.0, **h: float) -> GpuStats:
+        return GpuStats(node="n", gpu="0", uuid="GPU-a", up=up, health=h)
+
+    assert [f.cause for f in health.gpu_findings(st(0.0, state_hung=1.0))] == [health.HUNG]
+    assert [f.cause for f in health.gpu_findings(st(state_hung=1.0))] == [health.HUNG]  # whatever gpu_up says
+    assert [f.cause for f in health.gpu_findings(st(0.0, state_failed=1.0))] == [health.LOST]
+    assert [f.cause for f in health.gpu_findings(st(state_failed=1.0, xid_79=1.0))] == [health.XID]  # said once
+    assert [f.cause for f in health.gpu_findings(st(state_failed=1.0, width=8, width_max=16))] == [
+        health.PCIE, health.FAILED]
+    assert [f.cause for f in health.gpu_findings(st(state_degraded=1.0))] == [health.WARN]
+    assert health.gpu_findings(st(state_degraded=1.0, xid_13=1.0))[0].code == "XID13"  # the XID says more
+    assert health.gpu_findings(st(state_ok=1.0)) == [] and health.gpu_findings(st(state_hung=0.0)) == []
+    assert health.observe({"0": st(up=1.0, state_hung=1.0)}).reason == health.HUNG
