@@ -235,6 +235,45 @@ EXTERNAL = [
             "tests/unit/k8s/test_shared_gpus.py::test_a_container_id_of_another_pod_is_not_taken",
         "figures": {"cases": 7, "failures": 0}, "outcome": "make test"}),
     ("Faults: profiler", {
+        "scenario": "500 of 10,000 nodes failing at once: Events (issue 35)",
+        "done": "10,000 nodes with GPUHealthy True; 500 lose a GPU in the same cycle; --hysteresis 2, the "
+            "default per-node Event budget",
+        "happened": "the second cycle writes the 500 transitions and each of the 500 nodes gets its Event; "
+            "none suppressed, no Event for any other node (before: a fleet-wide 30 a minute let 30 through)",
+        "test": "tests/unit/profiler/test_events.py::test_500_of_10000_nodes_failing_at_once_each_get_their_"
+            "event_within_two_cycles",
+        "figures": {"nodes": 10000, "failing": 500, "events": 500, "dropped": 0}, "outcome": "make test"}),
+    ("Faults: profiler", {
+        "scenario": "a flapping node's Events (issue 35, issue 36)",
+        "done": "one node's GPUHealthy flips five times in a cycle (burst 2), another node records one; then "
+            "the fake clock moves by exact fractions of the refill interval",
+        "happened": "the flapping node spends its own budget only (3 suppressed), the other node's Event is "
+            "recorded; one summary Event names how many were suppressed and where; tokens come back at "
+            "exactly the stated rate, never above the burst",
+        "test": "tests/unit/profiler/test_events.py::test_one_summary_event_per_cycle_names_the_suppressed, "
+            "test_budget_refills_at_its_stated_rate_on_a_fake_clock",
+        "figures": {"suppressed": 4, "summary events": 1}, "outcome": "make test"}),
+    ("Faults: profiler", {
+        "scenario": "DeviceTaintRule API absent or forbidden (issue 35)",
+        "done": "--device-taints on against a server without devicetaintrules in discovery (the "
+            "DRADeviceTaintRules gate off), for 30 cycles, then with it; and a server answering 403 to "
+            "the rule's creation three times",
+        "happened": "one warning for the absent API, discovery asked again every 30 cycles, the rules "
+            "written once it is served; one warning for 403, the rule written when it clears; the cycle "
+            "never fails for either",
+        "test": "tests/unit/profiler/test_device_taints.py::test_api_absent_says_so_once_and_carries_on, "
+            "test_forbidden_is_one_warning",
+        "figures": {"warnings": 1, "discovery calls": 3}, "outcome": "make test"}),
+    ("Faults: profiler", {
+        "scenario": "a GPU the exporter reports hung (issue 35)",
+        "done": "gpu_health_state says hung for GPU 1 of a node, failed for another's GPU 0, degraded for a "
+            "third's, in a real Prometheus; then every state returns to ok",
+        "happened": "GPUHealthy False with reason GPUHung ([GPU_HUNG] entry, RESTART_BM) and GPUFailed; "
+            "degraded listed on a True node; all True again after recovery (a hung or failed GPU's device "
+            "is tainted with --device-taints: test_device_taints.py)",
+        "test": "tests/unit/profiler/test_health.py::test_the_exporters_health_state",
+        "figures": {"nodes": 3}, "outcome": "make test"}),
+    ("Faults: profiler", {
         "scenario": "API server 409 on nodes/status (issue 36)",
         "done": "the GPUHealthy patch of one node answers 409 twice, then once with the node's "
             "annotations already in place; another node is written in the same cycle",
