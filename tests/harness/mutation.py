@@ -130,6 +130,16 @@ MODULES: dict[str, Module] = {
                                                                   "tests/unit/platform/test_http_survivors.py"),
                                functions=tuple(f"exporter.platform.webconfig.{f}__*" for f in (
                                    "x__stamp", "x__weakens", "xǁLiveWebConfigǁ*"))),
+    # issue 35/36: the GPUHealthy rules (pure: the tests that need no Prometheus) and the Event budget
+    # (the fake API server in process; the 10,000-node test and the flag test are left out: slow, or
+    # not about the recorder)
+    "health": Module("exporter/profiler/health.py", ("tests/unit/profiler/test_health.py",
+                                                     "tests/e2e/test_health_docs.py"),
+                     extra_args=("-k", "causes_from_fields or parseable or xid_severity_overrides or "
+                                       "health_state_fields or nvsentinel or taint_selection or read_what")),
+    "events": Module("exporter/profiler/events.py", ("tests/unit/profiler/test_events.py",
+                                                     "tests/unit/profiler/test_allocated.py"),
+                     extra_args=("-k", "not 10000 and not flags and not hostile and not allocated_idle")),
     "prom-caps": Module("exporter/profiler/prom.py", ("tests/unit/profiler/test_prom.py",),
                         functions=("exporter.profiler.prom.xǁPromClientǁ_post__*",
                                    "exporter.profiler.prom.xǁPromClientǁ_exchange__*",
