@@ -59,6 +59,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from time import monotonic
 from typing import Any, ClassVar
 
 from exporter.core import schema
@@ -66,7 +67,7 @@ from exporter.core.errors import DRIVER as DRIVER
 from exporter.core.errors import BackendError as BackendError
 from exporter.core.errors import BackendUnavailable as BackendUnavailable
 from exporter.core.k8s_names import KubernetesNames
-from exporter.core.lane import Abandoned, Lane, LaneBusy
+from exporter.core.lane import Abandoned, Lane, LaneBusy, here
 from exporter.core.options import BackendOptions, BackendSetting
 from exporter.core.readings import Collection
 
@@ -292,16 +293,16 @@ class Backend(ABC):
         """
         if dev is not None and reading in dev.unsupported:
             return MISSING
-        lane = self._lane(dev)
-        if lane is not None and not lane.current():  # not inside the GPU's job: hand this one call over
-            return self.on_gpu(dev, self.call, dev, reading, fn, *args,  # type: ignore[arg-type]
-                               convert=convert, where=where)
         name = where or str(getattr(fn, "__name__", reading))
         outer = False
-        if lane is not None:
+        if dev is not None and dev.index >= 0:
+            lane = here()  # the hot path: on the GPU's own lane, inside its job (Backend.on_gpu)
+            if lane is None or self._lanes.get(dev.index) is not lane:  # elsewhere: hand this one call over
+                return self.on_gpu(dev, self.call, dev, reading, fn, *args,
+                                   convert=convert, where=where)
             if lane.abandoned():  # back from a hung call: unwind without calling the GPU again
                 raise Abandoned
-            lane.mark(name)
+            lane.what, lane.since = name, monotonic()  # Lane.mark, inline: its deadline starts now
         else:
             outer = self._enter_node(name)
         try:
@@ -311,7 +312,7 @@ class Backend(ABC):
         except Exception as exc:  # noqa: BLE001 - the policy below decides for every exception type
             return self._fail(dev, reading, name, exc)
         finally:
-            if lane is None and outer:
+            if outer:
                 self._node_calls.pop(threading.get_ident(), None)
         if dev is not None:
             dev.answered += 1

@@ -15,10 +15,18 @@ so the job unwinds without another vendor call.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+_here = threading.local()  # .lane: the Lane whose thread this is
+
+
+def here() -> Lane | None:
+    """The lane the calling thread runs (None when it is no lane's): the funnel's fast test, once per call."""
+    return getattr(_here, "lane", None)
 
 
 class Abandoned(BaseException):  # a BaseException: not an error, a job unwinding
@@ -37,13 +45,15 @@ class LaneBusy(Exception):
 
 
 class _Job:
-    __slots__ = ("abandoned", "done", "error", "fn", "result", "started", "what")
+    __slots__ = ("abandoned", "done", "error", "finished", "fn", "result", "started", "what")
 
     def __init__(self, fn: Callable[[], Any], what: str) -> None:
         self.fn = fn
         self.what = what
         self.started = time.monotonic()
-        self.done = False
+        self.done = threading.Lock()  # held until the job finished: the caller's timed wait (one futex)
+        self.done.acquire()
+        self.finished = False
         self.result: Any = None
         self.error: BaseException | None = None
         self.abandoned = False
@@ -51,15 +61,16 @@ class _Job:
 
 class Lane:
     """One worker thread (started at the first job), named ``name``. ``on_return(what, seconds)`` is
-    called on the lane when an abandoned job finally returns."""
+    called on the lane when an abandoned job finally returns. A hand-off costs a queue put and a lock
+    wait (tens of microseconds): a backend hands over one job per GPU and collection."""
 
     def __init__(self, name: str, on_return: Callable[[str, float], None] | None = None) -> None:
         self.name = name
         self._on_return = on_return
-        self._cv = threading.Condition(threading.Lock())
-        self._next: _Job | None = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._mu = threading.Lock()
+        self._free = threading.Condition(self._mu)  # callers queued behind a running job (rare)
         self._busy: _Job | None = None  # the job given to the lane and not finished: at most one
-        self._stop = False
         self._thread: threading.Thread | None = None
         self.what = ""  # what the running job is doing now (the vendor call it is in: mark())
         self.since = 0.0  # since when (monotonic)
@@ -77,9 +88,9 @@ class Lane:
     def submit(self, fn: Callable[[], Any], what: str = "") -> _Job:
         """Start ``fn`` on the lane, after the job it runs for another caller (who waits for that one with
         a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on."""
-        with self._cv:
+        with self._mu:
             while self._busy is not None and not self._busy.abandoned:
-                self._cv.wait()
+                self._free.wait()
             busy = self._busy
             if busy is not None:
                 raise LaneBusy(self.what or busy.what, self.since, late=True)
@@ -87,22 +98,25 @@ class Lane:
                 self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._thread.start()
             job = _Job(fn, what)
-            self._busy = self._next = job
+            self._busy = job
             self.what, self.since = what, job.started
-            self._cv.notify_all()
+        self._jobs.put(job)
         return job
 
     def wait(self, job: _Job, remaining: Callable[[], float]) -> Any:
         """Wait for ``job`` while ``remaining()`` (seconds, asked again after each wake-up) is positive;
         then abandon the job and raise :class:`LaneBusy`."""
-        with self._cv:
-            while not job.done:
-                left = remaining()
-                if left <= 0:
-                    job.abandoned = True
-                    self._cv.notify_all()  # callers queued behind it: refused from now on
-                    raise LaneBusy(self.what or job.what, self.since, late=False)
-                self._cv.wait(left)
+        while True:
+            left = remaining()
+            if left <= 0:
+                with self._mu:
+                    if not job.finished:
+                        job.abandoned = True
+                        self._free.notify_all()  # callers queued behind it: refused from now on
+                        raise LaneBusy(self.what or job.what, self.since, late=False)
+                break
+            if job.done.acquire(timeout=left):
+                break
         if job.error is not None:
             raise job.error
         return job.result
@@ -133,31 +147,28 @@ class Lane:
 
     def stop(self) -> None:
         """Let the thread end once it is idle (a hung one ends when its call returns)."""
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
+        self._jobs.put(None)
 
     def _loop(self) -> None:
+        _here.lane = self
         while True:
-            with self._cv:
-                while self._next is None and not self._stop:
-                    self._cv.wait()
-                job = self._next
-                if job is None:
-                    return
-                self._next = None
+            job = self._jobs.get()
+            if job is None:
+                return
             try:
                 job.result = job.fn()
             except Abandoned:
                 pass
             except BaseException as exc:  # noqa: BLE001 - handed to the caller, who decides
                 job.error = exc
-            with self._cv:
-                job.done = True
+            with self._mu:
+                job.finished = True
                 self._busy = None
                 self.what = ""
-                self._cv.notify_all()
-            if job.abandoned and self._on_return is not None:
+                late = job.abandoned
+                self._free.notify_all()
+            job.done.release()
+            if late and self._on_return is not None:
                 try:
                     self._on_return(job.what, time.monotonic() - job.started)
                 except Exception:  # noqa: BLE001 - a log line must never kill the lane

@@ -38,7 +38,7 @@ def names(s: Samples, **labels: str) -> set[str]:
 
 def gpu_readings(s: Samples, gpu: str) -> set[str]:
     """Reading series of one GPU (its identity and up series aside)."""
-    return names(s, gpu=gpu) - {"gpu_up", "gpu_info", "gpu_field_unsupported"}
+    return names(s, gpu=gpu) - {"gpu_up", "gpu_info", "gpu_field_unsupported", "gpu_health_state"}
 
 
 def errors(s: Samples, backend: str, kind: str) -> float:

@@ -285,13 +285,18 @@ def hold_hang(v: Vendor, seconds: float) -> None:
             engine.scrape()
         threads, rss = threading.active_count(), rss_bytes()
         end = time.monotonic() + seconds
-        n = 0
+        n = complete = 0
         while time.monotonic() < end:
             snap = engine.scrape()
             n += 1
-            assert not gpus(snap)[3].up and gpus(snap)[4].up
+            now = gpus(snap)
+            assert 3 not in now or not now[3].up  # never a stale "up" reading of the hung GPU
+            if len(now) == 8:  # else a starved machine ran a collection past the timeout: a partial answer
+                complete += 1
+                assert now[4].up
             assert threading.active_count() == threads
             assert v.hanging() == 1
+        assert complete >= 0.9 * n, f"{n - complete} of {n} collections overran the timeout"
         growth = rss_bytes() - rss
         assert growth < 4 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over {n} collections of a hung GPU"
         v.release(v.reading_call, 3)

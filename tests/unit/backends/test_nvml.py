@@ -125,8 +125,9 @@ def test_gpu_lost_mid_run_then_back(fleet: FakeNvml, exporter: ExporterProcess) 
     fleet.lose(1)
     s = exporter.scrape()
     assert sample(s, "gpu_up", gpu="1", uuid=fleet.gpus[1]["uuid"]) == 0.0
-    readings = gpu_series(s, "1") - {"gpu_up", "gpu_info"}
+    readings = gpu_series(s, "1") - {"gpu_up", "gpu_info", "gpu_health_state"}
     assert readings == set(), f"a lost GPU must publish no readings, got {readings}"
+    assert sample(s, "gpu_health_state", gpu="1", state="lost") == 1.0  # its identity and its one state
     # its identity stays one gpu_info series (same labels as before it was lost)
     g = fleet.gpus[1]
     assert sample(s, "gpu_info", gpu="1", uuid=g["uuid"], serial=g["serial"], cuda_version="12.4") == 1.0
