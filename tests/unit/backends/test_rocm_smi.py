@@ -404,3 +404,29 @@ def test_a_bad_vendor_string_never_fails_a_scrape(name: str, tmp_path: Path) -> 
         status, body, _ = ex.get("/api/v1/gpus")
         assert status in (200, 404), body[:300]
         assert "Traceback" not in ex.log()
+
+
+def test_a_killed_rocm_smi_is_reported_like_a_stalled_in_process_call(fake: FakeRocmSmi) -> None:
+    """Issue 35: the CLI's own kill at --command-timeout shows as a stalled backend, the way a hung NVML or
+    amdsmi call about no GPU does: the GPUs it knew down and hung with the cause, readiness naming it."""
+    from exporter.core.engine import Engine
+    from exporter.core.host import host_info
+    from exporter.core.options import FieldFilter
+
+    backend = _ready(fake, timeout=0.5)
+    engine = Engine([backend], host_info(), FieldFilter(), collection_timeout=5.0, cache_ttl=0.0)
+    engine.mark_initialised("rocm-smi")
+    try:
+        assert len([r for c in engine.scrape().collections for r in c.gpus if r.up]) == 4
+        fake.script("sleep 60")
+        engine._cached.clear()  # rocm-smi is re-run at most every min_interval: now, for this test
+        snap = engine.scrape()
+        gpus = [r for c in snap.collections for r in c.gpus]
+        assert len(gpus) == 4 and not any(r.up for r in gpus)
+        cause = "stalled: rocm-smi did not answer within 0.5 s and was killed"
+        assert {(r.up_reason, r.health_state, r.health_cause) for r in gpus} == {(cause, "hung", cause)}
+        assert snap.stats["rocm-smi"].errors_total.get("stalled", 0) >= 1
+        assert engine.ready(60, wait=False) == (False, "backend rocm-smi: stalled: rocm-smi did not answer "
+                                                       "within 0.5 s and was killed")
+    finally:
+        engine.stop()
