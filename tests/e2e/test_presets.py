@@ -200,3 +200,10 @@ def test_the_runtime_class_is_a_component_presets_leave_out() -> None:
         assert components(name) == ["../../components/nvidia"], name
     rc = yaml.safe_load((ROOT / "deploy" / "components" / "nvidia-runtime-class" / "kustomization.yaml").read_text())
     assert rc["kind"] == "Component"
+
+
+@pytest.mark.parametrize("preset", PLATFORMS)
+def test_helm_lint_passes_with_the_preset(preset: str) -> None:
+    proc = subprocess.run([tool("helm"), "lint", "--strict", str(CHART), "-f", str(PRESETS / f"{preset}.yaml")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
