@@ -150,6 +150,9 @@ class _Resp:
     def release_conn(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 def test_a_watch_reads_what_has_arrived_and_a_list_reads_in_blocks() -> None:
     r = _Resp(b"abcdef")
@@ -305,3 +308,97 @@ def test_a_stopped_watch_ends_quietly() -> None:
     w._stop.set()
     assert w._watch("3") == "3" and w._objects == {}
     assert threading.active_count() >= 1
+
+
+def test_retry_after_bounds_and_messages() -> None:
+    assert retry_after(_Exc({"Retry-After": "1000000"})) == 0.0  # a million seconds: not a real hint
+    assert retry_after(_Exc({"Retry-After": "999999.5"})) == 999999.5
+    assert str(watch._ShortWatch()) == "the watch stream closed at once, without an event"
+
+
+def test_lines_split_a_chunk_of_many_and_the_limit_is_exact() -> None:
+    assert list(_lines(io.BytesIO(b"a\nbb\nccc\n").read, 100)) == [b"a", b"bb", b"ccc"]
+    exact = _one_byte_at_a_time(b"y" * 100 + b"\nz\n")  # 100 bytes wait for their newline: allowed
+    assert list(_lines(exact, 100)) == [b"y" * 100, b"z"]
+    with pytest.raises(TooLarge, match=r"^a watch event over 100 bytes$"):
+        list(_lines(_one_byte_at_a_time(b"y" * 101), 100))
+
+
+def test_import_client_and_wait_synced(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import kubernetes
+
+    from exporter.core.extras import MissingExtra
+
+    assert watch.import_client() is kubernetes
+    monkeypatch.setitem(sys.modules, "kubernetes", None)
+    with pytest.raises(MissingExtra, match="--per-process"):
+        watch.import_client("--per-process")
+    with pytest.raises(MissingExtra, match="the Kubernetes API"):
+        watch.import_client()
+    w = Watcher("pods", lambda **kw: None, lambda o: None)
+    assert not watch.wait_synced(w, 0) and not watch.wait_synced(w, 0.01)
+    w.synced.set()
+    assert watch.wait_synced(w, 0) and watch.wait_synced(w, 5)
+
+
+def test_no_retries_turns_off_every_kind_and_takes_any_client() -> None:
+    class Api:
+        pass
+
+    api = Api()
+    assert watch.no_retries(api) is api  # no configuration, no pool: nothing to set, nothing raised
+    api.configuration = type("Cfg", (), {"retries": None})()  # type: ignore[attr-defined]
+    watch.no_retries(api)
+    r = api.configuration.retries  # type: ignore[attr-defined]
+    assert (r.total, r.connect, r.read, r.status, r.redirect) == (0, 0, 0, 0, 0)
+    assert (r.respect_retry_after_header, r.raise_on_status, r.raise_on_redirect) == (False, False, False)
+
+
+def test_stop_unblocks_the_read_and_joins_the_thread(caplog: pytest.LogCaptureFixture) -> None:
+    released = threading.Event()
+
+    class Blocking(_Resp):
+        def _read1(self, n: int) -> bytes:
+            released.wait(30)
+            return b""
+
+        def shutdown(self) -> None:
+            released.set()
+
+    def call(**kw: Any) -> _Resp:
+        return Blocking(b"") if kw.get("watch") else _Resp(_list_answer([]))
+
+    w = Watcher("pods", call, lambda o: None, request_timeout=5.0)
+    w.start()
+    assert w.synced.wait(10)
+    for _ in range(3000):  # until the watch request is the one in flight
+        if isinstance(w._resp, Blocking):
+            break
+        released.wait(0.01)
+    thread = w._thread
+    assert thread is not None
+    w.stop()
+    assert released.is_set() and not thread.is_alive() and w._thread is None
+
+    class Closing:
+        closed = False
+
+        def close(self) -> None:
+            Closing.closed = True
+
+    w2 = Watcher("pods", call, lambda o: None)
+    w2._resp = Closing()
+    w2.stop()  # no shutdown(): close() instead
+    assert Closing.closed
+
+    class Broken:
+        def shutdown(self) -> None:
+            raise OSError("gone")
+
+    w3 = Watcher("nodes", call, lambda o: None)
+    w3._resp = Broken()
+    with caplog.at_level(logging.DEBUG, logger="exporter.k8s.watch"):
+        w3.stop()
+    assert "closing the nodes watch failed" in caplog.text
