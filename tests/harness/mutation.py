@@ -98,8 +98,9 @@ MODULES: dict[str, Module] = {
                            also=("exporter/core/k8s_names.py",), isolation="forkserver"),
     # issue 36: the surfaces a tenant or a flaky API server reaches. The cgroup path parser whole; the
     # per-pod mapping (not the background thread, driven through the real exporter elsewhere); the watch
-    # whole (its decoding, backoff and loop, on a fake clock and a scripted API; the test that waits out a
-    # real watch timeout is left out); the ResourceSlice mapping; the profiler's source label rules.
+    # whole (its decoding, backoff and loop, on a fake clock and a scripted API; the tests against the fake
+    # API server that run in real time are left out: minutes per mutant); the ResourceSlice mapping; the
+    # profiler's source label rules.
     "cgroup": Module("exporter/k8s/cgroup.py", ("tests/unit/k8s/test_cgroup.py",)),
     "processes": Module("exporter/k8s/processes.py", ("tests/unit/k8s/test_shared_gpus.py",),
                         extra_args=("-k", "build_rules or static_pod or another_pod or summary or edge_cases"),
@@ -108,7 +109,8 @@ MODULES: dict[str, Module] = {
                             "x_build", "x_render"))),
     "watch": Module("exporter/k8s/watch.py", ("tests/unit/k8s/test_watch_decoding.py",
                                               "tests/unit/k8s/test_watch.py"),
-                    extra_args=("-k", "not resumes_after_the_watch_times_out")),
+                    extra_args=("-k", "not resumes_after_the_watch_times_out and not lists_then_follows and not "
+                                      "410_expired_lists_again and not forbidden_is_retried and not relist_after")),
     "resourceslices": Module("exporter/k8s/resourceslices.py", ("tests/unit/k8s/test_dra.py",),
                              extra_args=("-k", "identified or not_guessed or slice_summary or every_shape"),
                              functions=tuple(f"exporter.k8s.resourceslices.{f}__*" for f in (

@@ -402,3 +402,73 @@ def test_stop_unblocks_the_read_and_joins_the_thread(caplog: pytest.LogCaptureFi
     with caplog.at_level(logging.DEBUG, logger="exporter.k8s.watch"):
         w3.stop()
     assert "closing the nodes watch failed" in caplog.text
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_failure_messages_name_what_failed(caplog: pytest.LogCaptureFixture) -> None:
+    class ServerError(Exception):
+        status = 500
+
+    for exc, why in ((ServerError(), "HTTP 500"), (watch._Expired(), "HTTP 410 Expired (resourceVersion too old)"),
+                     (watch._ShortWatch(), "the watch stream closed at once, without an event"),
+                     (ValueError("garbage"), "ValueError: garbage")):
+        caplog.clear()
+        w = Watcher("pods", lambda **kw: None, lambda o: None)
+        with caplog.at_level(logging.WARNING, logger="exporter.k8s.watch"):
+            w._note_failure(exc, 2.0)
+        assert _warnings(caplog) == [f"pods watch failed ({why}); listing again with backoff (2.0 s, at most 30 s), "
+                                     "the last known pods are kept"]
+
+
+def test_the_loop_watches_again_after_a_watch_ends_normally_and_logs_the_failure(
+        caplog: pytest.LogCaptureFixture) -> None:
+    class Parking(FakeClock):
+        def wait(self, stop: threading.Event, seconds: float) -> bool:
+            stop.set()  # the first backoff ends the test
+            return True
+
+    clock = Parking()
+    calls: list[str] = []
+
+    class Ends(_Resp):
+        def _read1(self, n: int) -> bytes:
+            clock.now += 2.0  # ran its course, no event
+            return b""
+
+    def call(**kw: Any) -> _Resp:
+        if not kw.get("watch"):
+            calls.append("list")
+            return _Resp(_list_answer([]))
+        calls.append("watch")
+        if calls.count("watch") == 2:
+            raise ValueError("boom")
+        return Ends(b"")
+
+    w = Watcher("pods", call, lambda o: None, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="exporter.k8s.watch"):
+        w._loop()
+    assert calls == ["list", "watch", "watch"]
+    assert w.errors == 1 and w.relists == 0
+    assert _warnings(caplog)[0].startswith("pods watch failed (ValueError: boom); listing again with backoff")
+
+
+def test_the_thread_is_a_named_daemon() -> None:
+    release = threading.Event()
+
+    def call(**kw: Any) -> _Resp:
+        release.wait(10)
+        raise ValueError("stopped")
+
+    w = Watcher("pods", call, lambda o: None, request_timeout=1.0)
+    w.start()
+    try:
+        assert w._thread is not None and w._thread.name == "watch-pods" and w._thread.daemon
+        first = w._thread
+        w.start()  # started once only
+        assert w._thread is first
+    finally:
+        release.set()
+        w.stop()
