@@ -93,7 +93,7 @@ def test_every_name_ours_queries_is_a_family_we_publish() -> None:
     names = _names(o)
     metrics = [v for k, v in names.items() if isinstance(v, str) and v and k not in
                ("name", "sm_whole", "health.ecc_matcher")]
-    assert len(metrics) == 13
+    assert len(metrics) == 14
     for m in metrics:
         assert schema.family(m).name == m, m  # raises for a name the exporter does not publish
     assert names["sm_whole"] == 'gpu_instance=""' and names["health.ecc_matcher"] == 'error_type="uncorrected"'
@@ -116,7 +116,7 @@ def test_the_other_exporters_names_are_their_published_ones() -> None:
         "health.up": "", "health.xid_counter": "", "health.xid_last": "DCGM_FI_DEV_XID_ERRORS",
         "health.ecc_uncorrectable": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "health.ecc_matcher": "",
         "health.remap_failed": "DCGM_FI_DEV_ROW_REMAP_FAILURE", "health.retire_pending": "DCGM_FI_DEV_RETIRED_PENDING",
-        "health.pcie_width": "", "health.pcie_width_max": ""}
+        "health.pcie_width": "", "health.pcie_width_max": "", "health.state": ""}
     assert _names(sources.amd()) == {
         "name": "amd", "util": "gpu_gfx_activity", "util_scale": 0.01, "mem_used": "gpu_used_vram",
         "mem_free": "gpu_free_vram", "mem_total": "gpu_total_vram", "mem_scale": 1048576.0,
@@ -125,6 +125,6 @@ def test_the_other_exporters_names_are_their_published_ones() -> None:
         "present_by_util": False,
         "health.up": "", "health.xid_counter": "", "health.xid_last": "", "health.ecc_uncorrectable":
         "gpu_ecc_uncorrect_total", "health.ecc_matcher": "", "health.remap_failed": "", "health.retire_pending": "",
-        "health.pcie_width": "", "health.pcie_width_max": ""}
+        "health.pcie_width": "", "health.pcie_width_max": "", "health.state": ""}
     with pytest.raises(KeyError):
         sources.make("nvidia")
