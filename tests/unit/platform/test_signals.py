@@ -40,7 +40,7 @@ def test_sighup_reloads_the_web_config_and_never_kills(command: str, tmp_path: P
         assert d.get("/metrics", _auth("prometheus"))[0] == 200
         cfg.write_text(f"basic_auth_users:\n  scraper: {hashed}\n")
         d.proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: "reloaded (SIGHUP)" in d.log(), 10, what="the SIGHUP reload line")
+        wait_until(lambda: "reloaded (SIGHUP)" in d.log(), 60, what="the SIGHUP reload line")
         assert d.proc.poll() is None
         assert d.get("/metrics", _auth("scraper"))[0] == 200
         assert d.get("/metrics", _auth("prometheus"))[0] == 401
@@ -54,7 +54,7 @@ def test_sighup_without_a_web_config_is_ignored_with_a_line(command: str, tmp_pa
     with DaemonProcess(command, args, env=env) as d:
         for n in (1, 2):  # one at a time: signals of one kind do not queue
             d.proc.send_signal(signal.SIGHUP)
-            wait_until(lambda: d.log().count("SIGHUP: no --web.config.file") >= n, 10,  # noqa: B023
+            wait_until(lambda: d.log().count("SIGHUP: no --web.config.file") >= n, 60,  # noqa: B023
                        what=f"SIGHUP log line {n}")
         assert d.proc.poll() is None and d.get("/healthz")[0] == 200
         assert d.stop() == 0
