@@ -16,7 +16,14 @@ from exporter.platform.http.protocol import BadRequest, Response, answer_head, p
 H = b"Host: x\r\n"
 
 
-@pytest.mark.parametrize(("data", "want"), [
+def _ids(value: object) -> str:
+    """Short test ids (the cases hold 8 KiB lines): a hash of the case, stable across runs."""
+    import zlib
+
+    return format(zlib.crc32(repr(value).encode()), "08x")
+
+
+@pytest.mark.parametrize(("data", "want"), ids=_ids, argvalues=[
     (b"GET /metrics HTTP/1.1\r\n" + H + b"\r\n", ("GET", "/metrics", "HTTP/1.1", {"host": "x"}, 34)),
     (b"HEAD / HTTP/1.0\r\n\r\n", ("HEAD", "/", "HTTP/1.0", {}, 19)),
     (b"\r\n\r\nGET / HTTP/1.0\r\n\r\n", ("GET", "/", "HTTP/1.0", {}, 22)),  # stray blank lines first
@@ -26,6 +33,11 @@ H = b"Host: x\r\n"
     (b"GET / HTTP/1.0\r\nContent-Length: 3\r\n\r\nabcGET", ("GET", "/", "HTTP/1.0", {"content-length": "3"}, 40)),
     (b"GET /p?q=%C3%A9 HTTP/1.1\r\nHOST: y\r\n\r\n", ("GET", "/p?q=%C3%A9", "HTTP/1.1", {"host": "y"}, 37)),
     (b"GET /\xe9 HTTP/1.0\r\nX: \xe9\r\n\r\n", ("GET", "/\xe9", "HTTP/1.0", {"x": "\xe9"}, 25)),  # latin-1
+    (b"\nGET / HTTP/1.0\r\n\r\n", ("GET", "/", "HTTP/1.0", {}, 19)),  # one stray LF
+    (b"GET / HTTP/1.1\r\nHost: 127.0.0.1:9400\r\n\r\n", ("GET", "/", "HTTP/1.1", {"host": "127.0.0.1:9400"}, 40)),
+    (b"GET / HTTP/1.0\r\nX-A: XaX\r\n\r\n", ("GET", "/", "HTTP/1.0", {"x-a": "XaX"}, 28)),
+    (b"GET / HTTP/1.0\r\nContent-Length: 000000000001\r\n\r\nx",  # 12 digits: the most we read
+     ("GET", "/", "HTTP/1.0", {"content-length": "000000000001"}, 49)),
 ])
 def test_a_whole_request_is_parsed(data: bytes, want: tuple[str, str, str, dict[str, str], int]) -> None:
     parsed = parse_request(bytearray(data))
@@ -35,9 +47,11 @@ def test_a_whole_request_is_parsed(data: bytes, want: tuple[str, str, str, dict[
     assert headers.get("HOST") == headers.get("host")  # looked up by any case
 
 
-@pytest.mark.parametrize("data", [
+@pytest.mark.parametrize("data", ids=_ids, argvalues=[
     b"", b"GET / HTTP/1.1", b"GET / HTTP/1.1\r\n", b"GET / HTTP/1.1\r\nHost: x\r\n",
     b"GET / HTTP/1.0\r\nContent-Length: 3\r\n\r\nab", b"\r\n\r\n",
+    b"GET /" + b"a" * (protocol.MAX_LINE - 5),  # a request line of exactly MAX_LINE, its end not here yet
+    b"GET / HTTP/1.1\r\nX: " + b"a" * (protocol.MAX_LINE - 3),  # a header line of MAX_LINE, not ended yet
 ])
 def test_an_incomplete_request_waits(data: bytes) -> None:
     assert parse_request(bytearray(data)) is None
@@ -46,15 +60,20 @@ def test_an_incomplete_request_waits(data: bytes) -> None:
 LONG = b"a" * (protocol.MAX_LINE + 1)
 
 
-@pytest.mark.parametrize(("data", "status", "message"), [
+@pytest.mark.parametrize(("data", "status", "message"), ids=_ids, argvalues=[
     (b"GET /" + LONG + b" HTTP/1.1\r\n\r\n", 414, "request line or header too long"),
     (b"GET /" + LONG, 414, "request line or header too long"),  # not even a line end yet
     (b"GET / HTTP/1.1\r\nX: " + LONG + b"\r\n\r\n", 431, "request line or header too long"),
     (b"GET / HTTP/1.1\r\nX: " + LONG, 431, "request line or header too long"),
+    # a line ended by a bare LF one byte over MAX_LINE: found within the search, refused by its length
+    (b"GET /" + b"a" * (protocol.MAX_LINE - 13) + b" HTTP/1.1\n\n", 414, "request line or header too long"),
+    (b"GET / HTTP/1.1\nX: " + b"a" * (protocol.MAX_LINE - 2) + b"\n\n", 431, "request line or header too long"),
     (b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(protocol.MAX_HEADERS + 1)) + b"\r\n",
      431, "too many headers"),
     (b"\r\n" * (protocol.MAX_LINE + 2), 400, "malformed request line"),
     (b"GET  / HTTP/1.1\r\n\r\n", 400, "malformed request line"),
+    (b"GET  HTTP/1.1\r\n\r\n", 400, "malformed request line"),  # an empty target
+    (b"GET / HTTP/1.0\r\nX: a\x0c\r\n\r\n", 400, "malformed header"),  # a control at the end: not trimmed
     (b"GET / HTTP/1.1 x\r\n\r\n", 400, "malformed request line"),
     (b"G(T / HTTP/1.1\r\n\r\n", 400, "malformed request line"),
     (b"GET /a\x01 HTTP/1.1\r\n\r\n", 400, "malformed request line"),
@@ -84,6 +103,13 @@ def test_a_request_that_cannot_become_valid_is_refused(data: bytes, status: int,
 
 
 def test_the_limits_are_inclusive() -> None:
+    blank = b"\n" * protocol.MAX_LINE  # as many stray blank lines as a line may be long: still skipped
+    parsed = parse_request(blank + b"GET / HTTP/1.0\r\n\r\n")
+    assert parsed is not None and parsed[1] == protocol.MAX_LINE + 18
+    start = b"\r\n" * 3000  # stray blank lines (6,000 bytes) do not count against the head's 64 KiB
+    head = b"GET / HTTP/1.0\r\n" + b"".join(b"X-%03d: %s\r\n" % (i, b"v" * 600) for i in range(protocol.MAX_HEADERS))
+    assert len(head) < protocol.MAX_HEAD < len(start + head)
+    assert parse_request(start + head + b"\r\n") is not None
     line = b"GET /" + b"a" * (protocol.MAX_LINE - len(b"GET / HTTP/1.0")) + b" HTTP/1.0"
     assert len(line) == protocol.MAX_LINE and parse_request(line + b"\r\n\r\n") is not None
     many = b"".join(b"X-%d: 1\r\n" % i for i in range(protocol.MAX_HEADERS))
@@ -94,8 +120,9 @@ def test_the_limits_are_inclusive() -> None:
     assert parsed is not None and parsed[1] == len(whole)
 
 
-@pytest.mark.parametrize(("data", "want"), [
+@pytest.mark.parametrize(("data", "want"), ids=_ids, argvalues=[
     (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", True),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\n", True),
     (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-Continue\r\n\r\nab", True),
     (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\nab", False),  # body here
     (b"GET / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n", False),  # no body
@@ -109,7 +136,7 @@ def test_wants_continue(data: bytes, want: bool) -> None:
     assert wants_continue(bytearray(data)) is want
 
 
-@pytest.mark.parametrize(("accept", "want"), [
+@pytest.mark.parametrize(("accept", "want"), ids=_ids, argvalues=[
     ("", False),
     ("application/openmetrics-text", True),
     ("application/openmetrics-text; version=1.0.0", True),
@@ -126,13 +153,17 @@ def test_wants_continue(data: bytes, want: bool) -> None:
     ("*/*", False),
     ("text/*;q=0.2,*/*;q=0.5", True),
     ("text/plain", False),
+    ("application/*;q=0.9,application/openmetrics-text;q=0.1,text/plain;q=0.5", False),  # the exact range wins
+    ("*/*;q=0.9,application/*;q=0.1,text/plain;q=0.5", False),  # type/* before */*
+    ("application/openmetrics-text;q==0.5", False),  # a malformed q counts as 0
+    ("application/openmetrics-text,text/plain;q=1.0", False),  # no q is q=1: a tie
     (",,", False),
 ])
 def test_wants_openmetrics(accept: str, want: bool) -> None:
     assert protocol.wants_openmetrics(accept) is want
 
 
-@pytest.mark.parametrize(("accept_encoding", "want"), [
+@pytest.mark.parametrize(("accept_encoding", "want"), ids=_ids, argvalues=[
     ("", False), ("gzip", True), ("GZIP", True), ("gzip;q=0", False), ("deflate, gzip;q=0.1", True),
     ("*", True), ("*;q=0", False), ("gzip;q=0, *", False), ("*, gzip;q=0", False), ("identity", False),
     ("gzip;q=1, gzip;q=0", True),  # the first mention wins
@@ -153,3 +184,4 @@ def test_the_answer_head() -> None:
     assert answer_head(Response(200, b"", headers={"X-A": "mine"}), True, {"X-A": "config"}).count(b"X-A") == 1
     assert protocol.unauthorized().headers == {"WWW-Authenticate": 'Basic realm="gpu-exporter", charset="UTF-8"'}
     assert protocol.unauthorized().status == 401
+    assert protocol.unauthorized().body == b"unauthorized\n"
