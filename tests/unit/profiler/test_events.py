@@ -162,3 +162,104 @@ def test_budget_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROFILER_EVENTS_PER_MINUTE", "30")
     with pytest.raises(UsageError, match="removed"):
         parse_args(base)
+
+
+def test_the_event_bodies_exactly(kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    """What reaches the API server, field by field: the Node Events, their count patches, the summary."""
+    import re
+
+    rec = EventRecorder(kube_client, "gpu-exporter", burst=1, refill_s=3600.0, clock=lambda: 0.0)
+    assert rec.timeout == 5.0 and rec.counts == {"created": 0, "updated": 0, "dropped": 0, "failed": 0}
+    assert rec.summary_object == {"apiVersion": "v1", "kind": "Namespace", "name": "gpu-exporter",
+                                  "uid": "gpu-exporter"}
+    assert (rec.budget.burst, rec.budget.refill_s) == (1.0, 3600.0)
+    assert rec.record("n1", "3", "growing", "m" * 2000) == "created"
+    assert rec.record("n1", "3", "nope", "x") == "dropped"  # not a pattern with an Event
+    assert rec.record_condition("n2", "True", "AllGPUsHealthy", "ok") == "created"
+    posts = [r for r in kubeapi.requests if r.method == "POST"]
+    assert [r.path for r in posts] == ["/api/v1/namespaces/gpu-exporter/events"] * 2
+    a, b = (r.body for r in posts)
+    stamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|\+00:00)\Z")  # UTC, as the client sends it
+    assert stamp.match(a["firstTimestamp"]) and a["firstTimestamp"] == a["lastTimestamp"]
+    assert {k: v for k, v in a.items() if k not in ("firstTimestamp", "lastTimestamp")} == {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": a["metadata"]["name"], "namespace": "gpu-exporter"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n1"},
+        "reason": "GPUMemoryGrowing", "message": "m" * 1024, "type": "Warning",
+        "source": {"component": "gpu-exporter-profiler"}, "reportingComponent": "gpu-exporter-profiler",
+        "count": 1}
+    assert re.fullmatch(r"n1\.[0-9a-f]{16}", a["metadata"]["name"])
+    assert (b["reason"], b["type"], b["message"], b["involvedObject"]["name"]) == (
+        "GPUHealthyTrue", "Normal", "ok", "n2")
+    assert a["metadata"]["name"] != b["metadata"]["name"]
+    # the same Event again (another process would not know it): 409, then a patch of count and message
+    rec2 = EventRecorder(kube_client, "gpu-exporter", burst=5, refill_s=1.0, clock=lambda: 0.0)
+    kubeapi.clear_requests()
+    assert rec2.record("n1", "3", "growing", "again") == "updated"
+    assert rec2.record("n1", "3", "growing", "third") == "updated"
+    patches = [r for r in kubeapi.requests if r.method == "PATCH"]
+    assert [r.path for r in patches] == [f"/api/v1/namespaces/gpu-exporter/events/{a['metadata']['name']}"] * 2
+    assert [(r.body["count"], r.body["message"]) for r in patches] == [(2, "again"), (3, "third")]
+    assert all(stamp.match(r.body["lastTimestamp"]) and set(r.body) == {"count", "lastTimestamp", "message"}
+               for r in patches)
+    ev = next(e for e in kubeapi.objects("events") if e["metadata"]["name"] == a["metadata"]["name"])
+    assert (ev["count"], ev["message"]) == (3, "third")
+    assert rec2.counts == {"created": 0, "updated": 2, "dropped": 0, "failed": 0}
+    # the summary: on the object given, one line
+    assert rec.record_condition("n2", "False", "GPULost", "x") == "dropped"
+    assert rec.end_cycle() == "created"
+    (s,) = [e for e in kubeapi.objects("events") if e["reason"] == SUMMARY_REASON]
+    assert s["involvedObject"] == {"apiVersion": "v1", "kind": "Namespace", "name": "gpu-exporter",
+                                   "uid": "gpu-exporter"}
+    assert s["type"] == "Warning" and s["message"] == (
+        "1 Event suppressed this cycle on 1 node over their budget (1 at once, then one every 3600s per node): n2")
+    many = EventRecorder(kube_client, "gpu-exporter", burst=1, refill_s=60.0, clock=lambda: 0.0)
+    for i in range(12):
+        many.record_condition(f"node-{i:02d}", "True", "x", "m")
+        many.record_condition(f"node-{i:02d}", "False", "y", "m")
+    assert many.end_cycle() == "updated"  # the namespace's one summary Event, patched
+    (s,) = [e for e in kubeapi.objects("events") if e["reason"] == SUMMARY_REASON]
+    assert s["message"].startswith("12 Events suppressed this cycle on 12 nodes")
+    assert s["message"].endswith(": node-00, node-01, node-02, node-03, node-04, node-05, node-06, node-07, node-08, "
+                                 "node-09 and 2 more")
+
+
+def test_failures_are_counted_and_logged_once_per_kind(kubeapi: FakeKubeAPI, kube_client: ApiClient,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    rec = EventRecorder(kube_client, "ns-a", burst=100, refill_s=1.0, clock=lambda: 0.0)
+    kubeapi.inject("POST", "events", 500, times=1)
+    with caplog.at_level("WARNING", logger="exporter.profiler.events"):
+        assert rec.record("n1", "0", "growing", "m") == "failed"
+        assert rec.record("n1", "0", "growing", "m") == "created"  # a 500 does not stop the Events
+        kubeapi.inject("POST", "events", 403, times=1)
+        assert rec.record("n2", "0", "growing", "m") == "failed"
+        assert rec.record("n3", "0", "growing", "m") == "dropped"  # 403: no more Events from this process
+        assert rec.end_cycle() is None  # nor a summary
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("recording an Event failed: ") and "(500)" in m for m in msgs), msgs
+    forbidden = [m for m in msgs if "forbidden" in m]
+    assert forbidden == ["recording Events is forbidden (RBAC needs create and patch on events in namespace ns-a); "
+                         "no more Events from this process"]
+    assert rec.counts["failed"] == 2
+
+
+def test_a_failed_count_patch_is_counted(kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    first = EventRecorder(kube_client, "gpu-exporter", clock=lambda: 0.0)
+    assert first.record("n1", "0", "growing", "m") == "created"
+    again = EventRecorder(kube_client, "gpu-exporter", clock=lambda: 0.0)
+    kubeapi.inject("PATCH", "events", 500, times=1)
+    assert again.record("n1", "0", "growing", "m") == "failed"
+    assert again.counts == {"created": 0, "updated": 0, "dropped": 0, "failed": 1}
+
+
+def test_full_buckets_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import exporter.profiler.events as events
+
+    monkeypatch.setattr(events, "KEEP_FULL", 3)
+    b = NodeBudget(burst=5, refill_s=1000.0, clock=lambda: 0.0)
+    for i in range(6):
+        b.take(f"n{i}")
+    b.forget_full()
+    assert len(b) == 3 and b.tokens("n5") == pytest.approx(4.0) and b.tokens("n0") == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="burst >= 1 and refill_s > 0"):
+        NodeBudget(1, -1.0)
