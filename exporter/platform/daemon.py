@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter")
 
+# How often a daemon's main thread, waiting, wakes up so that Python runs pending signal handlers (they run
+# in the main thread only; serve's serve_forever polls at this interval too).
+SIGNAL_POLL_S = 0.5
+
 
 def reload_web_config(server: HTTPServer) -> None:
     """SIGHUP: re-read --web.config.file and its certificates now; without one, say so and go on."""
@@ -30,7 +34,8 @@ def reload_web_config(server: HTTPServer) -> None:
 
 
 def install_signals(server: HTTPServer, stop: Callable[[int], None]) -> None:
-    """SIGTERM and SIGINT call ``stop(signum)``, SIGHUP reloads ``server``'s web config; from the main thread."""
+    """SIGTERM and SIGINT call ``stop(signum)``, SIGHUP reloads ``server``'s web config; from the main thread,
+    which must then wait in steps of at most :data:`SIGNAL_POLL_S` (never a bare ``Event.wait()``)."""
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
         # threads: logging, shutting down or loading files inside a signal handler could deadlock on a

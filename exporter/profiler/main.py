@@ -498,7 +498,10 @@ def run(argv: list[str], out: IO[str] | None = None,
     if on_ready is not None:
         on_ready({"port": server.server_address[1], "profiler": prof, "health": health, "stop": stop})
     try:
-        stop.wait()
+        # Python runs a signal's handler in the main thread only when it next executes bytecode: a signal
+        # the kernel delivered to another thread would wait for ever behind a bare stop.wait()
+        while not stop.wait(daemon.SIGNAL_POLL_S):
+            pass
     finally:
         server.shutdown()
         server.server_close()

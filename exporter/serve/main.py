@@ -316,7 +316,7 @@ def main(argv: Sequence[str]) -> int:
         log.info("probes: http://%s/healthz and /readyz (plain HTTP, the probe paths only)",
                  host_port(settings.address, server.probe_address[1]))
     try:
-        server.serve_forever(poll_interval=0.5)
+        server.serve_forever(poll_interval=daemon.SIGNAL_POLL_S)
     finally:
         server.server_close()
         if attribution is not None:
