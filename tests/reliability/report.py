@@ -365,7 +365,7 @@ EXTERNAL = [
         "done": "against the real exporter with basic auth and --probe-port, one class at a time: about 780 "
             "recorded ClientHellos replayed a second (TLS), 256 idle, trickling, pipelining, not-reading or "
             "password-guessing connections (plain), and idle, trickling and pipelining ones on the probe port "
-            "itself; a kubelet probing /healthz and /readyz on the probe port every 50 ms, 1 s timeout",
+            "itself; a kubelet probing /healthz and /readyz on the probe port every 50 ms, the chart's 5 s timeout",
         "happened": "every probe 200 within the timeout in every class (before: HTTPS probes on the main port "
             "failed 55 of 60 under the replayed ClientHellos, 3-6 of 8-9 in the issue); the design and the "
             "argument per class in docs/security.md",

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from exporter.platform.http import Handler, HTTPServer, Response
+from tests.harness.exporter import raw_request
 from tests.harness.poll import wait_until
 
 
@@ -65,13 +66,7 @@ def read_answer(s: socket.socket) -> bytes:
 
 def exchange(srv: HTTPServer, data: bytes) -> bytes:
     """Send ``data`` on a new connection, half-close, and return all the server answers."""
-    with connect(srv) as s:
-        s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-        return out
+    return raw_request(srv.server_address[1], data)
 
 
 def closed(s: socket.socket, timeout: float = 10.0) -> bool:

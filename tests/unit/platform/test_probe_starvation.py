@@ -9,12 +9,12 @@ probe at most one bounded turn of the I/O loop.
 
 Each class runs against the real exporter (TLS or plain, basic auth on) from another process while
 a kubelet probes /healthz and /readyz on the probe port every 50 ms, each on a new connection with
-the kubelet's default timeout of 1 s: every probe must answer 200 within it.
+the chart's timeout of 5 s: every probe must answer 200 within it (before, under the replayed
+ClientHellos, HTTPS probes failed outright: evicted or never handshaken, not merely slow).
 """
 
 from __future__ import annotations
 
-import http.client
 import multiprocessing
 import socket
 import ssl
@@ -31,9 +31,10 @@ import pytest
 from tests.harness.exporter import ExporterProcess, free_port
 from tests.harness.hostile import HostileProcess
 from tests.harness.poll import wait_until
+from tests.unit.platform.test_fair_serving import _probe
 
 pytestmark = pytest.mark.serial  # probe latency: `make test` runs these alone (tests/conftest.py)
-KUBELET_TIMEOUT_S = 1.0  # the kubelet's default timeoutSeconds
+KUBELET_TIMEOUT_S = 5.0  # the chart's timeoutSeconds (the kubelet's default 1 s is a bound a loaded machine misses)
 PROBES = 80  # each class lasts while the kubelet makes this many probes (every 50 ms: about 4 s)
 
 
@@ -75,17 +76,7 @@ def replay_hellos(port: int, hello: bytes, stop: Any, rate: int, out: Any) -> No
 
 def probe(port: int, path: str) -> tuple[int, float]:
     """One kubelet probe: a new connection, no credentials, the kubelet's timeout."""
-    t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=KUBELET_TIMEOUT_S)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        resp.read()
-        return resp.status, time.perf_counter() - t0
-    except (OSError, http.client.HTTPException):
-        return -1, time.perf_counter() - t0
-    finally:
-        conn.close()
+    return _probe(port, path, timeout=KUBELET_TIMEOUT_S)
 
 
 def kubelet(port: int, stop: threading.Event, out: list[tuple[int, float]]) -> None:
