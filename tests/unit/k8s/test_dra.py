@@ -496,3 +496,24 @@ def test_the_version_probe_decodes_its_list_item_by_item() -> None:
     big = _slice("b", "p", 1, [_dev(f"gpu-{i}", "GPU-" + "x" * 1000) for i in range(watch.MAX_OBJECT_BYTES // 1000)])
     with pytest.raises(watch.TooLarge):
         resourceslices._summaries(Resp(json.dumps({"items": [big]}).encode()))
+
+
+def test_pool_generations_per_driver_and_of_every_shape_for_slice_summary() -> None:
+    """A pool is (driver, pool name); a generation that is missing or not an integer counts as 0."""
+    from exporter.k8s.resourceslices import slice_summary
+
+    a_new = _slice("a5", "p", 5, [_dev("gpu-0", "GPU-A")], driver="a.example.com")
+    b_old = _slice("b1", "p", 1, [_dev("gpu-0", "GPU-B")], driver="b.example.com")
+    no_gen = _slice("n", "q", 0, [_dev("gpu-1", "GPU-N")])
+    del no_gen["spec"]["pool"]["generation"]
+    zero = _slice("z", "q", 0, [_dev("gpu-2", "GPU-Z")])
+    text_gen = _slice("t", "r", "7", [_dev("gpu-3", "GPU-T")])
+    one = _slice("o", "r", 1, [_dev("gpu-4", "GPU-O")])
+    odd_pool = _slice("x", "s", 0, [])
+    odd_pool["spec"]["pool"] = "s"
+    w = ResourceSliceWatch(None, NODE)
+    w._changed({str(i): slice_summary(s) for i, s in enumerate((a_new, b_old, no_gen, zero, text_gen, one, odd_pool))})
+    assert w.resolve("a.example.com", "p", "gpu-0") is not None
+    assert w.resolve("b.example.com", "p", "gpu-0") is not None  # another driver's pool of the same name
+    assert w.resolve("gpu.nvidia.com", "q", "gpu-1") is not None and w.resolve("gpu.nvidia.com", "q", "gpu-2")
+    assert w.resolve("gpu.nvidia.com", "r", "gpu-3") is None and w.resolve("gpu.nvidia.com", "r", "gpu-4")
