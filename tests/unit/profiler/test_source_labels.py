@@ -138,7 +138,8 @@ def test_dcgm_47s_renamed_fields_and_the_sources_one_name_reads() -> None:
     assert changed == {"name": "dcgm-4.7", "util": "DCGM_FI_DEV_GPU_UTIL_RATIO", "util_scale": 1.0,
                        "sm": "DCGM_FI_PROF_SM_UTIL_RATIO", "present_by_util": True,
                        "health.xid_last": "DCGM_FI_DEV_XID_ERROR",
-                       "health.remap_failed": "DCGM_FI_DEV_ROW_REMAP_FAILED", "health.retire_pending": "DCGM_FI_DEV_PAGE_RETIRED_PENDING"}
+                       "health.remap_failed": "DCGM_FI_DEV_ROW_REMAP_FAILED",
+                       "health.retire_pending": "DCGM_FI_DEV_PAGE_RETIRED_PENDING"}
     assert new["node_labels"][0] == "k" and sources.make(sources.DCGM_47, "k", t).trust is t
     assert sources.expand(sources.DCGM) == ("dcgm-4.7", "dcgm")
     assert sources.expand(sources.AMD) == ("amd",) and sources.expand(sources.OURS) == ("gpu-exporter",)
