@@ -20,7 +20,7 @@ import pytest
 
 from tests.e2e.test_deploy import _render
 from tests.e2e.test_helm import render
-from tests.harness.exporter import ExporterProcess
+from tests.harness.exporter import ExporterProcess, free_port
 from tests.harness.poll import wait_until
 
 
@@ -35,10 +35,13 @@ def exporter_probes(docs: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> 
     args = [*container.get("command", []), *container.get("args", [])]
     listen = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--port=")),
                   next((int(b) for a, b in itertools.pairwise(args) if a == "--port"), 9400))
+    probe_port = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--probe-port=")), None)
     for p in probes.values():
-        # a named port must be one the container declares; either way it must be the listening port
+        # a named port must be one the container declares; either way it must be a listening port:
+        # the probe port where one is set (issue 36 item 5), else the metrics port
         port = ports[p["port"]] if isinstance(p["port"], str) else p["port"]
-        assert port == listen, (p, ports, listen)
+        assert port == (probe_port or listen), (p, ports, listen, probe_port)
+        p["on_probe_port"] = probe_port is not None
     return probes
 
 
@@ -75,16 +78,23 @@ def web_configs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, Path]:
     ("kustomize base", False),
     ("helm, basic auth", False),
     ("helm, TLS and basic auth", True),
+    ("helm, TLS and basic auth, probe port", True),
 ])
 def test_shipped_probes_pass_under_auth(web_configs: dict[bool, Path], manifests: str, tls: bool) -> None:
     if manifests == "kustomize base":
         docs: Any = _render("deploy/base")
     else:
-        docs = render(("webConfig.secretName=web", f"webConfig.tls={str(tls).lower()}"))
+        docs = render(("webConfig.secretName=web", f"webConfig.tls={str(tls).lower()}",
+                       *(("exporter.probePort=9404",) if "probe port" in manifests else ())))
     probes = exporter_probes(docs)
-    with ExporterProcess(["--backend", "simulated", "--web.config.file", str(web_configs[tls])], wait=False) as ex:
+    extra = ["--probe-port", str(free_port())] if probes["livenessProbe"]["on_probe_port"] else []
+    with ExporterProcess(["--backend", "simulated", "--web.config.file", str(web_configs[tls]), *extra],
+                         wait=False) as ex:
+        port = int(extra[1]) if extra else ex.port  # the chart's port number, on a free port here
         live = probes["livenessProbe"]
-        wait_until(lambda: kubelet_probe(ex.port, live) == 200, 20, what="the liveness probe")
-        wait_until(lambda: kubelet_probe(ex.port, probes["readinessProbe"]) == 200, 20, what="the readiness probe")
-        metrics = {"path": "/metrics", "scheme": live.get("scheme", "HTTP")}
+        wait_until(lambda: kubelet_probe(port, live) == 200, 20, what="the liveness probe")
+        wait_until(lambda: kubelet_probe(port, probes["readinessProbe"]) == 200, 20, what="the readiness probe")
+        metrics = {"path": "/metrics", "scheme": "HTTPS" if tls else "HTTP"}
         assert kubelet_probe(ex.port, metrics) == 401  # the metrics themselves stay behind the password
+        if extra:  # the probe port serves the probes alone: nothing else is reachable there
+            assert kubelet_probe(port, {"path": "/metrics"}) == 404
