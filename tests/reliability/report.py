@@ -36,6 +36,108 @@ SECTIONS = [
 
 # Rows proven by tests outside this package (run by `make test`); no figures are measured for them here.
 EXTERNAL = [
+    ("Faults: exporter", {
+        "scenario": 'rocm-smi CLI hang, reported as a stall (issue 35)',
+        "done": 'the fake rocm-smi sleeps 60 s (`--command-timeout 0.5`) after a good collection of its 4 GPUs',
+        "happened": 'killed at the command timeout, as before; reported the way a hung in-process '
+                        'call about no GPU is: kind stalled, the 4 GPUs gpu_up 0, health state hung, '
+                        'cause "stalled: rocm-smi did not answer within 0.5 s and was killed", /readyz '
+                        '"backend rocm-smi: stalled: ..."',
+        "test": 'tests/unit/backends/test_rocm_smi.py::test_a_killed_rocm_smi_is_reported_like_a_stal'
+                    'led_in_process_call',
+        "figures": {'gpus hung': 4},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
+        "scenario": 'hung per-GPU reading (issue 35)',
+        "done": '8 fake GPUs, NVML and amdsmi; the power reading (`nvmlDeviceGetPowerUsage`, '
+                    '`amdsmi_get_power_info`) of GPU 3, then of GPUs 2 and 5, blocks until released (what'
+                    " NVML does while a GPU falls off the bus); `--call-deadline 1`; the other GPUs' "
+                    'utilisation changed before each of 4 collections',
+        "happened": 'each hung GPU: gpu_up 0, health state hung, cause "hung: <call> did not return '
+                        'within 1 s" (the same at every collection), none of its readings, its identity '
+                        'kept; every other GPU showed the new utilisation at the very next collection; '
+                        'the collection succeeded; exactly one call outstanding per hung GPU and no '
+                        "further call sent to it (the fake library's per-GPU call counter stopped); "
+                        'threads flat; the first collection after the call returned read the GPU again',
+        "test": 'tests/unit/backends/test_hang.py::test_a_hung_call_costs_its_gpu_only[*-reading-*]',
+        "figures": {'hung gpus': '1 and 2 of 8', 'calls sent to a hung gpu': 0},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
+        "scenario": 'hung processes call (issue 35)',
+        "done": "as above, the hung call being the GPU's process list "
+                    '(`nvmlDeviceGetComputeRunningProcesses_v3`, `amdsmi_get_gpu_process_list`)',
+        "happened": 'as above: the hung GPUs down as hung naming the call, the others fresh at every '
+                        'collection, nothing sent to a hung GPU, back at the first collection after the '
+                        'return',
+        "test": 'tests/unit/backends/test_hang.py::test_a_hung_call_costs_its_gpu_only[*-processes-*]',
+        "figures": {'hung gpus': '1 and 2 of 8'},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
+        "scenario": 'hung call about no GPU: the device count (issue 35)',
+        "done": '`nvmlDeviceGetCount_v2` blocks for 3 collections, then is released',
+        "happened": 'the backend is stalled: collector_success 0 (kind stalled), the 8 GPUs it knew '
+                        'gpu_up 0 and hung with the cause naming the call, /readyz "backend nvml: '
+                        'stalled: nvmlDeviceGetCount_v2 has not returned after ... s"; no second '
+                        'collection started behind the hung call; threads flat; the first collection '
+                        'after it returned succeeded and readiness came back',
+        "test": 'tests/unit/backends/test_hang.py::test_a_hung_device_count_stalls_the_backend_and_re'
+                    'adiness_says_so',
+        "figures": {'outstanding calls': 1},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
+        "scenario": 'hung init (issue 35)',
+        "done": '`nvmlInitWithFlags` / `amdsmi_init` blocks at start (`--collection-timeout 3`), then is released',
+        "happened": 'stalled after the collection timeout less one call deadline (a real driver may '
+                        'take seconds to load); readiness "stalled: init has not returned"; init not '
+                        'called again while it hangs; the first collection after it returned served all 8'
+                        ' GPUs',
+        "test": 'tests/unit/backends/test_hang.py::test_a_hung_init_stalls_the_backend_until_it_returns',
+        "figures": {'outstanding calls': 1},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
+        "scenario": 'a wedged driver and liveness (issue 35)',
+        "done": 'a call about no GPU never returns (init, the device count): what do the probes do',
+        "happened": '/readyz fails naming the call; /healthz (liveness) keeps answering 200 on '
+                        'purpose: a restart cannot unwedge a driver (the new process blocks in the same '
+                        'call, often in an uninterruptible sleep that SIGKILL must wait for) and a '
+                        "restart loop would only add CrashLoopBackOff noise and lose the exporter's "
+                        'metrics about the stall. Instead it keeps serving: the GPUs it knew gpu_up 0 and'
+                        ' hung with the cause, kind stalled counted, no second call behind the hung one, '
+                        'and the first collection after the call returns reads everything again with no '
+                        'restart; a not-ready pod leaves its Service endpoints, so alerts show the node '
+                        "and draining it stays the operator's decision. A hung call about one GPU costs "
+                        'that GPU only and leaves readiness alone',
+        "test": 'tests/unit/backends/test_hang.py::test_a_hung_device_count_stalls_the_backend_and_re'
+                    'adiness_says_so',
+        "figures": {},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
+        "scenario": 'one health state per GPU (issue 35)',
+        "done": '4 fake GPUs: XID 79 queued on GPU 1, XID 13 on GPU 2, GPU 3 lost; then, with '
+                    '`--xid-severity 79=ignore,13=fatal`, the same XIDs; AMD ECC through the fake amdsmi',
+        "happened": 'gpu_health_state: exactly one of ok/degraded/failed/hung/lost is 1 per GPU, one '
+                        'cause on all its series: GPU 1 failed "xid 79 '
+                        'ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS (fatal)" (NVIDIA\'s catalogue: '
+                        'RESTART_BM), GPU 2 degraded (RESTART_APP), GPU 3 lost, GPU 0 ok; /stats, '
+                        'snapshot and query_gpus the same; the overrides turned 79 to ok and 13 to '
+                        'failed; AMD uncorrectable ECC failed',
+        "test": 'tests/unit/serve/test_health_state.py, tests/unit/core/test_gpu_health.py, '
+                    'tests/unit/backends/test_amdsmi_health.py',
+        "figures": {'states': 'ok, degraded, failed, lost'},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
+        "scenario": 'a GPU hung for minutes (issue 35)',
+        "done": "GPU 3's power reading blocks while collections run back to back: 5 s in make test, "
+                    '10 minutes in make reliability (NVML and amdsmi)',
+        "happened": 'thread count equal at every collection, RSS growth under 4 MiB, one call '
+                        'outstanding; never a stale up reading of GPU 3; GPU 4 read at every complete '
+                        'collection; GPU 3 back after the release (10 minutes, NVML: passed in 610 s on '
+                        'the loaded machine)',
+        "test": 'tests/unit/backends/test_hang.py::test_threads_and_memory_stay_flat_while_a_gpu_hang'
+                    's, tests/reliability/test_hang_long.py::test_threads_and_memory_stay_flat_over_ten_m'
+                    'inutes_of_hang',
+        "figures": {'rss growth mib': '< 4'},
+        "outcome": 'make test'}),
     ("Access control and secrets", {
         "scenario": "TLS and basic auth on every endpoint",
         "done": "exporter with an exporter-toolkit web config: real TLS handshakes with the right CA and a wrong "
