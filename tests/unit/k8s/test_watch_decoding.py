@@ -472,3 +472,75 @@ def test_the_thread_is_a_named_daemon() -> None:
     finally:
         release.set()
         w.stop()
+
+
+def test_every_message_and_edge_of_one_watch(caplog: pytest.LogCaptureFixture) -> None:
+    """From the watch mutation run's survivors: exact errors, log lines, and each event's edge."""
+    with pytest.raises(ValueError, match=r"^a watch event that is not a JSON object$"):
+        Watcher("p", lambda **kw: _Resp(b"[1]\n"), lambda o: None)._watch("1")
+    with pytest.raises(ValueError, match=r"^a watch event whose object is not a JSON object$"):
+        Watcher("p", lambda **kw: _Resp(b'{"type": "ADDED", "object": "x"}\n'), lambda o: None)._watch("1")
+    with pytest.raises(RuntimeError, match=r"^watch error 500: boom$"):
+        Watcher("p", lambda **kw: _Resp(b'{"type": "ERROR", "object": {"code": 500, "message": "boom"}}\n'),
+                lambda o: None)._watch("1")
+    released: list[bool] = []
+
+    class Tracked(_Resp):
+        def release_conn(self) -> None:
+            released.append(True)
+
+    events = [{"type": "ADDED", "object": {"metadata": {"uid": "a", "resourceVersion": "2"}}},
+              {"type": "BOOKMARK", "object": {"metadata": {"uid": "bm", "resourceVersion": "3"}}},
+              {"type": "DELETED", "object": {"metadata": {"uid": "never-seen", "resourceVersion": "4"}}},
+              {"type": "ADDED", "object": {"metadata": {"uid": "over", "resourceVersion": "5"}}},
+              {"type": "ADDED", "object": {"metadata": {"uid": "b", "resourceVersion": "6"}}}]
+    body = b"\n".join(json.dumps(e).encode() for e in events[:2]) + b"\n\n" + \
+        b"\n".join(json.dumps(e).encode() for e in events[2:]) + b"\n"
+    w = Watcher("pods", lambda **kw: Tracked(body), lambda o: None, max_objects=1, clock=FakeClock())
+    w._objects = {"b": {"old": True}}
+    with caplog.at_level(logging.WARNING, logger="exporter.k8s.watch"):
+        assert w._watch("1") == "6"
+    assert w._objects == {"b": {"metadata": {"uid": "b", "resourceVersion": "6"}}}  # a, over: dropped; b replaced
+    assert w.dropped == 2 and released == [True]
+    assert _warnings(caplog) == ["pods watch: over 1 objects on this node; 1 left out (counted)"]
+    # a watch of exactly one second without an event is not "closed at once"
+    clock = FakeClock()
+
+    class OneSecond(_Resp):
+        def _read1(self, n: int) -> bytes:
+            clock.advance(1.0)
+            return b""
+
+    w = Watcher("pods", lambda **kw: OneSecond(b""), lambda o: None, clock=clock)
+    w._failing = True
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="exporter.k8s.watch"):
+        assert w._watch("9") == "9"
+    assert [r.getMessage() for r in caplog.records] == ["pods watch back"]
+
+
+def test_release_publish_and_uid_failures_are_contained(caplog: pytest.LogCaptureFixture) -> None:
+    class NoConn(_Resp):
+        def release_conn(self) -> None:
+            raise OSError("closed")
+
+    def bad_consumer(objects: Any) -> None:
+        raise KeyError("consumer bug")
+
+    w = Watcher("pods", lambda **kw: NoConn(_list_answer([{"metadata": {"uid": "a"}}])), bad_consumer)
+    with caplog.at_level(logging.DEBUG, logger="exporter.k8s.watch"):
+        w._list()
+    msgs = {r.getMessage(): r for r in caplog.records}
+    assert msgs["release_conn failed"].exc_info and msgs["release_conn failed"].levelno == logging.DEBUG
+    assert msgs["pods watch: consumer failed"].exc_info and w._resp is None and w.lists == 1
+    assert watch._uid([]) == "" and watch._uid({"metadata": []}) == "" and watch._uid({"metadata": "x"}) == ""
+    assert watch._uid({"metadata": {"uid": 5}}) == "5" and watch._uid({"metadata": {}}) == ""
+
+
+def test_the_real_clock_waits_for_stop() -> None:
+    stop = threading.Event()
+    c = watch.Clock()
+    assert c.wait(stop, 0.01) is False
+    stop.set()
+    assert c.wait(stop, 30) is True
+    assert abs(c.monotonic() - __import__("time").monotonic()) < 5
