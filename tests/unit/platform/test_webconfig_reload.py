@@ -133,3 +133,49 @@ def test_two_atomic_writes_30ms_apart(tmp_path: Path) -> None:
 
 def _users_are(live: webconfig.LiveWebConfig, users: set[str]) -> Callable[[], bool]:
     return lambda: set(live.current(block=False).users) == users and not live._lock.locked()
+
+
+def test_what_a_reload_may_not_weaken() -> None:
+    """``_weakens``, rule by rule (a reload never fails open): each weaker config named, the rest allowed."""
+    import ssl
+
+    def tls(mode: ssl.VerifyMode = ssl.CERT_NONE) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.verify_mode = mode
+        return ctx
+
+    W = webconfig.WebConfig
+    users = {"u": b"h"}
+    sans = frozenset({"a"})
+    cases = [
+        (W(users=users), W(), "drops basic_auth_users"),
+        (W(users=users), W(users={"v": b"h"}), ""),
+        (W(), W(users=users), ""),
+        (W(), W(ssl_context=tls()), "switches between http and https, which needs a restart"),
+        (W(ssl_context=tls()), W(), "switches between http and https, which needs a restart"),
+        (W(ssl_context=tls(ssl.CERT_REQUIRED)), W(ssl_context=tls(ssl.CERT_OPTIONAL)), "lowers client_auth_type"),
+        (W(ssl_context=tls(ssl.CERT_OPTIONAL)), W(ssl_context=tls(ssl.CERT_NONE)), "lowers client_auth_type"),
+        (W(ssl_context=tls(ssl.CERT_OPTIONAL)), W(ssl_context=tls(ssl.CERT_REQUIRED)), ""),
+        (W(ssl_context=tls(ssl.CERT_REQUIRED), allowed_sans=sans), W(ssl_context=tls(ssl.CERT_REQUIRED)),
+         "drops client_allowed_sans"),
+        (W(ssl_context=tls(ssl.CERT_REQUIRED), allowed_sans=sans),
+         W(ssl_context=tls(ssl.CERT_REQUIRED), allowed_sans=frozenset({"b"})), ""),
+        (W(ssl_context=tls(ssl.CERT_REQUIRED)), W(ssl_context=tls(ssl.CERT_REQUIRED), allowed_sans=sans), ""),
+        (W(), W(), ""),
+    ]
+    for old, new, why in cases:
+        assert webconfig._weakens(old, new) == why, (old, new)
+
+
+def test_the_stamp_follows_every_file_and_notices_one_missing(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("1")
+    first = webconfig._stamp((str(a), str(b)))
+    assert first[0] is not None and first[1] is None  # a missing file is a stamp of its own, not an error
+    b.write_text("2")
+    second = webconfig._stamp((str(a), str(b)))
+    assert second[0] == first[0] and second[1] is not None
+    tmp = tmp_path / "a.new"
+    tmp.write_text("1")  # the same size and maybe the same mtime: the inode still differs
+    os.replace(tmp, a)
+    assert webconfig._stamp((str(a), str(b))) != second
