@@ -141,5 +141,6 @@ def test_dcgm_47s_renamed_fields_and_the_sources_one_name_reads() -> None:
                        "health.remap_failed": "DCGM_FI_DEV_ROW_REMAP_FAILED",
                        "health.retire_pending": "DCGM_FI_DEV_PAGE_RETIRED_PENDING"}
     assert new["node_labels"][0] == "k" and sources.make(sources.DCGM_47, "k", t).trust is t
+    assert sources.dcgm_47().node_labels[0] == "node" and sources.dcgm_47().trust == Trust()
     assert sources.expand(sources.DCGM) == ("dcgm-4.7", "dcgm")
     assert sources.expand(sources.AMD) == ("amd",) and sources.expand(sources.OURS) == ("gpu-exporter",)
