@@ -263,3 +263,35 @@ def test_full_buckets_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(b) == 3 and b.tokens("n5") == pytest.approx(4.0) and b.tokens("n0") == pytest.approx(5.0)
     with pytest.raises(ValueError, match="burst >= 1 and refill_s > 0"):
         NodeBudget(1, -1.0)
+
+
+def test_names_kinds_and_the_summary_list(kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    import hashlib
+
+    rec = EventRecorder(kube_client, "gpu-exporter", burst=10, refill_s=60.0, clock=lambda: 0.0)
+    assert rec.record_condition("n1", "False", "GPULost", "down") == "created"
+    assert rec.record_condition("n1", "True", "AllGPUsHealthy", "up") == "created"  # another transition, its own
+    assert rec.record_condition("n1", "False", "CriticalXID", "xid") == "created"
+    evs = {e["reason"] + "/" + e["message"]: e for e in kubeapi.objects("events")}
+    assert [(e["type"]) for k, e in sorted(evs.items())] == ["Warning", "Warning", "Normal"]
+    long_node = "n" * 250
+    assert rec.record(long_node, "0", "growing", "x" * 3000) == "created"
+    (ev,) = [e for e in kubeapi.objects("events") if e["involvedObject"]["name"] == long_node]
+    digest = hashlib.sha256(f"{long_node}/0/growing".encode()).hexdigest()[:16]
+    assert ev["metadata"]["name"] == f"{'n' * 200}.{digest}"
+    again = EventRecorder(kube_client, "gpu-exporter", clock=lambda: 0.0)
+    kubeapi.clear_requests()
+    assert again.record(long_node, "0", "growing", "y" * 3000) == "updated"
+    (patch,) = [r for r in kubeapi.requests if r.method == "PATCH"]
+    assert patch.body["message"] == "y" * 1024
+    for count, tail in ((10, ""), (11, " and 1 more")):
+        many = EventRecorder(kube_client, f"ns-{count}", burst=1, refill_s=60.0, clock=lambda: 0.0)
+        for i in range(count):
+            many.record_condition(f"m{i:02d}", "True", "a", "m")
+            many.record_condition(f"m{i:02d}", "False", "b", "m")
+        assert many.end_cycle() == "created"
+        (s,) = [e for e in kubeapi.objects("events", f"ns-{count}") if e["reason"] == SUMMARY_REASON]
+        assert s["message"].endswith(", m09" + tail)
+        assert s["metadata"]["name"] == f"ns-{count}." + hashlib.sha256(f"ns-{count}/summary".encode()).hexdigest()[:16]
+    with pytest.raises(ValueError, match=r"^an Event budget needs burst >= 1 and refill_s > 0$"):
+        NodeBudget(0, 1.0)
