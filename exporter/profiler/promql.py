@@ -343,10 +343,6 @@ class QueryBuilder:
             parts["state"] = lambda m: (f'last_over_time({sel(h.state, m + ", " + _STATES)}[{f}]) == 1')
         return parts
 
-    def allocation(self, nodes: str | None = None) -> str:
-        """The allocation query of a shard (:meth:`allocation_parts` joined by ``or``)."""
-        return " or ".join(self.allocation_parts(nodes))
-
     def allocation_parts(self, nodes: str | None = None) -> list[str]:
         """Samples of the window in which each (namespace, pod) held each GPU.
 
@@ -425,11 +421,6 @@ def name_parts(part: tuple[str, int] | None) -> list[tuple[str, int]]:
     if not is_open or suffix.count("[") >= _MAX_NAME_DEPTH:
         return []
     return [(c + suffix, 1) for c in _NAME_CLASSES] + [(suffix, 0)]
-
-
-def name_regex(names: Iterable[str]) -> str:
-    """A PromQL raw-string regex matching exactly these node names (as :func:`uuid_regex`)."""
-    return uuid_regex(names)
 
 
 def selectable(uuid: str) -> bool:

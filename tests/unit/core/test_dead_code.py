@@ -49,6 +49,10 @@ EXPLAINED: dict[tuple[str, str], str] = {
                                 "tests/unit/tools/test_gpucheck.py checks every compared field against",
     ("variable", "memory_per_gpu_bytes"): "python_api Requirements: a public field of the Python API "
                                           "(docs/python-api.md), read by its callers",
+    ("method", "util_stats"): "profiler/promql: a shard's utilisation parts joined as one query, the text "
+                              "tests/unit/profiler/test_reader.py checks for the source's selectors",
+    ("method", "mem_stats"): "profiler/promql: a shard's memory and health parts joined as one query, the text "
+                             "tests/unit/profiler/test_health.py and test_reader.py check",
     ("variable", "exc_type"): "python_api Monitor.__exit__: the context manager signature",
     ("variable", "tb"): "python_api Monitor.__exit__: the context manager signature",
 }
