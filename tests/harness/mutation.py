@@ -138,7 +138,7 @@ MODULES: dict[str, Module] = {
     # (test_health_docs.py reads docs/, which mutmut's copy of the tree does not hold)
     "health": Module("exporter/profiler/health.py", ("tests/unit/profiler/test_health.py",),
                      extra_args=("-k", "causes_from_fields or parseable or xid_severity_overrides or "
-                                       "health_state_fields")),
+                                       "health_state_fields or every_entry")),
     "events": Module("exporter/profiler/events.py", ("tests/unit/profiler/test_events.py",
                                                      "tests/unit/profiler/test_allocated.py"),
                      extra_args=("-k", "not 10000 and not flags and not hostile and not allocated_idle")),

@@ -465,3 +465,78 @@ def test_health_state_fields() -> None:
     assert health.gpu_findings(st(state_degraded=1.0, xid_13=1.0))[0].code == "XID13"  # the XID says more
     assert health.gpu_findings(st(state_ok=1.0)) == [] and health.gpu_findings(st(state_hung=0.0)) == []
     assert health.observe({"0": st(up=1.0, state_hung=1.0)}).reason == health.HUNG
+
+
+def test_every_entry_exactly() -> None:
+    """Each cause's entry, word for word, and the condition's fields (pure: no Prometheus)."""
+    def one(**h: float) -> str:
+        return health.observe({"0": GpuStats(node="n", gpu="0", uuid="GPU-a", up=1.0, health=h)}).message
+
+    tail = " - RecommendedAction: "
+    assert one(ecc=1.0) == "[ECC_UNCORRECTABLE] GPU 0 GPU-a: uncorrectable ECC errors in the window" + tail + \
+        "COMPONENT_RESET"
+    assert one(remap=1.0) == "[ROW_REMAP_FAILURE] GPU 0 GPU-a: a row remap failed" + tail + "CONTACT_SUPPORT"
+    assert one(remap=0.5) == "1 GPUs healthy"  # a fraction is not a failed remap
+    assert one(retire=1.0) == "[PAGE_RETIREMENT_PENDING] GPU 0 GPU-a: a page retirement is pending" + tail + \
+        "COMPONENT_RESET"
+    assert one(width=4.0, width_max=16.0) == "[PCIE_LINK_NARROWED] GPU 0 GPU-a: PCIe link x4 of x16" + tail + \
+        "RUN_FIELDDIAG"
+    assert one(width=16.0, width_max=16.0) == "1 GPUs healthy"
+    assert one(xid=2.0) == "[XID] GPU 0 GPU-a: a critical XID in the window" + tail + "COMPONENT_RESET"
+    assert one(xid=0.0, ecc=0.0) == "1 GPUs healthy"
+    assert one(state_failed=1.0) == "[GPU_FAILED] GPU 0 GPU-a: the exporter reports it failed (gpu_health_state)" + \
+        tail + "COMPONENT_RESET"
+    assert one(state_degraded=1.0) == ("1 GPUs healthy; [GPU_DEGRADED] GPU 0 GPU-a: the exporter reports it degraded "
+                                       "(gpu_health_state)" + tail + "CONTACT_SUPPORT")
+    assert one(xid_64=1.0) == ("[XID64] GPU 0 GPU-a: XID 64 (INFOROM_DRAM_RETIREMENT_FAILURE) in the window" + tail +
+                               "COMPONENT_RESET")
+    assert one(xid_13=1.0, xid_31=1.0).startswith("1 GPUs healthy; [XID13] GPU 0 GPU-a: XID 13 (ROBUST_CHANNEL_GR_"
+                                                  "EXCEPTION) in the window" + tail + "RESTART_APP; [XID31] ")
+    assert one(xid_999=1.0).endswith("XID 999 (not in NVIDIA's catalogue) in the window" + tail + "CONTACT_SUPPORT")
+    assert one(xid_74=1.0).endswith(tail + "CONTACT_SUPPORT")  # a workflow bucket
+    assert one(xid_43=1.0) == "1 GPUs healthy"  # ignore
+    # dcgm's last-XID gauge: a code that came in the window, a code held since before it
+    assert one(xid_min=0.0, xid_max=79.0, xid_last=79.0, xid_changes=1.0, xid_before=0.0).startswith("[XID79] ")
+    assert one(xid_min=79.0, xid_max=79.0, xid_last=79.0, xid_changes=0.0, xid_before=79.0) == "1 GPUs healthy"
+    assert one(xid_min=79.5, xid_max=79.5, xid_last=79.5, xid_changes=1.0) == "1 GPUs healthy"  # not a code
+    assert one(xid_79=float("nan")) == "1 GPUs healthy" and one(xid_79=0.0) == "1 GPUs healthy"
+    # several causes: the most severe first, GPUs in index order within one, warn entries last
+    gpus = {"10": GpuStats(node="n", gpu="10", uuid="GPU-c", up=1.0, health={"ecc": 1.0}),
+            "2": GpuStats(node="n", gpu="2", uuid="GPU-b", up=1.0, health={"ecc": 1.0, "xid_13": 1.0}),
+            "x": GpuStats(node="n", gpu="x", uuid="GPU-d", up=1.0, health={"remap": 1.0}),
+            "1": GpuStats(node="n", gpu="1", uuid="GPU-e", up=0.0)}
+    obs = health.observe(gpus)
+    assert (obs.status, obs.reason) == ("False", health.LOST)
+    assert [e.split("]")[0] + "]" + e.split(":")[0].split("]")[1] for e in obs.message.split("; ")] == [
+        "[GPU_LOST] GPU 1 GPU-e", "[ECC_UNCORRECTABLE] GPU 2 GPU-b", "[ECC_UNCORRECTABLE] GPU 10 GPU-c",
+        "[ROW_REMAP_FAILURE] GPU x GPU-d", "[XID13] GPU 2 GPU-b"]
+    assert health.observe({"0": GpuStats(node="n", gpu="0", fresh=False)}) == health.Observed(
+        "Unknown", "ExporterNotScraped", "no recent sample from the node's GPU exporter")
+    assert health.observe({"0": GpuStats(node="n", gpu="0", up=1.0),
+                           "1": GpuStats(node="n", gpu="1", uuid="GPU-z", fresh=False)}).message == (
+        "[GPU_LOST] GPU 1 GPU-z: lost or not answering" + tail + "RESTART_BM")
+    assert health.observe({}).status == "Unknown"
+    # the condition written, and what counts as the same
+    o = health.Observed("False", health.ECC, "m")
+    assert o.value == "False.UncorrectableECC"
+    first = health.condition(o, None, "T1")
+    assert first == {"type": "GPUHealthy", "status": "False", "reason": health.ECC, "message": "m",
+                     "lastTransitionTime": "T1", "lastHeartbeatTime": "T1"}
+    assert health.condition(health.Observed("False", health.XID, "m2"), first, "T2")["lastTransitionTime"] == "T1"
+    assert health.condition(health.Observed("True", health.HEALTHY, "ok"), first, "T3")["lastTransitionTime"] == "T3"
+    assert health.condition(o, {"status": "False"}, "T4")["lastTransitionTime"] == "T4"  # none before: now
+    assert health.same(first, o) and not health.same(None, o)
+    assert not health.same(dict(first, message="other"), o) and not health.same(dict(first, reason="x"), o)
+    assert not health.same(dict(first, status="True"), o)
+    assert health.published_value(first) == "False.UncorrectableECC" and health.published_value(None) is None
+    assert health.published_value({}) is None and health.published_value({"status": "True"}) == "True."
+    assert health.decide("True.AllGPUsHealthy", "True.AllGPUsHealthy", ("x", 1), 2) == (False, None)
+    assert health.decide(None, "True.AllGPUsHealthy", None, 5) == (True, None)
+    assert health.decide("True.A", "False.B", ("False.B", 2), 3) == (True, None)
+    assert health.decide("True.A", "False.B", ("False.B", 1), 3) == (False, ("False.B", 2))
+    rules = health.XidRules({79: "warn"})
+    assert rules.severity(79) == "warn" and rules.severity(79) == "warn"  # cached alike
+    assert health.XidRules.of(None) is health.DEFAULT_RULES and health.XidRules.of(rules) is rules
+    assert health.XidRules.action(48) == "COMPONENT_RESET" and health.XidRules.action(45) == "RESTART_APP"
+    assert health.XidRules.action(8) == "RESTART_APP" and health.XidRules.action(14) == "NONE"
+    assert health.XidRules.mnemonic(13) == "ROBUST_CHANNEL_GR_EXCEPTION"
