@@ -102,6 +102,8 @@ ATTRIBUTION_FAMILIES: frozenset[str] = frozenset({
     "gpu_exporter_pod_resources_list_duration_seconds",
     "gpu_exporter_dra_attribution_up",
     "gpu_exporter_dra_resourceslices_errors_total",
+    "gpu_exporter_watch_relists_total",  # the Pod (--per-process) and ResourceSlice watches
+    "gpu_exporter_watch_errors_total",
 })
 
 

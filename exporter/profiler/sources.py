@@ -95,7 +95,6 @@ class Source:
     uuid_labels: tuple[str, ...]  # the first non-empty one identifies the GPU (falls back to node/gpu)
     sm: str = ""  # whole-GPU SM activity ratio, where the exporter publishes one
     sm_whole: str = ""  # matcher keeping whole GPUs only (MIG instances have their own series)
-    allocation: str = ""  # a series per (GPU, pod) holding it; "": the pod labels are on the util series
     any_prefix: bool = False  # the exporter may prefix every name (AMD's MetricsFieldPrefix)
     # a node is this source's only by its utilisation series (another form shares its memory names)
     present_by_util: bool = False
@@ -156,7 +155,7 @@ def gpu_exporter(node_label: str = "node", trust: Trust | None = None) -> Source
         name=OURS, util="gpu_utilization_ratio", util_scale=1.0, mem_used="gpu_memory_used_bytes",
         mem_free="gpu_memory_free_bytes", mem_total="gpu_memory_total_bytes", mem_scale=1.0,
         node_labels=(node_label,), gpu_labels=("gpu",), uuid_labels=("uuid",),
-        sm="gpu_sm_active_ratio", sm_whole='gpu_instance=""', allocation="gpu_allocation_info",
+        sm="gpu_sm_active_ratio", sm_whole='gpu_instance=""',
         health=Health(up="gpu_up", xid_counter="gpu_xid_errors_total", ecc_uncorrectable="gpu_ecc_errors_total",
                       ecc_matcher='error_type="uncorrected"', remap_failed="gpu_remapped_rows_failed",
                       retire_pending="gpu_retired_pages_pending", pcie_width="gpu_pcie_link_width",

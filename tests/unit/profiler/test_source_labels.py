@@ -93,8 +93,9 @@ def test_every_name_ours_queries_is_a_family_we_publish() -> None:
     names = _names(o)
     metrics = [v for k, v in names.items() if isinstance(v, str) and v and k not in
                ("name", "sm_whole", "health.ecc_matcher")]
-    assert len(metrics) == 14
-    for m in metrics:
+    assert len(metrics) == 13
+    from exporter.profiler.promql import JOINED_METRICS  # what the range queries read of ours, allocation included
+    for m in (*metrics, *JOINED_METRICS):
         assert schema.family(m).name == m, m  # raises for a name the exporter does not publish
     assert names["sm_whole"] == 'gpu_instance=""' and names["health.ecc_matcher"] == 'error_type="uncorrected"'
     assert (names["gpu_labels"], names["uuid_labels"], names["any_prefix"]) == (("gpu",), ("uuid",), False)
@@ -111,7 +112,7 @@ def test_the_other_exporters_names_are_their_published_ones() -> None:
         "name": "dcgm", "util": "DCGM_FI_DEV_GPU_UTIL", "util_scale": 0.01, "mem_used": "DCGM_FI_DEV_FB_USED",
         "mem_free": "DCGM_FI_DEV_FB_FREE", "mem_total": "", "mem_scale": 1048576.0,
         "node_labels": ("node", "Hostname", "hostname", "kubernetes_node"), "gpu_labels": ("gpu",),
-        "uuid_labels": ("UUID",), "sm": "DCGM_FI_PROF_SM_ACTIVE", "sm_whole": 'GPU_I_ID=""', "allocation": "",
+        "uuid_labels": ("UUID",), "sm": "DCGM_FI_PROF_SM_ACTIVE", "sm_whole": 'GPU_I_ID=""',
         "any_prefix": False, "present_by_util": False,
         "health.up": "", "health.xid_counter": "", "health.xid_last": "DCGM_FI_DEV_XID_ERRORS",
         "health.ecc_uncorrectable": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "health.ecc_matcher": "",
@@ -121,7 +122,7 @@ def test_the_other_exporters_names_are_their_published_ones() -> None:
         "name": "amd", "util": "gpu_gfx_activity", "util_scale": 0.01, "mem_used": "gpu_used_vram",
         "mem_free": "gpu_free_vram", "mem_total": "gpu_total_vram", "mem_scale": 1048576.0,
         "node_labels": ("node", "hostname", "kubernetes_node"), "gpu_labels": ("gpu_id",),
-        "uuid_labels": ("gpu_uuid", "serial_number"), "sm": "", "sm_whole": "", "allocation": "", "any_prefix": True,
+        "uuid_labels": ("gpu_uuid", "serial_number"), "sm": "", "sm_whole": "", "any_prefix": True,
         "present_by_util": False,
         "health.up": "", "health.xid_counter": "", "health.xid_last": "", "health.ecc_uncorrectable":
         "gpu_ecc_uncorrect_total", "health.ecc_matcher": "", "health.remap_failed": "", "health.retire_pending": "",
