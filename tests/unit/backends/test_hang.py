@@ -310,3 +310,33 @@ def test_threads_and_memory_stay_flat_while_a_gpu_hangs(vendor: Vendor) -> None:
     hold_hang(vendor, 5.0)  # ten minutes of it: tests/reliability/test_hang_long.py (make reliability)
 
 
+
+
+# --- a known limit: GPUs that start hanging in the same collection are waited for in turn ------------
+
+
+@pytest.mark.xfail(strict=True, reason="GPUs that start hanging in the same collection each cost one --call-deadline "
+                   "in turn (a backend reads its GPUs one after another): 5 of 8 at the 1 s default pass the 5 s "
+                   "collection timeout, so that one collection misses the healthy GPUs read after them; the "
+                   "next collections refuse the hung GPUs at once")
+def test_five_gpus_starting_to_hang_at_once_leave_the_others_fresh(nvml: Vendor) -> None:
+    v = nvml
+    engine = engine_for(v)
+    hung = [0, 1, 2, 3, 4]
+    try:
+        assert all(r.up for r in gpus(engine.scrape()).values())
+        for i in hung:
+            v.hang(v.reading_call, i)
+        healthy = [i for i in range(8) if i not in hung]
+        for i in healthy:
+            v.set_util(i, 60 + i)
+        t0 = time.monotonic()
+        now = gpus(engine.scrape())
+        took = time.monotonic() - t0
+        assert {i: now[i].utilization_ratio if i in now else None for i in healthy} == {
+            i: pytest.approx((60 + i) / 100) for i in healthy}
+        assert took < TIMEOUT
+    finally:
+        for i in hung:
+            v.release(v.reading_call, i)
+        engine.stop()
