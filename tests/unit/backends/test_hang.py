@@ -315,6 +315,7 @@ def test_threads_and_memory_stay_flat_while_a_gpu_hangs(vendor: Vendor) -> None:
 # --- a known limit: GPUs that start hanging in the same collection are waited for in turn ------------
 
 
+@pytest.mark.slow  # waits out five call deadlines
 @pytest.mark.xfail(strict=True, reason="GPUs that start hanging in the same collection each cost one --call-deadline "
                    "in turn (a backend reads its GPUs one after another): 5 of 8 at the 1 s default pass the 5 s "
                    "collection timeout, so that one collection misses the healthy GPUs read after them; the "
