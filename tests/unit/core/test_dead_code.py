@@ -53,6 +53,10 @@ EXPLAINED: dict[tuple[str, str], str] = {
                               "tests/unit/profiler/test_reader.py checks for the source's selectors",
     ("method", "mem_stats"): "profiler/promql: a shard's memory and health parts joined as one query, the text "
                              "tests/unit/profiler/test_health.py and test_reader.py check",
+    ("function", "gpu_causes"): "profiler/health: one GPU's causes in CAUSES order (gpu_findings without the "
+                                "warn entries), the table tests/unit/profiler/test_health.py checks cause by cause",
+    ("variable", "CRITICAL_XIDS"): "profiler/health: the catalogue's fatal codes with no override, the rules "
+                                   "tests/unit/profiler/test_health.py and test_device_taints.py pass explicitly",
     ("variable", "exc_type"): "python_api Monitor.__exit__: the context manager signature",
     ("variable", "tb"): "python_api Monitor.__exit__: the context manager signature",
 }
