@@ -5,7 +5,8 @@ its ``GPUHealthy`` condition changes (health.py; never for its first setting: th
 ``kubectl describe node`` lists Events whose ``involvedObject`` is the Node (kind Node,
 the node's name as its uid, as the kubelet records them), from any namespace; ours go to
 the profiler's own namespace. An Event is recorded only when the published pattern changes
-into one of those two (after the hysteresis), never again while it stays. The name is
+into one of those two (after the hysteresis), never again while it stays, and never for a GPU's
+first pattern (a first setting: its annotation records it; loop.py decides). The name is
 derived from (node, GPU, pattern), so the same change later (the GPU recovered, then
 leaked again) patches the existing Event's ``count`` and ``lastTimestamp`` instead of
 creating another, as client-go's recorder does.

@@ -587,15 +587,18 @@ class Profiler:
         return True
 
     def _record_events(self, info: NodeInfo, patch: Mapping[str, str | None]) -> None:
-        """An Event for each GPU whose published pattern this patch turned growing or allocated-idle."""
+        """An Event for each GPU whose published pattern this patch turned growing or allocated-idle.
+
+        Never for a GPU's first pattern (issue 35: no Event for a first setting; the annotation
+        records it): at a fleet's first cycle those were most of the cycle's writes."""
         if self.events is None:
             return
         p = self.plan.prefix + "/gpu-"
         for key, value in patch.items():
             if not (key.startswith(p) and key.endswith(".pattern")) or value not in (GROWING, ALLOCATED_IDLE):
                 continue
-            if info.annotations.get(key) == value:
-                continue
+            if info.annotations.get(key) in (None, value):
+                continue  # a first setting, or no change
             gpu = key[len(p):-len(".pattern")]
             detail = patch.get(f"{p}{gpu}.holder") or patch.get(f"{p}{gpu}.memory-growth-bytes-per-second")
             what = ("held by " + str(detail) if value == ALLOCATED_IDLE else f"memory used rising {detail} B/s") \

@@ -55,14 +55,22 @@ def test_allocated_idle_annotations_and_one_event(tmp_path: Path, kubeapi: FakeK
         b = kubeapi.node("alloc2")["metadata"]["annotations"]
         assert b[P + "gpu-0.pattern"] == "idle" and P + "allocated-idle-gpus" not in b
 
+        # a first pattern is a first setting: no Event (issue 35), the annotation records it
+        assert kubeapi.objects("events", "gpu-exporter") == []
+        # unchanged pattern: no Event, no write
+        kubeapi.clear_requests()
+        r2 = prof.run_cycle(at=END)
+        assert r2.ok and kubeapi.patches() == [] and kubeapi.objects("events") == []
+        # a GPU that was idle and turns allocated-idle (after the hysteresis, 2): one Event
+        kubeapi.edit_node("alloc", annotations={P + "gpu-0.pattern": "idle"})
+        assert prof.run_cycle(at=END).ok and kubeapi.objects("events") == []
+        assert prof.run_cycle(at=END).ok
+        assert kubeapi.node("alloc")["metadata"]["annotations"][P + "gpu-0.pattern"] == "allocated-idle"
         evs = kubeapi.objects("events", "gpu-exporter")
         assert [(e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"]) for e in evs] == [
             ("Node", "alloc", "GPUAllocatedButIdle")]
         assert "ml/notebook-" in evs[0]["message"] and evs[0]["type"] == "Warning"
-        # unchanged pattern: no further Event, no write
-        kubeapi.clear_requests()
-        r2 = prof.run_cycle(at=END)
-        assert r2.ok and kubeapi.patches() == [] and len(kubeapi.objects("events")) == 1
+        assert prof.run_cycle(at=END).ok and len(kubeapi.objects("events")) == 1
         assert events.counts["created"] == 1 and events.counts["updated"] == 0
 
 
