@@ -524,10 +524,12 @@ def test_exporter_node_name_probes_and_resources(rendered: dict[str, list[dict[s
 
     ports = {p["name"]: p for p in c["ports"]}
     assert ports["metrics"]["containerPort"] == EXPORTER_PORT
+    # the probes on the probe listener the exporter is told to open, plain HTTP (issue 36 item 5)
+    assert "--probe-port=9404" in c["args"] and ports["probes"]["containerPort"] == 9404
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = c[probe]["httpGet"]
         assert get["path"] == path
-        assert get["port"] in ("metrics", EXPORTER_PORT)
+        assert get["port"] == "probes" and "scheme" not in get
 
     assert c["resources"] == {
         "requests": {"cpu": "50m", "memory": "64Mi"},
@@ -775,8 +777,10 @@ def test_profiler_deployment(rendered: dict[str, list[dict[str, Any]]], name: st
     pdb = _one(docs, "PodDisruptionBudget", "gpu-exporter-profiler")
     assert pdb["spec"]["minAvailable"] == 1 and _selected(pdb["spec"]["selector"]["matchLabels"], _pod_labels(dep))
     assert _env(c).get("PROMETHEUS_URL", "").startswith("http")
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": PROFILER_PORT}
-    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": PROFILER_PORT, "probes": 9404}
+    assert _env(c)["PROFILER_PROBE_PORT"] == "9404"  # the probes' own listener (issue 36 item 5)
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "probes"}
 
     # Meets the "restricted" Pod Security Standard.
     psc, csc = pod["securityContext"], c["securityContext"]

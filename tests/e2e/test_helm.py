@@ -368,7 +368,9 @@ def test_web_config_from_a_secret() -> None:
     assert path.parent == Path(mount["mountPath"]) and mount["readOnly"] is True
     (vol,) = [v for v in pod["volumes"] if v["name"] == "web-config"]
     assert vol["secret"]["secretName"] == "gpu-exporter-web"
-    assert c["livenessProbe"]["httpGet"]["scheme"] == c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # the probes stay plain HTTP on their own listener; the scrapes use https (issue 36 item 5)
+    assert {c[k]["httpGet"]["port"] for k in ("livenessProbe", "readinessProbe")} == {"probes"}
+    assert "scheme" not in c["livenessProbe"]["httpGet"] and "scheme" not in c["readinessProbe"]["httpGet"]
     sm = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "gpu-exporter")
     assert sm["spec"]["endpoints"][0]["scheme"] == "https"
 
@@ -391,7 +393,9 @@ def test_profiler_web_config_from_a_secret() -> None:
     assert path.parent == Path(mount["mountPath"]) and mount["readOnly"] is True
     (vol,) = [v for v in pod["volumes"] if v["name"] == "web-config"]
     assert vol["secret"] == {"secretName": "profiler-web"}
-    assert c["livenessProbe"]["httpGet"]["scheme"] == c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # the probes stay plain HTTP on their own listener; the scrapes use https (issue 36 item 5)
+    assert {c[k]["httpGet"]["port"] for k in ("livenessProbe", "readinessProbe")} == {"probes"}
+    assert "scheme" not in c["livenessProbe"]["httpGet"] and "scheme" not in c["readinessProbe"]["httpGet"]
     assert sm["spec"]["endpoints"][0]["scheme"] == "https"
     # the exporter's own web config is a separate value: untouched
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
@@ -415,8 +419,8 @@ def test_profiler_web_config_only_while_set(sets: tuple[str, ...]) -> None:
 @pytest.mark.parametrize("tls", [False, True])
 def test_shipped_profiler_probes_pass_under_auth(tmp_path: Path, tls: bool) -> None:
     """The profiler's probes, as rendered, run as the kubelet runs them against a real profiler with a web
-    config that turns on basic auth (and TLS where the chart says so): /healthz answers, /metrics wants
-    the password."""
+    config that turns on basic auth (and TLS where the chart says so): /healthz answers on the probe port
+    in plain HTTP, TLS or not; /metrics wants the password on the metrics port and is not there at all."""
     import bcrypt
 
     from tests.e2e.test_probes import kubelet_probe
@@ -425,11 +429,11 @@ def test_shipped_profiler_probes_pass_under_auth(tmp_path: Path, tls: bool) -> N
     from tests.harness.poll import wait_until
 
     _, c, _ = _profiler(render(("profiler.webConfig.secretName=w", f"profiler.webConfig.tls={str(tls).lower()}")))
-    # the probes' named port is the port the profiler listens on (PROFILER_PORT)
+    # the probes' named port is the probe port the profiler is told (PROFILER_PROBE_PORT), not PROFILER_PORT
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     env = {e["name"]: e.get("value") for e in c["env"]}
     probes = [c[k]["httpGet"] for k in ("livenessProbe", "readinessProbe")]
-    assert all(ports[p["port"]] == int(env["PROFILER_PORT"]) for p in probes)
+    assert all(ports[p["port"]] == int(env["PROFILER_PROBE_PORT"]) != int(env["PROFILER_PORT"]) for p in probes)
     web = tmp_path / "web-config.yml"
     text = "basic_auth_users:\n  prometheus: " + bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode() + "\n"
     if tls:
@@ -439,15 +443,17 @@ def test_shipped_profiler_probes_pass_under_auth(tmp_path: Path, tls: bool) -> N
         text = "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n" + text
     web.write_text(text)
     with FakeKubeAPI() as api:
-        port = free_port()
+        port, probe_port = free_port(), free_port()  # the chart's numbers, on free ports here
         argv = [sys.executable, "-m", "exporter", "profile", "--kubeconfig", str(api.kubeconfig(tmp_path / "kc")),
                 "--prometheus-url", f"http://127.0.0.1:{free_port()}", "--listen-address", "127.0.0.1",
                 "--listen-port", str(port), "--web.config.file", str(web), "--log-level", "error"]
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PROFILER_PROBE_PORT": str(probe_port)})
         try:
             for probe in probes:
-                wait_until(lambda p=probe: _answer(port, p) == 200, 30, what=f"the profiler's probe {probe}")
-            assert kubelet_probe(port, {"path": "/metrics", "scheme": probes[0].get("scheme", "HTTP")}) == 401
+                wait_until(lambda p=probe: _answer(probe_port, p) == 200, 30, what=f"the profiler's probe {probe}")
+            assert kubelet_probe(port, {"path": "/metrics", "scheme": "HTTPS" if tls else "HTTP"}) == 401
+            assert kubelet_probe(probe_port, {"path": "/metrics"}) == 404  # the probe port serves /healthz alone
         finally:
             proc.terminate()
             _, err = proc.communicate(timeout=30)
@@ -846,16 +852,16 @@ def test_one_port_value_moves_every_reference() -> None:
     for ds in [d for d in docs if d["kind"] == "DaemonSet"]:
         c = ds["spec"]["template"]["spec"]["containers"][0]
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        assert ports == {"metrics": 9402}
+        assert ports == {"metrics": 9402, "probes": 9404}  # the probes keep their own port
         assert config.load(c["args"][1:], environ={}).port == 9402, c["args"]
         for probe in ("livenessProbe", "readinessProbe"):
-            assert ports[c[probe]["httpGet"]["port"]] == 9402
+            assert ports[c[probe]["httpGet"]["port"]] == 9404
     (dep,) = [d for d in docs if d["kind"] == "Deployment"]
     pc = dep["spec"]["template"]["spec"]["containers"][0]
     pports = {p["name"]: p["containerPort"] for p in pc["ports"]}
-    assert pports == {"metrics": 9405}
+    assert pports == {"metrics": 9405, "probes": 9404}
     assert {e["name"]: e.get("value") for e in pc["env"]}["PROFILER_PORT"] == "9405"
-    assert all(pports[pc[k]["httpGet"]["port"]] == 9405 for k in ("livenessProbe", "readinessProbe"))
+    assert all(pports[pc[k]["httpGet"]["port"]] == 9404 for k in ("livenessProbe", "readinessProbe"))
     services = {d["metadata"]["name"]: d["spec"]["ports"] for d in docs if d["kind"] == "Service"}
     assert services["gpu-exporter"] == [{"name": "metrics", "port": 9402, "targetPort": "metrics", "protocol": "TCP"}]
     assert services["gpu-exporter-profiler"][0]["port"] == 9405
@@ -869,26 +875,69 @@ def test_one_port_value_moves_every_reference() -> None:
     assert not any(a.startswith("--port") for a in ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
-def test_probe_port_moves_both_probes_to_plain_http() -> None:
-    """Issue 36 item 5: with exporter.probePort the kubelet probes a port of its own in plain HTTP, even
-    with webConfig.tls (where it used to probe HTTPS on the metrics port, behind every TLS handshake);
-    without it nothing changes."""
-    from exporter.serve import config
+def _probe_wiring(container: dict[str, Any], env_port: str | None = None) -> tuple[dict[str, int], set[Any], int]:
+    """A container's named ports, its probes' (port, scheme) and the probe port its daemon is told."""
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probes = {(container[k]["httpGet"]["port"], container[k]["httpGet"].get("scheme"))
+              for k in ("livenessProbe", "readinessProbe")}
+    if env_port is None:
+        from exporter.serve import config
 
-    for sets, probes_port, scheme in ((("exporter.probePort=9404", "webConfig.secretName=web", "webConfig.tls=true"),
-                                       "probes", None),
-                                      (("webConfig.secretName=web", "webConfig.tls=true"), "metrics", "HTTPS"),
-                                      ((), "metrics", None)):
-        (ds,) = [d for d in render(sets) if d["kind"] == "DaemonSet"]
-        c = ds["spec"]["template"]["spec"]["containers"][0]
-        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        for probe in ("livenessProbe", "readinessProbe"):
-            assert c[probe]["httpGet"]["port"] == probes_port and c[probe]["httpGet"].get("scheme") == scheme, sets
-        probe_port = config.load(c["args"][1:], environ={}).probe_port
-        if probes_port == "probes":
-            assert ports == {"metrics": 9400, "probes": 9404} and probe_port == 9404
-        else:
-            assert ports == {"metrics": 9400} and probe_port == 0
+        told = config.load(container["args"][1:], environ={}).probe_port
+    else:
+        told = int({e["name"]: e.get("value") for e in container["env"]}[env_port])
+    return ports, probes, told
+
+
+@pytest.mark.parametrize("sets", [(), ("webConfig.secretName=web", "webConfig.tls=true",
+                                       "profiler.webConfig.secretName=pweb", "profiler.webConfig.tls=true"),
+                                  ("exporter.probePort=9410", "profiler.probePort=9411", "vendor=both")])
+def test_probes_are_on_the_probe_listener_whatever_the_tls(sets: tuple[str, ...]) -> None:
+    """Issue 36 item 5, by default: both daemons' kubelet probes go to a plain-HTTP listener of their own
+    (``--probe-port``, ``PROFILER_PROBE_PORT``), TLS or not, so no TLS handshake on the metrics port is
+    ever in a probe's way (before: 0 by default, and HTTPS probes behind every handshake). The daemon is
+    told the very port the probes name, which is not the metrics port."""
+    docs = render(sets)
+    exporter_port = next((int(s.split("=")[1]) for s in sets if s.startswith("exporter.probePort=")), 9404)
+    profiler_port = next((int(s.split("=")[1]) for s in sets if s.startswith("profiler.probePort=")), 9404)
+    daemonsets = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert len(daemonsets) == (2 if "vendor=both" in sets else 1)
+    for ds in daemonsets:
+        ports, probes, told = _probe_wiring(ds["spec"]["template"]["spec"]["containers"][0])
+        assert probes == {("probes", None)} and ports == {"metrics": 9400, "probes": exporter_port} == \
+            {"metrics": 9400, "probes": told}, sets
+    _, c, _ = _profiler(docs)
+    ports, probes, told = _probe_wiring(c, "PROFILER_PROBE_PORT")
+    assert probes == {("probes", None)} and ports == {"metrics": 9401, "probes": profiler_port} == \
+        {"metrics": 9401, "probes": told}, sets
+
+
+@pytest.mark.parametrize("sets", [(), ("vendor=both", "webConfig.secretName=web", "webConfig.tls=true")])
+def test_only_the_kubelet_reaches_the_probe_ports(sets: tuple[str, ...]) -> None:
+    """The probe listener is for the node's kubelet alone: no Service or ServiceMonitor names it, and the
+    NetworkPolicy, which admits Prometheus to the metrics ports, admits nobody to it (traffic from the
+    node, the kubelet's probes, is always allowed by NetworkPolicy). The same in the kustomize install."""
+    for docs in (render(sets), _kustomize("deploy/overlays/nvidia")):
+        targets = {str(p.get("targetPort")) for d in docs if d["kind"] == "Service" for p in d["spec"]["ports"]}
+        endpoints = {ep["port"] for d in docs if d["kind"] == "ServiceMonitor" for ep in d["spec"]["endpoints"]}
+        policy = {p["port"] for d in docs if d["kind"] == "NetworkPolicy" for r in d["spec"]["ingress"]
+                  for p in r["ports"]}
+        assert targets == endpoints == {"metrics"} and policy == {9400, 9401}, (targets, endpoints, policy)
+        pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("DaemonSet", "Deployment")]
+        assert len(pods) >= 2 and all(not pod.get("hostNetwork") for pod in pods)  # the kubelet probes the pod IP
+
+
+# a probe port that is no port, or the metrics port itself (the daemon would exit 2: a crash loop)
+PROBE_PORT_VALUES = {"exporter.probePort=0": "/exporter/probePort", "profiler.probePort=0": "/profiler/probePort",
+                     "exporter.probePort=9400": "/exporter/probePort",
+                     "profiler.probePort=9401": "/profiler/probePort"}
+
+
+@pytest.mark.parametrize("setting", PROBE_PORT_VALUES)
+def test_a_probe_port_that_cannot_serve_is_refused(setting: str) -> None:
+    proc = helm("template", "gpu-exporter", str(CHART), "--set", setting)
+    assert proc.returncode != 0 and PROBE_PORT_VALUES[setting] in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 4, proc.stderr
 
 
 def test_service_monitors_carry_each_daemons_credentials_and_tls() -> None:

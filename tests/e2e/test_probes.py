@@ -1,4 +1,4 @@
-"""The shipped DaemonSet probes work under basic auth and TLS (issue 16).
+"""The shipped DaemonSet probes work under basic auth and TLS (issue 16), on their own plain-HTTP listener (issue 36).
 
 Each probe is taken from the rendered manifests (kustomize base, Helm chart with and without TLS)
 and run the way the kubelet runs an ``httpGet`` probe: its scheme (HTTP unless set), its path and
@@ -76,25 +76,28 @@ def web_configs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, Path]:
 
 @pytest.mark.parametrize(("manifests", "tls"), [
     ("kustomize base", False),
+    ("kustomize base", True),  # a web config with TLS in the Secret an overlay mounts: the probes stay plain
     ("helm, basic auth", False),
     ("helm, TLS and basic auth", True),
-    ("helm, TLS and basic auth, probe port", True),
+    ("helm, TLS and basic auth, probe port moved", True),
 ])
 def test_shipped_probes_pass_under_auth(web_configs: dict[bool, Path], manifests: str, tls: bool) -> None:
     if manifests == "kustomize base":
         docs: Any = _render("deploy/base")
     else:
         docs = render(("webConfig.secretName=web", f"webConfig.tls={str(tls).lower()}",
-                       *(("exporter.probePort=9404",) if "probe port" in manifests else ())))
+                       *(("exporter.probePort=9410",) if "probe port" in manifests else ())))
     probes = exporter_probes(docs)
-    extra = ["--probe-port", str(free_port())] if probes["livenessProbe"]["on_probe_port"] else []
+    # every shipped install puts the probes on the probe listener, in plain HTTP (issue 36 item 5)
+    assert all(p["on_probe_port"] and p.get("scheme", "HTTP") == "HTTP" for p in probes.values()), probes
+    extra = ["--probe-port", str(free_port())]
     with ExporterProcess(["--backend", "simulated", "--web.config.file", str(web_configs[tls]), *extra],
                          wait=False) as ex:
-        port = int(extra[1]) if extra else ex.port  # the chart's port number, on a free port here
+        port = int(extra[1])  # the chart's port number, on a free port here
         live = probes["livenessProbe"]
         wait_until(lambda: kubelet_probe(port, live) == 200, 20, what="the liveness probe")
         wait_until(lambda: kubelet_probe(port, probes["readinessProbe"]) == 200, 20, what="the readiness probe")
         metrics = {"path": "/metrics", "scheme": "HTTPS" if tls else "HTTP"}
         assert kubelet_probe(ex.port, metrics) == 401  # the metrics themselves stay behind the password
-        if extra:  # the probe port serves the probes alone: nothing else is reachable there
-            assert kubelet_probe(port, {"path": "/metrics"}) == 404
+        # the probe port serves the probes alone: nothing else is reachable there
+        assert kubelet_probe(port, {"path": "/metrics"}) == 404
