@@ -25,7 +25,9 @@ from typing import Any, Protocol
 # SI units a field's value can have (JSON views: numbers in these units); "" for text, flags and counts
 UNITS = ("bytes", "ratio", "celsius", "watts", "joules", "seconds", "hertz", "")
 KINDS = ("number", "integer", "string", "boolean")
-DIFF_RULES = ("", "fixed")  # "fixed": diff reports any change; "": shown, not compared (it varies in a run)
+# "fixed": diff reports any change; "rise": diff reports a rise beyond the field's ``rise`` limit; "": shown, not
+# compared (it varies in a run)
+DIFF_RULES = ("", "fixed", "rise")
 
 
 class Source(Protocol):
@@ -64,6 +66,22 @@ class Record:
     doc: str = ""  # the record schema's description of the scaled values (their unit)
     minimum: float | None = None
     maximum: float | None = None
+
+
+@dataclass(frozen=True)
+class Rise:
+    """``diff``'s rule for a field that may rise a little during a run (``diff="rise"``): by more than
+    ``limit`` (in the field's unit) per GPU it counts as a foreign load. ``check`` names the check
+    (``--ignore CHECK``) and its flag (``--max-CHECK-rise``), ``what`` the quantity in diff's report;
+    ``instead`` is the ``/stats`` key compared (as ``instead_what``) when either snapshot lacks this
+    field (the instantaneous power for the average). ``note`` ends the flag's help."""
+
+    check: str
+    limit: float
+    what: str
+    note: str = ""
+    instead: str = ""
+    instead_what: str = ""
 
 
 # One step of a field's source path: ``name``, ``name()`` (a method) or ``name[key]`` (a dict's entry).
@@ -116,6 +134,7 @@ class Field:
     status: bool = False  # a GpuStatus attribute (None while the GPU is down)
     pattern: str | None = None  # a JSON-schema pattern of a string
     diff: str = ""  # diff's rule (DIFF_RULES): "fixed" must not change during a run; "": not compared
+    rise: Rise | None = None  # with diff="rise": how much it may rise
     column: str = ""  # its column's header in the snapshot table; "": shown in /stats and JSON only
     record: Record | None = None  # sampled by record / Monitor; None: not sampled
     read: Callable[[Any], Any] = dataclass_field(init=False, repr=False, compare=False)  # ``source``, compiled
@@ -141,6 +160,8 @@ class Field:
             raise ValueError(f"field {name}: kind {done.kind!r} is not one of {', '.join(KINDS)}")
         if done.diff not in DIFF_RULES:
             raise ValueError(f"field {name}: diff {done.diff!r} is not one of {DIFF_RULES}")
+        if (done.diff == "rise") != (done.rise is not None):
+            raise ValueError(f"field {name}: diff='rise' and a rise=Rise(...) limit go together")
         return done
 
     @property

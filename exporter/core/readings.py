@@ -6,21 +6,61 @@ emits no series for it. Nothing here is ever a placeholder 0.
 
 Units are fixed by the field name: ``*_bytes``, ``*_watts``, ``*_joules``,
 ``*_hertz``, ``*_celsius``, ``*_ratio`` (0-1), ``*_seconds``.
+
+A family is one row: the value attribute (``attr``) of every per-GPU and MIG row of
+:mod:`exporter.core.schema` is an attribute here, whether or not it is declared below
+(:func:`_from_rows` adds the undeclared ones: ``None``, or an empty dict for a per-GPU row with
+labels). Declaring one here only gives it a precise type for mypy and a comment; an undeclared one
+is ``Any`` to mypy, and a name that is neither declared nor a row's ``attr`` fails on use
+(``AttributeError``: the classes have slots), so a typo is not a silent new attribute.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from exporter.core.schema import TOPOLOGY_LEVELS
+from exporter.core.schema import FAMILIES, TOPOLOGY_LEVELS
+
+_C = TypeVar("_C", bound=type)
+
+
+def _from_rows(scope: str) -> Callable[[_C], _C]:
+    """Adds to the class (before ``@dataclass`` makes its fields) every ``attr`` of the schema rows of
+    ``scope`` that it does not declare: default ``None`` for a scalar, an empty dict for a per-GPU row
+    with labels (one sample per key; a tuple key for several labels). A declared attribute of a
+    labelled per-GPU row that is neither a dict nor a set raises TypeError: the renderer would read it
+    as one."""
+
+    def add(cls: _C) -> _C:
+        notes: dict[str, Any] = cls.__dict__["__annotations__"]  # noqa: RUF063 - this class's own, not its bases'
+        for row in FAMILIES:
+            if row.scope != scope or not row.attr:
+                continue
+            keyed = scope == "gpu" and bool(row.labels)  # a MIG row's labels are the instance's identity
+            if row.attr in notes:
+                if keyed and not str(notes[row.attr]).startswith(("dict[", "set[")):
+                    raise TypeError(f"{cls.__name__}.{row.attr}: {row.name} has labels, so its value is a "
+                                    f"dict (one sample per key) or a set, not {notes[row.attr]}")
+                continue
+            if hasattr(cls, row.attr):  # a property computed from declared fields (health)
+                continue
+            notes[row.attr] = "dict[Any, float]" if keyed else "float | None"
+            setattr(cls, row.attr, field(default_factory=dict) if keyed else None)
+        return cls
+
+    return add
 
 #: a GPU's health states (exporter/core/gpu_health.py), OpenTelemetry hw.state's where they fit
 HEALTH_STATES = ("ok", "degraded", "failed", "hung", "lost")
 
 
-@dataclass
+@dataclass(slots=True)
+@_from_rows("mig")
 class MigReading:
-    """One MIG instance (NVIDIA) or compute partition (AMD) of a physical GPU."""
+    """One MIG instance (NVIDIA) or compute partition (AMD) of a physical GPU; the ``mig`` rows'
+    values besides the fields declared here (see the module's docstring)."""
 
     gpu_instance_id: int
     compute_instance_id: int | None = None
@@ -30,10 +70,16 @@ class MigReading:
     memory_used_bytes: float | None = None
     utilization_ratio: float | None = None
 
+    if TYPE_CHECKING:  # as GpuReading's
+        def __getattr__(self, name: str) -> Any: ...
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
-@dataclass
+
+@dataclass(slots=True)
+@_from_rows("gpu")
 class GpuReading:
-    """One GPU at one moment. ``index`` and ``uuid`` identify it on every series."""
+    """One GPU at one moment. ``index`` and ``uuid`` identify it on every series; every per-GPU row's
+    value is an attribute, declared here or added from its row (see the module's docstring)."""
 
     index: int
     uuid: str
@@ -137,6 +183,10 @@ class GpuReading:
 
     # fields this GPU reported as unsupported (names of metric families)
     unsupported: set[str] = field(default_factory=set)
+
+    if TYPE_CHECKING:  # the rows' attributes _from_rows adds: Any to mypy (at run time, slots refuse others)
+        def __getattr__(self, name: str) -> Any: ...
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     def free_memory_bytes(self) -> float | None:
         """Free device memory in bytes: the driver's figure, else total - used (never below 0), else None.

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from exporter.core.fields import Field, Legacy, Record, identity
+from exporter.core.fields import Field, Legacy, Record, Rise, identity
 
 if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -199,6 +199,7 @@ FAMILIES: tuple[Family, ...] = (
        "amd-smi metric --mem-usage: used_vram",
        views=(Field("memory_used_bytes", "bytes", "reading.memory_used_bytes", kind="integer",
                     doc="bytes (nvidia-smi memory.used)", status=True,
+                    diff="rise", rise=Rise("memory", 256 * MIB, "memory in use"),
                     legacy=Legacy("memory.used", _MIB_DOC.format("used"), "MiB", per=MIB, digits=None),
                     record=Record("memory_used_mb", 1 / MIB)),)),
     _g("gpu_memory_free_bytes", GAUGE, "bytes", "Device memory free for allocation, in bytes.", "memory",
@@ -237,7 +238,10 @@ FAMILIES: tuple[Family, ...] = (
                     legacy=Legacy("power_usage", "board power draw, W (nvidia-smi power.draw)"),
                     record=Record("power_draw_w")),
               Field("power_average_watts", "watts", "power_average_watts",
-                    doc="average power over the last interval, W: energy counter difference / time"),
+                    doc="average power over the last interval, W: energy counter difference / time",
+                    diff="rise", rise=Rise("power", 30.0, "average power",
+                                           "; the average from the energy counter when both snapshots have "
+                                           "it, else the instantaneous reading", "power_watts", "power")),
               Field("power_average_seconds", "seconds", "power_average_seconds", digits=6,
                     doc="length of that interval, s"))),
     _g("gpu_power_limit_watts", GAUGE, "watts", "Enforced power limit in watts.", "power", "power_limit_watts",

@@ -19,13 +19,13 @@ import secrets
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from exporter.core.engine import Engine
+from exporter.core.fields import Field, Rise
 from exporter.core.options import Settings
 from exporter.core.snapshot import Snapshot
-from exporter.core.views import FIELDS, MIB, PowerTracker, format_bytes, stats_view
+from exporter.core.views import FIELDS, PowerTracker, format_bytes, stats_view
 from exporter.platform.errors import ConfigError, one_line
 from exporter.python_api import sessions
 
@@ -199,16 +199,23 @@ HOST_FIXED = ("node_name", "processor", "kernel", "driver_version", "cuda_versio
 # the /stats keys of the field table's rows whose rule is "fixed" (exporter/core/schema.py): identity, memory
 # total, PCIe links ...
 GPU_FIXED = tuple(f.stats_key for f in FIELDS if f.diff == "fixed" and f.stats_key)
-RISES = ("memory", "power")
-IGNORABLE = (*(f"host.{f}" for f in HOST_FIXED), *GPU_FIXED, "p2p", *RISES)
+# the fields whose rule is "rise" (memory in use, power), each with its limit: their rows say how much
+RISES: tuple[Field, ...] = tuple(f for f in FIELDS if f.diff == "rise" and f.rise and f.stats_key)
+IGNORABLE = (*(f"host.{f}" for f in HOST_FIXED), *GPU_FIXED, "p2p", *(f.rise.check for f in RISES if f.rise))
 
 
-@dataclass
-class Limits:
-    """How much memory in use and power may rise between two audits before it counts as a foreign load."""
+def rise_of(f: Field) -> Rise:
+    assert f.rise is not None  # RISES holds only fields with one
+    return f.rise
 
-    memory_rise_bytes: float = 256 * MIB
-    power_rise_watts: float = 30.0
+
+#: how much each "rise" check allows, by check name (``memory``, ``power``); a check not given has its row's
+#: limit
+Limits = dict[str, float]
+
+
+# unit symbols in diff's report of a rise
+UNIT_SYMBOLS = {"watts": "W", "celsius": "°C", "hertz": "Hz", "seconds": "s", "joules": "J", "ratio": ""}
 
 
 def get_dotted(d: Mapping[str, Any], dotted: str) -> Any:
@@ -228,11 +235,13 @@ def _show(v: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _power(g: Mapping[str, Any], other: Mapping[str, Any]) -> tuple[float | None, str]:
-    """Average power when both audits have it (energy counter), else the instantaneous sample."""
-    if g.get("power_average_watts") is not None and other.get("power_average_watts") is not None:
-        return g["power_average_watts"], "average power"
-    return g.get("power_watts"), "power"
+def _risen(f: Field, g: Mapping[str, Any], other: Mapping[str, Any]) -> tuple[Any, str]:
+    """A "rise" field's value and what it is called: the field when both audits have it, else the field
+    its rule names ``instead`` (the instantaneous power for the average), else the field."""
+    rise, key = rise_of(f), f.stats_key or f.name
+    if rise.instead and (get_dotted(g, key) is None or get_dotted(other, key) is None):
+        return get_dotted(g, rise.instead), rise.instead_what or rise.instead
+    return get_dotted(g, key), rise.what
 
 
 def _number(v: object) -> bool:
@@ -241,6 +250,10 @@ def _number(v: object) -> bool:
 
 def _index(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31
+
+
+# the /stats keys diff subtracts (the "rise" fields and those they fall back to): numbers or null in a file
+RISE_KEYS = tuple(dict.fromkeys(k for f in RISES for k in (rise_of(f).instead, f.stats_key) if k))
 
 
 def check_audit(doc: Any, name: str) -> dict[str, Any]:
@@ -264,7 +277,7 @@ def check_audit(doc: Any, name: str) -> dict[str, Any]:
             bad(f"gpus[{i}].index", "an integer >= 0")
         if not isinstance(g.get("backend", ""), str):
             bad(f"gpus[{i}].backend", "a string")
-        for f in ("memory_used_bytes", "power_watts", "power_average_watts"):
+        for f in RISE_KEYS:
             if g.get(f) is not None and not _number(g[f]):
                 bad(f"gpus[{i}].{f}", "a finite number or null")
     p2p = doc.get("p2p", [])
@@ -288,7 +301,8 @@ def diff_audits(before: Mapping[str, Any], after: Mapping[str, Any], limits: Lim
     """What changed between two audits, one line each; empty when the system is the same.
 
     Fields that must not change during a run (GPU models, PCIe links, P2P, processor, driver)
-    must be identical; memory in use and power must not have risen beyond ``limits``.
+    must be identical; the "rise" fields (memory in use, power) must not have risen beyond ``limits``
+    (by check name; a check not in it has its row's limit).
     """
     skip = set(ignore)
     out: list[str] = []
@@ -317,18 +331,23 @@ def diff_audits(before: Mapping[str, Any], after: Mapping[str, Any], limits: Lim
             va, vb = get_dotted(a, f), get_dotted(b, f)
             if f not in skip and va != vb:
                 out.append(f"{label(k)}: {f} changed: {_show(va)} -> {_show(vb)} (must not change)")
-        ma, mb = a.get("memory_used_bytes"), b.get("memory_used_bytes")
-        if "memory" not in skip and ma is not None and mb is not None and mb - ma > limits.memory_rise_bytes:
-            out.append(f"{label(k)}: memory in use rose by {format_bytes(mb - ma)} ({format_bytes(ma)} -> "
-                       f"{format_bytes(mb)}; limit {format_bytes(limits.memory_rise_bytes)}): "
-                       "a foreign load?")
-        (pa, what), (pb, _) = _power(a, b), _power(b, a)
-        if "power" not in skip and pa is not None and pb is not None and pb - pa > limits.power_rise_watts:
-            out.append(f"{label(k)}: {what} rose by {pb - pa:.1f} W ({pa:.1f} -> {pb:.1f} W; "
-                       f"limit {limits.power_rise_watts:g} W): a foreign load?")
+        for rf in RISES:
+            rise = rise_of(rf)
+            (va, what), (vb, _) = _risen(rf, a, b), _risen(rf, b, a)
+            limit = limits.get(rise.check, rise.limit)
+            if rise.check not in skip and va is not None and vb is not None and vb - va > limit:
+                out.append(f"{label(k)}: {what} rose by {_rise_text(rf.unit or '', va, vb, limit)}: a foreign load?")
     if "p2p" not in skip:
         out.extend(_diff_p2p(before.get("p2p", []), after.get("p2p", []), several))
     return list(dict.fromkeys(out))  # a symmetric P2P change is reported once
+
+
+def _rise_text(unit: str, va: float, vb: float, limit: float) -> str:
+    """``512.0 MiB (1.0 GiB -> 1.5 GiB; limit 256.0 MiB)``, ``45.0 W (100.0 -> 145.0 W; limit 30 W)``."""
+    if unit == "bytes":
+        return f"{format_bytes(vb - va)} ({format_bytes(va)} -> {format_bytes(vb)}; limit {format_bytes(limit)})"
+    symbol = UNIT_SYMBOLS.get(unit, unit)
+    return f"{vb - va:.1f} {symbol} ({va:.1f} -> {vb:.1f} {symbol}; limit {limit:g} {symbol})".replace("  ", " ")
 
 
 def _diff_p2p(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]],

@@ -10,8 +10,10 @@ import argparse
 import json
 import math
 import sys
+from functools import partial
 from typing import Any
 
+from exporter.core.fields import Field
 from exporter.core.views import MIB
 from exporter.platform.errors import ConfigError, fail, one_line
 from exporter.platform.settings import OneLineParser
@@ -19,11 +21,14 @@ from exporter.platform.units import parse_size
 from exporter.python_api.checks import check_number
 from exporter.tools.audit import (
     IGNORABLE,
+    RISES,
+    UNIT_SYMBOLS,
     Limits,
     _show,
     check_audit,
     checked,
     diff_audits,
+    rise_of,
 )
 
 PROG = "gpu-exporter diff"
@@ -31,22 +36,29 @@ MAX_FILE_BYTES = 16 << 20  # a 64-GPU snapshot is about 100 KiB
 
 
 def parser() -> argparse.ArgumentParser:
-    d = Limits()
     p = OneLineParser(
         prog=PROG, description="Compare two snapshots (gpu-exporter snapshot --json). Fixed facts "
         "(GPU models, PCIe links, P2P, processor, driver) must be identical; memory in use and power "
         "must not have risen beyond the limits. Exit 0 unchanged, 1 changed, 2 bad input.")
     p.add_argument("before", metavar="BEFORE.json")
     p.add_argument("after", metavar="AFTER.json")
-    p.add_argument("--max-memory-rise", default=f"{d.memory_rise_bytes / MIB:g}MiB",
-                   metavar="SIZE",
-                   help="memory in use may rise this much per GPU (default %(default)s; e.g. 1GiB, 500MB)")
-    p.add_argument("--max-power-rise", default=f"{d.power_rise_watts:g}", metavar="WATTS",
-                   help="power may rise this much per GPU (default %(default)s W); the average from the "
-                        "energy counter when both snapshots have it, else the instantaneous reading")
+    for f in RISES:  # a --max-CHECK-rise flag per "rise" field of the schema's rows
+        rise = rise_of(f)
+        if f.unit == "bytes":
+            default, metavar, unit = f"{rise.limit / MIB:g}MiB", "SIZE", "; e.g. 1GiB, 500MB"
+        else:
+            symbol = UNIT_SYMBOLS.get(f.unit or "", f.unit or "")
+            default, metavar, unit = f"{rise.limit:g}", (f.unit or "number").upper(), f" {symbol}"
+        p.add_argument(f"--max-{rise.check}-rise", default=default, metavar=metavar, dest=_dest(rise.check),
+                       help=f"{rise.instead_what or rise.what} may rise this much per GPU "
+                            f"(default %(default)s{unit.rstrip()}){rise.note}")
     p.add_argument("--ignore", action="append", default=[], metavar="FIELD",
                    help=f"skip a check (repeatable): {', '.join(IGNORABLE)}")
     return p
+
+
+def _dest(check: str) -> str:
+    return f"max_{check}_rise".replace("-", "_")
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -64,12 +76,16 @@ def _load(path: str) -> dict[str, Any]:
     return check_audit(doc, path)
 
 
-def _watts(text: str) -> float:
+def _limit(f: Field, text: str) -> float:
+    """A ``--max-CHECK-rise`` value in the field's unit: a size for bytes (``1GiB``), else a number >= 0."""
+    flag = f"--max-{rise_of(f).check}-rise"
+    if f.unit == "bytes":
+        return check_number(parse_size(text), flag, 0, math.inf, what="bytes")
     try:
         v: object = float(text)
     except ValueError:
         v = text
-    return check_number(v, "--max-power-rise", 0, math.inf, what="watts")
+    return check_number(v, flag, 0, math.inf, what=f.unit or "a number")
 
 
 def main(argv: list[str]) -> int:
@@ -79,11 +95,11 @@ def main(argv: list[str]) -> int:
         if bad:
             raise ConfigError(f"--ignore {bad[0]}: unknown check; expected one of {', '.join(IGNORABLE)}",
                             code=2)
-        memory = checked(lambda: check_number(parse_size(args.max_memory_rise), "--max-memory-rise", 0, math.inf,
-                                              what="bytes"), "--max-memory-rise")
-        power = checked(lambda: _watts(args.max_power_rise), "--max-power-rise")
+        limits: Limits = {}
+        for f in RISES:
+            check = rise_of(f).check
+            limits[check] = checked(partial(_limit, f, getattr(args, _dest(check))), f"--max-{check}-rise")
         before, after = _load(args.before), _load(args.after)
-        limits = Limits(memory_rise_bytes=memory, power_rise_watts=power)
         try:
             changes = diff_audits(before, after, limits, args.ignore)
         except Exception as exc:  # noqa: BLE001 - exit 1 means "changed": no failure may ever look like it

@@ -1,9 +1,11 @@
-"""Adding a metric family is its schema row, the reading's field and the backends that fill it: in a copy
-of the package, those edits alone (here: the simulated backend fills it) make the family served with its
+"""Adding a metric family is its schema row and the backends that fill it (the reading's attribute comes from
+the row): in a copy of the package, those edits alone (here: the simulated backend fills it, and
+exporter/core/readings.py is not touched) make the family served with its
 row's help and unit, selectable with ``--fields-*``, listed by the JSON API and in both generated tables of
 docs/metrics.md; and, since the row names a field (``views``), shown in ``/stats``, gpu-metrics, the
-``snapshot`` table and JSON, compared by ``diff``, and an attribute of the Python API's ``GpuStatus`` and
-``Recording`` (docs/extending.md, "A new metric family"). Nothing else is edited."""
+``snapshot`` table and JSON, compared by ``diff`` (a change of one field, a rise beyond its row's limit of
+the other), and an attribute of the Python API's ``GpuStatus`` and ``Recording`` (docs/extending.md, "A new
+metric family"). Nothing else is edited."""
 
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ ROW = '''    _g("gpu_widget_bytes", GAUGE, "bytes", "Bytes in the widget cache, 
        "nvmlDeviceGetWidgets", "widgets.used", "(none)", labels=("widget",),
        views=(Field("widget_alpha_bytes", source="reading.widget_bytes[alpha]", kind="integer", status=True,
                     diff="fixed", column="ALPHA", record=Record("widget_alpha_mb", 1 / MIB),
-                    legacy=Legacy("widget.alpha", unit="MiB", per=MIB, digits=None)),)),
+                    legacy=Legacy("widget.alpha", unit="MiB", per=MIB, digits=None)),
+              Field("widget_beta_bytes", source="reading.widget_bytes[beta]", kind="integer", diff="rise",
+                    rise=Rise("widget", MIB, "widget beta")))),
 '''
 ALPHA, BETA = 3 * MIB, 2048.0
 
@@ -47,10 +51,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pkg = root / "exporter"
     # 1. the row (at the end of the memory group)
     _edit(pkg / "core" / "schema.py", "    # --- thermal and power", ROW, before=True)
-    # 2. the reading's field
-    _edit(pkg / "core" / "readings.py", "    memory_reserved_bytes: float | None = None\n",
-          "    widget_bytes: dict[str, float] = field(default_factory=dict)\n")
-    # 3. a backend fills it and declares it
+    # 2. a backend fills it and declares it (the reading's attribute comes from the row)
     sim = pkg / "backends" / "simulated.py"
     _edit(sim, "        r.memory_total_bytes = float(MEMORY_TOTAL)\n",
           f'        r.widget_bytes = {{"alpha": {float(ALPHA)}, "beta": {BETA}}}\n')
@@ -70,6 +71,14 @@ def _schema(tree: Path, name: str) -> dict[str, Any]:
     """The copy's JSON schema of a document (generated from the copy's field table)."""
     schema: dict[str, Any] = json.loads(_run(tree, "-m", "exporter.serve.api_schema", name))
     return schema
+
+
+def test_the_reading_has_the_rows_attribute(tree: Path) -> None:
+    """GpuReading carries the row's ``attr`` though readings.py was not edited: empty on a reading no backend
+    filled (a down GPU's, another backend's), so every view reads it there as absent, not AttributeError."""
+    out = _run(tree, "-c", "from exporter.core.readings import GpuReading\n"
+                           "r = GpuReading(0, 'u')\nprint(r.widget_bytes, r.down('gone').widget_bytes)")
+    assert out == "{} {}\n"
 
 
 def test_served_with_its_rows_help(tree: Path) -> None:
@@ -134,6 +143,18 @@ def test_in_snapshot_and_compared_by_diff(tree: Path) -> None:
     _run(tree, "-m", "exporter", "diff", "before.json", "after.json", "--ignore", "widget_alpha_bytes")
     usage = _run(tree, "-m", "exporter", "diff", "--help")
     assert "widget_alpha_bytes" in usage
+    # the "rise" field: its row's limit (1 MiB), its own flag and --ignore name
+    assert "--max-widget-rise SIZE" in usage and "widget beta may rise this much per GPU (default 1MiB" in usage
+    after = json.loads(json.dumps(before))
+    after["gpus"][0]["widget_beta_bytes"] = before["gpus"][0]["widget_beta_bytes"] + MIB
+    (tree / "after.json").write_text(json.dumps(after))
+    _run(tree, "-m", "exporter", "diff", "before.json", "after.json")  # at the limit: unchanged
+    after["gpus"][0]["widget_beta_bytes"] += 1
+    (tree / "after.json").write_text(json.dumps(after))
+    out = _run(tree, "-m", "exporter", "diff", "before.json", "after.json", code=1)
+    assert "gpu 0: widget beta rose by 1.0 MiB (2.0 KiB -> 1.0 MiB; limit 1.0 MiB): a foreign load?" in out
+    _run(tree, "-m", "exporter", "diff", "before.json", "after.json", "--max-widget-rise", "2MiB")
+    _run(tree, "-m", "exporter", "diff", "before.json", "after.json", "--ignore", "widget")
 
 
 PYTHON_API = """
