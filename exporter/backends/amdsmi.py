@@ -550,27 +550,32 @@ class AmdSmiBackend(Backend):
             self._start()
         self._metrics_now = {}
         for d in self._devices:
-            out.gpus.append(self._read(d, out))
+            d.begin()
+        # every GPU on its own lane, all at once: GPUs hanging in the same collection cost one deadline
+        for d, r, down in self.on_gpus(self._devices, self._read_gpu):
+            out.gpus.append(self._down(d, down) if down is not None else r)
         out.peers = self._peers  # static until re-init: the renderer caches its text
         if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
             out.pci_devices = count_pci_gpus(self.options.sysfs_root, PCI_VENDOR)
 
-    def _read(self, d: _Gpu, out: Collection) -> GpuReading:
-        r = GpuReading(
+    def _identity(self, d: _Gpu) -> GpuReading:
+        return GpuReading(
             index=d.index, uuid=d.uuid, vendor=self.vendor, name=d.name, pci_bus_id=d.pci_bus_id,
             serial=d.serial, driver_version=d.driver_version, cuda_driver_version=self._rocm_version,
             firmware_version=d.firmware_version,
         )
-        gpu = d  # its call state
-        gpu.begin()
-        try:
-            self.on_gpu(gpu, self._read_values, d, r, gpu)  # on the GPU's lane: a hang costs it alone
-        except GpuDown as down:
-            self.count_error(down.kind)
-            self.log_once(f"down:{d.index}:{down}", "amdsmi: GPU %d unreadable: %s", d.index, down,
-                          level=logging.WARNING)
-            return r.down(str(down), down.kind)  # its identity, VBIOS included, and no readings
-        attrs = {_ATTR_OF_FAMILY.get(x.partition(":")[0], "") for x in gpu.unsupported}
+
+    def _down(self, d: _Gpu, down: GpuDown) -> GpuReading:
+        self.count_error(down.kind)
+        self.log_once(f"down:{d.index}:{down}", "amdsmi: GPU %d unreadable: %s", d.index, down,
+                      level=logging.WARNING)
+        return self._identity(d).down(str(down), down.kind)  # its identity, VBIOS included, and no readings
+
+    def _read_gpu(self, d: _Gpu) -> GpuReading:
+        """One GPU's readings, on its lane."""
+        r = self._identity(d)
+        self._read_values(d, r, d)
+        attrs = {_ATTR_OF_FAMILY.get(x.partition(":")[0], "") for x in d.unsupported}
         for attr in list(attrs):
             attrs.update(_ALSO_ABSENT.get(attr, ()))
         for attr in sorted(attrs - {""}):

@@ -39,10 +39,12 @@ what happens then is decided here, the same for every vendor:
     ``hung`` (:class:`GpuHung`, counted as ``gpu_hung``) with the call named, the other GPUs are read
     on, and no call is sent to the GPU until the late one returns (at most one outstanding call and
     one thread per GPU, however long it hangs). It is read again at the first collection after.
-    A backend runs a whole GPU's read as one lane job (:meth:`Backend.on_gpu`: one thread hand-off
-    per GPU, the calls inside made directly on the lane); a call made anywhere else is handed to its
-    GPU's lane alone. So every vendor call about a GPU gets the deadline by construction, whatever
-    the backend does. Calls about no GPU run where they are made: the engine runs each backend's
+    A backend runs a whole GPU's read as one lane job (:meth:`Backend.on_gpus`: one thread hand-off
+    per GPU, the calls inside made directly on the lane), every GPU's job started before any is
+    waited for, so GPUs that start hanging in the same collection cost one deadline together, not
+    one each; nothing a call writes is shared between GPUs. A call made anywhere else is handed to
+    its GPU's lane alone. So every vendor call about a GPU gets the deadline by construction,
+    whatever the backend does. Calls about no GPU run where they are made: the engine runs each backend's
     collection on a lane of its own and publishes the backend ``stalled`` when one of them
     (:meth:`Backend.node_call`) overruns the deadline.
 
@@ -52,26 +54,28 @@ Only a failure to initialise, or the driver gone, fails a collection.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import monotonic
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from exporter.core import schema
 from exporter.core.errors import DRIVER as DRIVER
 from exporter.core.errors import BackendError as BackendError
 from exporter.core.errors import BackendUnavailable as BackendUnavailable
 from exporter.core.k8s_names import KubernetesNames
-from exporter.core.lane import Abandoned, Lane, LaneBusy, here
+from exporter.core.lane import Abandoned, Job, Lane, LaneBusy, here
 from exporter.core.options import BackendOptions, BackendSetting
 from exporter.core.readings import Collection
 
 log = logging.getLogger(__name__)
+_D = TypeVar("_D", bound="Device")
 
 # Error kinds (gpu_exporter_collection_errors_total{kind}), the same on every backend.
 UNSUPPORTED = "unsupported"
@@ -448,15 +452,68 @@ class Backend(ABC):
         return lane
 
     def on_gpu(self, dev: Device, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)`` on ``dev``'s GPU lane, its vendor calls made there directly: how a backend
-        reads one GPU (one thread hand-off per GPU and collection). Raises :class:`GpuHung` when a call
-        in it has not returned within :attr:`call_deadline`, or when an earlier one still has not (no
-        call is then sent to the GPU). On the lane already, or for a call about no GPU: runs here."""
+        """``fn(*args, **kwargs)`` on ``dev``'s GPU lane, its vendor calls made there directly. Raises
+        :class:`GpuHung` when a call in it has not returned within :attr:`call_deadline`, or when an
+        earlier one still has not (no call is then sent to the GPU). On the lane already, or for a call
+        about no GPU: runs here. A backend reads its GPUs with :meth:`on_gpus` (all at once)."""
         lane = self._lane(dev)
         if lane is None or lane.current():
             return fn(*args, **kwargs)
+        return self._await(dev, lane, self._hand_over(lane, lambda: fn(*args, **kwargs),
+                                                   getattr(fn, "__name__", "read")))
+
+    def on_gpus(self, devs: Sequence[_D], fn: Callable[[_D], Any]) -> Iterator[tuple[_D, Any, GpuDown | None]]:
+        """``fn(dev)`` for every GPU of ``devs``, each on its GPU's lane (one thread hand-off per GPU and
+        collection), all started before any is waited for: yields ``(dev, result, None)``, or ``(dev, None,
+        down)`` with the :class:`GpuDown` it raised (:class:`GpuHung` as :meth:`on_gpu` says), in the order
+        of ``devs``, each as soon as it and those before it are done.
+
+        The GPUs are read concurrently, so GPUs that start hanging in the same collection cost one
+        :attr:`call_deadline` together, not one each in turn. Any other exception (the driver gone, a
+        bug) is raised once every job started has finished or been given up on: no job of this
+        collection is left running unwatched when the backend is reset."""
+        name = getattr(fn, "__name__", "read")
+        jobs: list[tuple[_D, Lane | None, Job | LaneBusy | None]] = []
+        for dev in devs:
+            lane = self._lane(dev)
+            if lane is None or lane.current():  # no GPU's, or on this lane already: run in place
+                jobs.append((dev, None, None))
+            else:
+                jobs.append((dev, lane, self._hand_over(lane, functools.partial(fn, dev), name)))
+        done = 0
         try:
-            return lane.run(lambda: fn(*args, **kwargs), self.call_deadline, getattr(fn, "__name__", "read"))
+            for dev, lane, job in jobs:
+                done += 1
+                try:
+                    result = fn(dev) if lane is None else self._await(dev, lane, job)
+                except GpuDown as down:
+                    yield dev, None, down
+                else:
+                    yield dev, result, None
+        finally:
+            for dev, lane, job in jobs[done:]:  # an error ended the collection: wait out the jobs still running
+                if lane is not None:
+                    try:
+                        self._await(dev, lane, job)
+                    except BaseException:  # noqa: BLE001 - the first error is the one raised
+                        pass
+
+    def _hand_over(self, lane: Lane, job: Callable[[], Any], what: str) -> Job | LaneBusy:
+        """``job`` handed to ``lane``, or the :class:`LaneBusy` that refused it (a late call still runs)."""
+        try:
+            return lane.submit(job, what)
+        except LaneBusy as busy:
+            return busy
+
+    def _await(self, dev: Device, lane: Lane, job: Job | LaneBusy | None) -> Any:
+        """The result of ``job`` on ``dev``'s lane, waited for while its current call is within the call
+        deadline; :class:`GpuHung` when it is not, or when the lane refused the job."""
+        try:
+            if isinstance(job, LaneBusy):
+                raise job
+            assert job is not None
+            deadline = self.call_deadline
+            return lane.wait(job, lambda: lane.since + deadline - time.monotonic())
         except LaneBusy as busy:
             if not busy.late:
                 self.log_once(f"hung:{dev.index}:{busy.what}", "%s: GPU %d: %s; published as hung, the other "
@@ -466,8 +523,8 @@ class Backend(ABC):
             raise GpuHung(f"hung: {busy.what} did not return within {self.call_deadline:g} s") from None
 
     def abandoned(self, dev: Device) -> None:
-        """A call on ``dev``'s GPU was left running on its lane: a backend whose calls share out
-        buffers across GPUs gives the next calls new ones here (the late call may still write the old)."""
+        """A call on ``dev``'s GPU was left running on its lane: a backend drops here what the late call
+        may still write when it returns (nvml: the GPU's GPM samples), so the GPU starts afresh."""
 
     def _enter_node(self, where: str) -> bool:
         """Note that this thread makes the call ``where`` about no GPU (unless it is inside one already,

@@ -201,9 +201,10 @@ MEMORY_FAMILIES = ("gpu_memory_total_bytes", "gpu_memory_used_bytes", "gpu_memor
 
 @dataclass(frozen=True)
 class _Direct:
-    """Every NVML call the backend makes directly with a reused C value (NvmlBackend._build_direct),
-    built at each initialisation: the enabled SIMPLE readings, ECC counts and violation times as
-    (funnel reading, call, where it goes), and the calls with more than one out value."""
+    """Every NVML call the backend makes directly with a reused C value (NvmlBackend._build_direct), built
+    for each GPU at its first read after an initialisation (its own out values: GPUs are read at once): the
+    enabled SIMPLE readings, ECC counts and violation times as (funnel reading, call, where it goes), and
+    the calls with more than one out value."""
 
     simple: list[tuple[str, Callable[[Any], float], str, str | None]]
     ecc: list[tuple[str, Callable[[Any], float], tuple[str, str]]]
@@ -226,6 +227,9 @@ class _Gpu(Device):
         self.handle: Any = None
         self.static: dict[str, Any] = {}
         self.mig_devs: dict[int, Device] = {}  # MIG slot -> its own probe state
+        #: this GPU's direct calls and their C out values (NvmlBackend._build_direct), made at its first read:
+        #: its own, as the GPUs are read at once, each on its lane (a shared out value would mix GPUs)
+        self.direct: _Direct | None = None
 
     def begin(self) -> None:
         super().begin()
@@ -292,7 +296,7 @@ class NvmlBackend(Backend):
         self._gpus: list[_Gpu] = []
         self._driver_version: str | None = None
         self._cuda_version: str | None = None
-        self._lock = threading.Lock()  # one collection at a time: the direct calls reuse their C out values
+        self._lock = threading.Lock()  # one collection at a time (its GPUs read at once, each on its lane)
         self._initialised = False
         self._peers: list[PeerReading] | None = None
         self._xid = XidWatcher(self)
@@ -300,7 +304,6 @@ class NvmlBackend(Backend):
         self._processes = ProcessReader(self)  # compute processes, MPS clients, per-process use (nvml_processes.py)
         self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
         self._system_dev = Device(-1)  # probe state of system-level calls
-        self._d: _Direct  # the direct calls, built by init() once pynvml is loaded
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -312,7 +315,6 @@ class NvmlBackend(Backend):
                 raise BackendUnavailable(f"nvidia-ml-py is not installed: {exc}") from None
             self._nv = self.binding.nv
         binding, pynvml = self.binding, self._nv
-        self._d = self._build_direct(binding)
         try:
             self._init_nvml(binding)
         except pynvml.NVMLError as exc:
@@ -355,9 +357,9 @@ class NvmlBackend(Backend):
         self._shutdown_nvml()
 
     def abandoned(self, dev: Device) -> None:
-        """The call left running on ``dev``'s lane may still write into the direct calls' and GPM's out
-        values, which the GPUs share: the next calls get new ones (the old go with the late call)."""
-        self._d = self._build_direct(self.binding)
+        """A call was left running on ``dev``'s lane: GPM forgets the GPU's samples (the late call may still
+        fill one). Its direct calls' out values are its own (:attr:`_Gpu.direct`) and no call goes to it
+        before the late one returns, so nothing else needs renewing."""
         self._gpm.abandon(dev.index)
 
     def shutdown(self) -> None:
@@ -454,12 +456,9 @@ class NvmlBackend(Backend):
             self._gpm.begin()
             for gpu in self._gpus:
                 gpu.begin()
-                reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia",
-                                     driver_version=self._driver_version,
-                                     cuda_driver_version=self._cuda_version)
-                try:
-                    self.on_gpu(gpu, self._read_gpu, gpu, reading)  # on the GPU's lane: a hang costs it alone
-                except GpuDown as down:
+            # every GPU on its own lane, all at once: GPUs hanging in the same collection cost one deadline
+            for gpu, reading, down in self.on_gpus(self._gpus, self._read_one):
+                if down is not None:
                     gpu.handle = None  # fetch the handle again next time: the GPU may come back
                     # identity as last seen, so gpu_info keeps one series for the GPU while it is down
                     reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia", name=gpu.static.get("name"),
@@ -473,9 +472,8 @@ class NvmlBackend(Backend):
                     if gpu.index not in self._down:
                         log.warning("nvml: GPU %d unreadable: %s", gpu.index, down)
                     self._down[gpu.index] = str(down)
-                else:
-                    if self._down.pop(gpu.index, None) is not None:
-                        log.info("nvml: GPU %d readable again", gpu.index)
+                elif self._down.pop(gpu.index, None) is not None:
+                    log.info("nvml: GPU %d readable again", gpu.index)
                 out.gpus.append(reading)
             self._gpm.end()  # a GPU not sampled now starts over: no rate across an outage
             if len(self._gpus) > 1 and self.any_enabled("gpu_p2p_supported", "gpu_topology_level"):
@@ -494,6 +492,13 @@ class NvmlBackend(Backend):
         r.pci_bus_id = r.pci_bus_id or buses[r.index]
         r.uuid = r.uuid or proc_uuid(self.options.sysfs_root, buses[r.index]) or ""
 
+    def _read_one(self, gpu: _Gpu) -> GpuReading:
+        """One GPU's readings, on its lane."""
+        reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia", driver_version=self._driver_version,
+                             cuda_driver_version=self._cuda_version)
+        self._read_gpu(gpu, reading)
+        return reading
+
     def _read_gpu(self, gpu: _Gpu, r: GpuReading) -> None:
         nv = self._nv
         if gpu.handle is None:
@@ -504,6 +509,7 @@ class NvmlBackend(Backend):
             gpu.handle = h
             gpu.static = {}
         h = gpu.handle
+        d = self._direct(gpu)
         if not gpu.static:
             self._read_static(gpu, h)
         st = gpu.static
@@ -514,14 +520,14 @@ class NvmlBackend(Backend):
         en = self.enabled
 
         if self.any_enabled("gpu_utilization_ratio", "gpu_memory_utilization_ratio"):
-            u = call(gpu, "gpu_utilization_ratio", self._d.utilization, h, convert=_utilization)
+            u = call(gpu, "gpu_utilization_ratio", d.utilization, h, convert=_utilization)
             if u is not MISSING:
                 r.utilization_ratio, r.memory_utilization_ratio = u
 
         if self.any_enabled(*MEMORY_FAMILIES):
             self._read_memory(gpu, r, h)
 
-        for reading, get, attr, key in self._d.simple:
+        for reading, get, attr, key in d.simple:
             v = call(gpu, reading, get, h)
             if v is not MISSING:
                 if key is None:
@@ -538,13 +544,20 @@ class NvmlBackend(Backend):
         r.pcie_link_width_max = st.get("pcie_link_width_max")
 
         if en("gpu_performance_state"):
-            ps = call(gpu, "gpu_performance_state", self._d.pstate, h)
+            ps = call(gpu, "gpu_performance_state", d.pstate, h)
             if ps is not MISSING and 0 <= ps < PSTATE_UNKNOWN:
                 r.performance_state = float(ps)
 
         self._read_depth(gpu, r, h)
         self._read_fabric_and_recovery(gpu, r, h)
         r.unsupported = {f.partition(":")[0] for f in gpu.unsupported if f != "handle" and f.startswith("gpu_")}
+
+    def _direct(self, gpu: _Gpu) -> _Direct:
+        """``gpu``'s direct calls, made at its first read after an initialisation."""
+        d = gpu.direct
+        if d is None:
+            d = gpu.direct = self._build_direct(self.binding)
+        return d
 
     def _build_direct(self, b: Binding) -> _Direct:
         """The direct calls (nvml_private.py), for the enabled families (the field selection is fixed
@@ -621,8 +634,9 @@ class NvmlBackend(Backend):
 
     def _read_memory(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """Memory info ``_v2`` (has ``reserved``; ``used`` excludes it), else v1: probed once per GPU."""
-        m = self.probe(gpu, "gpu_memory_used_bytes", (("nvmlDeviceGetMemoryInfo_v2", self._d.memory_v2),
-                                                      ("nvmlDeviceGetMemoryInfo", self._d.memory_v1)),
+        d = self._direct(gpu)
+        m = self.probe(gpu, "gpu_memory_used_bytes", (("nvmlDeviceGetMemoryInfo_v2", d.memory_v2),
+                                                      ("nvmlDeviceGetMemoryInfo", d.memory_v1)),
                        h, convert=_memory)
         if m is not MISSING:
             r.memory_total_bytes, r.memory_used_bytes, r.memory_free_bytes, r.memory_reserved_bytes = m
@@ -643,6 +657,7 @@ class NvmlBackend(Backend):
     def _read_depth(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """Health readings: ECC, row remapping, throttling, NVLink, codecs, processes, MIG."""
         nv = self._nv
+        d = self._direct(gpu)
         call = self.call
         en = self.enabled
         if self.any_enabled("gpu_ecc_mode_enabled", "gpu_ecc_errors_total"):
@@ -650,12 +665,12 @@ class NvmlBackend(Backend):
             if mode is not MISSING:
                 r.ecc_mode_enabled = mode
             if en("gpu_ecc_errors_total") and (mode is MISSING or mode):
-                for reading, get, key in self._d.ecc:
+                for reading, get, key in d.ecc:
                     v = call(gpu, reading, get, h)
                     if v is not MISSING:
                         r.ecc_errors[key] = v
         if en("gpu_retired_pages"):
-            for get, reading, cname in self._d.retired:
+            for get, reading, cname in d.retired:
                 pages = call(gpu, reading, get, h)
                 if pages is not MISSING:
                     r.retired_pages[cname] = pages
@@ -665,7 +680,7 @@ class NvmlBackend(Backend):
             if pend is not MISSING:
                 r.retired_pages_pending = pend
         if self.any_enabled("gpu_remapped_rows", "gpu_remapped_rows_pending", "gpu_remapped_rows_failed"):
-            rows = call(gpu, "gpu_remapped_rows", self._d.remapped, h, convert=_remapped)
+            rows = call(gpu, "gpu_remapped_rows", d.remapped, h, convert=_remapped)
             if rows is not MISSING:
                 corr, unc, pending, failed = rows
                 r.remapped_rows = {"corrected": corr, "uncorrected": unc}
@@ -674,7 +689,7 @@ class NvmlBackend(Backend):
         if en("gpu_throttle_reason_active"):
             self._read_throttle(gpu, r, h)
         if en("gpu_violation_seconds_total"):
-            for reading, get, pname in self._d.violation:
+            for reading, get, pname in d.violation:
                 v = call(gpu, reading, get, h)
                 if v is not MISSING:
                     r.violation_seconds[pname] = v
@@ -696,11 +711,11 @@ class NvmlBackend(Backend):
             if errs is not MISSING:
                 r.link_errors = errs
         if en("gpu_encoder_utilization_ratio"):
-            v = call(gpu, "gpu_encoder_utilization_ratio", self._d.encoder, h, convert=_codec)
+            v = call(gpu, "gpu_encoder_utilization_ratio", d.encoder, h, convert=_codec)
             if v is not MISSING:
                 r.encoder_utilization_ratio = v
         if en("gpu_decoder_utilization_ratio"):
-            v = call(gpu, "gpu_decoder_utilization_ratio", self._d.decoder, h, convert=_codec)
+            v = call(gpu, "gpu_decoder_utilization_ratio", d.decoder, h, convert=_codec)
             if v is not MISSING:
                 r.decoder_utilization_ratio = v
         self._processes.read(gpu, gpu.static, r, h)

@@ -75,7 +75,7 @@ class _Host(Protocol):
     binding: Binding
 
     def call(self, dev: Device | None, reading: str, fn: Callable[..., Any], *args: Any,
-             convert: Callable[[Any], Any] | None = None) -> Any: ...
+             convert: Callable[[Any], Any] | None = None, where: str | None = None) -> Any: ...
 
     def log_once(self, key: str, msg: str, *args: object, level: int = logging.INFO) -> None: ...
 
@@ -106,10 +106,11 @@ class GpmReader:
         self._pairs: dict[tuple[int, str, str], _Pair] = {}  # (gpu index, uuid, gpu_instance) -> samples
         self._seen: set[tuple[int, str, str]] = set()
         self._available: bool | None = None  # the driver has GPM (probed once per initialisation)
-        self._request: Any = None  # one reused nvmlGpmMetricsGet_t (about 19 KB; nvml_private.py)
-        self._slots: list[Any] = []  # its metrics[], element by element (views, not copies)
-        self._version = 0  # its version (NVML_GPM_METRICS_GET_VERSION)
-        self._lock = threading.Lock()
+        # per GPU index: its reused nvmlGpmMetricsGet_t (about 19 KB; nvml_private.py), the views of its
+        # metrics[] (element by element, not copies) and its version (NVML_GPM_METRICS_GET_VERSION). A GPU's
+        # own: GPUs are read at once, each on its lane, and a shared request would mix their metrics
+        self._requests: dict[int, tuple[Any, list[Any], int]] = {}
+        self._lock = threading.Lock()  # guards the dicts only, never held over an NVML call (a hung GPU's call)
         self._wanted: dict[bool, list[tuple[int, str, str | None, float, int]]] = {}  # whole GPU? -> metrics asked
 
     def wanted(self) -> bool:
@@ -125,14 +126,12 @@ class GpmReader:
                 self._free(self._pairs.pop(key))
 
     def abandon(self, index: int) -> None:
-        """A GPM call on GPU ``index`` was left running (hung): forget that GPU's samples without freeing
-        them (the late call may still fill one; the GPU gets new ones when it answers again) and take
-        a new request for the other GPUs (the late call may still write the shared one)."""
+        """A call on GPU ``index`` was left running (hung): forget that GPU's samples and request without
+        freeing them (the late call may still fill one; the GPU gets new ones when it answers again)."""
         with self._lock:
             for key in [k for k in self._pairs if k[0] == index]:
                 del self._pairs[key]
-            self._request = None
-            self._slots = []
+            self._requests.pop(index, None)
 
     def close(self) -> None:
         with self._lock:
@@ -140,8 +139,7 @@ class GpmReader:
                 self._free(pair)
             self._pairs.clear()
             self._available = None
-            self._request = None
-            self._slots = []
+            self._requests.clear()
 
     def supported(self, gpu: Device, handle: Any, static: dict[str, Any]) -> bool:
         """GPM on this driver and this GPU (cached in the GPU's static readings); logs once if not."""
@@ -175,36 +173,42 @@ class GpmReader:
         nv = self._b.binding.nv
         if instances:
             for gi in sorted(set(instances)):
-                self._one(gpu, r, str(gi), lambda s, gi=gi: nv.nvmlGpmMigSampleGet(handle, gi, s))
+                self._one(gpu, r, str(gi), "nvmlGpmMigSampleGet",
+                          lambda s, gi=gi: nv.nvmlGpmMigSampleGet(handle, gi, s))
         else:
-            self._one(gpu, r, WHOLE_GPU, lambda s: nv.nvmlGpmSampleGet(handle, s))
+            self._one(gpu, r, WHOLE_GPU, "nvmlGpmSampleGet", lambda s: nv.nvmlGpmSampleGet(handle, s))
         return True
 
     # --- one GPU or GPU instance -----------------------------------------------------------------
 
-    def _one(self, gpu: Device, r: GpuReading, gi: str, sample: Any) -> None:
+    def _one(self, gpu: Device, r: GpuReading, gi: str, where: str, sample: Any) -> None:
         key = (gpu.index, gpu.uuid, gi)
         if "gpm:sample" in gpu.unsupported:
             return
+        # Only this GPU's lane touches its pairs during a collection: the lock guards the dict, never a call.
         with self._lock:
             self._seen.add(key)
             pair = self._pairs.get(key)
+        if pair is None:
+            pair = self._alloc(gpu)
             if pair is None:
-                pair = self._alloc(gpu)
-                if pair is None:
-                    return
+                return
+            with self._lock:
                 self._pairs[key] = pair
-            target = pair.spare if pair.taken else pair.prev
-            ok = self._b.call(gpu, "gpm:sample", sample, target)
-            if ok is MISSING:
-                # No new sample: the next one starts a new interval (absent, never a stale rate).
-                self._free(self._pairs.pop(key))
-                return
-            if not pair.taken:
-                pair.taken = True  # the first sample: nothing to compare with yet
-                return
-            values = self._b.call(gpu, "gpm:metrics", self._metrics, pair.prev, pair.spare, gi == WHOLE_GPU)
-            pair.prev, pair.spare = pair.spare, pair.prev
+        target = pair.spare if pair.taken else pair.prev
+        ok = self._b.call(gpu, "gpm:sample", sample, target, where=where)
+        if ok is MISSING:
+            # No new sample: the next one starts a new interval (absent, never a stale rate).
+            with self._lock:
+                gone = self._pairs.pop(key, None)
+            if gone is not None:
+                self._free(gone)
+            return
+        if not pair.taken:
+            pair.taken = True  # the first sample: nothing to compare with yet
+            return
+        values = self._b.call(gpu, "gpm:metrics", self._metrics, gpu.index, pair.prev, pair.spare, gi == WHOLE_GPU)
+        pair.prev, pair.spare = pair.spare, pair.prev
         if values is MISSING:
             return
         for attr, key2, shape, v in values:
@@ -239,28 +243,31 @@ class GpmReader:
         except Exception:  # noqa: BLE001 - freeing after a driver reload may fail; nothing to do
             pass
 
-    def _request_for(self) -> Any:
-        """One ``nvmlGpmMetricsGet_t`` for the whole initialisation (nvml_private.py: plain ctypes, as
-        pynvml's printable structures cost a Python call per field read, which is most of GPM's
-        cost at 16 metrics per GPU)."""
-        if self._request is None:
-            self._request, self._slots = self._b.binding.gpm_request()
-            self._version = self._request.version
-        return self._request
+    def _request_for(self, index: int) -> tuple[Any, list[Any], int]:
+        """GPU ``index``'s ``nvmlGpmMetricsGet_t`` for the whole initialisation, its slots and version
+        (nvml_private.py: plain ctypes, as pynvml's printable structures cost a Python call per field
+        read, which is most of GPM's cost at 16 metrics per GPU)."""
+        req = self._requests.get(index)
+        if req is None:
+            request, slots = self._b.binding.gpm_request()
+            req = (request, slots, int(request.version))
+            with self._lock:
+                self._requests[index] = req
+        return req
 
-    def _metrics(self, s1: Any, s2: Any, whole: bool) -> list[tuple[str, str | None, int, float]]:
-        """``nvmlGpmMetricsGet`` over (s1, s2): (attribute, key, how it is filed, value) of each metric
-        that answered."""
+    def _metrics(self, index: int, s1: Any, s2: Any, whole: bool) -> list[tuple[str, str | None, int, float]]:
+        """``nvmlGpmMetricsGet`` over (s1, s2), GPU ``index``'s samples: (attribute, key, how it is filed,
+        value) of each metric that answered."""
         nv = self._b.binding.nv
         wanted = self._wanted.get(whole)
         if wanted is None:  # the field selection is fixed at start: filtered once per shape
             wanted = self._wanted[whole] = [m for m in _METRICS if (whole or m[1] not in _DEVICE_ONLY)
                                             and self._b.enabled(FAMILY_OF[m[1]])]
-        mg = self._request_for()
-        mg.version = self._version
+        mg, slots, version = self._request_for(index)
+        mg.version = version
         mg.numMetrics = len(wanted)
         mg.sample1, mg.sample2 = s1, s2
-        slots = self._slots  # views into mg.metrics (NVML_GPM_METRIC_MAX of them), made once: indexing makes an object
+        # slots: views into mg.metrics (NVML_GPM_METRIC_MAX of them), made once: indexing makes an object
         for slot, m in zip(slots, wanted, strict=False):
             slot.metricId = m[0]
         nv.nvmlGpmMetricsGet(mg)

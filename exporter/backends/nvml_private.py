@@ -233,8 +233,9 @@ class Binding:
 
         What pynvml's one-value wrappers do, without a new C value, argument conversions and a
         wrapper frame per call (a third of a reading's cost at 40 readings per GPU). The out value
-        is reused: collections are serialised by the backend's lock. The function is looked up at
-        each call (pynvml caches it), so a missing one fails that reading only.
+        is reused, so each GPU has its own (its calls run on its lane, one at a time; GPUs are read at
+        once, and a shared out value would carry one GPU's value into another's reading). The function
+        is looked up at each call (pynvml caches it), so a missing one fails that reading only.
         """
         out = out_type()
         tail = (*args, ctypes.byref(out))

@@ -44,7 +44,7 @@ class LaneBusy(Exception):
                          else f"{what} did not return within {age:.1f} s")
 
 
-class _Job:
+class Job:
     __slots__ = ("abandoned", "done", "error", "finished", "fn", "result", "started", "what")
 
     def __init__(self, fn: Callable[[], Any], what: str) -> None:
@@ -67,10 +67,10 @@ class Lane:
     def __init__(self, name: str, on_return: Callable[[str, float], None] | None = None) -> None:
         self.name = name
         self._on_return = on_return
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._mu = threading.Lock()
         self._free = threading.Condition(self._mu)  # callers queued behind a running job (rare)
-        self._busy: _Job | None = None  # the job given to the lane and not finished: at most one
+        self._busy: Job | None = None  # the job given to the lane and not finished: at most one
         self._thread: threading.Thread | None = None
         self.what = ""  # what the running job is doing now (the vendor call it is in: mark())
         self.since = 0.0  # since when (monotonic)
@@ -85,7 +85,7 @@ class Lane:
         job = self.submit(fn, what)
         return self.wait(job, lambda: self.since + deadline - time.monotonic())
 
-    def submit(self, fn: Callable[[], Any], what: str = "") -> _Job:
+    def submit(self, fn: Callable[[], Any], what: str = "") -> Job:
         """Start ``fn`` on the lane, after the job it runs for another caller (who waits for that one with
         a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on."""
         with self._mu:
@@ -97,13 +97,13 @@ class Lane:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._thread.start()
-            job = _Job(fn, what)
+            job = Job(fn, what)
             self._busy = job
             self.what, self.since = what, job.started
         self._jobs.put(job)
         return job
 
-    def wait(self, job: _Job, remaining: Callable[[], float]) -> Any:
+    def wait(self, job: Job, remaining: Callable[[], float]) -> Any:
         """Wait for ``job`` while ``remaining()`` (seconds, asked again after each wake-up) is positive;
         then abandon the job and raise :class:`LaneBusy`."""
         while True:

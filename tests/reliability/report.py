@@ -63,16 +63,33 @@ EXTERNAL = [
         "figures": {'hung gpus': '1 and 2 of 8', 'calls sent to a hung gpu': 0},
         "outcome": 'make test'}),
     ("Faults: exporter", {
-        "scenario": 'several GPUs starting to hang in one collection (issue 35, a known limit)',
-        "done": 'the power reading of GPUs 0-4 of 8 blocks in the same collection (fake libnvidia-ml through '
-                'real pynvml); `--call-deadline 1`, `--collection-timeout 5`',
-        "happened": 'the backend reads its GPUs one after another, so each GPU that starts hanging costs one '
-                    'deadline in turn: 5 s for five, the collection timeout, and that one collection misses '
-                    'GPUs 5-7; the next collections refuse the hung GPUs at once (no call is sent to them). '
-                    'Up to four GPUs starting to hang together stay within the default timeout',
-        "test": 'tests/unit/backends/test_hang.py::test_five_gpus_starting_to_hang_at_once_leave_the_others_fresh',
-        "figures": {'hung gpus': '5 of 8', 'healthy gpus missed': '3, for one collection'},
-        "outcome": 'known limit (strict xfail in make test)'}),
+        "scenario": 'several GPUs starting to hang in one collection (issue 35)',
+        "done": 'the power reading of GPUs 0-4 of 8, of all 8, or the process list of GPUs 1, 3, 4, 6 and 7 '
+                '(late in each read: the hangs start mid-collection) blocks in the same collection (fake '
+                'libnvidia-ml and libamd_smi through the real bindings); `--call-deadline 1`, '
+                '`--collection-timeout 5`',
+        "happened": 'a backend reads its GPUs at once, each on its lane, and waits for them together, so the '
+                    'hangs overlap and cost one deadline, not one each (before: read one after another, 5 s '
+                    'for five, the collection timed out and missed GPUs 5-7). The collection succeeded within '
+                    'the timeout, every healthy GPU showed its new utilisation, every hung GPU hung naming its '
+                    'call; the next collection refused the hung GPUs at once; all back after the release. No '
+                    'out value, GPM request or sample is shared between GPUs (seen failing without: GPU 2 '
+                    "published another GPU's utilisation)",
+        "test": 'tests/unit/backends/test_hang.py::test_gpus_starting_to_hang_at_once_cost_one_deadline, '
+                'tests/unit/backends/test_concurrent_reads.py',
+        "figures": {'hung gpus': '5 and 8 of 8', 'healthy gpus missed': 0,
+                    'collection ms, 8 healthy gpus (before / after)': '2.75-3.21 / 1.97-2.09'},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
+        "scenario": 'hung GPM sample (issue 35)',
+        "done": '`nvmlGpmSampleGet` of GPU 3 of 8 blocks for 3 collections (GPM rates already flowing), then '
+                'is released',
+        "happened": "GPU 3 hung naming the call; the others kept fresh utilisation and their GPM rates (before: "
+                    "the GPM reader's lock was held over the call, the other GPUs waited on it and the whole "
+                    'backend stalled); GPU 3 back, with rates from its second collection after the release',
+        "test": 'tests/unit/backends/test_hang.py::test_a_hung_gpm_sample_costs_its_gpu_only',
+        "figures": {'hung gpus': '1 of 8'},
+        "outcome": 'make test'}),
     ("Faults: exporter", {
         "scenario": 'hung processes call (issue 35)',
         "done": "as above, the hung call being the GPU's process list "

@@ -212,6 +212,36 @@ def test_a_hung_call_costs_its_gpu_only(vendor: Vendor, kind: str, hung: list[in
         engine.stop()
 
 
+def test_a_hung_gpm_sample_costs_its_gpu_only(nvml: Vendor) -> None:
+    """GPM keeps per-GPU samples in one reader: a GPU hung inside a GPM call must not hold anything the
+    other GPUs' GPM reads wait for (seen failing: the reader's lock, held over the call, stalled the backend)."""
+    v = nvml
+    engine = engine_for(v)
+    try:
+        engine.scrape()
+        engine.scrape()  # two samples: GPM rates from here on
+        v.hang("nvmlGpmSampleGet", 3)
+        for round_ in range(3):
+            for i in range(8):
+                if i != 3:
+                    v.set_util(i, 40 + 10 * round_ + i)
+            snap = engine.scrape()
+            now = gpus(snap)
+            assert snap.stats["nvml"].success
+            assert now[3].up_reason == f"hung: nvmlGpmSampleGet did not return within {DEADLINE:g} s"
+            assert {i: now[i].utilization_ratio for i in range(8) if i != 3} == {
+                i: pytest.approx((40 + 10 * round_ + i) / 100) for i in range(8) if i != 3}
+            assert all(now[i].pcie_throughput for i in range(8) if i != 3)  # their GPM rates: read on
+            assert v.hanging() == 1
+        v.release("nvmlGpmSampleGet", 3)
+        wait_returned(v, [3])
+        engine.scrape()  # GPU 3's first sample after the outage ...
+        back = gpus(engine.scrape())
+        assert back[3].up and back[3].pcie_throughput  # ... and its rates again
+    finally:
+        engine.stop()
+
+
 # --- a call about no GPU hangs ---------------------------------------------------------------------
 
 
@@ -310,34 +340,48 @@ def test_threads_and_memory_stay_flat_while_a_gpu_hangs(vendor: Vendor) -> None:
     hold_hang(vendor, 5.0)  # ten minutes of it: tests/reliability/test_hang_long.py (make reliability)
 
 
+# --- GPUs that start hanging in the same collection cost one deadline together -----------------------
 
 
-# --- a known limit: GPUs that start hanging in the same collection are waited for in turn ------------
-
-
-@pytest.mark.slow  # waits out five call deadlines
-@pytest.mark.xfail(strict=True, reason="GPUs that start hanging in the same collection each cost one --call-deadline "
-                   "in turn (a backend reads its GPUs one after another): 5 of 8 at the 1 s default pass the 5 s "
-                   "collection timeout, so that one collection misses the healthy GPUs read after them; the "
-                   "next collections refuse the hung GPUs at once")
-def test_five_gpus_starting_to_hang_at_once_leave_the_others_fresh(nvml: Vendor) -> None:
-    v = nvml
+@pytest.mark.parametrize(("hung", "kind"), [
+    ([0, 1, 2, 3, 4], "reading"),
+    (list(range(8)), "reading"),
+    ([1, 3, 4, 6, 7], "processes"),  # a call late in each GPU's read: the hangs start mid-collection
+], ids=["5-of-8", "8-of-8", "5-of-8-mid-collection"])
+def test_gpus_starting_to_hang_at_once_cost_one_deadline(vendor: Vendor, hung: list[int], kind: str) -> None:
+    """Read one after another, five GPUs hanging at the 1 s default would take five seconds: the collection
+    would pass its 5 s timeout and miss the healthy GPUs read after them (seen failing so: GPUs 5-7 absent).
+    Read at once, the hangs overlap: one deadline for all of them, and every healthy GPU is fresh."""
+    v = vendor
     engine = engine_for(v)
-    hung = [0, 1, 2, 3, 4]
+    call = v.reading_call if kind == "reading" else v.processes_call
     try:
         assert all(r.up for r in gpus(engine.scrape()).values())
         for i in hung:
-            v.hang(v.reading_call, i)
+            v.hang(call, i)
         healthy = [i for i in range(8) if i not in hung]
-        for i in healthy:
-            v.set_util(i, 60 + i)
-        t0 = time.monotonic()
-        now = gpus(engine.scrape())
-        took = time.monotonic() - t0
-        assert {i: now[i].utilization_ratio if i in now else None for i in healthy} == {
-            i: pytest.approx((60 + i) / 100) for i in healthy}
-        assert took < TIMEOUT
+        for round_ in range(2):  # the collection the hangs start in, then one that refuses the hung GPUs at once
+            for i in healthy:
+                v.set_util(i, 60 + 10 * round_ + i)
+            t0 = time.monotonic()
+            snap = engine.scrape()
+            took = time.monotonic() - t0
+            now = gpus(snap)
+            assert snap.stats[v.name].success, "the collection ran past its timeout"
+            assert took < TIMEOUT
+            assert sorted(now) == list(range(8))
+            assert {i: now[i].utilization_ratio for i in healthy} == {
+                i: pytest.approx((60 + 10 * round_ + i) / 100) for i in healthy}
+            named = call if v.name == "nvml" else f"amdsmi_{call}"
+            assert {i: now[i].up_reason for i in hung} == {
+                i: f"hung: {named} did not return within {DEADLINE:g} s" for i in hung}
+            assert v.hanging() == len(hung)
+        for i in hung:
+            v.release(call, i)
+        wait_returned(v, hung)
+        back = gpus(engine.scrape())
+        assert all(back[i].up for i in range(8)), {i: back[i].up_reason for i in hung}
     finally:
         for i in hung:
-            v.release(v.reading_call, i)
+            v.release(call, i)
         engine.stop()
