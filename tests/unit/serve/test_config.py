@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.platform.errors import ConfigError
 from exporter.serve import config
 from tests.harness.cli import gx
 from tests.harness.exporter import REPO
@@ -115,11 +116,14 @@ def test_every_key_the_known_list_names_is_accepted(tmp_path: Path) -> None:
     assert "fields" in known, known
     for spec in config.SPECS:
         assert spec.flag.removeprefix("--") in known, (spec.flag, known)
+    # in-process (the loader is where "unknown setting" is decided; one process per key took a minute)
     for key in known:
         path = tmp_path / "one.yaml"
         path.write_text(f"{key}: {{}}\n" if key == "fields" else f"{key}: null\n")
-        res = gx("serve", "--config", str(path), "--check-config")
-        assert "unknown setting" not in res.stderr, (key, res.stderr)
+        try:
+            config.load(["--config", str(path)], environ={})
+        except ConfigError as e:
+            assert "unknown setting" not in str(e), (key, str(e))
 
 
 @pytest.mark.parametrize(("content", "want"), [
