@@ -112,3 +112,13 @@ def test_folders_import_only_downwards() -> None:
             if dst is not None and dst != src and dst not in ALLOWED[src]:
                 bad.append(f"{m} imports {d}")
     assert not bad, "; ".join(sorted(bad))
+
+
+def test_the_test_schedules_modules_name_files_that_exist() -> None:
+    """tests/conftest.py's HEAVIEST, SERIAL and SLOW name test modules by path: a renamed one would drop
+    out of its schedule (SERIAL: timing tests run under parallel load) without a word."""
+    from tests import conftest
+
+    root = Path(__file__).resolve().parents[3]
+    missing = [p for p in (*conftest.HEAVIEST, *conftest.SERIAL, *conftest.SLOW) if not (root / p).is_file()]
+    assert missing == []
