@@ -81,6 +81,27 @@ def test_the_reading_has_the_rows_attribute(tree: Path) -> None:
     assert out == "{} {}\n"
 
 
+TYPED = """
+from exporter.core.readings import GpuReading
+
+r = GpuReading(index=0, uuid="u", widget_bytes={"alpha": 1.0}, power_watts=2.0)  # a backend's constructor call
+r.widget_bytes = {"beta": 2.0}
+watts: float | None = r.power_watts
+wrong: str = r.power_watts  # a declared field keeps its type
+"""
+
+
+def test_mypy_takes_the_rows_attribute(tree: Path) -> None:
+    """A backend may pass the row's value to GpuReading's constructor or set it, and mypy (the CI's type check)
+    accepts it with readings.py untouched; a declared field is still checked."""
+    (tree / "typed_probe.py").write_text(TYPED)
+    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--ignore-missing-imports",
+                           "--follow-imports", "silent", "typed_probe.py"], cwd=tree, capture_output=True,
+                          text=True, timeout=300)
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("typed_probe.py:7: error: Incompatible types"), done.stdout
+
+
 def test_served_with_its_rows_help(tree: Path) -> None:
     with ExporterProcess(["--backend", "simulated", "--simulated-gpus", "2"], cwd=tree) as ex:
         text = ex.scrape_text()
