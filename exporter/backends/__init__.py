@@ -10,14 +10,18 @@ that discovery stays cheap.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 import re
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 from exporter.backends.base import Backend, BackendUnavailable
 from exporter.core import schema
 from exporter.core.k8s_names import GpuResources, KubernetesNames
+from exporter.core.lane import Job, Lane, LaneBusy
 from exporter.core.options import BackendOptions, BackendSetting
 
 _registry: dict[str, type[Backend]] | None = None
@@ -57,22 +61,55 @@ def auto_order() -> list[str]:
     return [n for _, n in sorted(ranked)]
 
 
-def detect(options: BackendOptions) -> tuple[Backend | None, list[str]]:
+class Detected(NamedTuple):
+    """What ``--backend auto`` found: the backend (None: none), why each one tried before it was skipped,
+    and, when its init has not returned within the deadline, the lane it still runs on and its job."""
+
+    backend: Backend | None
+    reasons: list[str]
+    hung_init: tuple[Lane, Job] | None = None
+
+
+def init_within(b: Backend, deadline: float) -> tuple[Lane, Job] | None:
+    """``b.init()`` on a lane of its own (exporter/core/lane.py), waited for at most ``deadline`` seconds, as
+    one call about no GPU named ``init``: None when it returned, or the lane it still runs on and its job
+    (a wedged driver: the caller gives up on it, and no second init goes behind it). Raises what init
+    raised."""
+    lane = Lane(f"collect-{b.name}")
+    job = lane.submit(functools.partial(b.node_wide, "init", b.init), "init")
+    end = time.monotonic() + deadline
+    try:
+        lane.wait(job, lambda: end - time.monotonic())
+    except LaneBusy:
+        return lane, job
+    finally:
+        if job.finished:
+            lane.stop()
+    return None
+
+
+def detect(options: BackendOptions, init_deadline: float) -> Detected:
     """``--backend auto``: the first real backend whose init() succeeds (initialised), or None.
 
-    Also returns why each one tried before it was skipped ("nvml: libnvidia-ml.so.1 not found").
+    Each init is waited for at most ``init_deadline`` seconds (:func:`init_within`): a wedged driver
+    must not wedge the start. An init still running then means that vendor's library is there and
+    its driver does not answer: that backend is the one found, with its running init
+    (:attr:`Detected.hung_init`), for the engine to publish stalled until it returns. The reasons
+    say why each one tried before it was skipped ("nvml: libnvidia-ml.so.1 not found").
     """
     reasons: list[str] = []
     for name in auto_order():
         b = create(name, options)
         try:
-            b.init()
+            hung = init_within(b, init_deadline)
         except Exception as exc:  # noqa: BLE001 - every probe failure is a reason to report, not a crash
             reasons.append(f"{name}: {exc}" if isinstance(exc, BackendUnavailable)
                            else f"{name}: {type(exc).__name__}: {exc}")
             continue
-        return b, reasons
-    return None, reasons
+        if hung is not None:
+            reasons.append(f"{name}: init did not return within {init_deadline:g} s")
+        return Detected(b, reasons, hung)
+    return Detected(None, reasons)
 
 
 def ordered() -> list[str]:
@@ -208,16 +245,19 @@ __all__ = [
     "Backend",
     "BackendOptions",
     "BackendUnavailable",
+    "Detected",
     "auto_order",
     "backend_list",
     "create",
     "detect",
     "equivalents",
     "gpu_resources",
+    "init_within",
     "names",
     "ordered",
     "registry",
-    "render_docs", "render_example",
+    "render_docs",
+    "render_example",
     "render_names",
     "settings",
     "support_table",

@@ -25,7 +25,9 @@ seconds to load) makes
 the backend **stalled**: its last known GPUs are published ``gpu_up 0`` with the cause, readiness
 fails naming the call, other backends are collected as usual, and no new collection of it starts
 while the call is outstanding. The first collection after the call returns reads it again. A CLI
-backend reports a run it had to kill the same way (``BackendError`` kind ``stalled``).
+backend reports a run it had to kill the same way (``BackendError`` kind ``stalled``). An init that
+``--backend auto`` started at start-up and that overran the same deadline is adopted with its lane
+(:meth:`Engine.adopt_init`) and stalls the backend the same way.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Protocol
 from exporter.core import xid
 from exporter.core.errors import STALLED, BackendError, BackendUnavailable
 from exporter.core.gpu_health import HealthTracker
-from exporter.core.lane import Lane, LaneBusy
+from exporter.core.lane import Job, Lane, LaneBusy
 from exporter.core.options import DEFAULTS, FieldFilter
 from exporter.core.readings import Collection, GpuReading, HostInfo, MigReading
 from exporter.core.snapshot import BackendStats, LabelHook, MigLabelHook, Snapshot
@@ -51,6 +53,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FamilySource = Callable[[], Iterable["Metric"]]
+
+
+def init_deadline(collection_timeout: float, call_deadline: float) -> float:
+    """Seconds a backend's init may take before the backend is stalled: what a scrape can wait, less one
+    call deadline (a real driver may take seconds to load), and never less than a call deadline."""
+    return max(call_deadline, collection_timeout - call_deadline)
 
 
 class Backend(Protocol):
@@ -107,6 +115,7 @@ class Engine:
         # each backend's collection runs on its lane: a call about no GPU that hangs stalls that backend only
         self._lanes: dict[str, Lane] = {b.name: Lane(f"collect-{b.name}") for b in backends}
         self._stalled: dict[str, str] = {}  # backend -> why, from its stall until a collection succeeds
+        self._probing: dict[str, Job] = {}  # backend -> its init as --backend auto started it, still running
         self._last_done = 0.0
         self.stats: dict[str, BackendStats] = {b.name: BackendStats() for b in backends}
         self.gpu_labels: LabelHook | None = None
@@ -136,6 +145,16 @@ class Engine:
     def mark_initialised(self, name: str) -> None:
         """The backend's init() already ran (``--backend auto`` probed it)."""
         self._initialised[name] = True
+
+    def adopt_init(self, name: str, lane: Lane, job: Job) -> None:
+        """The backend's init(), which ``--backend auto`` probed, has not returned within its deadline and
+        still runs as ``job`` on ``lane``: the engine takes that lane over as the backend's. The backend is
+        stalled (readiness names init) until the init returns, as when an init the engine started hangs;
+        the first collection after that uses the init's outcome (initialised, or init again)."""
+        self._lanes[name].stop()
+        self._lanes[name] = lane
+        self._probing[name] = job
+        self._stalled[name] = f"init did not return within {init_deadline(self.timeout, self.call_deadline):g} s"
 
     def scrape(self) -> Snapshot:
         """The snapshot to serve now (collect on scrape, or the last background one). Readers of one
@@ -335,6 +354,10 @@ class Engine:
         kind: str | None = None
         message = ""
         lane = self._lanes[b.name]
+        probe = self._probing.get(b.name)
+        if probe is not None and probe.finished:  # the auto probe's late init returned: use its outcome
+            del self._probing[b.name]
+            self._initialised[b.name] = probe.error is None
         try:
             job = lane.submit(lambda: self._init_and_collect(b, coll, lane), "collect")
             lane.wait(job, lambda: self._stall_left(b, lane, t0))
@@ -420,7 +443,7 @@ class Engine:
     def _node_limit(self, what: str) -> float:
         """The deadline of a call about no GPU: the call deadline; ``init`` (a real driver may take seconds
         to load) what a scrape can wait, less one call deadline."""
-        return max(self.call_deadline, self.timeout - self.call_deadline) if what == "init" else self.call_deadline
+        return init_deadline(self.timeout, self.call_deadline) if what == "init" else self.call_deadline
 
     def _stall_left(self, b: Backend, lane: Lane, started: float) -> float:
         """Seconds before the backend's collection counts as stalled: the call about no GPU it is in

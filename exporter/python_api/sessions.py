@@ -27,22 +27,27 @@ def _open_engine(settings: Settings) -> Engine:
     a caller here must hear at once, and ``auto`` never falls back to simulated GPUs.
     """
     from exporter import backends
-    from exporter.backends.base import Backend
+    from exporter.backends.base import Backend, BackendError
+    from exporter.core.engine import init_deadline
     from exporter.core.host import host_info
 
     options = BackendOptions.from_settings(settings)
+    deadline = init_deadline(settings.collection_timeout, settings.call_deadline)  # a wedged driver: heard at once
     chosen: list[Backend] = []
     if settings.backend == "auto":
-        found, reasons = backends.detect(options)
-        if found is None:
-            raise GpuUnavailable("no GPU found (" + "; ".join(reasons) + "); use backend 'simulated' to try it "
-                                 "on simulated GPUs")
-        chosen = [found]
+        found = backends.detect(options, deadline)
+        if found.backend is None:
+            raise GpuUnavailable("no GPU found (" + "; ".join(found.reasons) + "); use backend 'simulated' to try "
+                                 "it on simulated GPUs")
+        if found.hung_init is not None:  # a wedged driver: the caller hears it now (the init runs on, abandoned)
+            raise GpuUnavailable(f"backend {found.reasons[-1]} (a wedged driver)")
+        chosen = [found.backend]
     else:
         for name in settings.backend.split(","):
             b = backends.create(name, options)
             try:
-                b.init()
+                if backends.init_within(b, deadline) is not None:
+                    raise BackendError(f"init did not return within {deadline:g} s (a wedged driver)")
             except Exception as exc:  # noqa: BLE001 - reported as one line
                 for c in chosen:
                     c.shutdown()

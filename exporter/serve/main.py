@@ -48,33 +48,58 @@ def options_from(settings: config.Settings) -> BackendOptions:
     return BackendOptions.from_settings(settings)
 
 
-def choose_backends(settings: config.Settings, options: BackendOptions) -> tuple[list[Backend], set[str]]:
-    """Backends to run and the names already initialised.
+def choose_backends(settings: config.Settings,
+                    options: BackendOptions) -> tuple[list[Backend], backends.Detected | None]:
+    """Backends to run, and what ``auto`` found (:class:`~exporter.backends.Detected`: initialised, or with
+    its init still running); explicit backends are not initialised yet.
 
-    ``auto`` tries each real backend in order and keeps the first that initialises; it
+    ``auto`` tries each real backend in order and keeps the first that initialises, or whose init does
+    not return within the init deadline (a wedged driver: served stalled, exporter/core/engine.py); it
     falls back to ``simulated`` only with ``--allow-simulated``, with a loud warning.
     Explicit backends are kept even when they fail now: the engine retries their init on
     every collection and reports the failure in gpu_exporter_collector_success.
     """
-    chosen: list[Backend] = []
-    ready: set[str] = set()
+    from exporter.core.engine import init_deadline
+
     if settings.backend == "auto":
-        found, reasons = backends.detect(options)
-        if found is not None:
-            log.info("backend auto: using %s", found.name)
-            return [found], {found.name}
-        detail = "; ".join(reasons) or "no backends known"
+        found = backends.detect(options, init_deadline(settings.collection_timeout, settings.call_deadline))
+        if found.backend is not None:
+            if found.hung_init is not None:
+                log.warning("backend auto: using %s, stalled: its init did not return within %g s (a wedged "
+                            "driver); it is read from the first collection after init returns", found.backend.name,
+                            init_deadline(settings.collection_timeout, settings.call_deadline))
+            else:
+                log.info("backend auto: using %s", found.backend.name)
+            return [found.backend], found
+        detail = "; ".join(found.reasons) or "no backends known"
         if settings.allow_simulated:
             log.warning("%s (auto-detection: %s)", simulated_banner(), detail)
-            return [backends.create("simulated", options)], set()
+            return [backends.create("simulated", options)], None
         log.error("no GPU backend available (%s); serving exporter self-metrics only", detail)
-        return [], set()
+        return [], None
+    chosen: list[Backend] = []
     for name in settings.backend.split(","):
         b = backends.create(name, options)
         if name == "simulated":
             log.warning("%s", simulated_chosen(settings.simulated_scenario))
         chosen.append(b)
-    return chosen, ready
+    return chosen, None
+
+
+def open_engine(settings: config.Settings, options: BackendOptions) -> Engine:
+    """The backends chosen (:func:`choose_backends`) in an engine with the settings' timing."""
+    from exporter.core.engine import Engine
+    from exporter.core.host import host_info
+
+    chosen, found = choose_backends(settings, options)
+    engine = Engine(chosen, host_info(), options.fields, settings.collection_interval, settings.collection_timeout,
+                    settings.cache_ttl, settings.call_deadline, settings.xid_severity)
+    if found is not None and found.backend is not None:
+        if found.hung_init is not None:
+            engine.adopt_init(found.backend.name, *found.hung_init)
+        else:
+            engine.mark_initialised(found.backend.name)
+    return engine
 
 
 def _pod_attribution_starts(settings: config.Settings) -> bool:
@@ -263,8 +288,6 @@ def main(argv: Sequence[str]) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         return 0
 
-    from exporter.core.engine import Engine
-    from exporter.core.host import host_info
     from exporter.serve.http import build_server
 
     try:
@@ -272,12 +295,7 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         return fail(PROG, exc)
     options = options_from(settings)
-    chosen, ready = choose_backends(settings, options)
-    engine = Engine(chosen, host_info(), options.fields, settings.collection_interval,
-                    settings.collection_timeout, settings.cache_ttl, settings.call_deadline,
-                    settings.xid_severity)
-    for name in ready:
-        engine.mark_initialised(name)
+    engine = open_engine(settings, options)
     from exporter.core.extras import MissingExtra
 
     try:
@@ -307,7 +325,7 @@ def main(argv: Sequence[str]) -> int:
     from exporter.platform import daemon
 
     daemon.install_signals(server, lambda signum: server.shutdown())  # SIGHUP reloads --web.config.file
-    names = ",".join(b.name for b in chosen) or "none"
+    names = ",".join(b.name for b in engine.backends) or "none"
     scheme = "https" if web is not None and web.ssl_context is not None else "http"
     log.info("serving %s://%s%s (backend %s%s)%s", scheme, host_port(settings.address, server.server_address[1]),
              settings.metrics_path, names, ", basic auth" if web is not None and web.users else "",

@@ -123,6 +123,21 @@ EXTERNAL = [
         "figures": {'outstanding calls': 1},
         "outcome": 'make test'}),
     ("Faults: exporter", {
+        "scenario": "hung init at --backend auto's start-up probe (issue 35)",
+        "done": '`nvmlInitWithFlags` blocks while `serve --backend auto` starts (`--collection-timeout 3`, '
+                '`--call-deadline 1`), then is released; the same for a Python API session (auto and nvml)',
+        "happened": 'the probe gives up on init after its deadline (the collection timeout less one call '
+                    'deadline: 2 s) and start-up goes on with that backend stalled, its init still running on '
+                    'the lane the engine takes over: readiness "backend nvml: stalled: init has not returned '
+                    'after ... s" at once and after a collection, no second init behind the hung one; the '
+                    'first collection after init returned served all 8 GPUs and readiness came back (before: '
+                    'start-up blocked in the probe for as long as init did). A Python API caller hears '
+                    '"backend nvml: init did not return within 2 s (a wedged driver)" instead of waiting',
+        "test": 'tests/unit/backends/test_hang.py::test_a_hung_init_in_the_auto_probe_stalls_the_backend_not_the_'
+                'start, ::test_a_hung_init_reaches_a_python_api_caller_at_once',
+        "figures": {'outstanding calls': 1, 'start-up blocked s': '2 (the init deadline)'},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
         "scenario": 'a wedged driver and liveness (issue 35)',
         "done": 'a call about no GPU never returns (init, the device count): what do the probes do',
         "happened": '/readyz fails naming the call; /healthz (liveness) keeps answering 200 on '

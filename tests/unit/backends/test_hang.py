@@ -302,6 +302,74 @@ def test_a_hung_init_stalls_the_backend_until_it_returns(vendor: Vendor) -> None
         engine.stop()
 
 
+def test_a_hung_init_in_the_auto_probe_stalls_the_backend_not_the_start(nvml: Vendor) -> None:
+    """``--backend auto`` probes each backend's init at start-up: a wedged driver must not wedge the start.
+    The probe gives up at the init deadline (the collection timeout less one call deadline), serve keeps
+    that backend, stalled (readiness says so, naming init), and the first collection after init returns
+    reads the GPUs, without a second init behind the hung one."""
+    from exporter.core.options import Settings
+    from exporter.serve.main import open_engine
+
+    v = nvml
+    v.hang("nvmlInitWithFlags", None)
+    settings = Settings(backend="auto", collection_timeout=3.0, call_deadline=DEADLINE, cache_ttl=0.0)
+    done: list[Engine] = []
+    starting = threading.Thread(target=lambda: done.append(open_engine(settings, BackendOptions.from_settings(
+        settings))), daemon=True)
+    starting.start()
+    starting.join(30)  # on main: never (the probe's init has no deadline)
+    assert done, "start-up wedged in the auto probe's init"
+    engine = done[0]
+    try:
+        assert [b.name for b in engine.backends] == ["nvml"]
+        ok, why = engine.ready(60, wait=False) or (None, "")
+        assert ok is False and why.startswith("backend nvml: stalled: init has not returned after"), why
+        snap = engine.scrape()
+        assert not snap.stats["nvml"].success and gpus(snap) == {}
+        ok, why = engine.ready(60) or (None, "")
+        assert ok is False and why.startswith("backend nvml: stalled: init has not returned after"), why
+        assert v.hanging() == 1  # the collection did not call init again behind the hung one
+        v.release("nvmlInitWithFlags", None)
+        wait_until(lambda: v.hanging() == 0 and engine._lanes["nvml"].busy() is None, 30, what="init to return")
+        snap = engine.scrape()
+        assert snap.stats["nvml"].success and len(gpus(snap)) == 8 and all(r.up for r in gpus(snap).values())
+        assert engine.ready(60) == (True, "ok")
+    finally:
+        v.release("nvmlInitWithFlags", None)
+        engine.stop()
+
+
+@pytest.mark.parametrize("backend", ["auto", "nvml"])
+def test_a_hung_init_reaches_a_python_api_caller_at_once(nvml: Vendor, backend: str) -> None:
+    """The Python API initialises its backends when a session opens; its caller must hear a wedged driver
+    (one line naming init) after the init deadline, not wait for ever (on main: no deadline)."""
+    from exporter.core.options import Settings
+    from exporter.python_api.sessions import GpuUnavailable, session
+
+    v = nvml
+    v.hang("nvmlInitWithFlags", None)
+    raised: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            with session(Settings(backend=backend, collection_timeout=3.0, call_deadline=DEADLINE)):
+                pass
+        except BaseException as exc:  # noqa: BLE001 - what the caller hears, asserted below
+            raised.append(exc)
+
+    opening = threading.Thread(target=open_one, daemon=True)
+    opening.start()
+    opening.join(30)
+    try:
+        assert raised, "the session never opened nor failed: the caller waits on the wedged init"
+        assert isinstance(raised[0], GpuUnavailable)
+        assert str(raised[0]) == "backend nvml: init did not return within 2 s (a wedged driver)"
+        assert v.hanging() == 1
+    finally:
+        v.release("nvmlInitWithFlags", None)
+        wait_until(lambda: v.hanging() == 0, 30, what="init to return")
+
+
 # --- bounded however long it hangs ------------------------------------------------------------------
 
 
