@@ -100,7 +100,11 @@ class Setting:
     parse: Callable[[Any], Any] | None = None  # custom: the value from its text, or ValueError(what is allowed)
     repeat: bool = False  # the flag may be given again (a YAML list; the env twin: a comma list)
     aliases: tuple[tuple[str, str], ...] = ()  # choice: other spellings of a choice (warn -> warning)
-    example: str = ""  # a value to show where it has no default (docs/exporter.example.yaml)
+    example: str = ""  # a value to show where it has no default (docs/exporter.example.yaml), else beside it
+    # the docs' settings tables (exporter/platform/settings_docs.py): its description there, in Markdown
+    # ("": its help), and its default as the table shows it when the value alone does not say it ("": the value)
+    doc: str = ""
+    shown: str = ""
 
     def check(self, owner: str) -> None:
         """ValueError naming ``owner`` (the backend) and the culprit when the declaration cannot work."""

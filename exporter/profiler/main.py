@@ -127,103 +127,205 @@ def _custom(name: str, parse: Callable[[object], Any], help_: str, default: Any 
 
 
 # Every setting of ``gpu-exporter profile``: flag, env twin (and the older names still read after it),
-# YAML key, kind and default, once each (docs/profiler.md's table lists them).
+# YAML key, kind, default and docs text, once each (docs/profiler.md's table is generated from them:
+# python -m exporter.settings_docs --write-docs).
 ROWS: tuple[Setting, ...] = (
     _custom("prometheus_url", _url, "base URL of the Prometheus HTTP API, e.g. http://prometheus:9090",
-            twins=("PROMETHEUS_URL",)),
-    _row("prometheus_token_file", "file", "file holding a bearer token, re-read on every request"),
-    _row("prometheus_ca_file", "file", "CA bundle to verify an https Prometheus"),
+            twins=("PROMETHEUS_URL",),
+            doc="base URL of the HTTP API; a path prefix is kept (`http://host/prometheus`)",
+            shown="(required)"),
+    _row("prometheus_token_file", "file", "file holding a bearer token, re-read on every request",
+         doc="bearer token, re-read on every request (projected tokens rotate)"),
+    _row("prometheus_ca_file", "file", "CA bundle to verify an https Prometheus",
+         doc="CA bundle for an `https` Prometheus",
+         shown="system CAs"),
     _row("prometheus_timeout", "seconds", "deadline of one HTTP attempt, from connect to the last byte", 10.0,
-         low=0.1, high=600),
+         low=0.1, high=600,
+         doc="one deadline per HTTP attempt, from connect to the last byte: a server that trickles its "
+             "answer is cut off at it"),
     _row("prometheus_max_response_bytes", "size", "largest answer read; a longer one is refused unread",
-         16 << 20, low=64 << 10, high=1 << 30),
+         16 << 20, low=64 << 10, high=1 << 30,
+         doc="the largest answer read (64KiB to 1GiB; sizes as Kubernetes quantities, `16M` is 10^6 x 16: "
+             "[cli.md](cli.md#sizes-and-durations)); a longer one is refused before it is parsed "
+             "(`prometheus_response_too_large`) and the shard or batch that asked for it is split in two"),
     _row("prometheus_max_parse_bytes", "size", "memory one answer may take to parse; a larger one is refused "
          "while read and its shard asked in halves (bounds the profiler's memory, docs/profiler.md)",
-         32 << 20, low=1 << 20, high=1 << 30),
+         32 << 20, low=1 << 20, high=1 << 30,
+         doc="memory one answer may take to parse and convert (1MiB to 1GiB), counted from its tokens "
+             "while it is read; a larger one is refused (`prometheus_response_too_large`) and its shard "
+             "or batch split. Bounds the profiler's memory (see the hostile-server list below)"),
     _row("prometheus_max_query_bytes", "size", "longest query expression sent; longer ones are cut into more queries "
-         "(VictoriaMetrics' -search.maxQueryLen; docs/profiler.md)", 16 << 10, low=MIN_QUERY_BYTES, high=1 << 30),
+         "(VictoriaMetrics' -search.maxQueryLen; docs/profiler.md)", 16 << 10, low=MIN_QUERY_BYTES, high=1 << 30,
+         doc="the longest query expression sent (8KiB to 1GiB): a shard's aggregates are cut into more "
+             "queries rather than exceed it, range batches hold as many UUIDs as fit, and a longer query "
+             "is refused before it is sent (`prometheus_query_too_long`). Set it to the store's limit: "
+             "VictoriaMetrics' `-search.maxQueryLen` (default 16 KiB), Mimir's "
+             "`max_query_expression_size_bytes` ([Bytes per query](#queries))"),
     _row("prometheus_latency_offset", "seconds", "evaluate each cycle this long before now, so that no answer holds "
          "points the store is still filling in: 30s for VictoriaMetrics (its -search.latencyOffset)", 0.0,
-         high=3600),
+         high=3600,
+         doc="evaluate each cycle this long before now, so that no answer holds points the store is still "
+             "filling in: `30s` for VictoriaMetrics (its `-search.latencyOffset`, "
+             "[Stores](#stores-victoriametrics-thanos-mimir))"),
     _custom("prometheus_header", _header, "extra request header 'NAME: VALUE', repeatable (e.g. "
-            "'X-Scope-OrgID: team-a' for Mimir or Cortex)", (), repeat=True),
-    _row("prometheus_retries", "integer", "extra attempts after a transient failure", 2, high=10),
+            "'X-Scope-OrgID: team-a' for Mimir or Cortex)", (), repeat=True,
+            doc="`'Name: value'`, repeatable: an extra header on every request, e.g. `'X-Scope-OrgID: "
+                "team-a'` for Mimir, Cortex or a Thanos tenancy proxy (see "
+                "[Stores](#stores-victoriametrics-thanos-mimir))"),
+    _row("prometheus_retries", "integer", "extra attempts after a transient failure", 2, high=10,
+         doc="extra attempts after a connection error, timeout, 5xx or 429, with exponential backoff and "
+             "full jitter"),
     _row("source", "choice", "whose GPU series to read: gpu-exporter, dcgm (NVIDIA dcgm-exporter), amd (ROCm "
          "device-metrics-exporter), or auto: whichever Prometheus holds, ours first on a node with both",
-         "auto", choices=tuple(sources.CHOICES)),
+         "auto", choices=tuple(sources.CHOICES),
+         doc="whose GPU series to read: `gpu-exporter`, `dcgm` (NVIDIA dcgm-exporter), `amd` (ROCm "
+             "device-metrics-exporter) or `auto` (see [Sources](#sources))"),
     _custom("source_job", _regex("--source-job"), "scrape jobs (a regular expression) whose series may name their "
             "node themselves (Hostname, hostname, gpu_host_info) where the scrape sets no node label",
-            sources.DEFAULT_JOBS),
+            sources.DEFAULT_JOBS,
+            doc="scrape jobs (a regular expression, fully anchored) whose series may name their own node "
+                "(`Hostname`, `hostname`, `kubernetes_node`, `gpu_host_info{node}`) where the scrape sets "
+                "no node label (see [Node identity](#node-identity))"),
     _custom("source_namespace", _regex("--source-namespace"), "namespaces (a regular expression; empty matches "
-            "series without one) of those series", sources.DEFAULT_NAMESPACES),
+            "series without one) of those series", sources.DEFAULT_NAMESPACES,
+            doc="namespaces of those series (a regular expression; the empty alternative matches series "
+                "without a `namespace` label)"),
     _custom("node_label", _matching(_LABEL.match, "expected a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"),
             "label holding the Kubernetes node name on GPU series (series without it are "
-            "joined to gpu_host_info on instance)", "node"),
-    _row("window", "seconds", "history each classification looks at", 1800.0, low=300, high=86400),
+            "joined to gpu_host_info on instance)", "node",
+            doc="label holding the node name on GPU series, set by the scrape (see [Node "
+                "identity](#node-identity))"),
+    _row("window", "seconds", "history each classification looks at", 1800.0, low=300, high=86400,
+         doc="history each classification looks at (5m to 24h)"),
     _custom("step", _step, "resolution of the utilisation range, at most a sixteenth of the window; auto: each "
-            "GPU's own scrape interval (default auto)"),
+            "GPU's own scrape interval (default auto)",
+            doc="resolution of the utilisation range; `auto` is each GPU's own scrape interval: window / "
+                "(samples - 0.5) (the denser half of the window instead when the halves differ by more "
+                "than a tenth: a GPU that appeared mid-window), snapped to a usual interval (1, 2, 3, 5, "
+                "10, 15, 20, 30, 45, 60, 90, 120 s, ...) within 12% so that a few missed scrapes do not "
+                "stretch it, else rounded to a whole second (at least 5 s and window/500): a step even "
+                "slightly longer than the scrape interval skips a sample now and then, and that beat "
+                "looks like a period. It is the GPU's own, never a median of the GPUs that share its "
+                "shard: that made a GPU's pattern depend on the fleet's size "
+                "(tests/unit/profiler/test_fleet_size.py)",
+            shown="`auto`"),
     _row("hysteresis", "integer", "consecutive evaluations a new classification must hold before it is written",
-         2, low=1, high=100),
-    _row("idle_util", "ratio", "idle-GPU count: window-mean utilisation below this ratio", 0.30, high=1.0),
-    _row("idle_mem", "ratio", "idle-GPU count: window-mean memory used below this ratio", 0.50, high=1.0),
+         2, low=1, high=100,
+         doc="consecutive evaluations a new classification must hold before it is written"),
+    _row("idle_util", "ratio", "idle-GPU count: window-mean utilisation below this ratio", 0.30, high=1.0,
+         doc="the idle-GPU count's rule: window-mean utilisation below this ratio"),
+    _row("idle_mem", "ratio", "idle-GPU count: window-mean memory used below this ratio", 0.50, high=1.0,
+         doc="the idle-GPU count's rule: window-mean memory used below this ratio of the total"),
     _custom("annotation_prefix", _matching(valid_prefix, "expected a lowercase DNS subdomain such as "
                                            "gpu-exporter.io (at most 253 characters)"),
-            "annotation key prefix", "gpu-exporter.io"),
+            "annotation key prefix", "gpu-exporter.io",
+            doc="a lowercase DNS subdomain"),
     _row("max_gpus_per_node", "integer", "GPUs annotated per node, lowest ids first; more are counted in "
-         "omitted-gpus", 64, low=1, high=4096),
+         "omitted-gpus", 64, low=1, high=4096,
+         doc="GPUs annotated per node (lowest ids); the rest counted in `omitted-gpus`"),
     _row("max_annotation_bytes", "integer", "bound on our annotation keys and values per node; GPUs beyond it "
-         "are left out from the highest id and counted in omitted-gpus", 16384, low=2048, high=131072),
-    _row("kubeconfig", "file", "kubeconfig file; default: in-cluster service account, else $KUBECONFIG"),
-    _row("node_selector", "text", "label selector limiting the nodes listed and annotated"),
-    _row("dry_run", "bool", "print the merge patches (one JSON document per line) instead of sending them", False),
+         "are left out from the highest id and counted in omitted-gpus", 16384, low=2048, high=131072,
+         doc="bound on our keys and values per node (2048 to 131072)"),
+    _row("kubeconfig", "file", "kubeconfig file; default: in-cluster service account, else $KUBECONFIG",
+         doc="order: this flag, the in-cluster service account, then `$KUBECONFIG` / `~/.kube/config`. "
+             "Credentials are refreshed at most once a second (the projected service-account token, or an "
+             "exec plugin's once expired), not before every request",
+         shown="in-cluster"),
+    _row("node_selector", "text", "label selector limiting the nodes listed and annotated",
+         doc="label selector for the node list (e.g. `nvidia.com/gpu.present=true`)",
+         shown="all nodes"),
+    _row("dry_run", "bool", "print the merge patches (one JSON document per line) instead of sending them", False,
+         doc="print the merge patches instead of sending them (works without a cluster, see below)"),
     _row("leader_elect", "bool", "run as one of several replicas: only the holder of a coordination.k8s.io/v1 "
-         "Lease reads and writes (not with --once or --dry-run)", False),
+         "Lease reads and writes (not with --once or --dry-run)", False,
+         doc="run as one of several replicas (see [Replicas](#replicas)); the shipped Deployment sets it"),
     _custom("leader_elect_namespace", _matching(_DNS_LABEL.match, "expected a Kubernetes namespace name"),
             "namespace of the Lease and of the Events (default: the service account's namespace)",
-            twins=("POD_NAMESPACE",)),
+            twins=("POD_NAMESPACE",),
+            doc="namespace of the Lease and of the Events",
+            shown="the service account's"),
     _custom("leader_elect_lease_name", _matching(_DNS_SUBDOMAIN_NAME.match, "expected a lowercase DNS subdomain "
                                                  "such as gpu-exporter-profiler"),
             "name of the Lease", "gpu-exporter-profiler"),
     _row("leader_elect_lease_duration", "seconds", "how long a silent leader's Lease is honoured before another "
-         "replica takes over", 15.0, low=1, high=3600),
+         "replica takes over", 15.0, low=1, high=3600,
+         doc="as client-go's: how long a silent leader's Lease is honoured; at least "
+             "`--leader-elect-renew-deadline` plus `--leader-elect-retry-period`"),
     _row("leader_elect_renew_deadline", "seconds", "a leader that could not renew for this long stops writing",
-         10.0, low=0.5, high=3600),
+         10.0, low=0.5, high=3600,
+         doc="as client-go's: a leader that could not renew for this long stops writing"),
     _row("leader_elect_retry_period", "seconds", "time between attempts to acquire or renew the Lease", 2.0,
-         low=0.1, high=600),
+         low=0.1, high=600,
+         doc="as client-go's: time between attempts to acquire or renew the Lease"),
     _row("events", "bool", "on or off: Events on a Node when a GPU turns growing or allocated-idle (not in a "
-         "dry run)", True),
+         "dry run)", True,
+         doc="Events on a Node when a GPU turns `growing` or `allocated-idle`, and on each transition of "
+             "`GPUHealthy` (see [Events](#events))"),
     _row("health_condition", "bool", "on or off: set the GPUHealthy condition on each GPU node (needs RBAC patch "
-         "on nodes/status)", True),
+         "on nodes/status)", True,
+         doc="set the `GPUHealthy` Node condition (see [GPU "
+             "health](#gpu-health-the-gpuhealthy-node-condition)); needs `patch` on `nodes/status`"),
     _row("xid_severity", "text", "override an XID's severity from NVIDIA's catalogue: CODE=SEVERITY, fatal "
          "(GPUHealthy False), warn (listed in the message, still True) or ignore; repeatable or comma-separated, "
-         "e.g. 13=fatal,79=warn (a YAML list in --config)", (), repeat=True),
+         "e.g. 13=fatal,79=warn (a YAML list in --config)", (), repeat=True,
+         doc="`CODE=fatal|warn|ignore`, repeatable: an XID's severity for `GPUHealthy` (see [GPU "
+             "health](#gpu-health-the-gpuhealthy-node-condition))",
+         shown="NVIDIA's catalogue"),
     _row("device_taints", "bool", "on or off: on DRA clusters, a DeviceTaintRule (effect NoSchedule) for each "
          "failed or hung GPU's devices, removed once it is healthy for --hysteresis cycles (needs --health-condition "
-         "on and the RBAC of the device-taints install)", False),
+         "on and the RBAC of the device-taints install)", False,
+         doc="on DRA clusters, a `DeviceTaintRule` for each failed GPU's devices (see [Device "
+             "taints](#device-taints))"),
     _row("events_burst", "integer", "Events a node may get at once before its budget limits it (as client-go)",
-         25, low=1, high=1000),
+         25, low=1, high=1000,
+         doc="each node's Event budget: this many at once, then one back per `--events-refill` "
+             "(client-go's spam filter)"),
     _row("events_refill", "seconds", "each node gets one Event back per this interval, up to --events-burst (as "
-         "client-go); one summary Event per cycle counts those suppressed", 300.0, low=1, high=86400),
+         "client-go); one summary Event per cycle counts those suppressed", 300.0, low=1, high=86400,
+         doc="each node gets one Event back per this interval, up to `--events-burst`; one summary Event "
+             "per cycle counts those suppressed"),
     _custom("events_per_minute", _removed("Events are now limited per node (--events-burst, default 25, and "
                                           "--events-refill, default 5m)"),
-            "removed (issue 35): Events are limited per node, see --events-burst and --events-refill"),
-    _row("once", "bool", "run one cycle and exit (cron style)", False),
+            "removed (issue 35): Events are limited per node, see --events-burst and --events-refill",
+            doc="removed (issue 35: it was a fleet-wide limit); refused with exit 2: Events are limited "
+                "per node by `--events-burst` and `--events-refill`"),
+    _row("once", "bool", "run one cycle and exit (cron style)", False,
+         doc="one cycle, then exit: 0 if it had no error, 1 otherwise (for a CronJob)"),
     _custom("at", _unix_time, "with --once: evaluate at this unix time instead of now (replay a past window, "
-            "e.g. with --dry-run after an incident)"),
-    _row("interval", "seconds", "time between cycles", 60.0, low=1, high=86400),
+            "e.g. with --dry-run after an incident)",
+            doc="with `--once`: evaluate at this unix time (replay a past window, e.g. with `--dry-run` "
+                "after an incident)",
+            shown="now"),
+    _row("interval", "seconds", "time between cycles", 60.0, low=1, high=86400,
+         doc="start-to-start time between cycles"),
     # One rule for both daemons: this machine only unless told otherwise (the manifests pass 0.0.0.0).
     _custom("listen_address", settings.parse_address, "address of /metrics and /healthz (default 127.0.0.1, this "
-            "machine only; 0.0.0.0 or :: listens on all addresses)", "127.0.0.1"),
-    _row("listen_port", "integer", "port of /metrics and /healthz", 9401, high=65535, twins=("PROFILER_PORT",)),
+            "machine only; 0.0.0.0 or :: listens on all addresses)", "127.0.0.1",
+            doc="`/metrics`, `/healthz` (not in `--once`); this machine only unless told otherwise, as "
+                "`serve` (the Deployment passes `--listen-address=0.0.0.0`)"),
+    _row("listen_port", "integer", "port of /metrics and /healthz", 9401, high=65535, twins=("PROFILER_PORT",),
+         doc="port of `/metrics` and `/healthz` (see `--listen-address`)"),
     _row("probe_port", "integer", "a second port for the kubelet's probes: /healthz only, plain HTTP whatever the web "
          "config, its own connections, so no TLS handshake or greedy client of --listen-port is in a probe's way "
-         "(0 = none; docs/security.md)", 0, high=65535),
+         "(0 = none; docs/security.md)", 0, high=65535,
+         doc="a second port for the kubelet's probes: `/healthz` alone, plain HTTP whatever the web "
+             "config, with its own connections, so no TLS handshake or greedy client of `--listen-port` "
+             "is in a probe's way ([security.md](security.md)); the same port as `--listen-port` exits 2",
+         shown="`0` (none)"),
     _row("web_config_file", "path", "TLS and basic auth of /metrics and /healthz, in the exporter-toolkit "
-         "format, as for gpu-exporter serve; SIGHUP reloads it (docs/security.md)", flag="--web.config.file"),
+         "format, as for gpu-exporter serve; SIGHUP reloads it (docs/security.md)", flag="--web.config.file",
+         doc="TLS, client certificates and basic auth of `/metrics` and `/healthz`, in the "
+             "exporter-toolkit format, as for `serve` ([security.md](security.md)); `/healthz` stays open "
+             "to probes without credentials and then says only `ok` / `not ok`. `SIGHUP` reloads it at "
+             "once. A bad file exits 2; Helm: `profiler.webConfig.secretName` (and `.tls`), "
+             "docs/deploy.md",
+         shown="none"),
     _row("log_level", "choice", "debug, info, warning or error", "info", choices=settings.LOG_LEVELS,
-         aliases=(("warn", "warning"),), twins=("LOG_LEVEL",)),
+         aliases=(("warn", "warning"),), twins=("LOG_LEVEL",),
+         doc="`debug`, `info`, `warning` or `error`"),
     _row("log_format", "choice", "text or json, one object per line", "text", choices=("text", "json"),
-         twins=("LOG_FORMAT",)),
+         twins=("LOG_FORMAT",),
+         doc="`text`, or `json`: one object per line"),
 )
 settings.check_unique(ROWS)
 GROUPS = {"prometheus_url": "Prometheus", "window": "classification", "annotation_prefix": "Kubernetes",

@@ -151,18 +151,22 @@ SPECS: tuple[Setting, ...] = (
          "read PCIe TX/RX throughput (about 40 ms per GPU per collection on NVIDIA, 20 ms for each direction)"),
     _custom("xid_severity", "XID_SEVERITY", _xid_severity,
             "override the severity of XID codes or RAS/ECC events (fatal | warn | ignore), e.g. 48=fatal,13=ignore "
-            "(default: NVIDIA's XID catalogue, exporter/core/xid.py; docs/metrics.md)"),
+            "(default: NVIDIA's XID catalogue, exporter/core/xid.py; docs/metrics.md)",
+            example="{48: fatal, 13: ignore, ecc_corrected: warn}"),
     *_backend_rows(),  # every backend's own (--rocm-smi-path, --command-timeout), declared in its file
     _row("pod_resources_socket", "POD_RESOURCES_SOCKET", "path", "kubelet pod-resources socket for pod attribution"),
     _row("pod_resources_interval", "POD_RESOURCES_INTERVAL", "seconds", "seconds between pod-resources List calls",
          low=1, high=3600),
     _row("pod_attribution", "POD_ATTRIBUTION", "choice", "auto (when the socket exists) | on | off",
-         choices=_ON_OFF),
+         choices=_ON_OFF, doc="`auto` (when the kubelet's pod-resources directory exists), `on`, `off`"),
     _row("dra_attribution", "DRA_ATTRIBUTION", "choice",
          "map DRA-claimed GPUs to pods through this node's ResourceSlices (needs NODE_NAME and RBAC): "
-         "auto (on when the API server answers) | on | off", choices=_ON_OFF),
+         "auto (on when the API server answers) | on | off", choices=_ON_OFF,
+         doc="`auto` (on when the API server answers), `on`, `off`: map GPUs claimed through Dynamic Resource "
+             "Allocation through this node's ResourceSlices; needs `NODE_NAME`, a ServiceAccount token (or "
+             "`KUBECONFIG` outside a cluster) and `get`/`list`/`watch` on `resourceslices`"),
     _row("web_config_file", "WEB_CONFIG_FILE", "path", "exporter-toolkit web config (TLS, basic auth); SIGHUP "
-         "reloads it", flag="--web.config.file"),
+         "reloads it", flag="--web.config.file", example="/etc/gpu-exporter/web-config.yml"),
     _row("max_connections", "EXPORTER_MAX_CONNECTIONS", "integer",
          "requests answered at once; more get 503 at once (connections waiting for a request hold no slot)",
          low=1, high=10000),
