@@ -277,6 +277,12 @@ def test_a_new_vendor_is_one_values_entry(tmp_path: Path) -> None:
     # Alone, it is the install's only DaemonSet, named as a single-vendor install is.
     (alone,) = [d for d in _render_values(tmp_path, NEW_VENDOR, "vendor=xpu") if d["kind"] == "DaemonSet"]
     assert alone["metadata"]["name"] == "gpu-exporter"
+    # "all" (and its older spelling "both") is every vendor entry of the values: the new one too, since no
+    # template names the vendors
+    for every in ("all", "both"):
+        names = {d["metadata"]["name"] for d in _render_values(tmp_path, NEW_VENDOR, f"vendor={every}")
+                 if d["kind"] == "DaemonSet"}
+        assert names == {"gpu-exporter-nvidia", "gpu-exporter-amd", "gpu-exporter-xpu"}, (every, names)
 
 
 def test_templates_name_no_vendor() -> None:

@@ -49,12 +49,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* The vendors whose DaemonSet is rendered, space-separated: "both" is nvidia and amd, else one
-     vendor entry of values.yaml (a top-level key with a backend) or a list of them. */}}
+{{/* The vendors whose DaemonSet is rendered, space-separated: one vendor entry of the values (a
+     top-level key with a backend) or a list of them; "all" (or its older spelling "both") is every vendor
+     entry the values hold, by name: no vendor is named here. */}}
 {{- define "gpu-exporter.vendors" -}}
 {{- $names := list -}}
 {{- $wanted := kindIs "slice" .Values.vendor | ternary .Values.vendor (list .Values.vendor) -}}
-{{- range (eq (toString .Values.vendor) "both" | ternary (list "nvidia" "amd") $wanted) -}}
+{{- if has (toString .Values.vendor) (list "all" "both") -}}
+{{- $wanted = list -}}
+{{- range $key, $entry := .Values -}}
+{{- if and (kindIs "map" $entry) (hasKey $entry "backend") -}}
+{{- $wanted = append $wanted $key -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $wanted -}}
 {{- $entry := index $.Values . -}}
 {{- if not (and (kindIs "map" $entry) (hasKey $entry "backend")) -}}
 {{- fail (printf "values: at '/vendor': %q is no vendor entry (a top-level value with a backend, as nvidia and amd)" .) -}}
