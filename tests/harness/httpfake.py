@@ -6,9 +6,11 @@ each with the :class:`Reply` that its ``answer`` function returns (called in the
 so it may block, e.g. to hold a request). Every answer carries a ``Content-Length``, and goes out
 in one write. A client that hangs up mid-answer ends that connection quietly.
 
-What an HTTP library cannot write (a malformed status line, bytes trickled one by one) stays in raw
-socket servers in the tests that need them; the fake Kubernetes API (tests/harness/kubeapi.py) has
-its own server for its watch streams.
+What an HTTP library cannot write is a :class:`Reply` too: ``raw`` bytes sent as they are (a malformed
+status line, a body cut short of its Content-Length, chunked or close-delimited framing), then ``more``
+sent again every ``every`` seconds (a trickle, or an endless answer) until the client hangs up or the
+server stops. Only a listener that never accepts stays a bare socket in its test. The fake Kubernetes
+API (tests/harness/kubeapi.py) has its own server for its watch streams.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
     length: int | None = None
     close: bool = False
+    raw: bytes | None = None  # sent as they are instead of status, headers and body; the connection then closes
+    more: bytes = b""  # after ``raw``: sent again every ``every`` s until the client hangs up or the server stops
+    every: float = 0.0
 
 
 JSON = {"Content-Type": "application/json"}
@@ -65,6 +70,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with fake.lock:
             fake.requests.append(req)
         reply = fake.answer(req)
+        if reply.raw is not None:
+            self._send_raw(reply, fake.stopped)
+            return
         try:
             self.send_response(reply.status)
             for name, value in reply.headers.items():
@@ -79,6 +87,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _send_raw(self, reply: Reply, stopped: threading.Event) -> None:
+        """``raw``, then ``more`` every ``every`` s (as fast as the client reads with 0) until the client hangs
+        up or ``stopped``; then the connection closes."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.sendall(reply.raw or b"")
+            while reply.more and not stopped.wait(reply.every):
+                self.connection.sendall(reply.more)
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
@@ -104,6 +123,7 @@ class FakeHTTP:
         self.answer = answer
         self.requests: list[Request] = []
         self.lock = threading.Lock()
+        self.stopped = threading.Event()  # set while down: ends the answers that send ``more``
         self._tls = tls
         self._handler = type("Handler", (_Handler,), {"protocol_version": "HTTP/1.1" if http11 else "HTTP/1.0"})
         self._server: _Server | None = None
@@ -114,6 +134,7 @@ class FakeHTTP:
     def up(self) -> Self:
         """Listen (again) on ``port``; a no-op while listening."""
         if self._server is None:
+            self.stopped.clear()
             server = _Server(("127.0.0.1", self.port), self._handler)
             server.fake = self
             self.port = int(server.server_address[1])  # the free port, when 0 was asked for
@@ -127,6 +148,7 @@ class FakeHTTP:
     def down(self) -> None:
         """Stop listening: new connections are refused until :meth:`up`."""
         server, self._server = self._server, None
+        self.stopped.set()
         if server is not None:
             server.shutdown()
             server.server_close()

@@ -15,23 +15,28 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self
 
 from tests.fakes.profiler_history import GpuHistory, write_openmetrics
-from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
+from tests.harness.httpfake import JSON, FakeHTTP, Reply, Request, json_reply
 from tests.harness.prom import OpenMetricsWriter
 
 if TYPE_CHECKING:
     from exporter.profiler.loop import Profiler
 
-MODES = (None, "500", "garbage", "slow", "nan", "empty", "hang")
+MODES = (None, "500", "garbage", "slow", "nan", "empty", "hang", "truncated", "cut")
 
 
 class FaultProxy:
-    """HTTP proxy on 127.0.0.1 forwarding to ``target`` (a Prometheus base URL).
+    """The fault-injecting mode of the suite's one Prometheus stand-in: an HTTP proxy on 127.0.0.1 (on the
+    :class:`~tests.harness.httpfake.FakeHTTP` that :class:`~tests.harness.prom.FakePrometheus` is built on)
+    forwarding to ``target`` (a real Prometheus's base URL).
 
-    ``mode``: None passes through; ``"500"`` answers HTTP 500; ``"garbage"`` 200 with a body
-    that is not JSON; ``"slow"`` waits ``delay`` s before passing through; ``"nan"`` passes
-    through with every sample value replaced by NaN; ``"empty"`` passes through with empty
-    results; ``"hang"`` holds the request until :meth:`release` (or stop). ``requests``
-    counts what arrived.
+    ``mode`` (changeable while serving): None passes through; ``"500"`` answers HTTP 500; ``"garbage"``
+    200 with a body that is not JSON; ``"slow"`` waits ``delay`` s before passing through; ``"nan"``
+    passes through with every sample value replaced by NaN; ``"empty"`` passes through with empty
+    results; ``"hang"`` holds the request until :meth:`release` (or stop); ``"truncated"`` answers the
+    first half of Prometheus' JSON (a consistent Content-Length); ``"cut"`` announces the full length and
+    closes the connection half-way through the body. :meth:`down` stops listening (connections refused),
+    :meth:`up` listens again on the same port. ``requests`` counts what arrived, ``headers`` and
+    ``authorization`` are what each request carried.
 
     It also speaks the wire format of the stores in front of a fleet's Prometheus data
     (docs/profiler.md, "Stores"): ``prefix``, a path prefix every request must carry (Mimir's
@@ -40,18 +45,21 @@ class FaultProxy:
     Thanos' tenancy proxies answer); ``extra``, top-level fields added to every successful answer
     (Thanos' partial-response ``warnings``, VictoriaMetrics cluster's ``isPartial``); ``refuse``,
     given the query text and the number of series in Prometheus' answer, the (status, error
-    text) with which a store over one of its limits refuses it, or None.
+    text) with which a store over one of its limits refuses it, or None; ``token``, the bearer token
+    every request must carry besides (401 ``no org id`` otherwise, as a tenancy proxy checking both).
     """
 
     def __init__(self, target: str, mode: str | None = None, delay: float = 2.0, *, prefix: str = "",
                  tenant: str | None = None, extra: dict[str, object] | None = None,
-                 refuse: Callable[[str, int], tuple[int, str] | None] | None = None) -> None:
+                 refuse: Callable[[str, int], tuple[int, str] | None] | None = None,
+                 token: str | None = None) -> None:
         assert mode in MODES
         self.target = target.rstrip("/")
         self.mode = mode
         self.delay = delay
         self.prefix = prefix.rstrip("/")
         self.tenant = tenant
+        self.token = token
         self.extra = extra or {}
         self.refuse = refuse
         self.params: list[dict[str, list[str]]] = []  # every request's form parameters, in order
@@ -63,8 +71,20 @@ class FaultProxy:
     def requests(self) -> int:
         return len(self._http.requests)
 
+    @property
+    def headers(self) -> list[dict[str, str]]:
+        """The headers of each request (lower-case names), in order."""
+        return [r.headers for r in self._http.requests]
+
+    @property
+    def authorization(self) -> list[str | None]:
+        """The Authorization header of each request."""
+        return [h.get("authorization") for h in self.headers]
+
     def _answer(self, req: Request) -> Reply:
         if self.tenant is not None and req.headers.get("x-scope-orgid") != self.tenant:
+            return Reply(401, b"no org id\n")
+        if self.token is not None and req.headers.get("authorization") != f"Bearer {self.token}":
             return Reply(401, b"no org id\n")
         if not req.path.startswith(self.prefix + "/api/v1/"):
             return Reply(404, b"404 page not found\n")
@@ -84,6 +104,10 @@ class FaultProxy:
         if mode == "garbage":
             return json_reply(b'{"status":"success","data":{"resultType":"vector","result":[{"met')
         code, data = forward_post(self.target + path, req.body, req.headers.get("content-type", ""))
+        if code == 200 and mode == "truncated":
+            return json_reply(data[: len(data) // 2])
+        if code == 200 and mode == "cut":
+            return Reply(200, data[: len(data) // 2], JSON, length=len(data), close=True)
         if code == 200 and (self.refuse is not None or self.extra):
             doc = json.loads(data)
             refused = self.refuse(query, len(doc["data"]["result"])) if self.refuse is not None else None
@@ -112,6 +136,16 @@ class FaultProxy:
     def release(self) -> None:
         """Let held ("hang") requests through."""
         self._release.set()
+
+    def down(self) -> None:
+        """Stop listening (held requests are let through first); :meth:`up` listens again on the same port."""
+        self._release.set()
+        self._http.down()
+        self._release.clear()
+
+    def up(self) -> Self:
+        self._http.up()
+        return self
 
     def __enter__(self) -> Self:
         return self

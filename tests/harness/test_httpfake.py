@@ -61,3 +61,40 @@ def test_down_refuses_and_up_listens_again_on_the_same_port() -> None:
     conn.close()
     fake.close()
     assert len(fake.requests) == 1
+
+
+def _exchange(port: int, wanted: int) -> bytes:
+    """``wanted`` bytes (or what came before the close) of the answer to one POST, read off the socket."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\nquery=up")
+        got = b""
+        while len(got) < wanted:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        return got
+
+
+def test_a_raw_answer_goes_out_as_it_is_then_closes() -> None:
+    with FakeHTTP(lambda req: Reply(raw=b"SSH-2.0-OpenSSH_9.6\r\n\r\n")) as fake:
+        assert _exchange(fake.port, 1 << 20) == b"SSH-2.0-OpenSSH_9.6\r\n\r\n"  # not HTTP, and the close
+    assert fake.requests[0].body == b"query=up"
+
+
+def test_a_trickle_sends_more_until_the_server_stops() -> None:
+    import socket
+
+    fake = FakeHTTP(lambda req: Reply(raw=b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", more=b" ", every=0.01))
+    got = _exchange(fake.port, 40 + 5)  # the head, then five trickled bytes
+    assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(b"     ")
+    with socket.create_connection(("127.0.0.1", fake.port), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while not got.endswith(b" "):  # trickling
+            got += s.recv(65536)
+        fake.down()  # stops the trickle: the client sees the close, not its own timeout
+        while chunk := s.recv(65536):
+            assert chunk.strip() == b""

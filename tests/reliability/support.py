@@ -14,7 +14,6 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from tests.harness.httpfake import JSON, FakeHTTP, Reply, Request, json_reply
 from tests.harness.poll import wait_until
 
 RESULTS_DIR = Path(__file__).resolve().parent / ".results"
@@ -243,72 +242,3 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.monotonic()
     out = fn()
     return out, time.monotonic() - t0
-
-
-# ---- a switchable proxy in front of Prometheus ---------------------------------------------------
-
-PROXY_MODES = (None, "500", "truncated", "cut", "slow")
-
-
-class PromProxy:
-    """HTTP proxy on a fixed 127.0.0.1 port in front of a Prometheus (``target`` base URL).
-
-    ``mode``: None passes through; ``"500"`` answers HTTP 500; ``"truncated"`` the first half
-    of Prometheus' JSON (a consistent Content-Length); ``"cut"`` announces the full length
-    and closes the connection half-way through the body; ``"slow"`` waits ``delay`` s first.
-    :meth:`down` closes the listening socket (connections are refused), :meth:`up` listens
-    again on the same port.
-    """
-
-    def __init__(self, target: str, delay: float = 3.0) -> None:
-        self.target = target.rstrip("/")
-        self.mode: str | None = None
-        self.delay = delay
-        self._release = threading.Event()
-        self._http = FakeHTTP(self._answer, http11=True)
-        self._http.down()  # listening starts with up()
-        self.port = self._http.port
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    @property
-    def requests(self) -> int:
-        return len(self._http.requests)
-
-    @property
-    def authorization(self) -> list[str | None]:
-        """The Authorization header of each request."""
-        return [r.headers.get("authorization") for r in self._http.requests]
-
-    def _answer(self, req: Request) -> Reply:
-        import urllib.request
-
-        mode = self.mode
-        if mode == "500":
-            return json_reply(b'{"status":"error","errorType":"internal","error":"injected"}', 500)
-        if mode == "slow":
-            self._release.wait(self.delay)
-        fwd = urllib.request.Request(self.target + req.path, data=req.body, method="POST",
-                                     headers={"Content-Type": req.headers.get("content-type", "")})
-        with urllib.request.urlopen(fwd, timeout=30) as r:
-            data = r.read()
-        if mode == "truncated":
-            return json_reply(data[: len(data) // 2])
-        if mode == "cut":
-            return Reply(200, data[: len(data) // 2], JSON, length=len(data), close=True)
-        return json_reply(data)
-
-    def up(self) -> PromProxy:
-        self._http.up()
-        return self
-
-    def down(self) -> None:
-        self._release.set()
-        self._http.down()
-        self._release.clear()
-
-    def __enter__(self) -> PromProxy:
-        return self.up()
-
-    def __exit__(self, *exc: object) -> None:
-        self._release.set()
-        self.down()

@@ -25,9 +25,9 @@ from exporter.profiler.prom import PromClient
 from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import idle_shape, make_history, mem_constant, sample_times, steady_shape
 from tests.harness.kubeapi import FakeKubeAPI
-from tests.harness.profiler import history_file
+from tests.harness.profiler import FaultProxy, history_file
 from tests.harness.prom import Prometheus
-from tests.reliability.support import PromProxy, Result
+from tests.reliability.support import Result
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -115,7 +115,7 @@ PROM_FAULTS = [
 @pytest.mark.parametrize(("fault", "kind", "done"), PROM_FAULTS)
 def test_prometheus_fault(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient, caplog: pytest.LogCaptureFixture,
                           fault: str, kind: str, done: str, result: Result) -> None:
-    with PromProxy(prom.url) as proxy:
+    with FaultProxy(prom.url, delay=3.0) as proxy:
         prof = profiler(proxy.url, kube_client)
         assert prof.run_cycle().ok
         good = ours(api)
@@ -191,7 +191,7 @@ def test_api_server_fault(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiCl
 
 def test_profiler_logs_one_line_per_outage(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient,
                                            caplog: pytest.LogCaptureFixture, result: Result) -> None:
-    with PromProxy(prom.url) as proxy:
+    with FaultProxy(prom.url, delay=3.0) as proxy:
         prof = profiler(proxy.url, kube_client)
         assert prof.run_cycle().ok
         proxy.mode = "500"

@@ -25,9 +25,9 @@ from tests.fakes.profiler_history import make_history, mem_constant, sample_time
 from tests.harness.exporter import ExporterProcess, http_get
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
-from tests.harness.profiler import history_file
+from tests.harness.profiler import FaultProxy, history_file
 from tests.harness.prom import Prometheus
-from tests.reliability.support import PromProxy, Result
+from tests.reliability.support import Result
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_profiler_tokens_never_logged(prom: Prometheus, tmp_path: Path, capfd: p
     token_file = tmp_path / "prom-token"
     token_file.write_text(prom_token + "\n")
     monkeypatch.setenv("HOME", str(tmp_path))
-    with PromProxy(prom.url) as proxy, FakeKubeAPI(token=kube_token) as api:
+    with FaultProxy(prom.url, delay=3.0) as proxy, FakeKubeAPI(token=kube_token) as api:
         api.add_node("sec-0")
         kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
         ready: dict[str, Any] = {}

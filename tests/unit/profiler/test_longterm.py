@@ -13,8 +13,7 @@ import pytest
 
 from exporter.profiler.main import run
 from tests.fakes.profiler_history import scenario_node
-from tests.harness.httpfake import FakeHTTP, Reply, Request
-from tests.harness.profiler import forward_post, history_file
+from tests.harness.profiler import FaultProxy, history_file
 from tests.harness.prom import Prometheus
 
 pytestmark = pytest.mark.prometheus
@@ -22,34 +21,18 @@ pytestmark = pytest.mark.prometheus
 END = float(int(time.time()) - 60)
 
 
-class TenantProxy(FakeHTTP):
-    """Forwards to ``target`` only requests carrying ``X-Scope-OrgID: <tenant>`` and the bearer
-    token; answers 401 otherwise, as Mimir does without an org id. Records what it saw."""
-
-    def __init__(self, target: str, tenant: str, token: str) -> None:
-        def answer(req: Request) -> Reply:
-            if req.headers.get("x-scope-orgid") != tenant or req.headers.get("authorization") != f"Bearer {token}":
-                return Reply(401, b"no org id\n")
-            return Reply(*forward_post(target + req.path, req.body, req.headers.get("content-type", "")))
-
-        super().__init__(answer)
-
-    @property
-    def seen(self) -> list[dict[str, str]]:
-        return [r.headers for r in self.requests]
-
-
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenantProxy]:
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultProxy]:
+    """A tenancy proxy in front of a real Prometheus: it forwards only requests carrying ``X-Scope-OrgID:
+    team-a`` and the bearer token, and answers 401 ``no org id`` otherwise, as Mimir does without an org id."""
     tmp = tmp_path_factory.mktemp("longterm")
     hist = scenario_node(21, "lt-a", END)
-    with Prometheus(tmp / "p", tsdb_blocks_from=history_file(tmp / "h.om", hist)) as prom:
-        p = TenantProxy(prom.url, "team-a", "s3cret")
+    with Prometheus(tmp / "p", tsdb_blocks_from=history_file(tmp / "h.om", hist)) as prom, \
+            FaultProxy(prom.url, tenant="team-a", token="s3cret") as p:
         yield p
-        p.close()
 
 
-def test_header_and_token_reach_prometheus_through_the_proxy(proxy: TenantProxy, tmp_path: Path) -> None:
+def test_header_and_token_reach_prometheus_through_the_proxy(proxy: FaultProxy, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     out = io.StringIO()
@@ -60,10 +43,10 @@ def test_header_and_token_reach_prometheus_through_the_proxy(proxy: TenantProxy,
     docs = [json.loads(line) for line in out.getvalue().splitlines()]
     ann = next(d for d in docs if d["node"] == "lt-a")["patch"]["metadata"]["annotations"]
     assert ann["gpu-exporter.io/gpu-2.pattern"] == "periodic"  # real data came back through the proxy
-    assert proxy.seen and all(h.get("x-scope-orgid") == "team-a" for h in proxy.seen)
+    assert proxy.headers and all(h.get("x-scope-orgid") == "team-a" for h in proxy.headers)
 
 
-def test_without_the_tenant_the_cycle_fails_in_one_line(proxy: TenantProxy, tmp_path: Path,
+def test_without_the_tenant_the_cycle_fails_in_one_line(proxy: FaultProxy, tmp_path: Path,
                                                         capfd: pytest.CaptureFixture[str]) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret")

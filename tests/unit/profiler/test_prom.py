@@ -9,7 +9,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from exporter.profiler.prom import (
     PromClient,
     PromError,
 )
-from tests.harness.httpfake import FakeHTTP, Reply, Request, json_reply
+from tests.harness.httpfake import Reply, Request, json_reply
 from tests.harness.prom import FakePrometheus
 
 VECTOR = {"status": "success", "data": {"resultType": "vector", "result": [
@@ -141,39 +140,9 @@ def test_odd_warnings_are_ignored(api_factory: Any) -> None:
     assert len(PromClient(f"http://127.0.0.1:{api.port}").query("up", 1.0)) == 2
 
 
-class RawServer:
-    """Accepts connections on 127.0.0.1, reads the request, sends ``reply`` bytes and closes."""
-
-    def __init__(self, reply: bytes) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.reply = reply
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return  # closed
-            with conn:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    head += chunk
-                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
-                body = head.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in head else b""
-                while len(body) < length:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    body += chunk
-                try:
-                    conn.sendall(self.reply)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client refused the answer part-way (a cap test): what it read is the test's subject
+def raw_server(reply: bytes) -> FakePrometheus:
+    """The Prometheus stand-in answering each request with ``reply``'s bytes as they are, then closing."""
+    return FakePrometheus(lambda req, query: Reply(raw=reply))
 
 
 @pytest.mark.parametrize(("reply", "named"), [
@@ -183,12 +152,12 @@ class RawServer:
     (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "BadStatusLine"),  # not HTTP at all
 ])
 def test_broken_http_answers(reply: bytes, named: str) -> None:
-    server = RawServer(reply)
+    server = raw_server(reply)
     try:
         with pytest.raises(PromError) as exc:
             PromClient(f"http://127.0.0.1:{server.port}", retries=3, sleep=lambda s: None).query("up", 1.0)
     finally:
-        server.sock.close()
+        server.close()
     msg = str(exc.value)
     assert exc.value.kind == BAD_RESPONSE and named in msg
     assert f"http://127.0.0.1:{server.port}/api/v1/query" in msg and "\n" not in msg
@@ -227,17 +196,17 @@ def test_tls_with_a_private_ca(api_factory: Any, tmp_path: Path) -> None:
 # ---- hostile servers (issue 16) ------------------------------------------------------------------
 
 
-class Redirector(FakeHTTP):
-    """Answers every POST with ``code`` and ``Location: location`` (``{port}``: its own); ``seen``: the headers
-    of each request."""
-
-    def __init__(self, code: int, location: str, tls: ssl.SSLContext | None = None) -> None:
-        super().__init__(lambda req: Reply(code, headers={"Location": location.replace("{port}", str(self.port))}),
+def redirector(code: int, location: str, tls: ssl.SSLContext | None = None) -> FakePrometheus:
+    """The Prometheus stand-in answering every POST with ``code`` and ``Location: location`` (``{port}``: its
+    own)."""
+    srv = FakePrometheus(lambda req, query: Reply(code, headers={"Location": location.replace("{port}", str(port))}),
                          tls=tls)
+    port = srv.port
+    return srv
 
-    @property
-    def seen(self) -> list[dict[str, str]]:
-        return [r.headers for r in self.requests]
+
+def _headers(srv: FakePrometheus) -> list[dict[str, str]]:
+    return [headers for _, headers, _ in srv.seen]
 
 
 @pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
@@ -245,7 +214,7 @@ def test_credentials_never_follow_a_redirect_to_another_origin(api_factory: Any,
     elsewhere = api_factory([(200, VECTOR)])  # another port of the same host: another origin
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    red = Redirector(code, f"http://127.0.0.1:{elsewhere.port}/api/v1/query")
+    red = redirector(code, f"http://127.0.0.1:{elsewhere.port}/api/v1/query")
     try:
         client = PromClient(f"http://127.0.0.1:{red.port}", token_file=str(token), retries=0,
                             headers={"X-Scope-OrgID": "tenant-a"})
@@ -253,7 +222,7 @@ def test_credentials_never_follow_a_redirect_to_another_origin(api_factory: Any,
             client.query("up", 1.0)
     finally:
         red.close()
-    assert red.seen[0]["authorization"] == "Bearer s3cret"  # the configured origin gets it
+    assert _headers(red)[0]["authorization"] == "Bearer s3cret"  # the configured origin gets it
     assert elsewhere.seen == []  # the other origin got nothing at all
     assert exc.value.kind == BAD_RESPONSE and "not followed" in str(exc.value)
     assert str(exc.value).endswith("set --prometheus-url to the final address"), "the error says what to do"
@@ -262,7 +231,7 @@ def test_credentials_never_follow_a_redirect_to_another_origin(api_factory: Any,
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_https_to_http_downgrade_is_not_followed(tmp_path: Path) -> None:
     cert, ctx = _self_signed(tmp_path)
-    red = Redirector(308, "http://127.0.0.1:{port}/api/v1/query", tls=ctx)  # same host and port, plain http
+    red = redirector(308, "http://127.0.0.1:{port}/api/v1/query", tls=ctx)  # same host and port, plain http
     token = tmp_path / "token"
     token.write_text("s3cret")
     try:
@@ -279,60 +248,60 @@ def test_same_origin_308_is_followed_with_the_token(tmp_path: Path) -> None:
     token.write_text("s3cret")
     # a proxy on the same origin that moves the API under /prom
 
-    def answer(req: Request) -> Reply:
+    def answer(req: Request, query: str) -> Reply:
         if not req.path.startswith("/prom/"):
             return Reply(308, headers={"Location": "/prom" + req.path})
         return json_reply(VECTOR, headers={})
 
-    with FakeHTTP(answer) as srv:
+    with FakePrometheus(answer) as srv:
         got = PromClient(srv.url, token_file=str(token)).query("up", 1.0)
     assert len(got) == 2
     assert [(r.path, r.headers.get("authorization")) for r in srv.requests] == [
         ("/api/v1/query", "Bearer s3cret"), ("/prom/api/v1/query", "Bearer s3cret")]
 
 
-class Hops(FakeHTTP):
-    """A same-origin proxy that moves the API ``hops`` times (``/1/api/v1/query``, ``/1/2/...``)
-    with ``code``, then answers; records each path and its Authorization."""
+def hops(code: int, n: int) -> FakePrometheus:
+    """The Prometheus stand-in as a same-origin proxy that moves the API ``n`` times (``/1/api/v1/query``,
+    ``/1/2/...``) with ``code``, then answers."""
 
-    def __init__(self, code: int, hops: int) -> None:
-        def answer(req: Request) -> Reply:
-            depth = req.path.count("/") - 3  # "/api/v1/query" is depth 0
-            if depth < hops:
-                return Reply(code, headers={"Location": f"/{depth + 1}{req.path}"})
-            return json_reply(VECTOR, headers={})
+    def answer(req: Request, query: str) -> Reply:
+        depth = req.path.count("/") - 3  # "/api/v1/query" is depth 0
+        if depth < n:
+            return Reply(code, headers={"Location": f"/{depth + 1}{req.path}"})
+        return json_reply(VECTOR, headers={})
 
-        super().__init__(answer)
+    return FakePrometheus(answer)
 
-    @property
-    def hits(self) -> list[tuple[str, str | None]]:
-        return [(r.path, r.headers.get("authorization")) for r in self.requests]
+
+def _hits(srv: FakePrometheus) -> list[tuple[str, str | None]]:
+    """Each request's path and Authorization."""
+    return [(path, headers.get("authorization")) for path, headers, _ in srv.seen]
 
 
 @pytest.mark.parametrize("code", [307, 308])
 def test_up_to_three_same_origin_redirects_are_followed_with_the_token(tmp_path: Path, code: int) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret")
-    for hops in (1, 3):
-        srv = Hops(code, hops)
+    for n in (1, 3):
+        srv = hops(code, n)
         try:
             got = PromClient(f"http://127.0.0.1:{srv.port}", token_file=str(token), retries=0).query("up", 1.0)
         finally:
             srv.close()
         assert len(got) == 2
-        assert [h[0] for h in srv.hits] == ["/api/v1/query", "/1/api/v1/query", "/2/1/api/v1/query",
-                                            "/3/2/1/api/v1/query"][:hops + 1]
-        assert {h[1] for h in srv.hits} == {"Bearer s3cret"}
+        assert [h[0] for h in _hits(srv)] == ["/api/v1/query", "/1/api/v1/query", "/2/1/api/v1/query",
+                                              "/3/2/1/api/v1/query"][:n + 1]
+        assert {h[1] for h in _hits(srv)} == {"Bearer s3cret"}
 
 
 def test_a_fourth_redirect_is_refused_naming_where_it_pointed(tmp_path: Path) -> None:
-    srv = Hops(307, 10)
+    srv = hops(307, 10)
     try:
         with pytest.raises(PromError) as exc:
             PromClient(f"http://127.0.0.1:{srv.port}", retries=0).query("up", 1.0)
     finally:
         srv.close()
-    assert len(srv.hits) == 4, "followed more or fewer than 3 redirects"
+    assert len(_hits(srv)) == 4, "followed more or fewer than 3 redirects"
     assert exc.value.kind == BAD_RESPONSE
     assert str(exc.value).startswith(f"http://127.0.0.1:{srv.port}/4/3/2/1/api/v1/query: more than 3 redirects")
 
@@ -342,64 +311,30 @@ def test_a_fourth_redirect_is_refused_naming_where_it_pointed(tmp_path: Path) ->
     ("/prom/api/v1/query?tenant=a%20b&x=1", "/prom/api/v1/query?tenant=a%20b&x=1"),  # the query goes along
 ])
 def test_a_redirect_asks_for_its_path_and_query(location: str, asked: str) -> None:
-    def answer(req: Request) -> Reply:
+    def answer(req: Request, query: str) -> Reply:
         if req.path == asked:
             return json_reply(VECTOR, headers={})
         return json_reply(VECTOR, 307, headers={"Location": location.replace("{url}", srv.url)})
 
-    with FakeHTTP(answer) as srv:
+    with FakePrometheus(answer) as srv:
         got = PromClient(srv.url, retries=0).query("up", 1.0)
     assert [r.path for r in srv.requests] == ["/api/v1/query", asked] and len(got) == 2
 
 
 @pytest.mark.parametrize("code", [301, 307, 308])
 def test_a_redirect_without_a_location_is_refused_at_once(code: int) -> None:
-    with FakeHTTP(lambda req: Reply(code)) as srv, pytest.raises(PromError) as exc:
+    with FakePrometheus(lambda req, query: Reply(code)) as srv, pytest.raises(PromError) as exc:
         PromClient(srv.url, retries=0).query("up", 1.0)
     seen = [r.path for r in srv.requests]
     assert seen == ["/api/v1/query"] and exc.value.kind == BAD_RESPONSE
     assert f"HTTP {code} redirect without a Location" in str(exc.value)
 
 
-class Listener:
-    """A raw socket server on 127.0.0.1: each connection goes to ``_one`` on its own thread, for answers
-    an HTTP library cannot send (trickled, endless); ``stop`` ends the accept loop and the answers."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        raise NotImplementedError
-
-
-class Trickler(Listener):
-    """Sends a valid header, then one body byte every ``every`` s, forever."""
-
-    def __init__(self, every: float = 0.2, length: int = 100000) -> None:
-        self.every = every
-        self.length = length
-        super().__init__()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.length)
-                while not self.stop.wait(self.every):
-                    conn.sendall(b" ")
-            except OSError:
-                return
+def trickler(every: float = 0.2, length: int = 100000) -> FakePrometheus:
+    """The Prometheus stand-in sending a valid header announcing ``length`` bytes, then one body byte every
+    ``every`` s, until the client hangs up or it stops."""
+    return FakePrometheus(lambda req, query: Reply(raw=b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % length,
+                                                   more=b" ", every=every))
 
 
 @pytest.mark.timeout(20)  # without a connect timeout it would hang for minutes
@@ -448,15 +383,14 @@ def test_a_deadline_under_a_second_is_kept_not_rounded_down(api_factory: Any) ->
 def test_one_deadline_bounds_a_trickling_server() -> None:
     import time
 
-    server = Trickler(every=0.2)  # each read succeeds well within the timeout
+    server = trickler(every=0.2)  # each read succeeds well within the timeout
     try:
         t0 = time.monotonic()
         with pytest.raises(PromError) as exc:
             PromClient(f"http://127.0.0.1:{server.port}", timeout=1.0, retries=0).query("up", 1.0)
         took = time.monotonic() - t0
     finally:
-        server.stop.set()
-        server.sock.close()
+        server.close()
     assert exc.value.kind == "prometheus_timeout"
     assert re.fullmatch(rf"http://127\.0\.0\.1:{server.port}/api/v1/query: no (complete )?answer within 1s",
                         str(exc.value)), str(exc.value)
@@ -483,7 +417,7 @@ def test_an_announced_length_over_the_cap_is_refused_before_the_body() -> None:
     announces more than the cap and then trickles is refused at once, not read until the timeout."""
     import time
 
-    server = Trickler(every=0.2, length=10 * 2**30)
+    server = trickler(every=0.2, length=10 * 2**30)
     try:
         t0 = time.monotonic()
         with pytest.raises(PromError) as exc:
@@ -491,33 +425,25 @@ def test_an_announced_length_over_the_cap_is_refused_before_the_body() -> None:
                        max_response_bytes=1000).query("up", 1.0)
         took = time.monotonic() - t0
     finally:
-        server.stop.set()
-        server.sock.close()
+        server.close()
     assert exc.value.kind == "prometheus_response_too_large", str(exc.value)
     assert str(exc.value) == (f"http://127.0.0.1:{server.port}/api/v1/query: the answer announces {10 * 2**30} bytes, "
                               "more than --prometheus-max-response-bytes (1000 bytes); not read")
     assert took < 2.5, f"read for {took:.1f}s before refusing"
 
 
-class Endless(Listener):
-    """Answers 200 without a length (HTTP/1.0: the body ends at close) and sends forever."""
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n[")
-                while True:
-                    conn.sendall(b"0," * 32768)
-            except OSError:
-                return
+def endless() -> FakePrometheus:
+    """The Prometheus stand-in answering 200 without a length (HTTP/1.0: the body ends at close), sending
+    forever."""
+    return FakePrometheus(lambda req, query: Reply(raw=b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n[",
+                                                   more=b"0," * 32768))
 
 
 @pytest.mark.parametrize("cap", [1000, 3 * 2**19])  # under one read, and over the 1 MiB a read takes
 def test_an_endless_answer_is_refused_once_it_passes_the_cap(cap: int) -> None:
     """Counted over every read: an answer without a length is refused as soon as it passes the cap,
     not read to its end (it has none) or until the deadline."""
-    server = Endless()
+    server = endless()
     client = PromClient(f"http://127.0.0.1:{server.port}", timeout=5.0, retries=0, max_response_bytes=cap,
                         max_parse_bytes=2**30)
     try:
@@ -526,7 +452,7 @@ def test_an_endless_answer_is_refused_once_it_passes_the_cap(cap: int) -> None:
             client.query("up", 1.0)
         took = time.monotonic() - start
     finally:
-        server.sock.close()
+        server.close()
     assert exc.value.kind == "prometheus_response_too_large", str(exc.value)
     assert str(exc.value) == (f"http://127.0.0.1:{server.port}/api/v1/query: the answer is longer than "
                               f"--prometheus-max-response-bytes ({cap} bytes); not read")
@@ -546,12 +472,12 @@ def test_an_error_answer_is_judged_by_its_status_not_its_parse_cost(api_factory:
 
 def test_answer_without_length_is_capped_while_read() -> None:
     body = b'{"status":"success","data":{"resultType":"vector","result":[' + b" " * 5000 + b"]}}"
-    server = RawServer(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + body)
+    server = raw_server(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + body)
     try:
         with pytest.raises(PromError) as exc:
             PromClient(f"http://127.0.0.1:{server.port}", max_response_bytes=1000, retries=0).query("up", 1.0)
     finally:
-        server.sock.close()
+        server.close()
     assert exc.value.kind == "prometheus_response_too_large"
 
 
@@ -622,32 +548,17 @@ def test_nan_values_as_prometheus_sends_them_are_kept(api_factory: Any) -> None:
     assert pts[0][1] != pts[0][1] and pts[1][1] == float("inf") and pts[2][1] == float("-inf") and pts[3][1] == 0.5
 
 
-class BodyTrickler(Trickler):
-    """A valid JSON start (or ``start``), then a space every ``every`` s, without a Content-Length
-    (``http10``: read until close) or chunked: only the deadline ends the answer."""
-
-    def __init__(self, framing: str, every: float = 0.2,
-                 start: bytes = b'{"status":"success","data":{"resultType":"vector","result":[') -> None:
-        self.framing = framing
-        self.start = start
-        super().__init__(every)
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                start = self.start
-                if self.framing == "http10":
-                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + start)
-                    while not self.stop.wait(self.every):
-                        conn.sendall(b" ")
-                else:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                 + b"%x\r\n" % len(start) + start + b"\r\n")
-                    while not self.stop.wait(self.every):
-                        conn.sendall(b"1\r\n \r\n")
-            except OSError:
-                return
+def body_trickler(framing: str, every: float = 0.2,
+                  start: bytes = b'{"status":"success","data":{"resultType":"vector","result":[') -> FakePrometheus:
+    """The Prometheus stand-in sending a valid JSON start (or ``start``), then a space every ``every`` s, without
+    a Content-Length (``http10``: read until close) or chunked: only the deadline (or its stop) ends the answer."""
+    if framing == "http10":
+        reply = Reply(raw=b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + start, more=b" ",
+                      every=every)
+    else:
+        reply = Reply(raw=b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(start) + start
+                      + b"\r\n", more=b"1\r\n \r\n", every=every)
+    return FakePrometheus(lambda req, query: reply)
 
 
 @pytest.mark.parametrize("framing", ["http10", "chunked"])
@@ -655,15 +566,14 @@ def test_trickling_answer_at_the_deadline_is_a_timeout(framing: str) -> None:
     """Issue 26: an answer cut at the deadline was parsed as if complete (bad_response)."""
     import time
 
-    server = BodyTrickler(framing)
+    server = body_trickler(framing)
     try:
         t0 = time.monotonic()
         with pytest.raises(PromError) as exc:
             PromClient(f"http://127.0.0.1:{server.port}", timeout=1.0, retries=0).query("up", 1.0)
         took = time.monotonic() - t0
     finally:
-        server.stop.set()
-        server.sock.close()
+        server.close()
     assert exc.value.kind == "prometheus_timeout", str(exc.value)
     assert re.fullmatch(rf"http://127\.0\.0\.1:{server.port}/api/v1/query: no (complete )?answer within 1s",
                         str(exc.value)), str(exc.value)
@@ -755,10 +665,10 @@ def test_a_refused_redirect_names_each_url_cut_to_its_bound() -> None:
     hop = "/" + "h" * 400  # same origin: followed
     away = "https://127.0.0.1:9/" + "e" * 300  # another origin (the scheme): refused, never asked
 
-    def answer(req: Request) -> Reply:
+    def answer(req: Request, query: str) -> Reply:
         return Reply(307, headers={"Location": away if req.path == hop else hop})
 
-    with FakeHTTP(answer) as srv, pytest.raises(PromError) as exc:
+    with FakePrometheus(answer) as srv, pytest.raises(PromError) as exc:
         PromClient(srv.url + prefix, retries=0).query("up", 1.0)
     assert [r.path for r in srv.requests] == [prefix + "/api/v1/query", hop]
     assert exc.value.kind == BAD_RESPONSE
@@ -769,12 +679,12 @@ def test_a_refused_redirect_names_each_url_cut_to_its_bound() -> None:
 
 
 def test_a_blank_status_line_is_a_broken_answer_named_without_a_trailing_blank() -> None:
-    server = RawServer(b"\r\n")  # BadStatusLine with no printable text of its own
+    server = raw_server(b"\r\n")  # BadStatusLine with no printable text of its own
     try:
         with pytest.raises(PromError) as exc:
             PromClient(f"http://127.0.0.1:{server.port}", retries=0).query("up", 1.0)
     finally:
-        server.sock.close()
+        server.close()
     assert exc.value.kind == BAD_RESPONSE
     assert str(exc.value) == f"http://127.0.0.1:{server.port}/api/v1/query: broken HTTP answer: BadStatusLine"
 
@@ -808,7 +718,7 @@ def _framed(framing: str, body: bytes) -> bytes:
 def test_an_answer_of_exactly_the_cap_is_read_and_one_byte_more_refused(cap: int, framing: str) -> None:
     """--prometheus-max-response-bytes is the longest answer taken, to the byte, whatever the framing."""
     for size in (cap, cap + 1):
-        server = RawServer(_framed(framing, _exactly(size)))
+        server = raw_server(_framed(framing, _exactly(size)))
         client = PromClient(f"http://127.0.0.1:{server.port}", retries=0, max_response_bytes=cap)
         try:
             if size == cap:
@@ -819,13 +729,13 @@ def test_an_answer_of_exactly_the_cap_is_read_and_one_byte_more_refused(cap: int
                 assert exc.value.kind == "prometheus_response_too_large", str(exc.value)
                 assert client.largest_response_bytes == 0
         finally:
-            server.sock.close()
+            server.close()
 
 
-def _holder(body: bytes) -> BodyTrickler:
+def _holder(body: bytes) -> FakePrometheus:
     """Answers 200 without a length (HTTP/1.0: the body would end at the close) with ``body``, then holds
     the connection open until ``stop``: only the client can end the answer before its deadline."""
-    return BodyTrickler("http10", every=3600, start=body)
+    return body_trickler("http10", every=3600, start=body)
 
 
 @pytest.mark.parametrize("cap", [1000, 3 * 2**19])
@@ -840,8 +750,7 @@ def test_one_byte_over_the_cap_is_refused_at_once_when_the_server_then_stalls(ca
                        max_response_bytes=cap).query("up", 1.0)
         took = time.monotonic() - start
     finally:
-        server.stop.set()
-        server.sock.close()
+        server.close()
     assert str(exc.value) == (f"http://127.0.0.1:{server.port}/api/v1/query: the answer is longer than "
                               f"--prometheus-max-response-bytes ({cap} bytes); not read")
     assert took < 5.0, f"refused after {took:.1f}s of a 10 s deadline: it waited for more than the cap"
@@ -860,8 +769,7 @@ def test_the_parse_bound_is_judged_on_every_mebibyte_as_it_arrives() -> None:
             PromClient(f"http://127.0.0.1:{server.port}", timeout=10.0, retries=0).query("up", 1.0)  # 32 MiB
         took = time.monotonic() - start
     finally:
-        server.stop.set()
-        server.sock.close()
+        server.close()
     assert str(exc.value) == (
         f"http://127.0.0.1:{server.port}/api/v1/query: the answer would take more than "
         f"--prometheus-max-parse-bytes ({32 * 2**20} bytes) to parse (objects for {first.bytes} bytes in its first "
