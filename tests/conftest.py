@@ -73,6 +73,7 @@ SLOW = frozenset((
     "tests/unit/platform/test_units.py",
     "tests/unit/profiler/test_allocated.py",
     "tests/unit/profiler/test_allocated_shared.py",
+    "tests/unit/profiler/test_annotate.py",
     "tests/unit/profiler/test_dcgm_source.py",
     "tests/unit/profiler/test_faults.py",
     "tests/unit/profiler/test_fleet_size.py",

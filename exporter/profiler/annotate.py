@@ -139,8 +139,8 @@ class NodeStore:
                 if status >= 500 or status == 429:
                     last = KubeError(KUBE_SERVER, f"{verb} {what}: HTTP {status} {_reason(exc)}")
                     continue
-                if status == 0:
-                    last = KubeError(KUBE_UNREACHABLE, f"{verb} {what}: {exc}")
+                if status == 0:  # the client's own failure (TLS): str(exc) spans lines, the reason does not
+                    last = KubeError(KUBE_UNREACHABLE, f"{verb} {what}: {_reason(exc)}")
                     continue
                 raise KubeError(KUBE_REJECTED, f"{verb} {what}: HTTP {status} {_reason(exc)}") from None
             except ValueError as exc:

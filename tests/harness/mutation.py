@@ -124,12 +124,18 @@ MODULES: dict[str, Module] = {
     # the shared HTTP server (issue 39 split it along its seams): the pure protocol functions by their own
     # table of requests; the I/O loop and its limits by a real server in this process (real sockets and TLS)
     "http-protocol": Module("exporter/platform/http/protocol.py", ("tests/unit/platform/test_http_protocol.py",)),
+    # (server.py: every mutant of the I/O loop runs real-socket tests of seconds each: registered, not scored
+    # by the routine runs; its limits, which nothing there but the loop calls, are judged on their own below)
     "http-server": Module("exporter/platform/http/server.py", ("tests/unit/platform/test_http_server.py",
-                                                               "tests/unit/platform/test_http_survivors.py"),
-                          also=("exporter/platform/http/limits.py",)),
+                                                               "tests/unit/platform/test_http_survivors.py")),
+    # the failed-login limiter, the rate_limit bucket, the lanes and the connection cap: in process, on a
+    # fake clock, no socket
+    "http-limits": Module("exporter/platform/http/limits.py", ("tests/unit/platform/test_http_limits.py",)),
     # the web config's reload (never fail open, never lose an edit) and its TLS settings in force
+    # (in process, cost-4 hashes and no TLS; not the real-time test with its cost-12 hash)
     "webconfig-reload": Module("exporter/platform/webconfig.py", ("tests/unit/platform/test_webconfig_reload.py",
-                                                                  "tests/unit/platform/test_http_survivors.py"),
+                                                                  "tests/unit/platform/test_webconfig_live.py"),
+                               extra_args=("-k", "not 30ms"),
                                functions=tuple(f"exporter.platform.webconfig.{f}__*" for f in (
                                    "x__stamp", "x__weakens", "xǁLiveWebConfigǁ*"))),
     # issue 35/36: the GPUHealthy rules (pure: the tests that need no Prometheus) and the Event budget
@@ -138,7 +144,11 @@ MODULES: dict[str, Module] = {
     # (test_health_docs.py reads docs/, which mutmut's copy of the tree does not hold)
     "health": Module("exporter/profiler/health.py", ("tests/unit/profiler/test_health.py",),
                      extra_args=("-k", "causes_from_fields or parseable or xid_severity_overrides or "
-                                       "health_state_fields or every_entry")),
+                                       "health_state_fields or every_entry or xid_codes_count or reach_every_path "
+                                       "or index_order or cleans_its_labels or message_bound or shares_one")),
+    # the profiler's Node reads and patches (NodeStore): its own in-process tests against the fake API
+    # server, no Prometheus and no cycle (the cycles' tests take seconds each)
+    "annotate": Module("exporter/profiler/annotate.py", ("tests/unit/profiler/test_annotate.py",)),
     "events": Module("exporter/profiler/events.py", ("tests/unit/profiler/test_events.py",
                                                      "tests/unit/profiler/test_allocated.py"),
                      extra_args=("-k", "not 10000 and not flags and not hostile and not allocated_idle")),
@@ -163,9 +173,11 @@ def prepare(name: str, mod: Module, keep: bool = False) -> Path:
     tree = WORK / name
     if keep and (tree / "mutants").is_dir():
         for f in _tracked():
-            if f != "pyproject.toml" and (REPO / f).is_file():
+            if (REPO / f).is_file():
                 (tree / f).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO / f, tree / f)
+        # the module's table again: a rerun after new tests selects them too (its -k may have grown)
+        _mutmut_table(tree, mod)
         return tree
     if tree.exists():
         shutil.rmtree(tree)
@@ -175,6 +187,12 @@ def prepare(name: str, mod: Module, keep: bool = False) -> Path:
         if src.is_file():
             (tree / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, tree / f)
+    _mutmut_table(tree, mod)
+    return tree
+
+
+def _mutmut_table(tree: Path, mod: Module) -> None:
+    """The tree's pyproject.toml: the repository's, with ``mod``'s ``[tool.mutmut]`` table."""
     pyproject = (tree / "pyproject.toml").read_text()
     if "[tool.mutmut]" in pyproject:
         raise SystemExit("pyproject.toml already has a [tool.mutmut] table: the runner writes it per module")
@@ -188,7 +206,6 @@ pytest_add_cli_args = {_toml_list(pytest_args)}
 process_isolation = "{mod.isolation}"
 use_setproctitle = false
 """)
-    return tree
 
 
 def _tracked() -> list[str]:

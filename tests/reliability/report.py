@@ -516,6 +516,21 @@ EXTERNAL = [
             "argument per class in docs/security.md",
         "test": "tests/unit/platform/test_probe_starvation.py::test_no_class_of_greedy_client_starves_the_probes",
         "figures": {"cases": 9, "failures": 0}, "outcome": "make test"}),
+    ("Load", {
+        "scenario": "the shipped installs probe the probe listener, TLS or not (issue 36)",
+        "done": "Helm (both vendors, TLS on and off, moved ports) and kustomize (base and overlays) rendered with "
+            "the real helm and kubectl; the rendered probes run as the kubelet runs them against a real exporter "
+            "and profiler with basic auth and TLS",
+        "happened": "both daemons' probes name the plain-HTTP probe listener the daemon is told to open (9404, "
+            "not the metrics port; before: the exporter's probes on HTTPS behind every handshake unless "
+            "exporter.probePort was set, the profiler's always); 200 there, /metrics 404 there and 401 on the "
+            "metrics port; no Service, ServiceMonitor or NetworkPolicy names it; probePort 0 or the metrics port "
+            "refused at helm template",
+        "test": "tests/e2e/test_helm.py::test_probes_are_on_the_probe_listener_whatever_the_tls, "
+            "::test_only_the_kubelet_reaches_the_probe_ports, ::test_a_probe_port_that_cannot_serve_is_refused, "
+            "::test_shipped_profiler_probes_pass_under_auth; tests/e2e/test_probes.py::"
+            "test_shipped_probes_pass_under_auth",
+        "figures": {"cases": 16, "failures": 0}, "outcome": "make test"}),
     ("Access control and secrets", {
         "scenario": "HTTP and web-config survivors (issue 36)",
         "done": "four one-line bugs the whole suite missed, each planted by hand: silent sockets evicted after "

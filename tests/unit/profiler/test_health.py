@@ -540,3 +540,102 @@ def test_every_entry_exactly() -> None:
     assert health.XidRules.action(48) == "COMPONENT_RESET" and health.XidRules.action(45) == "RESTART_APP"
     assert health.XidRules.action(8) == "RESTART_APP" and health.XidRules.action(14) == "NONE"
     assert health.XidRules.mnemonic(13) == "ROBUST_CHANNEL_GR_EXCEPTION"
+
+
+def test_which_xid_codes_count_exactly() -> None:
+    """Each source's XID fields at their boundaries (from the mutation run's survivors): ours per code
+    (one digit too), ours without the code (a rise of exactly 1), dcgm's last-XID gauge (min, max and last
+    each a code of its own; the gauge changed in the window counts a code held before it; 0 is no code)."""
+    def codes(rules: Any = None, **h: float) -> list[str]:
+        return [f.code for f in health.gpu_findings(GpuStats(node="n", gpu="0", up=1.0, health=h), rules)]
+
+    assert codes([8], xid_8=1.0) == ["XID8"]  # a one-digit code
+    assert codes(xid=1.0) == ["XID"]  # our counter rose by exactly one, which code not read
+    assert codes(xid=0.5) == ["XID"] and codes(xid=0.0) == []
+    every = [1, 13, 48, 79, 94]
+    assert codes(every, xid_min=1.0, xid_max=1.0, xid_last=1.0, xid_changes=1.0) == ["XID1"]
+    # the gauge went 94 -> 48 -> 94 in the window: both codes came in it (only the minimum says 48)
+    assert codes(every, xid_min=48.0, xid_max=94.0, xid_last=94.0, xid_changes=2.0, xid_before=94.0) == [
+        "XID48", "XID94"]
+    # 13, then 48 (only the last value says 48), then 79
+    assert codes(every, xid_min=13.0, xid_max=79.0, xid_last=48.0, xid_changes=3.0, xid_before=0.0) == [
+        "XID13", "XID48", "XID79"]
+    # 79 held before the window, then one change to 13: the gauge changed, so 79 (the maximum) counts too
+    assert codes(every, xid_min=13.0, xid_max=79.0, xid_last=13.0, xid_changes=1.0, xid_before=79.0) == [
+        "XID13", "XID79"]
+    # rewritten to the same code in the window: still a change, still counts
+    assert codes(every, xid_min=79.0, xid_max=79.0, xid_last=79.0, xid_changes=2.0, xid_before=79.0) == ["XID79"]
+    # 0 is the gauge's "no XID", never a code (not even a warn entry)
+    assert codes(None, xid_min=0.0, xid_max=79.0, xid_last=79.0, xid_changes=1.0, xid_before=0.0) == ["XID79"]
+    # a reading that is not finite is absent, never a cause
+    for bad in (float("inf"), float("nan")):
+        assert codes(every, ecc=bad, remap=bad, retire=bad, xid=bad) == []
+
+
+def test_rules_and_states_reach_every_path() -> None:
+    """The XID rules passed on by gpu_causes and the old list form; a ``lost`` state whatever gpu_up says;
+    a warn XID never hides the exporter's ``failed`` verdict."""
+    def st(**h: float) -> GpuStats:
+        return GpuStats(node="n", gpu="0", uuid="GPU-a", up=1.0, health=h)
+
+    assert health.gpu_causes(st(xid_13=1.0)) == [] and health.gpu_causes(st(xid_13=1.0), [13]) == [health.XID]
+    assert health.gpu_causes(st(xid_13=1.0), health.XidRules({13: "fatal"})) == [health.XID]
+    assert [f.cause for f in health.gpu_findings(st(state_lost=1.0))] == [health.LOST]
+    obs = health.observe({"0": st(state_lost=1.0)})
+    assert (obs.status, obs.reason) == ("False", health.LOST)
+    assert health.gpu_causes(st(state_failed=1.0, xid_13=1.0)) == [health.FAILED]
+    assert [f.code for f in health.gpu_findings(st(state_failed=1.0, xid_13=1.0))] == ["GPU_FAILED", "XID13"]
+    assert health.gpu_findings(st(state_degraded=1.0, xid_13=1.0))[0].cause == health.WARN
+    assert health.published_value({"reason": "X"}) == ".X"
+
+
+def test_gpus_in_index_order_within_a_cause() -> None:
+    """Numbered GPUs by number, then named ones by name, within each cause."""
+    gpus = {g: GpuStats(node="n", gpu=g, up=0.0) for g in ("x", "10", "b", "2")}
+    assert [e.split(" ")[2] for e in health.observe(gpus).message.split("; ")] == ["2", "10", "b", "x"]
+
+
+def test_an_entry_cleans_its_labels() -> None:
+    """The GPU label cut at 40 characters, spaces as ``_``, and no ``;`` anywhere in an entry."""
+    def entry(gpu: str) -> str:
+        return health.Finding(gpu, "GPU-a", health.LOST, "GPU_LOST", "w", "RESTART_BM").entry()
+
+    assert entry("g" * 50) == f"[GPU_LOST] GPU {'g' * 40}... GPU-a: w - RecommendedAction: RESTART_BM"
+    assert entry("a b") == "[GPU_LOST] GPU a_b GPU-a: w - RecommendedAction: RESTART_BM"
+    assert entry("0;1") == "[GPU_LOST] GPU 0,1 GPU-a: w - RecommendedAction: RESTART_BM"
+
+
+def test_the_message_bound_exactly() -> None:
+    """MAX_MESSAGE at its exact boundaries: a lone entry of exactly 1,024 characters fits, with a head the
+    ``; `` counts, and every entry but the last keeps room for the ``[MORE]`` entry."""
+    def finding(n: int) -> health.Finding:
+        base = len(health.Finding("0", "-", health.LOST, "C", "", "A").entry())
+        return health.Finding("0", "-", health.LOST, "C", "w" * (n - base), "A")
+
+    assert len(finding(1024).entry()) == 1024
+    assert health.message([finding(1024)]) == finding(1024).entry()
+    assert health.message([finding(1025)]) == "[MORE] 1 more entries"
+    assert health.message([finding(1021)], "h") == "h; " + finding(1021).entry()  # 1 + 2 + 1,021
+    assert health.message([finding(1022)], "h") == "h; [MORE] 1 more entries"
+    # two entries: the first keeps 32 characters for "; [MORE] N more entries", the last does not
+    assert health.message([finding(992), finding(40)]) == finding(992).entry() + "; [MORE] 1 more entries"
+    assert health.message([finding(993), finding(40)]) == "[MORE] 2 more entries"
+    assert health.message([finding(982), finding(40)]) == finding(982).entry() + "; " + finding(40).entry()
+    assert health.message([finding(982), finding(41)]) == finding(982).entry() + "; [MORE] 1 more entries"
+
+
+def test_a_healthy_node_shares_one_condition_per_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``N GPUs healthy`` is one shared object per N (the fast path of 10,000 nodes a cycle), for at most
+    256 sizes; a GPU that reads up is no reason to leave the fast path."""
+    monkeypatch.setattr(health, "_ALL_HEALTHY", {})
+
+    def node(n: int) -> dict[str, GpuStats]:
+        return {str(g): GpuStats(node="n", gpu=str(g), up=1.0) for g in range(n)}
+
+    first = health.observe(node(3))
+    assert first == health.Observed("True", "AllGPUsHealthy", "3 GPUs healthy")
+    assert health.observe(node(3)) is first and {3: first} == health._ALL_HEALTHY
+    for n in range(1, 301):
+        assert health.observe(node(n)).message == f"{n} GPUs healthy"
+    assert len(health._ALL_HEALTHY) == 256 and 300 not in health._ALL_HEALTHY
+    assert health.observe(node(300)) == health.Observed("True", "AllGPUsHealthy", "300 GPUs healthy")
