@@ -7,7 +7,7 @@ A cycle asks, evaluated at one instant:
    ``shard_gpus`` GPUs (default 2,000), each selected by a short name pattern, never a list
    of its nodes (:func:`plan_shards`, :func:`shard_pattern`): a query's length does not grow
    with the fleet, and :func:`pack` keeps each under ``max_query_bytes``.
-Then, per shard (``{node=~`gpu-node-0[0-1].*`}``):
+Then, per shard (``{node=~`gpu-node-0[0-1].*|gpu-node-02[0-4].*`}``):
 
 1. utilisation aggregates (instant), grouped by (node, gpu, uuid): mean, stddev, 95th
    percentile, sample count, count in the older half of the window, count in the
@@ -49,7 +49,8 @@ by more than one job: ``max by (node, gpu, uuid)`` folds those into one series p
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from exporter.profiler import sources
@@ -433,51 +434,71 @@ def plan_shards(gpus_per_node: dict[str, int], shard_gpus: int) -> list[list[str
     """The fleet's nodes cut into shards of at most ``shard_gpus`` GPUs, each a run of the
     sorted names that :func:`shard_pattern` selects in a few bytes (no list of nodes).
 
-    The names form a trie; a subtree that fits is never cut, consecutive sibling subtrees
-    are packed while they fit, and a subtree with more GPUs than that is cut the same way one
-    character deeper (a node with more GPUs than a shard is a shard of its own). So each
-    shard is ``prefix`` followed by one character of a range, and its pattern selects exactly
-    its own nodes among the fleet's.
+    A shard is filled up to ``shard_gpus`` (a node with more GPUs than that is a shard of its
+    own) unless its pattern would then be longer than ``2·L + 20`` bytes for its longest name
+    of L characters; then it ends earlier, at the start of the last subtree of the names' trie
+    it cut into, until the pattern fits (one name always does). The pattern is a union of the
+    trie's subtrees (:func:`shard_pattern`), so a shard is no longer a whole subtree: 10,000
+    nodes named ``gpu-node-0000`` ... make 40 shards of 2,000 GPUs, where whole subtrees made 50
+    of 1,600, and every shard's aggregates select that many more series per query.
     """
     names = sorted(gpus_per_node)
-    gpus = [max(1, gpus_per_node[n]) for n in names]
     total = [0]
-    for g in gpus:
-        total.append(total[-1] + g)
+    for n in names:
+        total.append(total[-1] + max(1, gpus_per_node[n]))
     shards: list[list[str]] = []
-
-    def cut(lo: int, hi: int, depth: int) -> None:
-        # names[lo:hi] share their first ``depth`` characters and hold more GPUs than a shard
-        run: list[str] = []
-        run_gpus = 0
-        i = lo
-        while i < hi:
-            j = i + 1
-            if len(names[i]) > depth:
-                c = names[i][depth]
-                while j < hi and len(names[j]) > depth and names[j][depth] == c:
-                    j += 1
-            child = total[j] - total[i]
-            if child > shard_gpus and j - i > 1:
-                if run:
-                    shards.append(run)
-                    run, run_gpus = [], 0
-                cut(i, j, len(_common_prefix([names[i], names[j - 1]])))
-            else:
-                if run and run_gpus + child > shard_gpus:
-                    shards.append(run)
-                    run, run_gpus = [], 0
-                run += names[i:j]
-                run_gpus += child
-            i = j
-        if run:
-            shards.append(run)
-
-    if names and total[-1] <= shard_gpus:
-        shards.append(names)
-    elif names:
-        cut(0, len(names), len(_common_prefix([names[0], names[-1]])))
+    i = 0
+    while i < len(names):
+        # the last node that keeps the shard within shard_gpus (at least the first one)
+        j = max(i, bisect_right(total, total[i] + shard_gpus, i + 1) - 2)
+        while j > i and len(_pattern(names, i, j)) > 2 * max(map(len, names[i:j + 1])) + 20:
+            k = len(_common_prefix([names[i], names[j]]))
+            last_child = _subtree(names, names[j][:k + 1], i)[0]
+            j = last_child - 1 if last_child - 1 > i else j - 1
+        shards.append(names[i:j + 1])
+        i = j + 1
     return shards
+
+
+def _subtree(names: Sequence[str], prefix: str, lo: int = 0) -> tuple[int, int]:
+    """The names (sorted) that begin with ``prefix``: ``names[a:b]``, as (a, b)."""
+    a = bisect_left(names, prefix, lo)
+    return a, bisect_left(names, True, a, key=lambda n: not n.startswith(prefix))
+
+
+def _pattern(names: Sequence[str], i: int, j: int) -> str:
+    """A regex (without its quotes) matching ``names[i..j]`` and no other of ``names``: the
+    fewest subtrees of their trie that make up the run, joined with ``|``."""
+    return "|".join(_pieces(names, i, j))
+
+
+def _pieces(names: Sequence[str], i: int, j: int) -> list[str]:
+    first, last = names[i], names[j]
+    if i == j:
+        return [_literal(first)]
+    k = len(_common_prefix([first, last]))
+    prefix = first[:k]
+    a, b = _subtree(names, prefix)
+    if (a, b) == (i, j + 1):
+        return [_literal(prefix) + ".*"]  # the whole subtree (the prefix itself a name or not)
+    if len(first) == k:  # the prefix is itself one of the names, sorted before its subtree
+        return [_literal(first), *_pieces(names, i + 1, j)]
+    # first and last differ at k: a tail of first's child, whole children, a head of last's child
+    left = _subtree(names, prefix + first[k], a)
+    right = _subtree(names, prefix + last[k], left[1])
+    out: list[str] = []
+    lo, hi = left[0], right[1] - 1  # the whole children's names, as indexes
+    if left[0] != i:
+        out += _pieces(names, i, left[1] - 1)
+        lo = left[1]
+    tail: list[str] = []
+    if right[1] != j + 1:
+        tail = _pieces(names, right[0], j)
+        hi = right[0] - 1
+    if lo <= hi:
+        c, d = names[lo][k], names[hi][k]
+        out.append(_literal(prefix) + (_literal(c) if c == d else f"[{_class_char(c)}-{_class_char(d)}]") + ".*")
+    return out + tail
 
 
 def _common_prefix(names: list[str]) -> str:
@@ -498,20 +519,25 @@ def _class_char(c: str) -> str:
     return c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):x}}}"
 
 
-def shard_pattern(nodes: Iterable[str]) -> str:
+def shard_pattern(nodes: Iterable[str], fleet: Sequence[str] | None = None) -> str:
     """A PromQL raw-string regex for a shard of :func:`plan_shards`, of a size that does not
-    grow with the shard: the names' common prefix, then the range of the characters after it
-    (``gpu-node-0[0-2].*``), the prefix alone being a name too when it is one of them.
+    grow with the shard.
 
-    It matches every one of ``nodes``, and of the other names only those that sort between
-    the first and the last of them under the same prefix and range: none of the fleet's, for
-    a shard of :func:`plan_shards`; a few of the neighbours', for a part of a shard cut in
-    two (the answers' series of nodes outside the shard are ignored: fold.py).
+    With ``fleet`` (every node name of the source, sorted), the trie's subtrees that make up
+    the run from the shard's first name to its last (``gpu-node-0[0-1].*|gpu-node-02[0-4].*``):
+    it matches exactly those of the fleet's names. Without it, the names' common prefix and the
+    range of the characters after it (``gpu-node-0[0-2].*``), the prefix alone being a name
+    too when it is one of them: it matches every one of ``nodes`` and possibly some of their
+    neighbours' (the answers' series of nodes outside the shard are ignored: fold.py).
     """
     names = sorted(set(nodes))
     if not names:
         raise ValueError("pattern of no nodes")
     first, last = names[0], names[-1]
+    if fleet is not None:
+        i, j = bisect_left(fleet, first), bisect_left(fleet, last)
+        if i < len(fleet) and j < len(fleet) and fleet[i] == first and fleet[j] == last:
+            return "`" + _pattern(fleet, i, j) + "`"
     if first == last:
         return "`" + _literal(first) + "`"
     prefix = _common_prefix([first, last])
@@ -528,17 +554,18 @@ def query_bytes(expr: str) -> int:
     return len(expr.encode())
 
 
-def pack(parts: list[str], limit: int) -> list[str]:
+def pack(parts: list[str], limit: int, most: int | None = None) -> list[str]:
     """Parts (each with its own ``stat`` label, or its own label set) joined by :func:`union`
-    into as few queries of at most ``limit`` bytes as the order allows. The answers' union is
-    the union's answer, so cutting it changes nothing but the number of queries; a part
-    longer than ``limit`` alone is a query of its own (the client refuses it: too long)."""
+    into as few queries of at most ``limit`` bytes, and of at most ``most`` parts, as the order
+    allows. The answers' union is the union's answer, so cutting it changes nothing but the
+    number of queries; a part longer than ``limit`` alone is a query of its own (the client
+    refuses it: too long)."""
     out: list[str] = []
     cur: list[str] = []
     size = 0
     for part in parts:
         n = query_bytes(part)
-        if cur and size + n + _OR_BYTES > limit:
+        if cur and (size + n + _OR_BYTES > limit or len(cur) == most):
             out.append(union(cur))
             cur, size = [], 0
         size += n + (_OR_BYTES if cur else 0)

@@ -31,7 +31,7 @@ from tests.harness.prom import FakePrometheus, free_port
 ROOT = Path(__file__).resolve().parents[3]
 CAP = 16 * 1024 * 1024
 SIZE = 15 * 1024 * 1024  # under the cap, as in the finding
-NODES = 600  # several shards: a shard's 3 aggregates and the next shard's 3 are in flight together
+NODES = 600  # several shards: a shard's aggregates and the next shard's are in flight together (6 at most)
 
 
 def _fill(unit: bytes, head: bytes, tail: bytes) -> bytes:

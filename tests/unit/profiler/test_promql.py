@@ -11,7 +11,7 @@ import pytest
 from exporter.profiler import sources
 from exporter.profiler.prom import PromClient
 from exporter.profiler.promql import QueryBuilder, QueryConfig, pack, plan_shards, query_bytes, shard_pattern
-from exporter.profiler.queries import Reader
+from exporter.profiler.queries import PARTS_PER_QUERY, Reader
 
 FLEET = 10_000
 
@@ -39,14 +39,45 @@ def test_shards_select_exactly_their_nodes(shape: str) -> None:
     names = _names(shape)
     assert all(len(n) <= 63 for n in names) and max(len(n) for n in names) == 63
     shards = plan_shards(dict.fromkeys(names, 8), 2000)
-    assert sorted(n for s in shards for n in s) == sorted(names)
+    fleet = sorted(names)
+    assert [n for s in shards for n in s] == fleet  # runs of the sorted names
     assert all(sum(8 for _ in s) <= 2000 for s in shards)
-    # the trie's cuts cost a few shards more than packing a list would (docs/profiler.md)
-    assert len(shards) <= 2 * -(-FLEET * 8 // 2000)
+    # a shard's pattern is a union of the trie's subtrees: filled to 2,000 GPUs, as a list would
+    # be (whole subtrees only made 50, 70 and 41 shards of these; docs/profiler.md)
+    assert len(shards) == FLEET * 8 // 2000
     for s in shards:
-        pat = _python(shard_pattern(s))
-        assert {n for n in names if pat.fullmatch(n)} == set(s)
-        assert len(shard_pattern(s)) <= 2 * 63 + 30
+        pat = shard_pattern(s, fleet)
+        assert {n for n in names if _python(pat).fullmatch(n)} == set(s)
+        assert len(pat) <= 2 * 63 + 20 + 2  # docs/profiler.md: 2L + 20 bytes, and its quotes
+    # half of a shard (a refused query is asked again in halves) is selected exactly too
+    for s in shards[:5]:
+        for half in (s[:len(s) // 2], s[len(s) // 2:]):
+            assert {n for n in names if _python(shard_pattern(half, fleet)).fullmatch(n)} == set(half)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_any_run_of_any_fleet_is_selected_exactly(seed: int) -> None:
+    """Names that are prefixes of others, shared prefixes of every length, characters a regex
+    must escape: every run of the sorted names (as plan_shards cuts them, or any other) gets a
+    pattern that matches it and nothing else of the fleet."""
+    rng = random.Random(seed)
+    alphabet = rng.choice(["ab", "abc.", "a-b.c", "0123456789", "xy-9.z"])
+    names = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 7)))
+                    for _ in range(rng.randint(2, 300))})
+    for _ in range(30):
+        i = rng.randrange(len(names))
+        j = rng.randrange(i, len(names))
+        pat = _python(shard_pattern(names[i:j + 1], names))
+        assert [n for n in names if pat.fullmatch(n)] == names[i:j + 1]
+    gpus = {n: rng.randint(1, 16) for n in names}
+    cap = rng.choice([1, 8, 40, 100])
+    shards = plan_shards(gpus, cap)
+    assert [n for s in shards for n in s] == names
+    for s in shards:
+        assert len(s) == 1 or sum(gpus[n] for n in s) <= cap
+        pat = shard_pattern(s, names)
+        assert [n for n in names if _python(pat).fullmatch(n)] == s
+        assert len(s) == 1 or len(pat) <= 2 * max(map(len, s)) + 22
 
 
 @pytest.mark.parametrize("source", [s for s in sources.CHOICES if s != sources.AUTO])
@@ -60,9 +91,9 @@ def test_every_query_fits_the_limit_at_ten_thousand_nodes(source: str, limit: in
             b.join = join
             sizes = []
             for shard in plan_shards(dict.fromkeys(names, 8), cfg.shard_gpus):
-                sel = shard_pattern(shard)
+                sel = shard_pattern(shard, sorted(names))
                 for parts in (b.util_parts(sel), b.mem_parts(sel), b.allocation_parts(sel)):
-                    sizes += [query_bytes(q) for q in pack(parts, limit)]
+                    sizes += [query_bytes(q) for q in pack(parts, limit, PARTS_PER_QUERY)]
             assert max(sizes) <= limit
         assert query_bytes(b.unlabelled()) <= limit and query_bytes(b.nodes(None)) <= limit
 
@@ -85,3 +116,6 @@ def test_pack_keeps_every_part_and_joins_as_few_as_fit() -> None:
     assert sorted(re.findall(r'"s\d+"', " ".join(packed))) == sorted(f'"s{i}"' for i in range(40))
     assert len(packed) == len(pack(parts, 300))  # deterministic
     assert len(pack(parts, 10**6)) == 1
+    # at most ``most`` parts a query, the byte limit still kept
+    assert [q.count('"stat"') for q in pack(parts, 10**6, 4)] == [4] * 10
+    assert all(query_bytes(q) <= 300 and q.count('"stat"') <= 4 for q in pack(parts, 300, 4))

@@ -167,8 +167,8 @@ def test_a_limit_refusal_splits_the_shard_like_a_cap(stores: tuple[Prometheus, V
 def test_a_query_the_store_finds_too_long_is_asked_for_in_halves_down_to_one_node(
         stores: tuple[Prometheus, VictoriaMetrics]) -> None:
     prom, _ = stores
-    vm_words = "too long query; got {n} bytes; mustn't exceed `-search.maxQueryLen=2000` bytes"
-    with FaultProxy(prom.url, refuse=lambda q, _: (422, vm_words.format(n=len(q))) if len(q) > 2000 else None) \
+    vm_words = "too long query; got {n} bytes; mustn't exceed `-search.maxQueryLen=1000` bytes"
+    with FaultProxy(prom.url, refuse=lambda q, _: (422, vm_words.format(n=len(q))) if len(q) > 1000 else None) \
             as store:
         reader = Reader(PromClient(store.url, timeout=60), QueryConfig(source="gpu-exporter"))
         with pytest.raises(PromError) as err:
