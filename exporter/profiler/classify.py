@@ -391,8 +391,13 @@ def theil_sen_mann_kendall(ys: Sequence[float], step: float = 1.0) -> tuple[floa
     slopes.sort()
     m = len(slopes)
     med = slopes[m // 2] if m % 2 else 0.5 * (slopes[m // 2 - 1] + slopes[m // 2])
-    # Mann-Kendall's S, the rises minus the falls: a slope has its pair's sign (k > 0)
-    s = (m - bisect_right(slopes, 0.0)) - bisect_left(slopes, 0.0)
+    # Mann-Kendall's S, the rises minus the falls: a slope has its pair's sign (k > 0), unless the
+    # difference is so tiny that dividing by k rounds it to 0, possible only for readings within
+    # ~1e-270 of 0 (a larger one's differences are multiples of its ulp): count those pairs exactly
+    if any(0.0 < abs(x) < 1e-270 for x in xs):
+        s = sum((xs[j] > xs[i]) - (xs[j] < xs[i]) for i in range(n) for j in range(i + 1, n))
+    else:
+        s = (m - bisect_right(slopes, 0.0)) - bisect_left(slopes, 0.0)
     ties = Counter(xs)
     var = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values() if t > 1)) / 18.0
     if var <= 0:

@@ -41,6 +41,13 @@ def test_slope_and_z_are_the_definitions(ys: list[float], step: float) -> None:
     assert theil_sen_mann_kendall(ys, step) == _definition(ys, step)
 
 
+def test_pairs_whose_slope_underflows_keep_their_sign() -> None:
+    # found by hypothesis in a clean-clone CI run: (5e-324 - 0) / 2 rounds to 0.0, a tie, where
+    # Mann-Kendall counts a rise
+    for ys in ([0.0, 0.0, 5e-324], [5e-324, 0.0, -5e-324, 1e-300], [2.0**-1000, 0.0, 2.0**-1000 * 3, 1.0]):
+        assert theil_sen_mann_kendall(ys) == _definition(ys, 1.0), ys
+
+
 def test_a_leak_a_fall_and_a_plateau() -> None:
     rise = [float(i * 1000) for i in range(30)]
     assert theil_sen_mann_kendall(rise, 30.0) == _definition(rise, 30.0)
