@@ -81,8 +81,8 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-test .apt-test-deps $(TOOLS)/.installed
 	$(VENV)/bin/ruff check exporter tests bench demo
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not reliability_long and not serial" -n 4 --dist loadfile
-	$(PY) -m pytest -m "not reliability_long and serial"
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -m "not reliability_long and not serial" -n 4 --dist loadfile
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -m "not reliability_long and serial"
 
 # The inner loop: pure unit tests (no process, no Prometheus, no daemon), under 60 s on a 2-core machine.
 # Tests that start a process are marked slow (tests/conftest.py's SLOW) and left to `make test`;

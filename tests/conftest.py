@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import settings
 
 from tests.fakes import fakeamdsmi
 from tests.fakes.fakenvml import FakeNvml
@@ -19,6 +20,16 @@ from tests.harness.prom import Prometheus
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
+
+
+# ---- hypothesis ----------------------------------------------------------------------------
+
+# make test (CI) runs the property tests with a fixed seed, so that a clean clone passes or fails
+# the same way every time; make check and plain pytest keep exploring new examples, and a failure
+# found there becomes an explicit test (e.g. test_trend.py's underflowing slope).
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 
 
 # ---- the traceback gate (tests/harness/cli_gate.py) -------------------------------------
