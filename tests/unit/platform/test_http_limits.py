@@ -133,6 +133,21 @@ def test_the_buckets_are_bounded_in_memory(clock: Clock) -> None:
     g.charge("e")
     assert set(g._buckets) == {f"new{i}" for i in range(5001)} | {"e"}
     assert g._buckets["e"] == (1.0, clock.now) and g._buckets["new0"] == (1.0, clock.now)
+    # the bounds exactly: 10,000 addresses are not "many" (full ones kept), and 10,000 left after
+    # forgetting the full ones are not too many (kept, none cleared)
+    h = FailureLimiter(burst=2, refill_s=1.0)
+    for i in range(10000):
+        h.charge(f"a{i}")
+    clock.now += 5
+    h.charge("b")
+    assert len(h._buckets) == 10001
+    k = FailureLimiter(burst=2, refill_s=1.0)
+    k.charge("old")
+    clock.now += 5
+    for i in range(10000):
+        k.charge(f"new{i}")
+    k.charge("e")
+    assert set(k._buckets) == {f"new{i}" for i in range(10000)} | {"e"}
 
 
 # ---- the web config's rate_limit ---------------------------------------------------------------------
