@@ -260,15 +260,17 @@ def make_prometheus(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
 
 @pytest.fixture
 def make_profiler(kubeapi: FakeKubeAPI, tmp_path: Path) -> Callable[..., Any]:
-    """Factory: ``make_profiler(prometheus_url, *flags, cluster=True, out=None)`` -> a Profiler wired as
-    ``gpu-exporter profile`` wires it (tests/harness/profiler.build_profiler), writing to ``kubeapi``
-    (``cluster=False``: a dry run without a cluster)."""
+    """Factory: ``make_profiler(prometheus_url, *flags, cluster=True, out=None, **inject)`` -> a Profiler
+    wired as ``gpu-exporter profile`` wires it (tests/harness/profiler.build_profiler), writing to ``kubeapi``
+    (``cluster=False``: a dry run without a cluster); ``inject`` replaces what no flag gives (an elector, a
+    clock)."""
     from tests.harness.profiler import build_profiler
 
     kubeconfig = kubeapi.kubeconfig(tmp_path / "profiler-kubeconfig")
 
-    def make(prometheus_url: str, *flags: str, cluster: bool = True, out: Any = None) -> Any:
-        return build_profiler(prometheus_url, *flags, kubeconfig=kubeconfig if cluster else None, out=out)
+    def make(prometheus_url: str, *flags: str, cluster: bool = True, out: Any = None, **inject: Any) -> Any:
+        return build_profiler(prometheus_url, *flags, kubeconfig=kubeconfig if cluster else None, out=out,
+                              **inject)
 
     return make
 

@@ -366,6 +366,9 @@ class ProfilerSettings:
     log_level: str
     log_format: str
     election: ElectionConfig | None = None
+    # the Events' namespace (and the Lease's): --leader-elect-namespace (POD_NAMESPACE), else the service
+    # account's, with or without --leader-elect
+    namespace: str = "default"
     events: bool = True
     device_taints: bool = False
     events_burst: int = 25
@@ -459,6 +462,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Pro
         log_level=v["log_level"],
         log_format=v["log_format"],
         election=_election(v),
+        namespace=_namespace(v["leader_elect_namespace"]),
         events=v["events"],
         device_taints=v["device_taints"],
         events_burst=v["events_burst"],
@@ -519,7 +523,7 @@ def build_profiler(s: ProfilerSettings, out: IO[str] | None = None) -> Profiler:
     elector = None
     events = None
     if api is not None:
-        ns = s.election.namespace if s.election else _namespace(None)
+        ns = s.election.namespace if s.election else s.namespace
         if s.election is not None:
             # the replica's identity in the API server's audit log and in tests' request records
             api.user_agent = f"gpu-exporter-profiler/{s.election.identity}"

@@ -180,13 +180,20 @@ def closed_port_url() -> str:
 
 
 def build_profiler(prometheus_url: str, *flags: str, kubeconfig: Path | None = None,
-                   out: IO[str] | None = None) -> Profiler:
+                   out: IO[str] | None = None, **inject: object) -> Profiler:
     """The one way a test makes a profiler in process: ``gpu-exporter profile``'s own wiring (its settings
     table, its loader, ``main.build_profiler``) from ``flags``, against ``prometheus_url`` and the API server
-    of ``kubeconfig`` (None: a dry run without a cluster, ``--dry-run`` implied). The process itself:
+    of ``kubeconfig`` (None: a dry run without a cluster, ``--dry-run`` implied). ``inject``: what no flag
+    can give, put in place of the profiler's own (``elector=`` a replica that never leads, ``clock=``,
+    ``events=`` a recorder on a fake clock); a name the profiler lacks is an error. The process itself:
     ``tests.harness.exporter.DaemonProcess("profile", ...)``."""
     from exporter.profiler import main
 
     argv = ["--prometheus-url", prometheus_url, *flags]
     argv += ["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--dry-run"]
-    return main.build_profiler(main.parse_args(argv, environ={}), out=out if out is not None else io.StringIO())
+    prof = main.build_profiler(main.parse_args(argv, environ={}), out=out if out is not None else io.StringIO())
+    for name, value in inject.items():
+        if not hasattr(prof, name):
+            raise AttributeError(f"the profiler has no {name!r} to inject")
+        setattr(prof, name, value)
+    return prof

@@ -3,19 +3,13 @@ annotations and the Event on the Node, through a real Prometheus and the fake AP
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from exporter.profiler.annotate import NodeStore
 from exporter.profiler.events import EventRecorder
-from exporter.profiler.loop import Profiler
-from exporter.profiler.plan import PlanConfig
-from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import scenario_node, write_allocation, write_openmetrics
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.prom import OpenMetricsWriter, Prometheus
@@ -29,7 +23,7 @@ P = "gpu-exporter.io/"
 END = float(int(time.time()) - 60)
 
 
-def test_allocated_idle_annotations_and_one_event(tmp_path: Path, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_allocated_idle_annotations_and_one_event(tmp_path: Path, kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     hist = [h for h in scenario_node(13, "alloc", END) if h.gpu in ("0", "1")]
     idle, busy = hist[0], hist[1]
     late = next(h for h in scenario_node(14, "alloc2", END) if h.gpu == "0")
@@ -41,9 +35,8 @@ def test_allocated_idle_annotations_and_one_event(tmp_path: Path, kubeapi: FakeK
     with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom:
         kubeapi.add_node("alloc")
         kubeapi.add_node("alloc2")
-        events = EventRecorder(kube_client, "gpu-exporter")
-        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(kube_client), PlanConfig(),
-                        out=io.StringIO(), events=events)
+        # Events on (the default), in the namespace --leader-elect-namespace names (with or without --leader-elect)
+        prof = make_profiler(prom.url, "--leader-elect-namespace", "gpu-exporter")
         r1 = prof.run_cycle(at=END)
         assert r1.ok, r1.errors
         a = kubeapi.node("alloc")["metadata"]["annotations"]
@@ -71,7 +64,7 @@ def test_allocated_idle_annotations_and_one_event(tmp_path: Path, kubeapi: FakeK
             ("Node", "alloc", "GPUAllocatedButIdle")]
         assert "ml/notebook-" in evs[0]["message"] and evs[0]["type"] == "Warning"
         assert prof.run_cycle(at=END).ok and len(kubeapi.objects("events")) == 1
-        assert events.counts["created"] == 1 and events.counts["updated"] == 0
+        assert prof.events.counts["created"] == 1 and prof.events.counts["updated"] == 0
 
 
 def test_events_are_limited_per_node_and_forbidden_is_one_warning(kubeapi: FakeKubeAPI, kube_client: ApiClient,
@@ -95,7 +88,7 @@ def test_events_are_limited_per_node_and_forbidden_is_one_warning(kubeapi: FakeK
 
 
 def test_hostile_uuid_and_holders_never_reach_the_node(tmp_path: Path, kubeapi: FakeKubeAPI,
-                                                       kube_client: ApiClient) -> None:
+                                                       make_profiler: Any) -> None:
     """Issue 26: a 64 KiB uuid with newlines and terminal escapes, and holders with control
     characters, were written to the Node verbatim. Now each is skipped and counted."""
     import dataclasses
@@ -113,8 +106,7 @@ def test_hostile_uuid_and_holders_never_reach_the_node(tmp_path: Path, kubeapi: 
         write_allocation(w, idle, "ML", "upper")
     with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom:
         kubeapi.add_node("hostile")
-        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(kube_client), PlanConfig(),
-                        out=io.StringIO())
+        prof = make_profiler(prom.url, "--events", "off")
         r1 = prof.run_cycle(at=END)
         assert r1.ok, r1.errors
         a = kubeapi.node("hostile")["metadata"]["annotations"]

@@ -4,24 +4,18 @@ Prometheus fed with exporter-shaped series, per-pod readings (--per-process) inc
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from exporter.profiler.annotate import NodeStore
-from exporter.profiler.loop import Profiler
-from exporter.profiler.plan import PlanConfig
-from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import GpuHistory, scenario_node, write_openmetrics
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.prom import OpenMetricsWriter, Prometheus
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+    pass
 
 pytestmark = pytest.mark.prometheus
 
@@ -44,7 +38,7 @@ def share(w: OpenMetricsWriter, h: GpuHistory, holders: dict[str, float | None],
 
 
 def test_shared_gpu_is_allocated_idle_only_when_every_holder_is(tmp_path: Path, kubeapi: FakeKubeAPI,
-                                                                kube_client: ApiClient) -> None:
+                                                                make_profiler: Any) -> None:
     hist = {h.gpu: h for h in scenario_node(21, "shared", END)}
     idle, busy = hist["0"], hist["1"]  # idle all window; steady at 0.7
     dra = next(h for h in scenario_node(22, "dra", END) if h.gpu == "0")  # idle, DRA-allocated
@@ -56,8 +50,7 @@ def test_shared_gpu_is_allocated_idle_only_when_every_holder_is(tmp_path: Path, 
     with Prometheus(tmp_path / "p", tsdb_blocks_from=tmp_path / "h.om") as prom:
         kubeapi.add_node("shared")
         kubeapi.add_node("dra")
-        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), NodeStore(kube_client), PlanConfig(),
-                        out=io.StringIO(), events=None)
+        prof = make_profiler(prom.url, "--events", "off")
         r = prof.run_cycle(at=END)
         assert r.ok, r.errors
         a = kubeapi.node("shared")["metadata"]["annotations"]

@@ -16,13 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from exporter.profiler import health
-from exporter.profiler.annotate import NodeStore
 from exporter.profiler.classify import GpuStats
-from exporter.profiler.events import EventRecorder
 from exporter.profiler.loop import Profiler
-from exporter.profiler.plan import PlanConfig
-from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import (
     make_history,
     mem_constant,
@@ -35,7 +30,7 @@ from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.prom import OpenMetricsWriter, Prometheus
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+    pass
 
 pytestmark = pytest.mark.prometheus
 
@@ -137,11 +132,10 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
         yield server
 
 
-def _cycle(prom: Prometheus, client: Any, at: float) -> Any:
-    """One ``--once`` run: a new profiler, nothing carried over in memory."""
-    reader = Reader(PromClient(prom.url), QueryConfig(health=True, window_s=1800))
-    prof = Profiler(reader, NodeStore(client), PlanConfig(), health=True,
-                    events=EventRecorder(client, "gpu-exporter"))
+def _cycle(prom: Prometheus, make_profiler: Any, at: float) -> Any:
+    """One ``--once`` run: a new profiler (the condition and Events on, as by default), nothing carried over
+    in memory."""
+    prof = make_profiler(prom.url, "--window", "30m")
     res = prof.run_cycle(at=at)
     assert res.ok, res.errors
     return res
@@ -165,13 +159,13 @@ def _events(api: FakeKubeAPI) -> list[Any]:
 
 
 def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus, kubeapi: FakeKubeAPI,
-                                                               kube_client: ApiClient) -> None:
+                                                               make_profiler: Any) -> None:
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready",
              "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}
     for n in WANT:
         kubeapi.add_node(n, capacity={"nvidia.com/gpu": "2"}, conditions=[ready])
 
-    r1 = _cycle(prom, kube_client, AT_FAULT)
+    r1 = _cycle(prom, make_profiler, AT_FAULT)
     got = _conditions(kubeapi)
     assert {n: c["reason"] for n, c in got.items()} == {n: w[0] for n, w in WANT.items()}
     for n, c in got.items():
@@ -201,13 +195,13 @@ def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus,
     assert _events(kubeapi) == []
 
     kubeapi.clear_requests()
-    r2 = _cycle(prom, kube_client, AT_FAULT)  # unchanged: nothing written at all
+    r2 = _cycle(prom, make_profiler, AT_FAULT)  # unchanged: nothing written at all
     assert r2.status_writes == 0 and _status_patches(kubeapi) == [] and _events(kubeapi) == []
     assert [r for r in kubeapi.patches() if r.resource == "nodes"] == []
 
     kubeapi.clear_requests()
     before = _conditions(kubeapi)
-    r3 = _cycle(prom, kube_client, AT_OK)  # changed once: waits (hysteresis 2), the candidate kept on the node
+    r3 = _cycle(prom, make_profiler, AT_OK)  # changed once: waits (hysteresis 2), the candidate kept on the node
     # only h-xid13's message changed (its warn XID left the window; still True): written at once
     assert r3.status_writes == 1
     now = _conditions(kubeapi)
@@ -220,7 +214,7 @@ def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus,
     assert all("gpu-healthy=" in p for p in pend.values()), pend
 
     kubeapi.clear_requests()
-    r4 = _cycle(prom, kube_client, AT_OK)  # seen twice: written
+    r4 = _cycle(prom, make_profiler, AT_OK)  # seen twice: written
     got = _conditions(kubeapi)
     assert {n: c["reason"] for n, c in got.items()} == {n: w[1] for n, w in WANT.items()}
     assert got["h-stale"]["status"] == "Unknown"
@@ -236,11 +230,11 @@ def test_every_cause_sets_its_reason_and_recovery_sets_it_back(prom: Prometheus,
                for n in WANT)
 
     kubeapi.clear_requests()
-    r5 = _cycle(prom, kube_client, AT_OK)
+    r5 = _cycle(prom, make_profiler, AT_OK)
     assert r5.status_writes == 0 and _status_patches(kubeapi) == [] and _events(kubeapi) == []
 
 
-def test_condition_writes_need_the_lease(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_condition_writes_need_the_lease(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     import threading
 
     class NotLeader:
@@ -251,8 +245,7 @@ def test_condition_writes_need_the_lease(prom: Prometheus, kubeapi: FakeKubeAPI,
             return False
 
     kubeapi.add_node("h-lost")
-    reader = Reader(PromClient(prom.url), QueryConfig(health=True))
-    prof = Profiler(reader, NodeStore(kube_client), PlanConfig(), health=True, elector=NotLeader())  # type: ignore[arg-type]
+    prof = make_profiler(prom.url, "--events", "off", elector=NotLeader())
     prof.run_cycle(at=AT_FAULT)
     assert _status_patches(kubeapi) == [] and _conditions(kubeapi) == {}
 
@@ -294,20 +287,19 @@ def _errors(prof: Profiler, kind: str) -> float:
 
 
 def test_a_conflict_on_nodes_status_reads_again_and_retries_once(prom: Prometheus, kubeapi: FakeKubeAPI,
-                                                                 kube_client: ApiClient) -> None:
+                                                                 make_profiler: Any) -> None:
     """Issue 36 item 7: a 409 on nodes/status reads the node again and retries once, in the branch that
     patched the annotations and in the one where they were unchanged; a second 409 is counted as
     kube_conflict for that node only, and the other nodes' results are tallied: never ``internal``."""
     for n in ("h-ecc", "h-remap"):
         kubeapi.add_node(n)
-    reader = Reader(PromClient(prom.url), QueryConfig(health=True, window_s=1800))
 
     def status_patches(node: str) -> list[Any]:
         return [r for r in _status_patches(kubeapi) if r.path.endswith(f"/nodes/{node}/status")]
 
     # twice in a row (after the annotations' patch): counted, the other node written
     kubeapi.inject("PATCH", r"/nodes/h-ecc/status$", 409, times=2)
-    prof = Profiler(reader, NodeStore(kube_client), PlanConfig(), health=True)
+    prof = make_profiler(prom.url, "--window", "30m", "--events", "off")
     res = prof.run_cycle(at=AT_FAULT)
     assert res.errors == ["kube_conflict"], res.errors
     assert _errors(prof, "kube_conflict") == 1 and _errors(prof, "internal") == 0
@@ -318,7 +310,7 @@ def test_a_conflict_on_nodes_status_reads_again_and_retries_once(prom: Prometheu
     # once, with the annotations already in place (the unchanged branch): the retry writes it
     kubeapi.clear_requests()
     kubeapi.inject("PATCH", r"/nodes/h-ecc/status$", 409, times=1)
-    prof = Profiler(reader, NodeStore(kube_client), PlanConfig(), health=True)
+    prof = make_profiler(prom.url, "--window", "30m", "--events", "off")
     res = prof.run_cycle(at=AT_FAULT)
     assert res.ok and res.errors == [], res.errors
     assert res.unchanged == 2 and res.status_writes == 1
@@ -346,11 +338,10 @@ def test_message_is_parseable_and_bounded() -> None:
     assert "forged" not in msg and "\n" not in msg
 
 
-def test_device_taints_follow_the_gpus(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_device_taints_follow_the_gpus(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     """--device-taints through whole cycles: the lost GPU and the one with a critical XID get a
     DeviceTaintRule for their DRA device, the narrowed link none; after recovery the rules go
     once the GPUs have been healthy for the hysteresis (every cycle a new profiler, as --once)."""
-    from exporter.profiler.taints import DeviceTaints
     from tests.fakes.dra_slices import NVIDIA, nvidia_gpu, resource_slice
 
     for n in ("h-lost", "h-xid", "h-pcie"):
@@ -359,9 +350,8 @@ def test_device_taints_follow_the_gpus(prom: Prometheus, kubeapi: FakeKubeAPI, k
             nvidia_gpu(g, _labels(n, str(g))["uuid"], f"0000:0{g}:00.0") for g in (0, 1)]))
 
     def cycle(at: float) -> set[tuple[str, str, str]]:
-        reader = Reader(PromClient(prom.url), QueryConfig(health=True, window_s=1800))
-        prof = Profiler(reader, NodeStore(kube_client), PlanConfig(hysteresis=2), health=True,
-                        taints=DeviceTaints(kube_client, hysteresis=2))
+        prof = make_profiler(prom.url, "--window", "30m", "--hysteresis", "2", "--device-taints", "on",
+                             "--events", "off")
         assert prof.run_cycle(at=at).ok
         return {(r["spec"]["deviceSelector"]["pool"], r["spec"]["deviceSelector"]["device"],
                  r["spec"]["taint"]["value"]) for r in kubeapi.taint_rules()}
@@ -399,15 +389,14 @@ def test_xid_severity_overrides() -> None:
         health.XidRules({13: "deadly"})
 
 
-def test_xid_severity_through_prometheus(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_xid_severity_through_prometheus(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     """The override reaches the query (an ignored code is not read) and the condition."""
     for n in ("h-xid", "h-xid13"):
         kubeapi.add_node(n)
-    reader = Reader(PromClient(prom.url), QueryConfig(health=True, window_s=1800,
-                                                      xid_severity=((13, "fatal"), (79, "ignore"))))
-    query = reader.builder.mem_stats()
+    prof = make_profiler(prom.url, "--window", "30m", "--xid-severity", "13=fatal,79=ignore", "--events", "off")
+    query = prof.reader.builder.mem_stats()
     assert 'xid!~"14|37|38|43|44|63|66|67|79|92|' in query and '"stat", "xid_$1", "xid"' in query  # 79 not read
-    res = Profiler(reader, NodeStore(kube_client), PlanConfig(), health=True).run_cycle(at=AT_FAULT)
+    res = prof.run_cycle(at=AT_FAULT)
     assert res.ok, res.errors
     got = _conditions(kubeapi)
     assert (got["h-xid13"]["status"], got["h-xid13"]["reason"]) == ("False", health.XID)
@@ -432,12 +421,12 @@ def test_xid_severity_flag(tmp_path: Path) -> None:
             parse_args([*base, *[a for b in bad for a in ("--xid-severity", b)]])
 
 
-def test_the_exporters_health_state(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_the_exporters_health_state(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     """gpu_health_state (exporter/core/gpu_health.py): hung is GPUHung, failed with nothing else in the
     window is GPUFailed, degraded alone is listed on a True node; the recovery clears each."""
     for n in ("h-hung", "h-failed", "h-degraded"):
         kubeapi.add_node(n)
-    _cycle(prom, kube_client, AT_FAULT)
+    _cycle(prom, make_profiler, AT_FAULT)
     got = _conditions(kubeapi)
     assert (got["h-hung"]["status"], got["h-hung"]["reason"]) == ("False", health.HUNG)
     assert got["h-hung"]["message"].startswith(f"[GPU_HUNG] GPU 1 {_labels('h-hung', '1')['uuid']}: ")
@@ -446,7 +435,7 @@ def test_the_exporters_health_state(prom: Prometheus, kubeapi: FakeKubeAPI, kube
     assert (got["h-degraded"]["status"], got["h-degraded"]["reason"]) == ("True", health.HEALTHY)
     assert got["h-degraded"]["message"].startswith("2 GPUs healthy; [GPU_DEGRADED] GPU 0 ")
     for _ in range(2):
-        _cycle(prom, kube_client, AT_OK)
+        _cycle(prom, make_profiler, AT_OK)
     assert {n: (c["status"], c["message"]) for n, c in _conditions(kubeapi).items()} == {
         n: ("True", "2 GPUs healthy") for n in ("h-hung", "h-failed", "h-degraded")}
 

@@ -17,9 +17,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from exporter.profiler import health, sources
-from exporter.profiler.annotate import NodeStore
-from exporter.profiler.loop import Profiler
-from exporter.profiler.plan import PlanConfig
 from exporter.profiler.prom import PromClient
 from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import (
@@ -35,7 +32,7 @@ from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.prom import OpenMetricsWriter, Prometheus
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+    pass
 
 pytestmark = pytest.mark.prometheus
 
@@ -118,11 +115,10 @@ def test_the_trusted_jobs_and_namespaces_are_a_setting(prom: Prometheus) -> None
 
 
 def test_a_tenant_cannot_set_another_nodes_gpuhealthy(prom: Prometheus, kubeapi: FakeKubeAPI,
-                                                       kube_client: ApiClient) -> None:
+                                                       make_profiler: Any) -> None:
     for n in ("victim-node", "tenant-node", "legacy-node", "joined-node"):
         kubeapi.add_node(n)
-    reader = Reader(PromClient(prom.url), QueryConfig(source="auto", health=True))
-    res = Profiler(reader, NodeStore(kube_client), PlanConfig(), health=True).run_cycle(at=END)
+    res = make_profiler(prom.url, "--source", "auto", "--events", "off").run_cycle(at=END)
     assert res.ok, res.errors
     victim = kubeapi.node("victim-node")
     cond = {c["type"]: c for c in victim.get("status", {}).get("conditions", [])}
