@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import pkgutil
 import re
+import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -24,6 +26,7 @@ from exporter.core.k8s_names import GpuResources, KubernetesNames
 from exporter.core.lane import Job, Lane, LaneBusy
 from exporter.core.options import BackendOptions, BackendSetting
 
+log = logging.getLogger(__name__)
 _registry: dict[str, type[Backend]] | None = None
 
 
@@ -61,30 +64,63 @@ def auto_order() -> list[str]:
     return [n for _, n in sorted(ranked)]
 
 
+class HungInit:
+    """A backend's init that has not returned within its deadline and still runs on :attr:`lane` as
+    :attr:`job`: whoever keeps the backend adopts the lane (``Engine.adopt_init``); whoever gives it up
+    calls :meth:`forsake`, so that a late init that succeeds does not leave a live library (and its
+    XID watcher) behind."""
+
+    def __init__(self, b: Backend) -> None:
+        self.backend = b
+        self.lane = Lane(f"collect-{b.name}", self._returned)
+        self.job: Job = self.lane.submit(functools.partial(b.node_wide, "init", b.init), "init")
+        self._lock = threading.Lock()
+        self._forsaken = self._closed = False
+
+    def _returned(self, what: str, seconds: float) -> None:  # on the lane, when the late init returns
+        log.warning("backend %s: %s returned after %.1f s", self.backend.name, what, seconds)
+        self._close_if_forsaken()
+
+    def forsake(self) -> None:
+        """Nobody will use the backend: shut it down once its init has returned (now, if it has)."""
+        with self._lock:
+            self._forsaken = True
+        self._close_if_forsaken()
+
+    def _close_if_forsaken(self) -> None:
+        with self._lock:
+            close = self._forsaken and self.job.finished and not self._closed
+            self._closed = self._closed or close
+        if close:
+            self.lane.stop()
+            try:
+                self.backend.shutdown()
+            except Exception:
+                log.debug("shutdown of %s failed", self.backend.name, exc_info=True)
+
+
 class Detected(NamedTuple):
     """What ``--backend auto`` found: the backend (None: none), why each one tried before it was skipped,
-    and, when its init has not returned within the deadline, the lane it still runs on and its job."""
+    and its init when that has not returned within the deadline."""
 
     backend: Backend | None
     reasons: list[str]
-    hung_init: tuple[Lane, Job] | None = None
+    hung_init: HungInit | None = None
 
 
-def init_within(b: Backend, deadline: float) -> tuple[Lane, Job] | None:
+def init_within(b: Backend, deadline: float) -> HungInit | None:
     """``b.init()`` on a lane of its own (exporter/core/lane.py), waited for at most ``deadline`` seconds, as
-    one call about no GPU named ``init``: None when it returned, or the lane it still runs on and its job
-    (a wedged driver: the caller gives up on it, and no second init goes behind it). Raises what init
-    raised."""
-    lane = Lane(f"collect-{b.name}")
-    job = lane.submit(functools.partial(b.node_wide, "init", b.init), "init")
+    one call about no GPU named ``init``: None when it returned, else the init still running (a wedged
+    driver: the caller gives up waiting, and no second init goes behind it). Raises what init raised."""
+    init = HungInit(b)
     end = time.monotonic() + deadline
     try:
-        lane.wait(job, lambda: end - time.monotonic())
+        init.lane.wait(init.job, lambda: end - time.monotonic())
     except LaneBusy:
-        return lane, job
+        return init
     finally:
-        if job.finished:
-            lane.stop()
+        if init.job.finished:
+            init.lane.stop()
     return None
 
 

@@ -478,7 +478,14 @@ class NvmlBackend(Backend):
             self._gpm.end()  # a GPU not sampled now starts over: no rate across an outage
             if len(self._gpus) > 1 and self.any_enabled("gpu_p2p_supported", "gpu_topology_level"):
                 self._read_topology(out)
-        out.xid_counts, out.xid_last_seconds = self._xid.snapshot()
+        unwatched = self._xid.trouble()
+        if unwatched is None:
+            out.xid_counts, out.xid_last_seconds = self._xid.snapshot()
+        else:  # the counts could be missing events: absent, as any reading that fails (one failure, one reading)
+            self.count_error(READING_ERROR)
+            self.log_once(f"xid:unwatched:{unwatched}", "nvml: XID events not watched (%s): gpu_xid_errors_total "
+                          "and gpu_xid_last_timestamp_seconds are absent until they are", unwatched,
+                          level=logging.WARNING)
         if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
             out.pci_devices = count_pci_gpus(self.options.sysfs_root, PCI_VENDOR)
 

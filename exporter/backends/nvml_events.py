@@ -11,6 +11,13 @@ function the driver lacks is unsupported, logged once and not asked again until 
 initialised again; handles come from ``nvmlDeviceGetHandleByIndex_v2``, else the pre-``_v2``
 call (probed once). A fault that would fail a collection (a GPU lost, the driver gone) ends this
 event set's life here instead, logged once: the set is rebuilt with the GPUs that answer.
+
+A watcher that cannot watch costs the XID families alone (:meth:`XidWatcher.trouble`): while its
+event set fails (rebuilt with a one-second back-off) or one of its calls about no GPU has not
+returned within its deadline (the wait: its own ``WAIT_MS`` plus ``--call-deadline``), the counts
+are not served, as they could be missing events; every other reading is untouched. A hung watcher
+thread is never joined nor doubled: a re-initialisation meanwhile leaves it be, and the watcher
+it asked for starts when the late call returns (one watcher thread, however long it hangs).
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ class _Host(Protocol):
 
     def log_once(self, key: str, msg: str, *args: object, level: int = logging.INFO) -> None: ...
 
+    @property
+    def call_deadline(self) -> float: ...
+
 
 class _Watched(Device):
     """One GPU as the watcher sees it: its own probe state and handle."""
@@ -70,21 +80,51 @@ class XidWatcher:
         self._thread: threading.Thread | None = None
         self._set = Device(-1)  # probe state of the event-set calls (no GPU)
         self._gpus: list[_Watched] = []
+        self._failing: str | None = None  # why the last event set failed, until a wait answers again
+        self._calling: tuple[str, float, float] | None = None  # call about no GPU in progress, since, its limit
+        self._pending: list[Device] | None = None  # GPUs to watch once the hung thread returns
+        self._threads = threading.Lock()  # start/stop against the end of a hung thread
 
     def start(self, gpus: Sequence[Device]) -> None:
-        """Watch ``gpus`` (index and UUID as the collection knows them) in a new thread."""
+        """Watch ``gpus`` (index and UUID as the collection knows them) in a new thread; while the last
+        one is still in a hung call, once that call returns (never two watcher threads)."""
         self.stop()
+        with self._threads:
+            if self._thread is not None:  # still in a hung call: it starts the new watcher when it returns
+                self._pending = list(gpus)
+                return
+            self._spawn(gpus)
+
+    def _spawn(self, gpus: Sequence[Device]) -> None:
         self._stop = threading.Event()
         self._set = Device(-1)  # a new initialisation: everything may be asked again
         self._gpus = [_Watched(g.index, g.uuid) for g in gpus]
+        self._failing = None
         self._thread = threading.Thread(target=self._run, args=(self._stop,), name="nvml-xid", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.WAIT_MS / 1000 * 4)
-            self._thread = None
+        """Stop the watcher: wait for it to end (a wait returns within WAIT_MS), unless it is in a hung
+        call, which would keep a re-initialisation waiting: that thread ends when the call returns."""
+        with self._threads:
+            self._pending = None
+            self._stop.set()
+            thread = self._thread
+        if thread is None:
+            return
+        if self.trouble() is None or self._calling is None:
+            thread.join(timeout=self.WAIT_MS / 1000 * 4)
+        with self._threads:
+            if self._thread is thread and not thread.is_alive():
+                self._thread = None
+
+    def trouble(self) -> str | None:
+        """Why the XID counts are not served now (the same words while it lasts), or None: the watcher
+        watches (or has not started)."""
+        calling = self._calling
+        if calling is not None and time.monotonic() - calling[1] > calling[2]:
+            return f"{calling[0]} did not return within {calling[2]:g} s"
+        return self._failing
 
     def snapshot(self) -> tuple[dict[tuple[int, str, str], float], dict[tuple[int, str], float]]:
         with self.lock:
@@ -97,27 +137,45 @@ class XidWatcher:
         the GPUs that still answer, and rebuilt again periodically while one is missing, so
         it rejoins when it comes back. Event sets unsupported: the thread ends (until the next init).
         """
-        while not stop.is_set():
-            try:
-                missing = self._watch(stop)
-            except Exception as exc:  # noqa: BLE001 - a bug or a broken library: back off, keep going
-                self.b.log_once(f"xid:crash:{type(exc).__name__}", "nvml: XID watcher failed: %r", exc,
-                                level=logging.WARNING)
-                missing = None
-            if "xid:nvmlEventSetCreate" in self._set.unsupported:
-                return
-            if stop.wait(1.0 if missing is None else 0.0):
-                return
+        try:
+            while not stop.is_set():
+                try:
+                    missing = self._watch(stop)
+                except Exception as exc:  # noqa: BLE001 - a bug or a broken library: back off, keep going
+                    self.b.log_once(f"xid:crash:{type(exc).__name__}", "nvml: XID watcher failed: %r", exc,
+                                    level=logging.WARNING)
+                    self._failing = f"the watcher failed: {type(exc).__name__}"
+                    missing = None
+                if "xid:nvmlEventSetCreate" in self._set.unsupported:
+                    self._failing = None  # no XID events on this driver: the families are absent anyway
+                    return
+                if stop.wait(1.0 if missing is None else 0.0):
+                    return
+        finally:
+            with self._threads:  # a watcher asked for while this one hung starts now
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                    pending, self._pending = self._pending, None
+                    if pending is not None:
+                        self._spawn(pending)
 
     def _call(self, dev: Device, reading: str, fn: Callable[..., Any], *args: Any) -> Any:
         """The funnel, in the watcher's thread: MISSING when the reading is absent, and also when the
-        fault would fail a collection (a GPU down, the driver gone), which is logged once here."""
+        fault would fail a collection (a GPU down, the driver gone), which is logged once here. A call
+        about a GPU gets its deadline on the GPU's lane; one about no GPU (the event set's) is timed here
+        for :meth:`trouble` (the wait: its own WAIT_MS more)."""
+        if dev.index < 0:
+            limit = self.b.call_deadline + (self.WAIT_MS / 1000 if reading == "xid:nvmlEventSetWait_v2" else 0.0)
+            self._calling = (str(getattr(fn, "__name__", reading)), time.monotonic(), limit)
         try:
             return self.b.call(dev, reading, fn, *args)
         except (GpuDown, BackendError) as exc:
             self.b.log_once(f"{reading}:{dev.index}:{type(exc).__name__}", "nvml: XID events: GPU %s: %s",
                             dev.index if dev.index >= 0 else "-", exc)
             return MISSING
+        finally:
+            if dev.index < 0:
+                self._calling = None
 
     def _watch(self, stop: threading.Event) -> int | None:
         """One event set's life. Returns how many GPUs are not watched, or None after an error
@@ -127,6 +185,7 @@ class XidWatcher:
         evset = self._call(self._set, "xid:nvmlEventSetCreate", nv.nvmlEventSetCreate)
         if evset is MISSING:
             self.b.log_once("xid:create", "nvml: XID events unavailable: nvmlEventSetCreate failed (logged above)")
+            self._failing = "nvmlEventSetCreate failed"
             return None
         watched: dict[int, str] = {}
         unsupported = 0
@@ -139,6 +198,8 @@ class XidWatcher:
                 elif "xid:register" in g.unsupported:
                     unsupported += 1  # this GPU cannot: rebuilding will not change that
             if not watched:
+                if unsupported < len(self._gpus):
+                    self._failing = "no GPU could be registered for events"
                 return None
             missing = len(self._gpus) - len(watched) - unsupported
             rebuild_at = time.monotonic() + (30.0 if missing else float("inf"))
@@ -148,7 +209,9 @@ class XidWatcher:
                 if data is MISSING:
                     self.b.log_once("xid:wait", "nvml: XID wait failed (logged above); re-registering the GPUs "
                                     "that answer")
+                    self._failing = "nvmlEventSetWait_v2 failed"
                     return None
+                self._failing = None  # the wait answered: every event since the set was built is counted
                 if data is None or not (data.eventType & XID_EVENT):
                     continue
                 idx = self._call(self._set, "xid:nvmlDeviceGetIndex", nv.nvmlDeviceGetIndex, data.device)

@@ -61,6 +61,15 @@ def init_deadline(collection_timeout: float, call_deadline: float) -> float:
     return max(call_deadline, collection_timeout - call_deadline)
 
 
+class PendingInit(Protocol):
+    """A backend's init still running on its lane (exporter.backends.HungInit)."""
+
+    lane: Lane
+    job: Job
+
+    def forsake(self) -> None: ...
+
+
 class Backend(Protocol):
     """What the engine needs of a backend (:class:`exporter.backends.base.Backend` is one)."""
 
@@ -115,7 +124,7 @@ class Engine:
         # each backend's collection runs on its lane: a call about no GPU that hangs stalls that backend only
         self._lanes: dict[str, Lane] = {b.name: Lane(f"collect-{b.name}") for b in backends}
         self._stalled: dict[str, str] = {}  # backend -> why, from its stall until a collection succeeds
-        self._probing: dict[str, Job] = {}  # backend -> its init as --backend auto started it, still running
+        self._probing: dict[str, PendingInit] = {}  # backend -> its init as --backend auto started it, running
         self._last_done = 0.0
         self.stats: dict[str, BackendStats] = {b.name: BackendStats() for b in backends}
         self.gpu_labels: LabelHook | None = None
@@ -146,14 +155,15 @@ class Engine:
         """The backend's init() already ran (``--backend auto`` probed it)."""
         self._initialised[name] = True
 
-    def adopt_init(self, name: str, lane: Lane, job: Job) -> None:
+    def adopt_init(self, name: str, init: PendingInit) -> None:
         """The backend's init(), which ``--backend auto`` probed, has not returned within its deadline and
-        still runs as ``job`` on ``lane``: the engine takes that lane over as the backend's. The backend is
-        stalled (readiness names init) until the init returns, as when an init the engine started hangs;
-        the first collection after that uses the init's outcome (initialised, or init again)."""
+        still runs as ``init.job`` on ``init.lane``: the engine takes that lane over as the backend's. The
+        backend is stalled (readiness names init) until the init returns, as when an init the engine
+        started hangs; the first collection after that uses the init's outcome (initialised, or init
+        again). Stopped before it returns, the engine forsakes it (shut down when it returns)."""
         self._lanes[name].stop()
-        self._lanes[name] = lane
-        self._probing[name] = job
+        self._lanes[name] = init.lane
+        self._probing[name] = init
         self._stalled[name] = f"init did not return within {init_deadline(self.timeout, self.call_deadline):g} s"
 
     def scrape(self) -> Snapshot:
@@ -220,6 +230,8 @@ class Engine:
                 stop_lanes()
         for lane in self._lanes.values():
             lane.stop()
+        for init in list(self._probing.values()):
+            init.forsake()
 
     # --- flights ---------------------------------------------------------------------------
 
@@ -355,9 +367,9 @@ class Engine:
         message = ""
         lane = self._lanes[b.name]
         probe = self._probing.get(b.name)
-        if probe is not None and probe.finished:  # the auto probe's late init returned: use its outcome
+        if probe is not None and probe.job.finished:  # the auto probe's late init returned: use its outcome
             del self._probing[b.name]
-            self._initialised[b.name] = probe.error is None
+            self._initialised[b.name] = probe.job.error is None
         try:
             job = lane.submit(lambda: self._init_and_collect(b, coll, lane), "collect")
             lane.wait(job, lambda: self._stall_left(b, lane, t0))

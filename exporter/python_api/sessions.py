@@ -39,14 +39,17 @@ def _open_engine(settings: Settings) -> Engine:
         if found.backend is None:
             raise GpuUnavailable("no GPU found (" + "; ".join(found.reasons) + "); use backend 'simulated' to try "
                                  "it on simulated GPUs")
-        if found.hung_init is not None:  # a wedged driver: the caller hears it now (the init runs on, abandoned)
+        if found.hung_init is not None:  # a wedged driver: the caller hears it now (shut down when init returns)
+            found.hung_init.forsake()
             raise GpuUnavailable(f"backend {found.reasons[-1]} (a wedged driver)")
         chosen = [found.backend]
     else:
         for name in settings.backend.split(","):
             b = backends.create(name, options)
             try:
-                if backends.init_within(b, deadline) is not None:
+                hung = backends.init_within(b, deadline)
+                if hung is not None:
+                    hung.forsake()  # shut down when the late init returns
                     raise BackendError(f"init did not return within {deadline:g} s (a wedged driver)")
             except Exception as exc:  # noqa: BLE001 - reported as one line
                 for c in chosen:

@@ -96,7 +96,7 @@ def open_engine(settings: config.Settings, options: BackendOptions) -> Engine:
                     settings.cache_ttl, settings.call_deadline, settings.xid_severity)
     if found is not None and found.backend is not None:
         if found.hung_init is not None:
-            engine.adopt_init(found.backend.name, *found.hung_init)
+            engine.adopt_init(found.backend.name, found.hung_init)
         else:
             engine.mark_initialised(found.backend.name)
     return engine

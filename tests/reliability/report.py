@@ -138,6 +138,30 @@ EXTERNAL = [
         "figures": {'outstanding calls': 1, 'start-up blocked s': '2 (the init deadline)'},
         "outcome": 'make test'}),
     ("Faults: exporter", {
+        "scenario": "the XID watcher's wait hanging (issue 35)",
+        "done": '8 fake GPUs, XID 79 counted on GPU 2; then `nvmlEventSetWait_v2` blocks until released; '
+                'meanwhile the GPUs\' utilisation changes, the driver fails once (UNINITIALIZED: the backend '
+                'is initialised again) and XID 48 is queued on GPU 5',
+        "happened": 'from the wait\'s deadline on (its 0.5 s plus `--call-deadline`) gpu_xid_errors_total and '
+                    'gpu_xid_last_timestamp_seconds are absent (the counts could be missing events; before: '
+                    'served as if watched), counted as reading_error, one warning; every GPU fresh and up; '
+                    'the re-initialisation neither waited for the hung watcher (before: joined it for 2 s) '
+                    'nor started a second watcher (threads flat); after the release both XIDs are counted, '
+                    'the one queued during the hang included',
+        "test": 'tests/unit/backends/test_hang.py::test_a_hung_xid_wait_costs_only_the_xid_reading',
+        "figures": {'watcher threads': 1, 'warnings': 1},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
+        "scenario": "the XID watcher's wait failing every time (issue 35)",
+        "done": '`nvmlEventSetWait_v2` answers UNKNOWN (999) at once, every time, after XID 13 was counted; '
+                'then answers again',
+        "happened": 'the watcher rebuilds its event set with a one-second back-off; the XID families are '
+                    'absent while it fails (one warning), every GPU untouched; XID 13 counted again once '
+                    'the wait answers',
+        "test": 'tests/unit/backends/test_hang.py::test_an_xid_wait_failing_every_time_costs_only_the_xid_reading',
+        "figures": {'warnings': 1},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
         "scenario": 'a wedged driver and liveness (issue 35)',
         "done": 'a call about no GPU never returns (init, the device count): what do the probes do',
         "happened": '/readyz fails naming the call; /healthz (liveness) keeps answering 200 on '

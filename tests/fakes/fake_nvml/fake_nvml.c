@@ -1834,7 +1834,7 @@ API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long t
 static nvmlReturn_t poll_events(int fid, nvmlEventSet_t set, nvmlEventData_t *data, int v2)
 {
     if (!refcount) return NVML_ERROR_UNINITIALIZED;
-    int rc = injected(fid, NULL);
+    int rc = hang_while_injected(fid, NULL);  /* FAKE_HANG: the wait never returns while injected */
     if (rc) return rc;
     if (!data) return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&ev_mu);

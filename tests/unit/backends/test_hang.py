@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,7 @@ from exporter.core.options import BackendOptions, FieldFilter
 from exporter.core.readings import GpuReading
 from exporter.core.snapshot import Snapshot
 from tests.fakes.fakeamdsmi import FakeAmdSmi, two_gpu_fleet
-from tests.fakes.fakenvml import HANG, FakeNvml
+from tests.fakes.fakenvml import HANG, UNINITIALIZED, UNKNOWN, FakeNvml
 from tests.harness.poll import wait_until
 
 DEADLINE = 1.0  # seconds: --call-deadline for these tests (the default; a loaded 2-core machine can stall a
@@ -66,6 +67,7 @@ class Vendor:
     reading_call: str  # the power reading's function
     processes_call: str
     node_call: str  # a call about no GPU made at every collection ("" when the backend makes none)
+    fake: Any = None  # the fake library's own handle (FakeNvml), for what the interface above lacks
 
 
 @pytest.fixture
@@ -78,7 +80,8 @@ def nvml(tmp_path: Path) -> Iterator[Vendor]:
         fleet.set(gpu, util_gpu=pct)
 
     yield Vendor("nvml", b, fleet.hang, fleet.release, set_util, fleet.hanging, fleet.device_calls,
-                 "nvmlDeviceGetPowerUsage", "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetCount_v2")
+                 "nvmlDeviceGetPowerUsage", "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetCount_v2",
+                 fleet)
     fleet.clear_fail()  # whatever a failed test left hanging returns
     b.shutdown()
 
@@ -365,9 +368,99 @@ def test_a_hung_init_reaches_a_python_api_caller_at_once(nvml: Vendor, backend: 
         assert isinstance(raised[0], GpuUnavailable)
         assert str(raised[0]) == "backend nvml: init did not return within 2 s (a wedged driver)"
         assert v.hanging() == 1
+        v.release("nvmlInitWithFlags", None)
+        # the late init succeeds; the backend nobody uses is shut down then, its XID watcher with it
+        wait_until(lambda: v.hanging() == 0 and not any(t.name in ("nvml-xid", "collect-nvml")
+                                                        for t in threading.enumerate()), 30,
+                   what="the forsaken backend to be shut down")
     finally:
         v.release("nvmlInitWithFlags", None)
-        wait_until(lambda: v.hanging() == 0, 30, what="init to return")
+
+
+# --- the XID watcher: a wait that never returns, or fails every time -----------------------------------
+
+
+def xids(engine: Engine) -> dict[tuple[int, str, str], float] | None:
+    """The XID counts of a fresh collection (None: the collection failed)."""
+    snap = engine.scrape()
+    if not snap.stats["nvml"].success:
+        return None
+    return {k: n for c in snap.collections for k, n in c.xid_counts.items()}
+
+
+def test_a_hung_xid_wait_costs_only_the_xid_reading(nvml: Vendor, caplog: pytest.LogCaptureFixture) -> None:
+    """nvmlEventSetWait_v2 never returns (a wedged driver seen from the watcher's thread): the XID families
+    are absent (the counts cannot be trusted to be current: never served as if watched), every other
+    reading of every GPU stays fresh, a re-initialisation neither waits for the watcher nor starts a
+    second one behind it (threads flat), and once the wait returns the XIDs are counted again, the
+    ones queued meanwhile included."""
+    v, fleet = nvml, nvml.fake
+    engine = engine_for(v)
+    try:
+        engine.scrape()
+        fleet.queue_xid(2, 79)
+        wait_until(lambda: (xids(engine) or {}).get((2, fleet.gpus[2]["uuid"], "79")) == 1.0, 30, what="XID 79 counted")
+        fleet.hang("nvmlEventSetWait_v2")
+        wait_until(lambda: v.hanging() == 1, 30, what="the watcher to block in its wait")
+        wait_until(lambda: xids(engine) == {}, 30, what="the XID counts to go absent")  # after the wait's deadline
+        threads = threading.active_count()
+        for round_ in range(3):
+            for i in range(8):
+                v.set_util(i, 30 + 10 * round_ + i)
+            t0 = time.monotonic()
+            snap = engine.scrape()
+            assert time.monotonic() - t0 < TIMEOUT
+            now = gpus(snap)
+            assert snap.stats["nvml"].success
+            assert {i: now[i].utilization_ratio for i in range(8)} == {
+                i: pytest.approx((30 + 10 * round_ + i) / 100) for i in range(8)}
+            assert all(r.up for r in now.values())
+            assert {r.health_state for i, r in now.items() if i != 2} == {"ok"}  # GPU 2: its XID 79, still held
+            assert not any(c.xid_counts or c.xid_last_seconds for c in snap.collections)
+        # the driver fails once: the backend is initialised again, the watcher restarted ...
+        fleet.fail("nvmlDeviceGetCount_v2", UNINITIALIZED)
+        t0 = time.monotonic()
+        assert xids(engine) is None
+        fleet.clear_fail("nvmlDeviceGetCount_v2")
+        assert xids(engine) == {}
+        assert time.monotonic() - t0 < 1.5  # ... without waiting for the hung watcher (main joined it for 2 s)
+        assert threading.active_count() == threads  # ... and without a second watcher behind it
+        assert v.hanging() == 1
+        warned = [r for r in caplog.records if "XID events not watched" in r.getMessage()]
+        assert len(warned) == 1, [r.getMessage() for r in warned]
+        fleet.queue_xid(5, 48)
+        fleet.release("nvmlEventSetWait_v2")
+        want = {(2, fleet.gpus[2]["uuid"], "79"): 1.0, (5, fleet.gpus[5]["uuid"], "48"): 1.0}
+        wait_until(lambda: xids(engine) == want, 30, what="the XIDs counted again, the one queued meanwhile included")
+    finally:
+        fleet.release("nvmlEventSetWait_v2")
+        engine.stop()
+
+
+def test_an_xid_wait_failing_every_time_costs_only_the_xid_reading(nvml: Vendor,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """nvmlEventSetWait_v2 fails at once every time (UNKNOWN): the watcher rebuilds its event set with a
+    back-off, the XID families are absent while it fails (one warning), the GPUs are untouched, and
+    the XIDs are counted again once the wait answers."""
+    v, fleet = nvml, nvml.fake
+    engine = engine_for(v)
+    try:
+        engine.scrape()
+        fleet.queue_xid(1, 13)
+        key = (1, fleet.gpus[1]["uuid"], "13")
+        wait_until(lambda: (xids(engine) or {}).get(key) == 1.0, 30, what="XID 13 counted")
+        fleet.fail("nvmlEventSetWait_v2", UNKNOWN)
+        wait_until(lambda: xids(engine) == {}, 30, what="the XID counts to go absent")
+        for _ in range(3):
+            snap = engine.scrape()
+            assert snap.stats["nvml"].success and all(r.up and r.power_watts for r in gpus(snap).values())
+            assert not any(c.xid_counts for c in snap.collections)
+        warned = [r for r in caplog.records if "XID events not watched" in r.getMessage()]
+        assert len(warned) == 1, [r.getMessage() for r in warned]
+        fleet.clear_fail("nvmlEventSetWait_v2")
+        wait_until(lambda: xids(engine) == {key: 1.0}, 30, what="the XIDs counted again")
+    finally:
+        engine.stop()
 
 
 # --- bounded however long it hangs ------------------------------------------------------------------
