@@ -7,18 +7,15 @@ Through the real kubernetes client and the fake API server (tests/harness/kubeap
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from exporter.profiler import health
-from exporter.profiler.annotate import NodeStore
 from exporter.profiler.classify import GpuStats
 from exporter.profiler.events import BURST, REFILL_S, SUMMARY_REASON, EventRecorder, NodeBudget
-from exporter.profiler.loop import CycleResult, Profiler
+from exporter.profiler.loop import CycleResult
 from exporter.profiler.plan import PlanConfig
-from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader
 from tests.harness.kubeapi import FakeKubeAPI
 
 if TYPE_CHECKING:
@@ -106,7 +103,7 @@ def _healthy(n: int) -> dict[str, GpuStats]:
 
 
 def test_500_of_10000_nodes_failing_at_once_each_get_their_event_within_two_cycles(
-        kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+        kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     """Issue 35: the global 30 per minute let 30 of 500 through a cycle. Now every failing node
     gets its Event in the cycle that writes its transition (the second: --hysteresis 2), and
     nothing else records one."""
@@ -125,9 +122,8 @@ def test_500_of_10000_nodes_failing_at_once_each_get_their_event_within_two_cycl
     lost = health.observe(sick)
     observed = {n: lost if n in failing else healthy for n in names}
 
-    reader = Reader(PromClient("http://127.0.0.1:9"), QueryConfig(health=True))  # never asked: the cycle's
-    rec = EventRecorder(kube_client, "gpu-exporter")  # write half is driven with what a read gave
-    prof = Profiler(reader, NodeStore(kube_client), PlanConfig(hysteresis=2), health=True, events=rec)
+    # Prometheus is never asked: the cycle's write half is driven with what a read gave
+    prof = make_profiler("http://127.0.0.1:9", "--hysteresis", "2", "--leader-elect-namespace", "gpu-exporter")
     t0 = time.monotonic()
     for cycle in (1, 2):
         res = CycleResult()
@@ -139,7 +135,7 @@ def test_500_of_10000_nodes_failing_at_once_each_get_their_event_within_two_cycl
     assert res.status_writes == 500
     assert sorted(e["involvedObject"]["name"] for e in evs) == sorted(failing)
     assert {(e["reason"], e["type"]) for e in evs} == {("GPUHealthyFalse", "Warning")}
-    assert rec.counts == {"created": 500, "updated": 0, "dropped": 0, "failed": 0}
+    assert prof.events.counts == {"created": 500, "updated": 0, "dropped": 0, "failed": 0}
     assert not [e for e in evs if e["reason"] == SUMMARY_REASON]
     assert time.monotonic() - t0 < 600  # generous: two cycles over 10,000 nodes on a loaded 2-core machine
 
@@ -298,7 +294,7 @@ def test_names_kinds_and_the_summary_list(kubeapi: FakeKubeAPI, kube_client: Api
 
 
 def test_a_gpus_first_pattern_records_no_event_a_later_change_does(kubeapi: FakeKubeAPI,
-                                                                   kube_client: ApiClient) -> None:
+                                                                   make_profiler: Any) -> None:
     """Issue 35, "no Event for a first setting": a GPU's first published pattern is one (its
     annotation records it), so a profiler's first cycle over a fleet records no pattern Event
     (7,992 at 10,000 nodes, most of that cycle's writes, before this); a published pattern that
@@ -314,9 +310,9 @@ def test_a_gpus_first_pattern_records_no_event_a_later_change_does(kubeapi: Fake
     now = {"0": GpuInput(uuid + "0", GpuProfile(GROWING, growth_bytes_per_second=1e6)),
            "1": GpuInput(uuid + "1", GpuProfile(ALLOCATED_IDLE, holder="ml/notebook"))}
     inputs = {"fresh": now, "was-steady": now}
-    reader = Reader(PromClient("http://127.0.0.1:9"), QueryConfig())  # never asked: the write half only
-    rec = EventRecorder(kube_client, "gpu-exporter")
-    prof = Profiler(reader, NodeStore(kube_client), cfg, events=rec)
+    # Prometheus is never asked: the write half only
+    prof = make_profiler("http://127.0.0.1:9", "--hysteresis", "2", "--health-condition", "off",
+                         "--leader-elect-namespace", "gpu-exporter")
     got = []
     for _ in range(3):
         res = CycleResult()
@@ -328,4 +324,4 @@ def test_a_gpus_first_pattern_records_no_event_a_later_change_does(kubeapi: Fake
     # cycle 1: "fresh" gets both patterns and was-steady its GPU 1 (first settings: no Event), GPU 0 waits;
     # cycle 2: was-steady's GPU 0 turns steady -> growing: its Event; cycle 3: nothing changed
     assert got == [[], [("was-steady", "GPUMemoryGrowing")], [("was-steady", "GPUMemoryGrowing")]]
-    assert rec.counts == {"created": 1, "updated": 0, "dropped": 0, "failed": 0}
+    assert prof.events.counts == {"created": 1, "updated": 0, "dropped": 0, "failed": 0}

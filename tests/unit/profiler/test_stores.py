@@ -26,8 +26,6 @@ import pytest
 
 from exporter.profiler import health
 from exporter.profiler.classify import classify_gpu
-from exporter.profiler.loop import Profiler
-from exporter.profiler.plan import PlanConfig
 from exporter.profiler.prom import PARTIAL, QUERY_TOO_LONG, TOO_MANY_SAMPLES, TOO_MANY_SERIES, PromClient, PromError
 from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import labelled_set, scenario_node, write_openmetrics
@@ -77,7 +75,7 @@ def test_victoriametrics_gives_the_patterns_prometheus_gives(stores: tuple[Prome
     assert _patterns(vm.url, shard_gpus=16, range_gpus=3) == want
 
 
-def test_the_newest_30s_need_the_latency_offset(tmp_path: Path) -> None:
+def test_the_newest_30s_need_the_latency_offset(tmp_path: Path, make_profiler: Any) -> None:
     """VictoriaMetrics flattens a range's points newer than now - 30 s (-search.latencyOffset):
     a cycle evaluated now reads other numbers than Prometheus; --prometheus-latency-offset 30s
     (the cycle evaluated 30 s ago) reads the same."""
@@ -95,8 +93,8 @@ def test_the_newest_30s_need_the_latency_offset(tmp_path: Path) -> None:
         flat, real = last(vm.url), last(prom.url)
         assert any(len(set(v)) == 1 for v in flat.values())
         assert any(flat[u] != v for u, v in real.items())  # the problem, seen
-        prof = Profiler(Reader(PromClient(vm.url), QueryConfig(source="gpu-exporter")), None, PlanConfig(),
-                        dry_run=True, latency_offset_s=30.0)
+        prof = make_profiler(vm.url, "--source", "gpu-exporter", "--prometheus-latency-offset", "30s",
+                             cluster=False)
         assert prof.clock() - prof.latency_offset_s <= time.time() - 30
         offset_at = float(int(time.time())) - 30
         assert _patterns(vm.url, at=offset_at) == _patterns(prom.url, at=offset_at)
@@ -196,7 +194,7 @@ VM_PARTIAL = {"isPartial": True}
 
 @pytest.mark.parametrize("extra", [THANOS_PARTIAL, VM_PARTIAL])
 def test_a_partial_answer_is_counted_and_nothing_is_written(stores: tuple[Prometheus, VictoriaMetrics],
-                                                            extra: dict[str, Any]) -> None:
+                                                            extra: dict[str, Any], make_profiler: Any) -> None:
     prom, _ = stores
     with FaultProxy(prom.url, extra=extra) as store:
         out: list[str] = []
@@ -209,8 +207,7 @@ def test_a_partial_answer_is_counted_and_nothing_is_written(stores: tuple[Promet
             def flush(self) -> None:
                 pass
 
-        prof = Profiler(Reader(PromClient(store.url), QueryConfig(source="gpu-exporter")), None, PlanConfig(),
-                        dry_run=True, out=Out())  # type: ignore[arg-type]
+        prof = make_profiler(store.url, "--source", "gpu-exporter", cluster=False, out=Out())
         res = prof.run_cycle(at=END)
     assert not res.ok and res.patches == 0 and "".join(out) == ""
     assert prof.metrics.errors.labels(PARTIAL)._value.get() == 1
