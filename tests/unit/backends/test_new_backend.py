@@ -260,7 +260,7 @@ class ZetaSmiBackend(CliBackend):
     arguments: ClassVar[tuple[str, ...]] = ("--json",)
     families: ClassVar[frozenset[str]] = frozenset({
         "gpu_utilization_ratio", "gpu_memory_total_bytes", "gpu_memory_used_bytes", "gpu_temperature_celsius",
-        "gpu_power_watts"})
+        "gpu_power_watts", "gpu_jpeg_utilization_ratio"})
     equivalents: ClassVar[dict[str, str]] = {"gpu_power_watts": "zeta-smi --json: power_w",
                                              "gpu_temperature_celsius": "zeta-smi --json: temperature_c"}
     kubernetes: ClassVar[KubernetesNames] = KubernetesNames(
@@ -275,7 +275,8 @@ class ZetaSmiBackend(CliBackend):
                                utilization_ratio=c["utilization_pct"] / 100,
                                memory_total_bytes=c["memory_total_mib"] * MIB,
                                memory_used_bytes=c["memory_used_mib"] * MIB,
-                               temperature_celsius={"gpu": c["temperature_c"]}, power_watts=c["power_w"])
+                               temperature_celsius={"gpu": c["temperature_c"]}, power_watts=c["power_w"],
+                               jpeg_utilization_ratio=c["jpeg_pct"] / 100)
                     for c in cards]
         except (ValueError, KeyError, TypeError) as exc:
             raise BackendError(f"zeta-smi output unusable: {type(exc).__name__}: {exc}", kind=BAD_VALUE) from None
@@ -298,7 +299,7 @@ from tests.harness.exporter import ExporterProcess
 
 BACKEND = "zeta-smi"
 GPUS = [{"index": i, "uuid": f"ZETA-{i}", "name": "Zeta Z1", "utilization_pct": 10 * i, "memory_total_mib": 16384,
-         "memory_used_mib": 1024, "temperature_c": 40 + i, "power_w": 100.5} for i in range(2)]
+         "memory_used_mib": 1024, "temperature_c": 40 + i, "power_w": 100.5, "jpeg_pct": 5 * i} for i in range(2)]
 
 
 def env(tmp: Path) -> dict[str, str]:
@@ -313,6 +314,13 @@ def start(tmp: Path, args: list[str]) -> ExporterProcess:
     return ExporterProcess(["--backend", "zeta-smi", *args], env=env(tmp))
 '''
 
+# A new family at once (docs/extending.md, "A new metric family"): one row, which zeta-smi fills; readings.py
+# is not edited (the value is a GpuReading constructor argument all the same)
+FAMILY_ROW = '''    _g("gpu_jpeg_utilization_ratio", GAUGE, "ratio", "JPEG decoder utilisation (0-1).", "utilization",
+       "jpeg_utilization_ratio", "nvmlDeviceGetJpgUtilization (%)", "utilization.jpeg", "(none)",
+       tools=(("zeta-smi", "zeta-smi --json: jpeg_pct"),),
+       views=(Field(digits=4, maximum=1, status=True, column="JPEG"),)),
+'''
 README_ROWS = ("| `acme` | Acme | a minimal model | itself |\n"
                "| `zeta-smi` | Zeta | the `zeta-smi --json` CLI, run once per collection | a fake CLI |\n")
 # What a developer copies to work on the exporter (what the suites below read).
@@ -326,9 +334,20 @@ SUITES = ("tests/unit/backends/test_contract.py", "tests/unit/tools/test_api.py:
           "tests/unit/serve/test_papercuts.py::test_example_config_loads_and_names_every_setting",
           "tests/e2e/test_helm.py::test_extra_args_schema_knows_every_serve_flag",
           "tests/e2e/test_helm.py::test_each_shipped_vendor_runs_a_backend_the_exporter_has")
-# What the generators (make docs) rewrite; README.md also gets its two rows by hand
+# What a developer writes: the two vendors' files and the CLI one's fleet (added), the README's rows and the
+# family's row (edited); and what the generators (make docs) rewrite
+ADDED = ["exporter/backends/acme.py", "exporter/backends/zeta_smi.py", "tests/fakes/fleets/zeta_smi.py"]
+BY_HAND = {"README.md", "exporter/core/schema.py"}
 GENERATED = {"docs/metrics.md", "docs/exporter.example.yaml", "README.md", "docs/cli.md", "docs/python-api.md",
-             "deploy/helm/gpu-exporter/values.schema.json"}
+             "docs/api.md", "docs/validation.md", "deploy/helm/gpu-exporter/values.schema.json"}
+
+
+def docs_generators(makefile: Path) -> list[list[str]]:
+    """The commands of ``make docs``, as the Makefile lists them (``$(PY) -m ...``)."""
+    recipe = makefile.read_text().split("\ndocs:", 1)[1].split("\n\n", 1)[0]
+    commands = [line.split("$(PY)", 1)[1].split() for line in recipe.splitlines() if "$(PY)" in line]
+    assert commands, "make docs runs no generator"
+    return commands
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -338,8 +357,10 @@ def _files(root: Path) -> dict[str, bytes]:
 
 def test_the_suite_passes_with_two_new_vendors(tmp_path: Path) -> None:
     """An in-process vendor (acme) and a CLI one (zeta-smi, over the backends' CLI helper) in a copy of the
-    checkout: one file each, the CLI one's fixture and one README row each; the generators rewrite only their
-    files; then every suite that names the backends passes there, running both new vendors."""
+    checkout: one file each, the CLI one's fixture and one README row each, and a new family's schema row
+    that zeta-smi fills (readings.py untouched): five files written by hand; the generators of ``make docs``
+    rewrite only their files; then every suite that names the backends passes there, running both new
+    vendors and the new family."""
     root = tmp_path / "checkout"
     for name in CHECKOUT:
         src = REPO / name
@@ -356,16 +377,22 @@ def test_the_suite_passes_with_two_new_vendors(tmp_path: Path) -> None:
     anchor = "| `simulated` | none |"
     assert readme.read_text().count(anchor) == 1
     readme.write_text(readme.read_text().replace(anchor, README_ROWS + anchor))
-    for generator in (["-m", "exporter.backends", "--write-docs"], ["-m", "tests.e2e.test_helm", "--write"]):
+    schema = root / "exporter" / "core" / "schema.py"
+    assert schema.read_text().count("    # --- memory ---") == 1
+    schema.write_text(schema.read_text().replace("    # --- memory ---", FAMILY_ROW + "    # --- memory ---"))
+    for generator in docs_generators(root / "Makefile"):
         done = subprocess.run([sys.executable, *generator], cwd=root, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
     after = _files(root)
     added = sorted(set(after) - set(before))
     changed = sorted(k for k in before if after.get(k) != before[k])
-    assert added == ["exporter/backends/acme.py", "exporter/backends/zeta_smi.py", "tests/fakes/fleets/zeta_smi.py"]
-    assert set(changed) <= GENERATED, changed
+    assert added == ADDED
+    assert set(changed) <= GENERATED | BY_HAND, changed
+    assert len(added) + len(BY_HAND) == 5  # the files a developer writes for two vendors and a family
     metrics = (root / "docs" / "metrics.md").read_text()
     assert "| nvidia-smi | amd-smi | zeta-smi | help |" in metrics and "zeta-smi --json: power_w" in metrics
+    assert "zeta-smi --json: jpeg_pct" in metrics  # the family's row, with its tool's column
+    assert "`jpeg_utilization_ratio`" in (root / "docs" / "api.md").read_text()
     assert "# zeta-smi-path: /usr/bin/zeta-smi\n" in (root / "docs" / "exporter.example.yaml").read_text()
     assert "`acme`, then `nvml`" in (root / "docs" / "cli.md").read_text()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-n", "2", *SUITES],
@@ -374,6 +401,12 @@ def test_the_suite_passes_with_two_new_vendors(tmp_path: Path) -> None:
     assert "PASSED tests/unit/backends/test_contract.py::test_support_table_is_true" in done.stdout
     for backend in ("acme", "zeta-smi"):  # the Python API ran each new vendor, the contract test's fleets have it
         assert f"PASSED tests/unit/tools/test_api.py::test_every_backend[{backend}]" in done.stdout, backend
+    # the new family is served by zeta-smi from its row alone
+    served = _run(root, "-c", "import sys; from pathlib import Path\n"
+                              "from tests.fakes.contract_fleets import exporter_for\n"
+                              "with exporter_for('zeta-smi', Path(sys.argv[1])) as ex:\n"
+                              "    print(ex.scrape_text())", str(tmp_path / "zeta-fleet"))
+    assert 'gpu_jpeg_utilization_ratio{gpu="1",uuid="ZETA-1"} 0.05' in served, served[-2000:]
     contract, _, with_fleet = _run(root, "-c", "from tests.fakes.contract_fleets import BACKENDS, fleets; "
                                               "print(*BACKENDS, '|', *fleets())").partition("|")
     assert {"acme", "zeta-smi"} <= set(contract.split()) and "zeta-smi" in with_fleet.split(), contract + with_fleet
