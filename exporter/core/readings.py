@@ -52,6 +52,7 @@ def _from_rows(scope: str) -> Callable[[_C], _C]:
 
     return add
 
+
 #: a GPU's health states (exporter/core/gpu_health.py), OpenTelemetry hw.state's where they fit
 HEALTH_STATES = ("ok", "degraded", "failed", "hung", "lost")
 
