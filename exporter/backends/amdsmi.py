@@ -62,6 +62,7 @@ from exporter.backends.base import (
     Verdict,
     si,
 )
+from exporter.core import xid
 from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
 from exporter.core.options import BackendOptions
 from exporter.core.pci import canonical_bus_id, count_pci_gpus
@@ -322,6 +323,7 @@ class _Gpu(Device):
     partition_id: int | None = None
     numa_node: int | None = None
     edge_sensor: bool = True  # False: no edge sensor (MI300 class); read once per init
+    ras_blocks: tuple[Any, ...] | None = None  # AmdSmiGpuBlock members with RAS on; None: not read yet
 
 
 class AmdSmiBackend(Backend):
@@ -661,6 +663,12 @@ class AmdSmiBackend(Backend):
             for error_type, key in (("corrected", "correctable_count"), ("uncorrected", "uncorrectable_count")):
                 if (v := self._si(gpu, f"ecc_errors:{error_type}", ecc.get(key), sentinels=SENTINELS)) is not None:
                     r.ecc_errors[(error_type, "volatile")] = v
+            # deferred (poisoned) errors: no family of their own, an event of the health state (ras_events.tsv)
+            if self._si(gpu, "ecc_errors:deferred", ecc.get("deferred_count"), sentinels=SENTINELS):
+                r.ras_events["ecc_deferred"] = ""
+
+        if self.enabled("gpu_health_state"):
+            self._read_ras(d, r, gpu)
 
         if self._want("link_up"):
             links = call(gpu, "link_up", "amdsmi_get_gpu_xgmi_link_status", h) or {}
@@ -707,6 +715,34 @@ class AmdSmiBackend(Backend):
                                         memory_total_bytes=r.memory_total_bytes,
                                         memory_used_bytes=r.memory_used_bytes,
                                         utilization_ratio=r.utilization_ratio))
+
+    def _read_ras(self, d: _Gpu, r: GpuReading, gpu: Device) -> None:
+        """The RAS state of each block with RAS on (``amdsmi_get_gpu_ecc_enabled``'s mask, read once per
+        init; ``amdsmi_get_gpu_ecc_status`` per block and collection; amd-smi metric --ecc-blocks), as
+        the ``ras_<state>`` events of exporter/core/ras_events.tsv with the blocks showing them: an
+        input of the health state (severities and overrides: exporter/core/xid.py). NONE, DISABLED and
+        ENABLED are no event."""
+        smi = self._smi
+        assert smi is not None
+        blocks = getattr(smi, "AmdSmiGpuBlock", None)
+        if d.ras_blocks is None:
+            mask = self._call(gpu, "ras_events", "amdsmi_get_gpu_ecc_enabled", d.handle)
+            if type(mask) is int and blocks is not None:
+                d.ras_blocks = tuple(b for b in blocks if b.name not in ("INVALID", "RESERVED") and mask & b.value)
+            elif "ras_events" in gpu.unsupported or blocks is None:
+                d.ras_blocks = ()  # no RAS on this GPU (or an amdsmi without it): not asked again until re-init
+            else:
+                return  # a failed read: asked again next time
+        found: dict[str, list[str]] = {}
+        for block in d.ras_blocks:
+            where = block.name.lower()
+            state = self._call(gpu, f"ras_events:{where}", "amdsmi_get_gpu_ecc_status", d.handle, block)
+            name = getattr(state, "name", None)
+            event = f"ras_{name.lower()}" if isinstance(name, str) else ""
+            if event in xid.EVENTS:
+                found.setdefault(event, []).append(where)
+        for event, where_all in found.items():
+            r.ras_events[event] = ", ".join(where_all)
 
     def _process_rates(self, d: _Gpu, gfx_ns: dict[int, float]) -> dict[int, float] | None:
         """Per-process GFX engine share since the last collection: the growth of each process's

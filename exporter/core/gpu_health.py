@@ -104,6 +104,10 @@ class HealthTracker:
                 sev = xid.severity(event, self.overrides)
                 if sev in _BY_SEVERITY:
                     consider(_BY_SEVERITY[sev], f"{event} ({sev})")
+        for event, where in r.ras_events.items():  # AMD's deferred errors and per-block RAS states
+            sev = xid.severity(event, self.overrides)
+            if sev in _BY_SEVERITY:
+                consider(_BY_SEVERITY[sev], f"{event}{' ' + where if where else ''} ({sev})")
         if r.recovery_action is not None and int(r.recovery_action) in _RECOVERY:
             consider(*_RECOVERY[int(r.recovery_action)])
         return worst, cause

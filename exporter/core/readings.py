@@ -154,6 +154,10 @@ class GpuReading:
     remapped_rows: dict[str, float] = field(default_factory=dict)  # "corrected"/"uncorrected" -> rows
     remapped_rows_pending: float | None = None
     remapped_rows_failed: float | None = None
+    # RAS/ECC events the GPU shows now that no counter above carries (exporter/core/ras_events.tsv names them:
+    # AMD's deferred errors, its per-block RAS states) -> where ("umc, gfx": the blocks; "" for the GPU):
+    # an input of the health state, not a family of its own
+    ras_events: dict[str, str] = field(default_factory=dict)
 
     # throttle / clock-event reasons: reason -> 0|1 ; violation seconds: reason -> seconds
     throttle_reasons: dict[str, float] = field(default_factory=dict)

@@ -16,10 +16,12 @@ it): each code's "Resolution Bucket (Immediate Action)" becomes a severity by :d
 A code the catalogue does not list is ``warn``: seen, never silently dropped, never draining a node
 on a guess.
 
-AMD has no XIDs; its RAS and ECC events have names (:data:`EVENTS`), mapped to the same three
-severities the way NVIDIA's catalogue treats the equivalent XID (an uncorrectable ECC error is
-XID 48, fatal; a retired page is XID 63, ignore; a retirement that failed is XID 64, fatal).
-NVIDIA's ECC counters use the same names.
+AMD has no XIDs; its RAS and ECC events have names (:data:`EVENTS`, from ``ras_events.tsv``, which
+cites AMD's and NVIDIA's sources), mapped to the same three severities the way NVIDIA's catalogue
+treats the equivalent XID (an uncorrectable ECC error is XID 48, fatal; deferred (poisoned) data is
+XID 94, warn; a retired page is XID 63, ignore; a retirement that failed is XID 64, fatal), and one
+per RAS state amdsmi reports for a block (``ras_mult_uc`` fatal, ``ras_poison`` and ``ras_parity``
+warn, ``ras_sing_c`` ignore). NVIDIA's ECC counters use the same names.
 
 Overrides are a mapping from an XID code (an int, or its decimal string as YAML keys often are)
 or an event name to a severity. :func:`load_overrides` checks one and raises :class:`XidConfigError`,
@@ -28,7 +30,7 @@ whose ``str()`` is a one-line message naming the bad key or value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -57,17 +59,33 @@ BUCKET_SEVERITY: dict[str, Severity] = {
     "IGNORE": "ignore",
 }
 
-#: vendor-neutral RAS/ECC events (AMD's amdsmi ECC counts and bad pages; NVIDIA's ECC counters and
-#: retired pages) -> default severity, each as the catalogue rates the equivalent XID
-EVENTS: dict[str, Severity] = {
-    "ecc_uncorrected": "fatal",  # XID 48 (double-bit ECC); amdsmi uncorrectable_count
-    "ecc_deferred": "warn",  # amdsmi deferred_count: poisoned data, consumed later (XID 94 is warn)
-    "ecc_corrected": "ignore",  # corrected by hardware (XID 92's excessive SBE rate is ignore)
-    "page_retired": "ignore",  # XID 63: retired or remapped, takes effect after a reset
-    "page_retirement_failed": "fatal",  # XID 64: the row could not be retired
-}
+
+
+def _rows(name: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, tab-separated fields) of each row of the packaged data file ``name`` ('#': comments)."""
+    text = resources.files("exporter.core").joinpath(name).read_text(encoding="utf-8")
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip() and not line.startswith("#"):
+            yield n, line.split("\t")
+
+
+@cache
+def _events() -> dict[str, Severity]:
+    """The packaged RAS/ECC events (``ras_events.tsv``, which cites its sources), read once."""
+    out: dict[str, Severity] = {}
+    for n, (name, sev, _what) in _rows("ras_events.tsv"):
+        if name in out or sev not in SEVERITIES:  # a packaging defect, caught by the tests
+            raise ValueError(f"ras_events.tsv line {n}: duplicate event or unknown severity {sev!r}")
+        out[name] = sev  # a Severity: checked against SEVERITIES above
+    return out
+
+
+#: vendor-neutral RAS/ECC events (AMD's amdsmi ECC counts and per-block RAS states; NVIDIA's ECC counters
+#: and retired pages) -> default severity, each as the catalogue rates the equivalent XID (ras_events.tsv)
+EVENTS: Mapping[str, Severity] = _events()
 
 MAX_XID = 1 << 16  # XID codes are small; a larger key is a typo
+_NAMED = "a RAS/ECC event (ecc_*, page_*, ras_*: docs/metrics.md lists them)"  # the list is too long for one line
 
 
 class XidConfigError(ValueError):
@@ -87,12 +105,8 @@ class Entry:
 @cache
 def catalogue() -> Mapping[int, Entry]:
     """The packaged catalogue, by code (read once)."""
-    text = resources.files("exporter.core").joinpath("xid_catalogue.tsv").read_text(encoding="utf-8")
     out: dict[int, Entry] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        code_s, bucket, mnemonic = line.split("\t")
+    for n, (code_s, bucket, mnemonic) in _rows("xid_catalogue.tsv"):
         code = int(code_s)
         if code in out or bucket not in BUCKET_SEVERITY:  # a packaging defect, caught by the tests
             raise ValueError(f"xid_catalogue.tsv line {n}: duplicate code or unknown bucket {bucket!r}")
@@ -103,7 +117,7 @@ def catalogue() -> Mapping[int, Entry]:
 def _key(raw: object, where: str) -> int | str:
     """An override's key as an XID code (int) or an event name, or :class:`XidConfigError`."""
     if isinstance(raw, bool):
-        raise XidConfigError(f"{where}: key {raw!r} is not an XID code or one of {', '.join(EVENTS)}")
+        raise XidConfigError(f"{where}: key {raw!r} is not an XID code or {_NAMED}")
     if isinstance(raw, int):
         code = raw
     elif isinstance(raw, str) and raw.strip().isdigit() and raw.strip().isascii():
@@ -112,7 +126,7 @@ def _key(raw: object, where: str) -> int | str:
         return raw
     else:
         shown = repr(raw) if len(repr(raw)) <= 60 else repr(raw)[:57] + "..."
-        raise XidConfigError(f"{where}: key {shown} is not an XID code or one of {', '.join(EVENTS)}")
+        raise XidConfigError(f"{where}: key {shown} is not an XID code or {_NAMED}")
     if not 0 < code < MAX_XID:
         raise XidConfigError(f"{where}: XID code {code} is out of range (1-{MAX_XID - 1})")
     return code

@@ -25,7 +25,9 @@ Per-GPU keys (units as the library reports them): ``market_name``, ``device_id``
 ``current_socket_power``/``average_socket_power`` (W), ``power_cap_uw`` (uW),
 ``energy_accumulator`` + ``energy_resolution_uj``, ``clk.<gfx|mem|soc|vclk0>[.max|.min]`` (MHz),
 ``pcie.width``/``pcie.max_width``/``pcie.speed``/``pcie.max_speed`` (MT/s)/``pcie.version``/
-``pcie.replay``, ``pci_replay_counter``, ``ecc.correctable``/``ecc.uncorrectable``,
+``pcie.replay``, ``pci_replay_counter``, ``ecc.correctable``/``ecc.uncorrectable``/``ecc.deferred``,
+``ras.enabled`` (the mask of RAS blocks, amdsmi_gpu_block_t bits) with ``ras.<bit>.state``
+(amdsmi_ras_err_state_t) and ``ras.<bit>.correctable``/``.uncorrectable``/``.deferred``,
 ``xgmi.links`` (e.g. ``U,U,D,X``), ``fan.speed``/``fan.max`` (0-255), ``metrics.<gpu_metrics
 field>`` (the fields ``amdsmi_get_gpu_metrics_info`` fills: throttle status and residencies,
 ``accumulation_counter``, ``average_gfx/umc/mm_activity`` (%), ``vcn_activity`` and

@@ -162,6 +162,20 @@ EXTERNAL = [
         "figures": {'warnings': 1},
         "outcome": 'make test'}),
     ("Faults: exporter", {
+        "scenario": "AMD RAS and ECC events rated as XIDs are (issue 35)",
+        "done": "the fake libamd_smi reports a block's RAS state (amdsmi_get_gpu_ecc_status: MULT_UC, POISON, "
+                'PARITY, SING_C on UMC, GFX, XGMI_WAFL), blocks with RAS off, a GPU without RAS, and deferred '
+                'errors in the total ECC count; with and without `--xid-severity` overrides by event name',
+        "happened": 'gpu_health_state: MULT_UC failed ("ras_mult_uc umc (fatal)", every block showing it named), '
+                    'POISON and PARITY degraded (warn), SING_C ok (ignore), deferred errors degraded '
+                    '("ecc_deferred (warn)"; before: declared, never read); each overridable by name; a block '
+                    'with RAS off is not asked, a GPU without RAS asked once per initialisation; defaults and '
+                    "sources in exporter/core/ras_events.tsv (AMD SMI's ECC and error-query references, the "
+                    "kernel's AMDGPU RAS page, NVIDIA's XID catalogue)",
+        "test": 'tests/unit/backends/test_amdsmi_ras.py',
+        "figures": {'cases': 13},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
         "scenario": 'a wedged driver and liveness (issue 35)',
         "done": 'a call about no GPU never returns (init, the device count): what do the probes do',
         "happened": '/readyz fails naming the call; /healthz (liveness) keeps answering 200 on '

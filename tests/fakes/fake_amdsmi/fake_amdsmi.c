@@ -530,6 +530,47 @@ status_t amdsmi_get_gpu_total_ecc_count(void *handle, void *out) {
     return AMDSMI_STATUS_SUCCESS;
 }
 
+/* RAS (amdsmi.h: amdsmi_get_gpu_ecc_enabled, amdsmi_get_gpu_ecc_status, amdsmi_get_gpu_ecc_count):
+ * "ras.enabled" is the mask of blocks with ECC/RAS on (amdsmi_gpu_block_t bits: UMC 1, SDMA 2, GFX 4,
+ * MMHUB 8, ..., MPIO 1<<18); "ras.<block bit>.state" the block's amdsmi_ras_err_state_t (NONE 0,
+ * DISABLED 1, PARITY 2, SING_C 3, MULT_UC 4, POISON 5, ENABLED 6; absent: ENABLED for an enabled
+ * block, DISABLED otherwise); "ras.<block bit>.correctable" / ".uncorrectable" / ".deferred" its
+ * counts. No "ras.enabled": NOT_SUPPORTED, as on a GPU without RAS. */
+status_t amdsmi_get_gpu_ecc_enabled(void *handle, uint64_t *out) {
+    GPU_CALL(handle, "get_gpu_ecc_enabled");
+    return gnum(gpu, "ras.enabled", out) ? AMDSMI_STATUS_SUCCESS : AMDSMI_STATUS_NOT_SUPPORTED;
+}
+
+static bool ras_block(int gpu, uint64_t block, uint64_t *enabled) {
+    if (!gnum(gpu, "ras.enabled", enabled)) return false;
+    return block && !(block & (block - 1));  /* one block: one bit */
+}
+
+status_t amdsmi_get_gpu_ecc_status(void *handle, uint64_t block, uint32_t *out) {
+    GPU_CALL(handle, "get_gpu_ecc_status");
+    uint64_t enabled, state;
+    char key[64];
+    if (!ras_block(gpu, block, &enabled)) return AMDSMI_STATUS_NOT_SUPPORTED;
+    snprintf(key, sizeof key, "ras.%" PRIu64 ".state", block);
+    *out = (uint32_t)(gnum(gpu, key, &state) ? state : (enabled & block) ? 6 : 1);
+    return AMDSMI_STATUS_SUCCESS;
+}
+
+status_t amdsmi_get_gpu_ecc_count(void *handle, uint64_t block, void *out) {
+    GPU_CALL(handle, "get_gpu_ecc_count");
+    uint64_t enabled;
+    char key[64];
+    if (!ras_block(gpu, block, &enabled) || !(enabled & block)) return AMDSMI_STATUS_NOT_SUPPORTED;
+    memset(out, 0, SIZEOF_amdsmi_error_count_t);
+    snprintf(key, sizeof key, "ras.%" PRIu64 ".correctable", block);
+    PUT(out, amdsmi_error_count_t, correctable_count, gnum_or(gpu, key, 0));
+    snprintf(key, sizeof key, "ras.%" PRIu64 ".uncorrectable", block);
+    PUT(out, amdsmi_error_count_t, uncorrectable_count, gnum_or(gpu, key, 0));
+    snprintf(key, sizeof key, "ras.%" PRIu64 ".deferred", block);
+    PUT(out, amdsmi_error_count_t, deferred_count, gnum_or(gpu, key, 0));
+    return AMDSMI_STATUS_SUCCESS;
+}
+
 status_t amdsmi_get_gpu_xgmi_link_status(void *handle, void *out) {
     GPU_CALL(handle, "get_gpu_xgmi_link_status");
     const char *v = gkv(gpu, "xgmi.links");  /* e.g. "U,U,D,X": up, down, disabled */

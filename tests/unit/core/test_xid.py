@@ -56,8 +56,8 @@ def test_an_override_wins_for_its_code_only() -> None:
     ({48: "critical"}, "xid_severity: 48: severity 'critical' is not one of fatal, warn, ignore"),
     ({48: None}, "xid_severity: 48: severity None is not one of fatal, warn, ignore"),
     ({48: 1}, "xid_severity: 48: severity 1 is not one of fatal, warn, ignore"),
-    ({"xid48": "fatal"}, "xid_severity: key 'xid48' is not an XID code or one of ecc_uncorrected, ecc_deferred, "
-                         "ecc_corrected, page_retired, page_retirement_failed"),
+    ({"xid48": "fatal"}, "xid_severity: key 'xid48' is not an XID code or a RAS/ECC event (ecc_*, page_*, ras_*: "
+                         "docs/metrics.md lists them)"),
     ({True: "fatal"}, "xid_severity: key True is not an XID code"),
     ({0: "fatal"}, "xid_severity: XID code 0 is out of range (1-65535)"),
     ({-3: "fatal"}, "xid_severity: XID code -3 is out of range"),
