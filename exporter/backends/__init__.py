@@ -194,7 +194,8 @@ def render_docs(text: str) -> str:
 # Where the docs name the backends: inline spans ``<!-- backends:KIND -->...<!-- /backends -->`` that
 # ``python -m exporter.backends --write-docs`` rewrites from the registry (KIND: auto, the --backend auto order;
 # all, every backend; real, the real backends)
-NAMED_IN = tuple(DOCS.parents[1] / name for name in ("README.md", "docs/cli.md", "docs/python-api.md"))
+NAMED_IN = tuple(DOCS.parents[1] / name for name in ("README.md", "docs/alerts.md", "docs/cli.md",
+                                                    "docs/python-api.md"))
 _SPAN = re.compile(r"(<!-- backends:(auto|all|real) -->)(.*?)(<!-- /backends -->)", re.S)
 
 

@@ -1,5 +1,5 @@
 """``python -m exporter.backends``: print the support table; ``--write-docs`` regenerates docs/metrics.md and
-the backend names of the README, docs/cli.md and docs/python-api.md."""
+the backend names of the README, docs/alerts.md, docs/cli.md and docs/python-api.md."""
 
 from __future__ import annotations
 

@@ -81,8 +81,9 @@ def test_docs_are_generated_from_the_schema() -> None:
 
 
 def test_docs_name_the_registrys_backends() -> None:
-    """The README, docs/cli.md and docs/python-api.md name the backends in generated spans, and the README's
-    backend table has one row per backend of the registry (a new vendor's one row)."""
+    """The README, docs/alerts.md, docs/cli.md and docs/python-api.md name the backends in generated spans, no
+    other line of the docs lists every real backend by hand, and the README's backend table has one row per
+    backend of the registry (a new vendor's one row)."""
     from exporter.backends import EXAMPLE, NAMED_IN, backend_list, ordered, render_example, render_names
 
     for path in NAMED_IN:
@@ -93,6 +94,16 @@ def test_docs_name_the_registrys_backends() -> None:
     assert render_example(example) == example, (
         "docs/exporter.example.yaml is stale: python -m exporter.backends --write-docs")
     assert backend_list("auto").split(", then ")[0] == f"`{ordered()[0]}`"  # --backend auto's first first
+    import re
+
+    from exporter.backends import auto_order
+
+    span = re.compile(r"<!-- backends:\w+ -->.*?<!-- /backends -->", re.S)
+    root = NAMED_IN[0].parent
+    hand = [f"{path.relative_to(root)}:{n}" for path in (root / "README.md", *sorted((root / "docs").glob("*.md")))
+            for n, line in enumerate(span.sub("", path.read_text()).splitlines(), 1)
+            if not line.startswith("|") and all(f"`{b}`" in line for b in auto_order())]
+    assert not hand, f"a hand-written list of every backend (use a <!-- backends:real --> span): {hand}"
     readme = NAMED_IN[0].read_text().split("\n## Backends\n", 1)[1].split("\n\n| backend |", 1)[1]
     rows = [line.split("|")[1].strip().strip("`") for line in readme.split("\n\n", 1)[0].splitlines()[2:]]
     assert sorted(rows) == sorted(ordered()), "README.md's backend table: one row per backend of the registry"

@@ -339,6 +339,7 @@ SUITES = ("tests/unit/backends/test_contract.py", "tests/unit/tools/test_api.py:
 ADDED = ["exporter/backends/acme.py", "exporter/backends/zeta_smi.py", "tests/fakes/fleets/zeta_smi.py"]
 BY_HAND = {"README.md", "exporter/core/schema.py"}
 GENERATED = {"docs/metrics.md", "docs/exporter.example.yaml", "README.md", "docs/cli.md", "docs/python-api.md",
+             "docs/alerts.md",
              "docs/api.md", "docs/validation.md", "deploy/helm/gpu-exporter/values.schema.json"}
 
 
