@@ -263,7 +263,7 @@ def make_profiler(kubeapi: FakeKubeAPI, tmp_path: Path) -> Callable[..., Any]:
     """Factory: ``make_profiler(prometheus_url, *flags, cluster=True, out=None, **inject)`` -> a Profiler
     wired as ``gpu-exporter profile`` wires it (tests/harness/profiler.build_profiler), writing to ``kubeapi``
     (``cluster=False``: a dry run without a cluster); ``inject`` replaces what no flag gives (an elector, a
-    clock)."""
+    clock), ``tune={"store.backoff": 0.01}`` sets a value deeper down."""
     from tests.harness.profiler import build_profiler
 
     kubeconfig = kubeapi.kubeconfig(tmp_path / "profiler-kubeconfig")

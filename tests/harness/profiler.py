@@ -9,7 +9,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self
@@ -180,20 +180,27 @@ def closed_port_url() -> str:
 
 
 def build_profiler(prometheus_url: str, *flags: str, kubeconfig: Path | None = None,
-                   out: IO[str] | None = None, **inject: object) -> Profiler:
+                   out: IO[str] | None = None, tune: Mapping[str, object] | None = None,
+                   **inject: object) -> Profiler:
     """The one way a test makes a profiler in process: ``gpu-exporter profile``'s own wiring (its settings
     table, its loader, ``main.build_profiler``) from ``flags``, against ``prometheus_url`` and the API server
     of ``kubeconfig`` (None: a dry run without a cluster, ``--dry-run`` implied). ``inject``: what no flag
     can give, put in place of the profiler's own (``elector=`` a replica that never leads, ``clock=``,
-    ``events=`` a recorder on a fake clock); a name the profiler lacks is an error. The process itself:
+    ``events=`` a recorder on a fake clock); ``tune``: values deeper down that no flag sets, by dotted path
+    (``{"store.backoff": 0.01, "reader.client.backoff": 0.01}``: retries without the real backoff's wait).
+    A name the profiler lacks is an error. The process itself:
     ``tests.harness.exporter.DaemonProcess("profile", ...)``."""
     from exporter.profiler import main
 
     argv = ["--prometheus-url", prometheus_url, *flags]
     argv += ["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--dry-run"]
     prof = main.build_profiler(main.parse_args(argv, environ={}), out=out if out is not None else io.StringIO())
-    for name, value in inject.items():
-        if not hasattr(prof, name):
-            raise AttributeError(f"the profiler has no {name!r} to inject")
-        setattr(prof, name, value)
+    for path, value in [*inject.items(), *(tune or {}).items()]:
+        *parents, name = path.split(".")
+        owner: object = prof
+        for step in parents:
+            owner = getattr(owner, step)
+        if not hasattr(owner, name):
+            raise AttributeError(f"the profiler has no {path!r} to set")
+        setattr(owner, name, value)
     return prof

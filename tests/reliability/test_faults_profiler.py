@@ -10,19 +10,14 @@ recovery has something to do).
 
 from __future__ import annotations
 
-import io
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from exporter.profiler.annotate import NodeStore
 from exporter.profiler.loop import Profiler
-from exporter.profiler.plan import PlanConfig
-from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import idle_shape, make_history, mem_constant, sample_times, steady_shape
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.profiler import FaultProxy, history_file
@@ -30,7 +25,7 @@ from tests.harness.prom import Prometheus
 from tests.reliability.support import Result
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+    pass
 
 pytestmark = pytest.mark.prometheus
 
@@ -58,11 +53,14 @@ def api(kubeapi: FakeKubeAPI) -> FakeKubeAPI:
     return kubeapi
 
 
-def profiler(url: str, client: ApiClient, prom_timeout: float = 1.0, kube_timeout: float = 5.0,
+def profiler(make_profiler: Any, url: str, prom_timeout: float = 1.0, kube_timeout: float = 5.0,
              kube_retries: int = 3) -> Profiler:
-    reader = Reader(PromClient(url, timeout=prom_timeout, retries=1, backoff=0.01), QueryConfig())
-    store = NodeStore(client, timeout=kube_timeout, retries=kube_retries, backoff=0.01)
-    return Profiler(reader, store, PlanConfig(), out=io.StringIO())
+    """A profiler from the one fixture: one Prometheus retry, no GPUHealthy condition and no Events (only the
+    annotations are written); the API server's timeout and retries (no flag sets them), no real backoff."""
+    return make_profiler(url, "--prometheus-timeout", f"{prom_timeout:g}", "--prometheus-retries", "1",
+                         "--health-condition", "off", "--events", "off",
+                         tune={"reader.client.backoff": 0.01, "store.backoff": 0.01, "store.timeout": kube_timeout,
+                               "store.retries": kube_retries})
 
 
 def ours(api: FakeKubeAPI) -> dict[str, str]:
@@ -113,10 +111,10 @@ PROM_FAULTS = [
 
 
 @pytest.mark.parametrize(("fault", "kind", "done"), PROM_FAULTS)
-def test_prometheus_fault(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient, caplog: pytest.LogCaptureFixture,
+def test_prometheus_fault(prom: Prometheus, api: FakeKubeAPI, make_profiler: Any, caplog: pytest.LogCaptureFixture,
                           fault: str, kind: str, done: str, result: Result) -> None:
     with FaultProxy(prom.url, delay=3.0) as proxy:
-        prof = profiler(proxy.url, kube_client)
+        prof = profiler(make_profiler, proxy.url)
         assert prof.run_cycle().ok
         good = ours(api)
         assert good[P + "gpu-0.pattern"] == "steady" and good[P + "gpu-1.pattern"] == "idle"
@@ -160,9 +158,9 @@ KUBE_FAULTS = [
 
 
 @pytest.mark.parametrize(("fault", "kind", "inject", "done"), KUBE_FAULTS, ids=[f[0] for f in KUBE_FAULTS])
-def test_api_server_fault(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient, caplog: pytest.LogCaptureFixture,
+def test_api_server_fault(prom: Prometheus, api: FakeKubeAPI, make_profiler: Any, caplog: pytest.LogCaptureFixture,
                           fault: str, kind: str, inject: dict[str, object], done: str, result: Result) -> None:
-    prof = profiler(prom.url, kube_client, kube_timeout=1.0, kube_retries=1)
+    prof = profiler(make_profiler, prom.url, kube_timeout=1.0, kube_retries=1)
     assert prof.run_cycle().ok
     good = ours(api)
     wipe(api, good)
@@ -189,10 +187,10 @@ def test_api_server_fault(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiCl
     assert cycles == 1
 
 
-def test_profiler_logs_one_line_per_outage(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient,
+def test_profiler_logs_one_line_per_outage(prom: Prometheus, api: FakeKubeAPI, make_profiler: Any,
                                            caplog: pytest.LogCaptureFixture, result: Result) -> None:
     with FaultProxy(prom.url, delay=3.0) as proxy:
-        prof = profiler(proxy.url, kube_client)
+        prof = profiler(make_profiler, proxy.url)
         assert prof.run_cycle().ok
         proxy.mode = "500"
         _, log_lines, _ = fault_cycles(prof, caplog)

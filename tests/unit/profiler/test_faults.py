@@ -7,21 +7,16 @@ real Prometheus with backfilled history (ending now).
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from exporter.profiler.annotate import NodeStore
 from exporter.profiler.loop import Health, Profiler
-from exporter.profiler.plan import PlanConfig
-from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import make_history, mem_constant, periodic_shape, sample_times, steady_shape
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
@@ -29,7 +24,7 @@ from tests.harness.profiler import FaultProxy, closed_port_url, history_file
 from tests.harness.prom import Prometheus
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+    pass
 
 pytestmark = pytest.mark.prometheus
 
@@ -57,10 +52,12 @@ def api(kubeapi: FakeKubeAPI) -> FakeKubeAPI:
     return kubeapi
 
 
-def make(url: str, client: ApiClient, timeout: float = 2.0) -> Profiler:
-    prom_client = PromClient(url, timeout=timeout, retries=1, backoff=0.01)
-    return Profiler(Reader(prom_client, QueryConfig()), NodeStore(client, backoff=0.01), PlanConfig(),
-                    out=io.StringIO())
+def make(make_profiler: Any, url: str, timeout: float = 2.0) -> Profiler:
+    """A profiler from the one fixture: a timeout, one retry, no GPUHealthy condition and no Events (only the
+    annotations are written), and retries without the real backoff's wait."""
+    return make_profiler(url, "--prometheus-timeout", f"{timeout:g}", "--prometheus-retries", "1",
+                         "--health-condition", "off", "--events", "off",
+                         tune={"reader.client.backoff": 0.01, "store.backoff": 0.01})
 
 
 def good_annotations(prof: Profiler, api: FakeKubeAPI) -> dict[str, str]:
@@ -83,10 +80,10 @@ def errors(prof: Profiler, kind: str) -> float:
     ("slow", "prometheus_timeout"),
     ("empty", "prometheus_empty"),
 ])
-def test_bad_answers_write_nothing(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient, mode: str, kind: str,
+def test_bad_answers_write_nothing(prom: Prometheus, api: FakeKubeAPI, make_profiler: Any, mode: str, kind: str,
                                    caplog: pytest.LogCaptureFixture) -> None:
     with FaultProxy(prom.url, delay=3.0) as proxy:
-        prof = make(proxy.url, kube_client, timeout=0.5)
+        prof = make(make_profiler, proxy.url, timeout=0.5)
         before = good_annotations(prof, api)
         api.clear_requests()
         proxy.mode = mode
@@ -103,8 +100,8 @@ def test_bad_answers_write_nothing(prom: Prometheus, api: FakeKubeAPI, kube_clie
         assert prof.run_cycle().ok  # and the next cycle works again
 
 
-def test_unreachable_prometheus(api: FakeKubeAPI, kube_client: ApiClient) -> None:
-    prof = make(closed_port_url(), kube_client)
+def test_unreachable_prometheus(api: FakeKubeAPI, make_profiler: Any) -> None:
+    prof = make(make_profiler, closed_port_url())
     r = prof.run_cycle()
     assert r.errors == ["prometheus_unreachable"]
     assert r.queries == 1  # the node query fails; no shard is asked for
@@ -113,9 +110,9 @@ def test_unreachable_prometheus(api: FakeKubeAPI, kube_client: ApiClient) -> Non
     assert api.requests == [] and api.node("f-0")["metadata"]["annotations"] == {"example.com/owner": "team-a"}
 
 
-def test_nan_values_never_produce_a_wrong_pattern(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_nan_values_never_produce_a_wrong_pattern(prom: Prometheus, api: FakeKubeAPI, make_profiler: Any) -> None:
     with FaultProxy(prom.url) as proxy:
-        prof = make(proxy.url, kube_client)
+        prof = make(make_profiler, proxy.url)
         before = good_annotations(prof, api)
         proxy.mode = "nan"
         r1 = prof.run_cycle()
@@ -137,9 +134,9 @@ def test_nan_values_never_produce_a_wrong_pattern(prom: Prometheus, api: FakeKub
         assert back[P + "gpu-0.pattern"] == "steady" and back[P + "gpu-1.pattern"] == "periodic"
 
 
-def test_loop_carries_on_through_faults(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_loop_carries_on_through_faults(prom: Prometheus, api: FakeKubeAPI, make_profiler: Any) -> None:
     with FaultProxy(prom.url, mode="500") as proxy:
-        prof = make(proxy.url, kube_client)
+        prof = make(make_profiler, proxy.url)
         stop = threading.Event()
         thread = threading.Thread(target=prof.loop, args=(0.05, stop), daemon=True)
         health = Health(prof, 0.05, stall_after_s=30, thread=thread)
@@ -160,9 +157,9 @@ def test_loop_carries_on_through_faults(prom: Prometheus, api: FakeKubeAPI, kube
         assert not health.check()[0]  # a stopped loop is not alive
 
 
-def test_healthz_reports_a_stuck_cycle(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_healthz_reports_a_stuck_cycle(prom: Prometheus, api: FakeKubeAPI, make_profiler: Any) -> None:
     with FaultProxy(prom.url, mode="hang") as proxy:
-        prof = make(proxy.url, kube_client, timeout=60)
+        prof = make(make_profiler, proxy.url, timeout=60)
         stop = threading.Event()
         thread = threading.Thread(target=prof.loop, args=(60.0, stop), daemon=True)
         health = Health(prof, 60.0, stall_after_s=0.3, thread=thread)
@@ -179,11 +176,11 @@ def test_healthz_reports_a_stuck_cycle(prom: Prometheus, api: FakeKubeAPI, kube_
             thread.join(30)
 
 
-def test_metrics_endpoint_counts_kinds(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_metrics_endpoint_counts_kinds(prom: Prometheus, api: FakeKubeAPI, make_profiler: Any) -> None:
     from exporter.profiler.loop import make_server
     from tests.harness.prom import check_metrics
 
-    prof = make(closed_port_url(), kube_client)
+    prof = make(make_profiler, closed_port_url())
     prof.run_cycle()
     server = make_server("127.0.0.1", 0, prof.metrics, Health(prof, 60, 120))
     t = threading.Thread(target=server.serve_forever, daemon=True)
@@ -201,10 +198,10 @@ def test_metrics_endpoint_counts_kinds(prom: Prometheus, api: FakeKubeAPI, kube_
         server.server_close()
 
 
-def test_one_log_line_per_outage_and_one_when_it_clears(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient,
+def test_one_log_line_per_outage_and_one_when_it_clears(prom: Prometheus, api: FakeKubeAPI, make_profiler: Any,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     with FaultProxy(prom.url) as proxy:
-        prof = make(proxy.url, kube_client)
+        prof = make(make_profiler, proxy.url)
         good = good_annotations(prof, api)
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="exporter.profiler"):
@@ -235,12 +232,12 @@ def test_one_log_line_per_outage_and_one_when_it_clears(prom: Prometheus, api: F
     assert api.node("f-0")["metadata"]["annotations"] == good
 
 
-def test_collector_paused_only_during_a_cycle(prom: Prometheus, api: FakeKubeAPI, kube_client: ApiClient,
+def test_collector_paused_only_during_a_cycle(prom: Prometheus, api: FakeKubeAPI, make_profiler: Any,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The cycle pauses the cyclic garbage collector and turns it back on, also after a bug."""
     import gc
 
-    prof = make(prom.url, kube_client)
+    prof = make(make_profiler, prom.url)
     seen: list[bool] = []
     real = prof._cycle
 
