@@ -6,27 +6,23 @@ nodes of two GPUs each, GPU 0 steady at 70%, GPU 1 idle.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from exporter.profiler.annotate import NodeStore
 from exporter.profiler.loop import Profiler
 from exporter.profiler.main import run
-from exporter.profiler.plan import PlanConfig
-from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import idle_shape, make_history, mem_constant, sample_times, steady_shape
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
-from tests.harness.profiler import history_file
+from tests.harness.profiler import build_profiler, history_file
 from tests.harness.prom import Prometheus
 
 if TYPE_CHECKING:
@@ -57,9 +53,11 @@ def kubeconfig(kubeapi: FakeKubeAPI, tmp_path: Path) -> Path:
     return kubeapi.kubeconfig(tmp_path / "kubeconfig")
 
 
-def make_profiler(prom: Prometheus, client: ApiClient, **kw: object) -> Profiler:
-    store = NodeStore(client, backoff=0.01, timeout=5)
-    return Profiler(Reader(PromClient(prom.url), QueryConfig()), store, PlanConfig(), out=io.StringIO(), **kw)
+def _profiler(make_profiler: Any, prom: Prometheus, one_writer: bool = False) -> Profiler:
+    """A profiler from the one fixture: no GPUHealthy condition and no Events (only the annotations are written),
+    the API server's retries without the real backoff's wait; ``one_writer``: patches one at a time."""
+    return make_profiler(prom.url, "--health-condition", "off", "--events", "off",
+                         tune={"store.backoff": 0.01, "store.timeout": 5, **({"_writers": None} if one_writer else {})})
 
 
 def expected_patch(uuid0: str, uuid1: str) -> dict[str, str]:
@@ -79,9 +77,9 @@ def uuids(prom: Prometheus, node: str) -> tuple[str, str]:
     return got["0"], got["1"]
 
 
-def test_exact_patches_then_no_writes(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_exact_patches_then_no_writes(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     created = {n: kubeapi.add_node(n)["metadata"]["resourceVersion"] for n in NODES}
-    prof = make_profiler(prom, kube_client)
+    prof = _profiler(make_profiler, prom)
     r = prof.run_cycle()
     assert r.ok and r.patches == 3
     for n in NODES:
@@ -97,7 +95,7 @@ def test_exact_patches_then_no_writes(prom: Prometheus, kubeapi: FakeKubeAPI, ku
 
 
 def test_foreign_annotations_survive_and_stale_owned_keys_go(prom: Prometheus, kubeapi: FakeKubeAPI,
-                                                             kube_client: ApiClient) -> None:
+                                                             make_profiler: Any) -> None:
     foreign = {
         "example.com/owner": "team-a",
         "gpu-exporter.io/comment": "written by a person",
@@ -108,7 +106,7 @@ def test_foreign_annotations_survive_and_stale_owned_keys_go(prom: Prometheus, k
     stale = {P + "gpu-7.pattern": "bursty", P + "gpu-7.uuid": "GPU-gone", P + "pending": "gpu-7.pattern=idle:1",
              P + "owned-keys": "gpu-7.pattern,gpu-7.uuid,pending"}
     kubeapi.add_node("k-0", annotations={**foreign, **stale})
-    prof = make_profiler(prom, kube_client)
+    prof = _profiler(make_profiler, prom)
     assert prof.run_cycle().ok
     (req,) = kubeapi.patches("k-0")
     sent = req.body["metadata"]["annotations"]
@@ -117,10 +115,10 @@ def test_foreign_annotations_survive_and_stale_owned_keys_go(prom: Prometheus, k
     assert kubeapi.node("k-0")["metadata"]["annotations"] == {**foreign, **expected_patch(*uuids(prom, "k-0"))}
 
 
-def test_conflict_rereads_and_retries(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_conflict_rereads_and_retries(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     kubeapi.add_node("k-0")
     kubeapi.inject("PATCH", r"/nodes/k-0$", 409, times=1)
-    prof = make_profiler(prom, kube_client)
+    prof = _profiler(make_profiler, prom)
     r = prof.run_cycle()
     assert r.ok and r.patches == 1
     calls = [(q.method, q.path, q.status) for q in kubeapi.requests]
@@ -130,9 +128,9 @@ def test_conflict_rereads_and_retries(prom: Prometheus, kubeapi: FakeKubeAPI, ku
 
 
 def test_real_concurrent_edit_is_not_overwritten(prom: Prometheus, kubeapi: FakeKubeAPI,
-                                                 kube_client: ApiClient) -> None:
+                                                 make_profiler: Any) -> None:
     kubeapi.add_node("k-0")
-    prof = make_profiler(prom, kube_client)
+    prof = _profiler(make_profiler, prom)
     # hold our PATCH at the server while another writer changes the node: the patch carries
     # the resourceVersion it was planned from, so the server refuses it (409) and we re-plan
     kubeapi.inject("PATCH", r"/nodes/k-0$", None, delay=2.0)
@@ -147,11 +145,11 @@ def test_real_concurrent_edit_is_not_overwritten(prom: Prometheus, kubeapi: Fake
 
 
 def test_persistent_conflict_is_counted_and_others_still_written(prom: Prometheus, kubeapi: FakeKubeAPI,
-                                                                 kube_client: ApiClient) -> None:
+                                                                 make_profiler: Any) -> None:
     for n in NODES:
         kubeapi.add_node(n)
     kubeapi.inject("PATCH", r"/nodes/k-1$", 409, times=100)
-    prof = make_profiler(prom, kube_client)
+    prof = _profiler(make_profiler, prom)
     r = prof.run_cycle()
     assert r.errors == ["kube_conflict"] and r.patches == 2
     assert len(kubeapi.patches("k-1")) == 4  # first try + 3 retries, each after a fresh GET
@@ -159,12 +157,12 @@ def test_persistent_conflict_is_counted_and_others_still_written(prom: Prometheu
     assert P + "pattern" in kubeapi.node("k-2")["metadata"]["annotations"]
 
 
-def test_forbidden_names_the_verb_and_stops_writing(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient,
+def test_forbidden_names_the_verb_and_stops_writing(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     for n in NODES:
         kubeapi.add_node(n)
     kubeapi.inject("PATCH", r"/nodes/", 403, times=100)
-    prof = make_profiler(prom, kube_client, write_concurrency=1)
+    prof = _profiler(make_profiler, prom, one_writer=True)
     with caplog.at_level(logging.ERROR):
         r = prof.run_cycle()
     assert r.errors == ["kube_forbidden"]
@@ -176,23 +174,23 @@ def test_forbidden_names_the_verb_and_stops_writing(prom: Prometheus, kubeapi: F
     assert prof.run_cycle().patches == 3  # permission granted: the next cycle catches up
 
 
-def test_forbidden_list_names_list(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient,
+def test_forbidden_list_names_list(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any,
                                    caplog: pytest.LogCaptureFixture) -> None:
     kubeapi.add_node("k-0")
     kubeapi.inject("GET", r"/api/v1/nodes$", 403)
-    prof = make_profiler(prom, kube_client)
+    prof = _profiler(make_profiler, prom)
     with caplog.at_level(logging.ERROR):
         r = prof.run_cycle()
     assert r.errors == ["kube_forbidden"] and kubeapi.patches() == []
     assert "needs RBAC verb 'list' on 'nodes'" in caplog.text
 
 
-def test_server_errors_are_retried_with_a_bound(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_server_errors_are_retried_with_a_bound(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     for n in NODES:
         kubeapi.add_node(n)
     kubeapi.inject("PATCH", r"/nodes/k-0$", 500, times=2)  # transient
     kubeapi.inject("PATCH", r"/nodes/k-2$", 503, times=100)  # lasting
-    prof = make_profiler(prom, kube_client)
+    prof = _profiler(make_profiler, prom)
     r = prof.run_cycle()
     assert [q.status for q in kubeapi.patches("k-0")] == [500, 500, 200]
     assert [q.status for q in kubeapi.patches("k-2")] == [503] * 4  # 1 + 3 retries, then give up
@@ -200,21 +198,20 @@ def test_server_errors_are_retried_with_a_bound(prom: Prometheus, kubeapi: FakeK
     assert P + "pattern" in kubeapi.node("k-1")["metadata"]["annotations"]
 
 
-def test_deleted_node_is_skipped(prom: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+def test_deleted_node_is_skipped(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     for n in NODES:
         kubeapi.add_node(n)
     kubeapi.inject("PATCH", r"/nodes/k-1$", 404)
-    r = make_profiler(prom, kube_client).run_cycle()
+    r = _profiler(make_profiler, prom).run_cycle()
     assert r.ok and r.errors == [] and r.patches == 2
 
 
 def test_api_server_unreachable_is_counted(prom: Prometheus, tmp_path: Path) -> None:
-    from kubernetes import config
-
     with FakeKubeAPI() as dead:
         kc = dead.kubeconfig(tmp_path / "kc")
-    # built by hand, not the kube_client fixture: a client for a server that has already stopped
-    prof = make_profiler(prom, config.new_client_from_config(config_file=str(kc)))
+    # not the make_profiler fixture (whose API server runs): the same wiring, for a server that has already stopped
+    prof = build_profiler(prom.url, "--health-condition", "off", "--events", "off", kubeconfig=kc,
+                          tune={"store.backoff": 0.01, "store.timeout": 5})
     r = prof.run_cycle()
     assert r.errors == ["kube_unreachable"] and r.patches == 0
 
