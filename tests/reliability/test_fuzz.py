@@ -482,19 +482,15 @@ def _prometheus_answers(budget: int, typed: bool, result: Result) -> None:
 
 
 def test_deeply_nested_prometheus_answer(result: Result) -> None:
-    import io
-
-    from exporter.profiler.loop import Profiler
-    from exporter.profiler.plan import PlanConfig
-    from exporter.profiler.prom import BAD_RESPONSE, PromClient
-    from exporter.profiler.queries import QueryConfig, Reader
+    from exporter.profiler.prom import BAD_RESPONSE
+    from tests.harness.profiler import build_profiler
 
     server = FakePrometheus(http11=True)
     deep = b'{"status": "success", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     server.by_path = {"/api/v1/query": deep, "/api/v1/query_range": deep}
     try:
-        prof = Profiler(Reader(PromClient(server.url, retries=0), QueryConfig()), None, PlanConfig(), dry_run=True,
-                        out=io.StringIO())
+        # a dry run without a cluster, no retry, no GPUHealthy condition (its queries are not the subject)
+        prof = build_profiler(server.url, "--prometheus-retries", "0", "--health-condition", "off")
         r = prof.run_cycle(at=2e9)
     finally:
         server.close()
