@@ -21,7 +21,6 @@ An alert that no scenario can raise would go into ``NOT_SIMULATED``, saying why 
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -161,15 +160,13 @@ def profiler_frames(kind: str, steps: int = STEPS) -> list[Frame]:
     """The real profiler's /metrics every STEP seconds: ``failing``, a cycle a minute (its default
     interval) against a Prometheus that refuses connections; ``hung``, a first cycle that never
     ends (nothing counted, nothing succeeded)."""
-    from exporter.profiler.loop import Profiler
-    from exporter.profiler.plan import PlanConfig
-    from exporter.profiler.prom import PromClient
-    from exporter.profiler.queries import QueryConfig, Reader
-    from tests.harness.profiler import closed_port_url
+    from tests.harness.profiler import build_profiler, closed_port_url
 
     clock = [0.0]
-    reader = Reader(PromClient(closed_port_url(), timeout=1.0, retries=0, backoff=0.0), QueryConfig())
-    prof = Profiler(reader, None, PlanConfig(), clock=lambda: clock[0], write_concurrency=1)
+    # a dry run without a cluster, as the profiler's flags build it; its clock stepped by this function
+    prof = build_profiler(closed_port_url(), "--prometheus-timeout", "1", "--prometheus-retries", "0",
+                          "--health-condition", "off", "--events", "off", clock=lambda: clock[0],
+                          tune={"reader.client.backoff": 0.0, "_writers": None})
     out = []
     for k in range(steps + 1):
         clock[0] = k * STEP
@@ -206,13 +203,10 @@ def stack_series(kind: str, steps: int = STEPS) -> list[dict[str, str]]:
 
 def allocated_series(tmp: Path, steps: int = ALLOC_STEPS) -> list[dict[str, str]]:
     """The healthy scenario with a pod holding GPU 0 (see ``ALLOCATED``), and the profiler's verdict."""
-    from exporter.profiler.loop import Profiler
-    from exporter.profiler.plan import PlanConfig
-    from exporter.profiler.prom import PromClient
-    from exporter.profiler.queries import QueryConfig, Reader
     from exporter.serve import config
     from exporter.serve.main import start_attribution
     from tests.fakes import kubelet as fake_kubelet
+    from tests.harness.profiler import build_profiler
     from tests.harness.prom import OpenMetricsWriter
 
     end = float(int(time.time()) - 60)
@@ -246,8 +240,7 @@ def allocated_series(tmp: Path, steps: int = ALLOC_STEPS) -> list[dict[str, str]
                   [(start + k * STEP, f[(name, labels)]) for k, f in enumerate(fs) if (name, labels) in f])
     verdicts = []
     with Prometheus(tmp / "alloc-prom", tsdb_blocks_from=tmp / "alloc.om") as prom:
-        prof = Profiler(Reader(PromClient(prom.url), QueryConfig()), None, PlanConfig(), out=io.StringIO(),
-                        write_concurrency=1)
+        prof = build_profiler(prom.url, "--health-condition", "off", "--events", "off", tune={"_writers": None})
         for k in (VERDICT_FROM, steps):
             assert prof.run_cycle(at=start + k * STEP).ok
             verdicts.append(samples_of(prof.metrics.exposition().decode()))
