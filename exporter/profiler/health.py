@@ -26,7 +26,8 @@ Ours also publishes its own verdict per GPU, ``gpu_health_state{state}`` (export
 ok, degraded, failed, hung, lost, OpenTelemetry's ``hw.status`` where they fit): ``hung`` is
 ``GPUHung`` (after ``GPULost`` in rank), ``lost`` is ``GPULost``, ``failed`` with nothing above
 in the window is ``GPUFailed`` (ranked after ``RowRemapFailure``), ``degraded`` alone is listed on a
-``True`` node like a warn XID.
+``True`` node like a warn XID. Each of these entries carries the exporter's ``cause`` label
+(``(gpu_health_state: <cause>)``), which the query joins to the state.
 
 Node: ``True`` (``AllGPUsHealthy``) when every GPU answers with no cause; ``False`` with the
 first cause as reason; ``Unknown`` (``ExporterNotScraped``) when none of its GPUs has a recent
@@ -98,8 +99,7 @@ def _f(h: Mapping[str, float], name: str) -> float | None:
 
 # cause -> (code, what, NVSentinel RecommendedAction) of an entry, where the cause alone decides them
 ACTIONS = {LOST: ("GPU_LOST", "lost or not answering", "RESTART_BM"),
-           HUNG: ("GPU_HUNG", "a driver call about it did not return (the exporter's gpu_health_state hung)",
-                  "RESTART_BM"),
+           HUNG: ("GPU_HUNG", "a driver call about it did not return (gpu_health_state)", "RESTART_BM"),
            FAILED: ("GPU_FAILED", "the exporter reports it failed (gpu_health_state)", "COMPONENT_RESET"),
            ECC: ("ECC_UNCORRECTABLE", "uncorrectable ECC errors in the window", "COMPONENT_RESET"),
            PCIE: ("PCIE_LINK_NARROWED", "PCIe link narrower than its maximum width", "RUN_FIELDDIAG")}
@@ -199,7 +199,9 @@ def gpu_findings(st: GpuStats, rules: XidRules | Iterable[int] | None = None) ->
     h = st.health
     state = _state(h) if h else None
     if (st.up is not None and st.up == 0) or state in ("hung", "lost"):
-        return [_finding(st, HUNG if state == "hung" else LOST)]
+        if state == "hung":
+            return [_verdict(st, HUNG, "a driver call about it did not return (gpu_health_state)")]
+        return [_finding(st, LOST)]
     if not h:
         return []  # no health field published (or all read as absent): nothing to find
     return _findings(st, h, XidRules.of(rules))
@@ -207,10 +209,25 @@ def gpu_findings(st: GpuStats, rules: XidRules | Iterable[int] | None = None) ->
 
 def _state(h: Mapping[str, float]) -> str | None:
     """The exporter's ``gpu_health_state`` for this GPU when it is not ok (ours only), else None."""
+    return _state_and_cause(h)[0]
+
+
+def _state_and_cause(h: Mapping[str, float]) -> tuple[str | None, str]:
+    """The exporter's state when it is not ok, and its ``cause`` label ("" when not read): the stat
+    ``state_<state>|<cause>`` (promql.py joins the two labels)."""
     for k, v in h.items():
         if k.startswith("state_") and v == 1:
-            return k[6:]
-    return None
+            state, _, cause = k[6:].partition("|")
+            return state, printable(cause, 160)
+    return None, ""
+
+
+def _verdict(st: GpuStats, cause: str, said: str) -> Finding:
+    """The entry of the exporter's verdict (hung, failed, degraded), carrying the cause it gave."""
+    f = _finding(st, cause)
+    _, why = _state_and_cause(st.health or {})
+    return Finding(f.gpu, f.uuid, f.cause, f.code, said.replace("(gpu_health_state)", f"(gpu_health_state: {why})")
+                   if why else said, f.action)
 
 
 def _finding(st: GpuStats, cause: str, code: str = "", what: str = "", action: str = "") -> Finding:
@@ -262,10 +279,11 @@ def _findings(st: GpuStats, h: Mapping[str, float], rules: XidRules) -> list[Fin
         out.append(_finding(st, PCIE, what=f"PCIe link x{width:g} of x{widest:g}"))
     state = _state(h)
     if state == "failed" and not [f for f in out if f.cause != PCIE]:
-        out.append(_finding(st, FAILED))  # the exporter's verdict on what this window does not show
+        # the exporter's verdict on what this window does not show
+        out.append(_verdict(st, FAILED, ACTIONS[FAILED][1]))
     elif state == "degraded" and not out and not warn:
-        warn.append(_finding(st, WARN, "GPU_DEGRADED", "the exporter reports it degraded (gpu_health_state)",
-                             "CONTACT_SUPPORT"))
+        f = _verdict(st, WARN, "the exporter reports it degraded (gpu_health_state)")
+        warn.append(Finding(f.gpu, f.uuid, WARN, "GPU_DEGRADED", f.what, "CONTACT_SUPPORT"))
     return out + warn
 
 

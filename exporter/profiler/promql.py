@@ -272,10 +272,13 @@ class QueryBuilder:
         if self.ours:
             parts.update(self._score_parts())
         # labels that become part of the stat (health.py): the XID counter's code (one series per
-        # code that rose, stat xid_<code>) and the exporter's health state (state_<state>)
+        # code that rose, stat xid_<code>) and the exporter's health state with its cause
+        # (state_<state>|<cause>: one series, the GPU's state when it is not ok)
         keep = {"xid": "xid", "state": "state"} if self.cfg.health else {}
         return [
-            f'label_replace({self.per_gpu(fn, nodes=nodes, by=", " + keep[stat])}, "stat", "{stat}_$1", '
+            f'label_replace(label_join({self.per_gpu(fn, nodes=nodes, by=", state, cause")}, "stat", "|", '
+            f'"state", "cause"), "stat", "state_$1", "stat", "(.*)")' if stat == "state" and stat in keep
+            else f'label_replace({self.per_gpu(fn, nodes=nodes, by=", " + keep[stat])}, "stat", "{stat}_$1", '
             f'"{keep[stat]}", "(.*)")' if stat in keep and (stat != "xid" or s.health.xid_counter)
             else self.tag(self.per_gpu(fn, nodes=nodes), stat)
             for stat, fn in parts.items()]

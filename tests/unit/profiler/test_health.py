@@ -429,11 +429,19 @@ def test_the_exporters_health_state(prom: Prometheus, kubeapi: FakeKubeAPI, make
     _cycle(prom, make_profiler, AT_FAULT)
     got = _conditions(kubeapi)
     assert (got["h-hung"]["status"], got["h-hung"]["reason"]) == ("False", health.HUNG)
-    assert got["h-hung"]["message"].startswith(f"[GPU_HUNG] GPU 1 {_labels('h-hung', '1')['uuid']}: ")
+    # each entry carries the exporter's cause (its gpu_health_state's cause label), not the state alone
+    assert got["h-hung"]["message"] == (
+        f"[GPU_HUNG] GPU 1 {_labels('h-hung', '1')['uuid']}: a driver call about it did not return "
+        "(gpu_health_state: hung: nvmlDeviceGetPowerUsage did not return within 1 s) - RecommendedAction: RESTART_BM")
     assert (got["h-failed"]["status"], got["h-failed"]["reason"]) == ("False", health.FAILED)
-    assert got["h-failed"]["message"].endswith("- RecommendedAction: COMPONENT_RESET")
+    assert got["h-failed"]["message"] == (
+        f"[GPU_FAILED] GPU 0 {_labels('h-failed', '0')['uuid']}: the exporter reports it failed (gpu_health_state: "
+        "the driver asks for a GPU reset) - RecommendedAction: COMPONENT_RESET")
     assert (got["h-degraded"]["status"], got["h-degraded"]["reason"]) == ("True", health.HEALTHY)
-    assert got["h-degraded"]["message"].startswith("2 GPUs healthy; [GPU_DEGRADED] GPU 0 ")
+    assert got["h-degraded"]["message"] == (
+        f"2 GPUs healthy; [GPU_DEGRADED] GPU 0 {_labels('h-degraded', '0')['uuid']}: the exporter reports it "
+        "degraded (gpu_health_state: the driver asks to drain peer-to-peer traffic) - RecommendedAction: "
+        "CONTACT_SUPPORT")
     for _ in range(2):
         _cycle(prom, make_profiler, AT_OK)
     assert {n: (c["status"], c["message"]) for n, c in _conditions(kubeapi).items()} == {
