@@ -483,7 +483,10 @@ def _pieces(names: Sequence[str], i: int, j: int) -> list[str]:
     prefix = first[:k]
     a, b = _subtree(names, prefix)
     if (a, b) == (i, j + 1):
-        return [_literal(prefix) + ".*"]  # the whole subtree (the prefix itself a name or not)
+        # the whole subtree (the prefix itself a name or not); never a pattern that matches the
+        # empty string: node=~".*" would select the series with no node label too, whose node the
+        # scraped target names (sources.Source.node_matcher, the trust boundary of issue 36)
+        return [_literal(prefix) + (".*" if prefix else ".+")]
     if len(first) == k:  # the prefix is itself one of the names, sorted before its subtree
         return [_literal(first), *_pieces(names, i + 1, j)]
     # first and last differ at k: a tail of first's child, whole children, a head of last's child

@@ -69,6 +69,10 @@ def test_any_run_of_any_fleet_is_selected_exactly(seed: int) -> None:
         j = rng.randrange(i, len(names))
         pat = _python(shard_pattern(names[i:j + 1], names))
         assert [n for n in names if pat.fullmatch(n)] == names[i:j + 1]
+        # nor the empty string: node=~".*" selects the series with no node label, whose node only
+        # the scraped target names (the trust boundary: test_source_trust.py)
+        assert not pat.fullmatch("")
+    assert not _python(shard_pattern(names, names)).fullmatch("")
     gpus = {n: rng.randint(1, 16) for n in names}
     cap = rng.choice([1, 8, 40, 100])
     shards = plan_shards(gpus, cap)
