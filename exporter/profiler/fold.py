@@ -201,7 +201,8 @@ def fold_shard(cfg: QueryConfig, source: Source, nodes: Iterable[str], util: lis
             # only the fields a GPU has (none, on most fleets): health.py skips a GPU without any
             fields = {name: v[key] for key, name in _HEALTH_KEYS if key in v}
             fields.update((key[4:], x) for key, x in v.items()
-                          if (key.startswith("mem_xid_") and key[8:].isdigit()) or key.startswith("mem_state_"))
+                          if (key.startswith("mem_xid_") and key[8:].isdigit())
+                          or key.startswith(("mem_state_", "mem_pci_")))
             if fields:
                 st.health = fields
         holder = holders.get((node, gpu, uuid))

@@ -86,6 +86,7 @@ MIN_QUERY_BYTES = 8192
 _LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
+_PCI = 'pci_bus_id=~"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}[.][0-7]"'  # a bus id, nothing else
 _STATES = 'state=~"degraded|failed|hung|lost"'  # gpu_health_state's states but ok (exporter/core/gpu_health.py)
 
 
@@ -110,6 +111,9 @@ class QueryConfig:
     range_gpus: int = 1000  # GPUs per range query (500 points each: about 15 MB at most)
     source: str = sources.AUTO  # gpu-exporter, dcgm, amd, or auto: whichever Prometheus holds, per node
     health: bool = False  # also read the health fields (the GPUHealthy condition)
+    # also read each GPU's PCI bus id (ours: gpu_info's pci_bus_id, one series per GPU): --device-taints
+    # finds AMD's DRA devices by it (its driver publishes pciAddr, no UUID amd-smi knows)
+    pci: bool = False
     trust: sources.Trust = field(default_factory=sources.Trust)  # whose target-set node labels are believed
     # --xid-severity: (XID code or event, fatal|warn|ignore) over NVIDIA's catalogue (health.XidRules)
     xid_severity: tuple[tuple[int | str, str], ...] = ()
@@ -274,7 +278,7 @@ class QueryBuilder:
         # labels that become part of the stat (health.py): the XID counter's code (one series per
         # code that rose, stat xid_<code>) and the exporter's health state with its cause
         # (state_<state>|<cause>: one series, the GPU's state when it is not ok)
-        keep = {"xid": "xid", "state": "state"} if self.cfg.health else {}
+        keep = {"xid": "xid", "state": "state", "pci": "pci_bus_id"} if self.cfg.health else {}
         return [
             f'label_replace(label_join({self.per_gpu(fn, nodes=nodes, by=", state, cause")}, "stat", "|", '
             f'"state", "cause"), "stat", "state_$1", "stat", "(.*)")' if stat == "state" and stat in keep
@@ -345,6 +349,8 @@ class QueryBuilder:
             # the exporter's own verdict, where it is not ok (nearly never: an empty part); the
             # states are a fixed set, so a target's odd label cannot add series
             parts["state"] = lambda m: (f'last_over_time({sel(h.state, m + ", " + _STATES)}[{f}]) == 1')
+        if self.cfg.pci and self.ours:  # stat pci_<bus id> (taints.py canonicalises it)
+            parts["pci"] = lambda m: f'last_over_time({sel("gpu_info", m + ", " + _PCI)}[{f}])'
         return parts
 
     def allocation_parts(self, nodes: str | None = None) -> list[str]:

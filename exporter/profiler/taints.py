@@ -14,9 +14,11 @@ What the leader does each cycle:
 
 * For a GPU that failed (lost or hung, a critical XID, uncorrectable ECC errors, a failed row
   remap: health.py's causes but a narrowed PCIe link), it finds the GPU's devices in its node's
-  ResourceSlices (by the driver's ``uuid`` attribute; a MIG device by its ``parentUUID``; only
-  the highest pool generation counts) and writes one rule per device selecting exactly that
-  (driver, pool, device), effect ``NoSchedule``, taint ``gpu-exporter.io/unhealthy=<reason>``.
+  ResourceSlices (by the driver's ``uuid`` attribute; a MIG device by its ``parentUUID``; AMD's,
+  whose driver publishes no UUID amd-smi knows, by the GPU's PCI bus id: its ``pciAddr``, a
+  partition's ``parentPciAddr``, read from our ``gpu_info``; only the highest pool generation
+  counts) and writes one rule per device selecting exactly that (driver, pool, device), effect
+  ``NoSchedule``, taint ``gpu-exporter.io/unhealthy=<reason>``.
 * A rule whose GPU has been seen healthy for ``hysteresis`` consecutive cycles is deleted; the
   count lives on the rule (annotation ``gpu-exporter.io/healthy-cycles``), so ``--once`` runs
   and a new leader keep it. A GPU with no fresh data keeps its rule and its count.
@@ -43,6 +45,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from exporter.core.pci import canonical_bus_id
 from exporter.k8s.resourceslices import VERSIONS as SLICE_VERSIONS
 from exporter.k8s.resourceslices import _pool, index_slice
 from exporter.profiler import health
@@ -66,10 +69,10 @@ DeviceId = tuple[str, str, str]  # (driver, pool, device)
 
 @dataclass
 class Failed:
-    """This cycle's view: the failed GPUs (node -> uuid -> (gpu index, reason)) and which GPUs
-    are seen healthy (every GPU of ``healthy_nodes``; ``healthy`` per node for the others)."""
+    """This cycle's view: the failed GPUs (node -> uuid -> (gpu index, reason, PCI bus id or "")) and which
+    GPUs are seen healthy (every GPU of ``healthy_nodes``; ``healthy`` per node for the others)."""
 
-    failed: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    failed: dict[str, dict[str, tuple[str, str, str]]] = field(default_factory=dict)
     healthy_nodes: set[str] = field(default_factory=set)
     healthy: dict[str, set[str]] = field(default_factory=dict)
 
@@ -88,7 +91,9 @@ class Failed:
                 [health.Finding(g, st.uuid, health.LOST, "", "", "")] if any_fresh else [])
             causes = [f.cause for f in found if f.cause in TAINTED]
             if causes:
-                self.failed.setdefault(node, {})[uuid] = (g, causes[0])
+                # the PCI bus id (health field pci_<bus id>, read with --device-taints): AMD's devices are found by it
+                pci = next((canonical_bus_id(k[4:]) or "" for k in st.health or () if k.startswith("pci_")), "")
+                self.failed.setdefault(node, {})[uuid] = (g, causes[0], pci)
             elif st.fresh:
                 self.healthy.setdefault(node, set()).add(uuid)
 
@@ -234,9 +239,10 @@ class DeviceTaints:
         wanted: dict[str, tuple[DeviceId, str, str, str, str]] = {}  # name -> (device, node, gpu, uuid, reason)
         for node in sorted(view.failed):
             devices = self._devices(node)
-            for uuid, (gpu, reason) in sorted(view.failed[node].items()):
+            for uuid, (gpu, reason, pci) in sorted(view.failed[node].items()):
                 for dev, dd in devices.items():
-                    if dd is not None and any(k[:2] in (("uuid", uuid), ("migp", uuid)) for k in dd.keys):
+                    if dd is not None and any(k[:2] in (("uuid", uuid), ("migp", uuid)) or (pci and k == ("pci", pci))
+                                              for k in dd.keys):
                         wanted[rule_name(dev)] = (dev, node, gpu, uuid, reason)
         for name, (dev, node, gpu, uuid, reason) in sorted(wanted.items()):
             have = ours.get(name)

@@ -17,7 +17,7 @@ import pytest
 from exporter.profiler import health
 from exporter.profiler.classify import GpuStats
 from exporter.profiler.taints import MANAGED_BY, REPROBE_CYCLES, TAINT_KEY, DeviceTaints, Failed, rule_name
-from tests.fakes.dra_slices import NVIDIA, nvidia_gpu, nvidia_mig, resource_slice
+from tests.fakes.dra_slices import AMD, NVIDIA, amd_gpu, amd_partition, nvidia_gpu, nvidia_mig, resource_slice
 from tests.harness.kubeapi import FakeKubeAPI
 
 if TYPE_CHECKING:
@@ -225,6 +225,74 @@ def test_the_fake_checks_the_upstream_shape(kubeapi: FakeKubeAPI, kube_client: A
     api.create_cluster_custom_object("resource.k8s.io", "v1beta2", "devicetaintrules", rule())
     (made,) = kubeapi.taint_rules()
     assert made["spec"]["taint"]["timeAdded"]  # set by the server when absent
+
+
+# AMD: the exporter's UUID (amd-smi's) is not one AMD's DRA driver publishes; the PCI bus id decides
+A0, A1 = "9dff74a1-0000-1000-8020-5b1f1f2b6ac6", "55ff74a1-0000-1000-8031-7e2a3c4d5e6f"  # amd-smi's UUIDs
+
+
+def _amd_slices(api: FakeKubeAPI) -> None:
+    """ROCm/k8s-gpu-dra-driver's devices (tests/fakes/dra_slices.py cites deviceinfo.go): two GPUs by
+    ``pciAddr`` (the first version's own ``uuid`` on one: never amd-smi's), GPU 1 split in partitions
+    (``parentPciAddr``)."""
+    api.put_resource_slice(resource_slice("n1-amd", "n1", AMD, [
+        amd_gpu(1, 128, "0000:0c:00.0", driver_uuid="0b5a1c3e-cc7f-5f0a-8f1c-7d1b5e9a2c44"),
+        amd_gpu(2, 129, "0000:8a:00.0"),
+        amd_partition(3, 130, "0000:8a:00.0"),
+        amd_partition(4, 131, "0000:8a:00.0"),
+    ]))
+
+
+def _amd_view(failed: str, fields: dict[str, float]) -> Failed:
+    gpus = {"0": _gpu(0, A0, health={"pci_0000:0C:00.0": 1.0}), "1": _gpu(1, A1, health={"pci_0000:8a:00.0": 1.0})}
+    g = "0" if failed == A0 else "1"
+    gpus[g] = _gpu(int(g), failed, health={**(gpus[g].health or {}), **fields})
+    view = Failed()
+    view.add_node("n1", gpus, health.CRITICAL_XIDS, health.observe(gpus).status == health.TRUE)
+    return view
+
+
+def test_an_amd_gpu_is_found_by_its_pci_bus_id(kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    _amd_slices(kubeapi)
+    taints = DeviceTaints(kube_client, hysteresis=2)
+    taints.sync(_amd_view(A1, {"state_hung": 1.0}))  # the GPU split in partitions: it and each partition
+    assert sorted(tuple(r["spec"]["deviceSelector"].values()) for r in _ours(kubeapi).values()) == [
+        (AMD, "n1", "gpu-2-129"), (AMD, "n1", "gpu-3-130"), (AMD, "n1", "gpu-4-131")]
+    assert {r["metadata"]["annotations"]["gpu-exporter.io/uuid"] for r in _ours(kubeapi).values()} == {A1}
+    taints.sync(_amd_view(A0, {"state_hung": 1.0}))  # a bus id in capitals is the same bus id
+    assert (AMD, "n1", "gpu-1-128") in {tuple(r["spec"]["deviceSelector"].values()) for r in _ours(kubeapi).values()}
+
+
+def test_without_its_pci_bus_id_an_amd_gpu_is_not_found(kubeapi: FakeKubeAPI, kube_client: ApiClient) -> None:
+    """What --device-taints reads the bus id for: by UUID alone, no AMD device matches (nothing written)."""
+    _amd_slices(kubeapi)
+    gpus = {"0": _gpu(0, A0), "1": _gpu(1, A1, health={"state_hung": 1.0})}
+    view = Failed()
+    view.add_node("n1", gpus, health.CRITICAL_XIDS, False)
+    DeviceTaints(kube_client).sync(view)
+    assert _ours(kubeapi) == {}
+
+
+def test_the_pci_bus_id_is_read_with_device_taints_only() -> None:
+    from exporter.profiler import sources
+    from exporter.profiler.fold import fold_shard
+    from exporter.profiler.prom import Sample
+    from exporter.profiler.promql import QueryBuilder, QueryConfig
+
+    def mem(pci: bool) -> str:
+        cfg = QueryConfig(source="gpu-exporter", health=True, pci=pci)
+        return " ".join(QueryBuilder(cfg, sources.make(cfg.source, "node")).mem_parts(None))
+
+    assert "gpu_info" not in mem(False)
+    q = mem(True)
+    assert 'label_replace(' in q and '"stat", "pci_$1", "pci_bus_id"' in q and "gpu_info{" in q
+    # its answer, one series per GPU, folds into the GPU's health fields, which taints.py reads
+    cfg = QueryConfig(source="gpu-exporter", health=True, pci=True)
+    labels = {"node": "n1", "gpu": "0", "uuid": A0}
+    fold = fold_shard(cfg, sources.make(cfg.source, "node"), ["n1"], [],
+                      [Sample({**labels, "stat": "used"}, 1.0), Sample({**labels, "stat": "pci_0000:0c:00.0"}, 1.0)],
+                      [], mem_step=60)
+    assert fold.gpus[("n1", "0")].health == {"pci_0000:0c:00.0": 1.0}
 
 
 def test_flag() -> None:

@@ -89,7 +89,7 @@ def test_any_run_of_any_fleet_is_selected_exactly(seed: int) -> None:
 def test_every_query_fits_the_limit_at_ten_thousand_nodes(source: str, limit: int) -> None:
     names = _names("cloud")
     for health in (False, True):
-        cfg = QueryConfig(source=source, health=health, max_query_bytes=limit)
+        cfg = QueryConfig(source=source, health=health, pci=health, max_query_bytes=limit)  # pci: --device-taints
         b = QueryBuilder(cfg, sources.make(cfg.source, "node"))
         for join in (True, False):
             b.join = join
