@@ -110,7 +110,10 @@ class Source:
         """The matchers selecting series whose node is named by ``label`` (``nodes``: a regex of
         node names; None: any): the scrape's label as is; a target's label only on series
         without the scrape's one, from the trusted jobs and namespaces."""
-        value = f"=~{nodes}" if nodes else '!=""'
+        # never only the regex: one that matches "" (``.*``) would select, under the scrape's
+        # label, the series that lack it, whose node the target names; ``!=""`` says so whatever
+        # the regex (the trust boundary does not rest on how shards are named)
+        value = f'=~{nodes}, {label}!=""' if nodes else '!=""'
         if label == self.scrape_label:
             return f"{label}{value}"
         return f'{label}{value}, {self.scrape_label}="", {self.trust.matchers()}'

@@ -41,9 +41,12 @@ def test_the_scrapes_label_is_first_and_matched_alone() -> None:
     assert d.node_labels == ("kubernetes_node", "Hostname", "hostname") and d.scrape_label == "kubernetes_node"
     assert d.trust is t
     assert d.node_matcher("kubernetes_node") == 'kubernetes_node!=""'
-    assert d.node_matcher("kubernetes_node", "`a|b`") == "kubernetes_node=~`a|b`"
+    assert d.node_matcher("kubernetes_node", "`a|b`") == 'kubernetes_node=~`a|b`, kubernetes_node!=""'
+    # whatever the regex: `.*` would match the series without the label (the target's own name)
+    assert d.node_matcher("kubernetes_node", "`.*`") == 'kubernetes_node=~`.*`, kubernetes_node!=""'
     assert d.node_matcher("Hostname") == 'Hostname!="", kubernetes_node="", job=~`j`, namespace=~`n`'
-    assert d.node_matcher("hostname", "`x`") == 'hostname=~`x`, kubernetes_node="", job=~`j`, namespace=~`n`'
+    assert d.node_matcher("hostname", "`x`") == ('hostname=~`x`, hostname!="", kubernetes_node="", job=~`j`, '
+                                                 'namespace=~`n`')
     a = sources.make(sources.AMD, "node", t)
     assert a.node_labels == ("node", "hostname", "kubernetes_node") and a.trust is t
     o = sources.make(sources.OURS, "node", t)
