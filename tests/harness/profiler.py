@@ -184,17 +184,29 @@ def build_profiler(prometheus_url: str, *flags: str, kubeconfig: Path | None = N
                    **inject: object) -> Profiler:
     """The one way a test makes a profiler in process: ``gpu-exporter profile``'s own wiring (its settings
     table, its loader, ``main.build_profiler``) from ``flags``, against ``prometheus_url`` and the API server
-    of ``kubeconfig`` (None: a dry run without a cluster, ``--dry-run`` implied). ``inject``: what no flag
+    of ``kubeconfig`` (None: a dry run without a cluster, ``--dry-run`` implied, whatever kubeconfig this
+    machine has). ``inject``: what no flag
     can give, put in place of the profiler's own (``elector=`` a replica that never leads, ``clock=``,
     ``events=`` a recorder on a fake clock); ``tune``: values deeper down that no flag sets, by dotted path
     (``{"store.backoff": 0.01, "reader.client.backoff": 0.01}``: retries without the real backoff's wait).
     A name the profiler lacks is an error. The process itself:
     ``tests.harness.exporter.DaemonProcess("profile", ...)``."""
+    from unittest import mock
+
+    from exporter.platform import kube
     from exporter.profiler import main
 
     argv = ["--prometheus-url", prometheus_url, *flags]
     argv += ["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--dry-run"]
-    prof = main.build_profiler(main.parse_args(argv, environ={}), out=out if out is not None else io.StringIO())
+    settings = main.parse_args(argv, environ={})
+    if kubeconfig is not None:
+        prof = main.build_profiler(settings, out=out if out is not None else io.StringIO())
+    else:  # no cluster at all: never the developer's ~/.kube/config or $KUBECONFIG (tests talk only to 127.0.0.1)
+        def no_cluster(*args: object, **kwargs: object) -> object:
+            raise kube.NoKubeConfig("no cluster in this test (tests/harness/profiler.py)")
+
+        with mock.patch.object(kube, "api_client", no_cluster):
+            prof = main.build_profiler(settings, out=out if out is not None else io.StringIO())
     for path, value in [*inject.items(), *(tune or {}).items()]:
         *parents, name = path.split(".")
         owner: object = prof
