@@ -23,7 +23,7 @@ import celpy
 import pytest
 import yaml
 
-from tests.harness.tools import tool
+from tests.harness.tools import manifests, tool
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILER = "system:serviceaccount:gpu-exporter:gpu-exporter-profiler"
@@ -57,7 +57,7 @@ def _kustomize(path: Path) -> list[dict[str, Any]]:
     proc = subprocess.run([tool("kubectl"), "kustomize", str(path)], capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return manifests(proc.stdout)
 
 
 def _install(docs: list[dict[str, Any]]) -> Install:

@@ -11,6 +11,7 @@ Dockerfile. No cluster, no Docker engine, no network.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -25,7 +26,11 @@ import pytest
 import yaml
 
 from tests.harness.httpfake import FakeHTTP, Reply, Request
-from tests.harness.tools import tool
+from tests.harness.tools import manifests, tool
+
+# kubernetes-validate reads its JSON schema files again for every object it validates (the
+# definitions file alone is megabytes): each file is read once here, since they never change
+kubernetes_validate.utils.schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -141,7 +146,7 @@ def _render(rel: str) -> list[dict[str, Any]]:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, f"kubectl kustomize {rel} failed ({proc.returncode}):\n{proc.stderr}"
-    docs = [d for d in yaml.safe_load_all(proc.stdout) if d is not None]
+    docs = manifests(proc.stdout)
     assert docs, f"kubectl kustomize {rel} rendered nothing"
     return docs
 

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from tests.e2e.test_deploy import KUBERNETES_SCHEMA_VERSION, _validation_errors
-from tests.harness.tools import tool
+from tests.harness.tools import manifests, tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpu-exporter"
@@ -154,7 +154,7 @@ def render(sets: tuple[str, ...] = (), namespace: str = OLD_NAMESPACE,
         args += ["--set", s]
     proc = helm(*args)
     assert proc.returncode == 0, f"helm template {' '.join(sets)} failed:\n{proc.stderr}"
-    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    docs = tuple(manifests(proc.stdout))
     assert docs
     return docs
 
@@ -244,7 +244,7 @@ def _render_values(tmp_path: Path, values: dict[str, Any], *sets: str) -> list[d
         args += ["--set", s]
     proc = helm(*args)
     assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return manifests(proc.stdout)
 
 
 def test_a_new_vendor_is_one_values_entry(tmp_path: Path) -> None:
@@ -672,7 +672,7 @@ def test_kustomize_other_namespace_leaves_no_reference(tmp_path: Path) -> None:
                           check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "", "no warning (issue 28, finding 3: `vars` is deprecated)"
-    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    docs = manifests(proc.stdout)
     assert old_namespace_references(docs, OLD_NAMESPACE) == []
     from tests.e2e.test_deploy import scraped_namespaces
 
@@ -689,7 +689,7 @@ def _kustomize(rel: str) -> list[dict[str, Any]]:
     proc = subprocess.run([tool("kubectl"), "kustomize", str(ROOT / rel)], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return manifests(proc.stdout)
 
 
 # Labels only Helm adds (chart conventions); kustomize has no release to name.

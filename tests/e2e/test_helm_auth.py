@@ -23,13 +23,12 @@ from typing import Any
 
 import bcrypt
 import pytest
-import yaml
 
 from tests.harness.exporter import DaemonProcess
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.net import free_port
 from tests.harness.prom import Prometheus
-from tests.harness.tools import tool
+from tests.harness.tools import manifests, tool
 
 pytestmark = pytest.mark.prometheus
 
@@ -48,7 +47,7 @@ def _render(*sets: str) -> list[dict[str, Any]]:
         args += ["--set", s]
     proc = subprocess.run([tool("helm"), *args], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return manifests(proc.stdout)
 
 
 def _credentials(prefix: str) -> list[str]:

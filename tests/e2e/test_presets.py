@@ -19,7 +19,7 @@ import yaml
 
 from tests.e2e.test_deploy import KUBERNETES_SCHEMA_VERSION, _validation_errors
 from tests.e2e.test_helm import NEWEST_SCHEMA, _differences, _kustomize, _normal
-from tests.harness.tools import tool
+from tests.harness.tools import manifests, tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpu-exporter"
@@ -99,7 +99,7 @@ def helm_render(preset: str, *sets: str) -> list[dict[str, Any]]:
         args += ["--set", s]
     proc = subprocess.run([tool("helm"), *args], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, f"helm template -f {preset}.yaml failed:\n{proc.stderr}"
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return manifests(proc.stdout)
 
 
 def test_every_preset_has_an_overlay_a_platform_and_docs() -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / ".test-tools"
@@ -37,3 +39,9 @@ def node_package(name: str) -> Path:
     if not (path / "package.json").exists():
         pytest.fail(f"npm package {name} not found under {NODE_MODULES}: {HINT}", pytrace=False)
     return path
+
+
+def manifests(text: str) -> list[Any]:
+    """The objects of a rendered install (``helm template``, ``kubectl kustomize``), empty
+    documents dropped; parsed with libyaml (the pure-Python loader was most of a render test)."""
+    return [d for d in yaml.load_all(text, Loader=yaml.CSafeLoader) if d]
