@@ -63,7 +63,7 @@ EMPTY = "prometheus_empty"  # error kind: every query answered, none had a GPU s
 # statistics in two queries cost them 20-30% more CPU than in queries of four (a 2,000-GPU
 # shard: 730 against 565 ms on Prometheus at 10,000 nodes, 620 against 510 ms on VictoriaMetrics
 # at 1,000), and an answer holds four statistics of a shard's GPUs at most, so that a shard of
-# 2,000 stays far below the parse bound (seven in one answer passed it: the shard was split).
+# 2,000 stays below the parse bound (seven in one answer passed it: every shard was split).
 PARTS_PER_QUERY = 4
 
 T = TypeVar("T")
