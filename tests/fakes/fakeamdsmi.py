@@ -213,6 +213,7 @@ def two_gpu_fleet() -> list[dict[str, object]]:
         "pcie.replay": 3,
         "ecc.correctable": 12,
         "ecc.uncorrectable": 0,
+        "ras.enabled": 0b1111,  # RAS on UMC, SDMA, GFX and MMHUB (amdsmi_gpu_block_t bits), each in state ENABLED
         "xgmi.links": "U,U,U,D,X",
         "fan.speed": 128,
         "metrics.indep_throttle_status": (1 << 0) | (1 << 47),  # PPT0 + PROCHOT_GFX
@@ -254,6 +255,7 @@ def two_gpu_fleet() -> list[dict[str, object]]:
         "pci_replay_counter": 7,  # pcie_info has no replay count here: the sysfs counter is used
         "ecc.correctable": 0,
         "ecc.uncorrectable": 2,
+        "ras.enabled": 0b101,  # UMC and GFX
         "xgmi.links": "U,D",
         "fan.speed": 0,
         "metrics.indep_throttle_status": 0,

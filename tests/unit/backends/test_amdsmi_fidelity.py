@@ -73,6 +73,7 @@ NOT_READINGS = {
     "link.1.hops": "topology pair key",
     "p2p.1": "topology pair key",
     "metrics.": "gpu_metrics bit masks and accumulators, read raw: test_throttle_status_sentinel_*",
+    "ras.": "RAS block mask and states: an input of the health state, no family: test_amdsmi_ras.py",
 }
 
 

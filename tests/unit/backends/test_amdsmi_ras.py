@@ -30,13 +30,14 @@ UMC, GFX, XGMI_WAFL = 1, 4, 128  # amdsmi_gpu_block_t
 PARITY, SING_C, MULT_UC, POISON, ENABLED = 2, 3, 4, 5, 6  # amdsmi_ras_err_state_t
 
 
-def health(fake: FakeAmdSmi, gpu0: Mapping[str, object], gpu1: Mapping[str, object],
+def health(fake: FakeAmdSmi, gpu0: Mapping[str, object | None], gpu1: Mapping[str, object],
            overrides: Mapping[int | str, str] | None = None) -> dict[int, tuple[str, str]]:
     """(state, cause) of both GPUs after one collection of the fleet with these extra keys."""
     fleet = two_gpu_fleet()
     fleet[1]["ecc.uncorrectable"] = 0  # the fleet's default uncorrected count would decide GPU 1
     fleet[0].update(gpu0)
     fleet[1].update(gpu1)
+    fleet = [{k: v for k, v in g.items() if v is not None} for g in fleet]  # None: a key left out
     fake.write(fleet, rocm_version="6.2.1")
     b = create("amdsmi", BackendOptions())
     engine = Engine([b], host_info(), FieldFilter(), collection_timeout=30.0, cache_ttl=0.0,
@@ -72,10 +73,10 @@ def health(fake: FakeAmdSmi, gpu0: Mapping[str, object], gpu1: Mapping[str, obje
     ({"ecc.deferred": 3}, {"ecc_deferred": "ignore"}, ("ok", "")),
     # a state not in a block's RAS mask is not asked; a GPU without RAS has no such event
     ({"ras.enabled": GFX, f"ras.{UMC}.state": MULT_UC}, None, ("ok", "")),
-    ({f"ras.{UMC}.state": MULT_UC}, None, ("ok", "")),
+    ({"ras.enabled": None, f"ras.{UMC}.state": MULT_UC}, None, ("ok", "")),
 ], ids=["mult_uc", "two-blocks", "poison", "worst-wins", "parity", "sing_c", "override-fatal-away",
         "override-ignore-up", "deferred", "deferred-fatal", "deferred-ignore", "block-off", "no-ras"])
-def test_amd_ras_events_map_to_the_xid_severities(fake: FakeAmdSmi, gpu0: Mapping[str, object],
+def test_amd_ras_events_map_to_the_xid_severities(fake: FakeAmdSmi, gpu0: Mapping[str, object | None],
                                                   overrides: Mapping[int | str, str] | None,
                                                   want: tuple[str, str]) -> None:
     got = health(fake, {"ecc.correctable": 0, **gpu0}, {"ras.enabled": UMC | GFX}, overrides)
