@@ -82,6 +82,7 @@ SLOW = frozenset((
     "tests/unit/platform/test_http_survivors.py",
     "tests/unit/platform/test_profiler_web.py",
     "tests/unit/platform/test_units.py",
+    "tests/unit/platform/test_webconfig_load.py",
     "tests/unit/profiler/test_allocated.py",
     "tests/unit/profiler/test_allocated_shared.py",
     "tests/unit/profiler/test_annotate.py",

@@ -131,6 +131,13 @@ MODULES: dict[str, Module] = {
     # the failed-login limiter, the rate_limit bucket, the lanes and the connection cap: in process, on a
     # fake clock, no socket
     "http-limits": Module("exporter/platform/http/limits.py", ("tests/unit/platform/test_http_limits.py",)),
+    # the web config's loader: every refusal's exact line and what a good file sets (TLS context, client
+    # certificate check, allowed SANs, headers, rate limit, the files watched); in process, one openssl key
+    "webconfig-load": Module(_WEBCONFIG, ("tests/unit/platform/test_webconfig_load.py",),
+                             functions=tuple(f"{_dotted(_WEBCONFIG)}.{f}__*" for f in (
+                                 "xǁWebConfigǁclient_allowed", "x__canonical_san", "x__fail", "x_load",
+                                 "x__http_config", "x__rate_limit", "x__no_password", "x__tls_context", "x__version",
+                                 "x__names", "x__ciphers", "x__curves", "x__allowed_sans"))),
     # the web config's reload (never fail open, never lose an edit) and its TLS settings in force
     # (in process, cost-4 hashes and no TLS; not the real-time test with its cost-12 hash)
     "webconfig-reload": Module("exporter/platform/webconfig.py", ("tests/unit/platform/test_webconfig_reload.py",

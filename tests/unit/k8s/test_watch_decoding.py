@@ -544,3 +544,284 @@ def test_the_real_clock_waits_for_stop() -> None:
     stop.set()
     assert c.wait(stop, 30) is True
     assert abs(c.monotonic() - __import__("time").monotonic()) < 5
+
+
+# ---- the survivors of the watch mutation run (docs/reliability.md, Mutation testing) ----------------
+
+
+def _chunks(*chunks: bytes) -> tuple[Any, list[int]]:
+    """A read function giving ``chunks`` then the end; the sizes asked, and a failure if the end is read
+    more than once (a decoder that asks again after the end would spin)."""
+    asked: list[int] = []
+    it = iter(chunks)
+
+    def read(n: int) -> bytes:
+        asked.append(n)
+        if len(asked) > len(chunks) + 1:
+            raise AssertionError("read again after the end")
+        return next(it, b"")
+
+    return read, asked
+
+
+def test_the_end_of_an_answer_is_read_once_and_named() -> None:
+    read, asked = _chunks(b'{"items": [1')
+    s = _JsonStream(read, 100)
+    keys = s.members()
+    assert next(keys) == "items"
+    items = s.elements()
+    assert next(items) == 1
+    with pytest.raises(ValueError) as err:
+        next(items)
+    assert str(err.value) == "the answer ends early" and len(asked) == 2
+    with pytest.raises(ValueError) as err:
+        s.peek()  # at the end: said again, without reading again
+    assert str(err.value) == "the answer ends early" and len(asked) == 2
+    read, asked = _chunks(b'{"items": [')
+    s = _JsonStream(read, 100)
+    with pytest.raises(ValueError) as err:
+        for _ in s.members():
+            list(s.elements())
+    assert str(err.value) == "the answer ends early" and len(asked) == 2
+    # one byte at a time, a number last: the end adds nothing after it
+    s = _JsonStream(_one_byte_at_a_time(b'{"items": [1'), 100)
+    with pytest.raises(ValueError) as err:
+        for _ in s.members():
+            list(s.elements())
+    assert str(err.value) == "the answer ends early"
+
+
+def test_bytes_that_are_not_utf8_are_a_decoding_error() -> None:
+    """Strict UTF-8: a byte that is not UTF-8, or an answer cut inside a character (the decoder's last
+    flush), is a UnicodeDecodeError (a ValueError: the request failed), never skipped or replaced."""
+    for text in (b'{"a": "\xff"}', b'{"a": "\xc3'):
+        s = _JsonStream(io.BytesIO(text).read, 100)
+        with pytest.raises(UnicodeDecodeError):
+            for _ in s.members():
+                s.value()
+    s = _JsonStream(io.BytesIO('{"a": "é"}'.encode()).read, 100)
+    assert {k: s.value() for k in s.members()} == {"a": "é"}
+
+
+def test_compact_json_as_the_api_server_writes_it() -> None:
+    """The API server writes JSON without spaces: every separator is one character."""
+    body = b'{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[{"metadata":{"uid":"a"}},' \
+           b'{"metadata":{"uid":"b"}}],"apiVersion":"v1"}'
+    for read in (io.BytesIO(body).read, _one_byte_at_a_time(body)):
+        w = Watcher("pods", lambda read=read, **kw: _ListResp(read), lambda o: None)
+        assert w._list() == "7" and sorted(w._objects) == ["a", "b"]
+
+
+class _ListResp:
+    def __init__(self, read: Any) -> None:
+        self.read = read
+        self.released = 0
+
+    def release_conn(self) -> None:
+        self.released += 1
+
+
+def test_a_list_releases_its_connection_and_reads_only_object_metadata() -> None:
+    resps: list[_ListResp] = []
+
+    def call(body: bytes) -> Any:
+        def list_call(**kw: Any) -> _ListResp:
+            resps.append(_ListResp(io.BytesIO(body).read))
+            return resps[-1]
+        return list_call
+
+    assert Watcher("pods", call(b'{"metadata": "7", "items": []}'), lambda o: None)._list() == ""
+    assert Watcher("pods", call(b'{"metadata": [1], "items": []}'), lambda o: None)._list() == ""
+    assert Watcher("pods", call(b'{"metadata": {"resourceVersion": 12}, "items": []}'), lambda o: None)._list() == "12"
+    assert [r.released for r in resps] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_the_object_limit_is_exact(whole: bool) -> None:
+    """An object of exactly ``limit`` characters is read, one more is refused, also as the second item
+    (where its start is not at the start of the buffer), read whole or one byte at a time."""
+    def item(n: int) -> str:
+        return '{"x": "' + "y" * (n - 9) + '"}'
+
+    assert len(item(40)) == 40
+    for items, ok in (([item(40)], True), ([item(41)], False), ([item(20), item(40)], True),
+                      ([item(20), item(41)], False)):
+        body = ('{"items": [' + ", ".join(items) + "]}").encode()
+        s = _JsonStream(io.BytesIO(body).read if whole else _one_byte_at_a_time(body), 40)
+        if ok:
+            assert [len(json.dumps(e)) for k in s.members() for e in s.elements()] == [len(i) for i in items]
+        else:
+            with pytest.raises(TooLarge) as err:
+                for _ in s.members():
+                    list(s.elements())
+            assert str(err.value) == "an object over 40 bytes"
+
+
+def test_a_410_is_logged_as_one(caplog: pytest.LogCaptureFixture) -> None:
+    """The loop's line for an expired watch names the expiry (the failure it handles), once."""
+    clock = FakeClock(now=0.0)
+    body = b'{"type": "ERROR", "object": {"code": 410}}\n'
+    calls: list[dict[str, Any]] = []
+
+    def call(**kw: Any) -> _Resp:
+        calls.append(kw)
+        if len(calls) > 4:
+            w._stop.set()
+        return _Resp(body) if kw.get("watch") else _Resp(_list_answer([]))
+
+    w = Watcher("pods", call, lambda o: None, clock=clock, backoff=watch.Backoff(jitter=0.0, clock=clock))
+    with caplog.at_level(logging.WARNING, logger="exporter.k8s.watch"):
+        w._loop()
+    assert w.expired >= 2 and w.errors == 0
+    assert _warnings(caplog) == [
+        "pods watch failed (HTTP 410 Expired (resourceVersion too old)); listing again with backoff (0.8 s, at most "
+        "30 s), the last known pods are kept"]
+
+
+def test_the_first_list_that_drops_objects_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    items = [{"metadata": {"uid": f"u{i}"}} for i in range(3)]
+    w = Watcher("pods", lambda **kw: _Resp(_list_answer(items)), lambda o: None, max_objects=2)
+    with caplog.at_level(logging.WARNING, logger="exporter.k8s.watch"):
+        w._list()
+        assert _warnings(caplog) == ["pods watch: over 2 objects on this node; 1 left out (counted)"]
+        w._list()
+    assert len(_warnings(caplog)) == 1 and w.dropped == 2
+    w2 = Watcher("pods", lambda **kw: _Resp(_list_answer(items[:2])), lambda o: None, max_objects=2)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="exporter.k8s.watch"):
+        w2._list()
+    assert _warnings(caplog) == [] and w2.dropped == 0
+
+
+def test_stop_waits_for_the_thread_a_bounded_time_and_forgets_it(caplog: pytest.LogCaptureFixture) -> None:
+    class Thread:
+        def __init__(self) -> None:
+            self.joins: list[float | None] = []
+
+        def join(self, timeout: float | None = None) -> None:
+            self.joins.append(timeout)
+
+    w = Watcher("pods", lambda **kw: None, lambda o: None, request_timeout=2.5)
+    t = Thread()
+    w._thread = t  # type: ignore[assignment]
+    w.stop()
+    assert t.joins == [3.5] and w._thread is None
+    w.stop()  # never started, or stopped already: nothing to join
+    assert t.joins == [3.5]
+
+    class Broken:
+        def shutdown(self) -> None:
+            raise OSError("gone")
+
+        def close(self) -> None:
+            pass
+
+    w._resp = Broken()
+    with caplog.at_level(logging.DEBUG, logger="exporter.k8s.watch"):
+        w.stop()
+    (rec,) = [r for r in caplog.records if r.name == "exporter.k8s.watch"]
+    assert rec.getMessage() == "closing the pods watch failed" and rec.levelno == logging.DEBUG
+    assert rec.exc_info is not None and isinstance(rec.exc_info[1], OSError)
+
+
+def test_an_answer_whose_read_is_not_a_method_is_read_from_its_data() -> None:
+    class Odd:
+        data = b"xyz"
+        read = b"not a method"
+
+    read = _reader(Odd())
+    assert read(2) == b"xy" and read(5) == b"z" and read(5) == b""
+
+
+def test_wait_synced_waits_at_most_its_timeout() -> None:
+    """Any positive timeout is waited for (never forever), none is not waited for at all."""
+    class Synced:
+        def __init__(self) -> None:
+            self.waits: list[float | None] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(timeout)
+            return True
+
+        def is_set(self) -> bool:
+            return False
+
+    w = Watcher("pods", lambda **kw: None, lambda o: None)
+    w.synced = Synced()  # type: ignore[assignment]
+    assert watch.wait_synced(w, 0.5) is True and watch.wait_synced(w, 30) is True
+    assert watch.wait_synced(w, 0) is False
+    assert w.synced.waits == [0.5, 30]  # type: ignore[attr-defined]
+    real = Watcher("pods", lambda **kw: None, lambda o: None)
+    assert watch.wait_synced(real, 0) is False and watch.wait_synced(real, 0.01) is False
+    real.synced.set()
+    assert watch.wait_synced(real, 0) is True and watch.wait_synced(real, 5) is True
+
+
+def test_import_client_is_the_kubernetes_package_or_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import kubernetes
+
+    from exporter.core.extras import MissingExtra
+
+    assert watch.import_client() is kubernetes and watch.import_client("--per-process") is kubernetes
+    monkeypatch.setitem(sys.modules, "kubernetes", None)
+    with pytest.raises(MissingExtra) as err:
+        watch.import_client()
+    assert str(err.value).startswith("the Kubernetes API needs the kubernetes package, which the 'k8s' extra "
+                                     "installs")
+
+
+def test_the_limit_of_a_value_still_arriving_counts_from_its_start() -> None:
+    """Where a value is not whole yet, what counts is the text from its own start: a long first item
+    before it in the same read does not count, and one that goes past the limit is named the same way."""
+    def item(n: int) -> str:
+        return '{"x": "' + "y" * (n - 9) + '"}'
+
+    body = ('{"items": [' + item(30) + ", " + item(40) + "]}").encode()
+
+    def in_33s() -> Any:
+        buf = io.BytesIO(body)
+        return lambda n: buf.read(33)
+
+    s = _JsonStream(in_33s(), 40)
+    assert [len(json.dumps(e)) for k in s.members() for e in s.elements()] == [30, 40]
+    s = _JsonStream(_one_byte_at_a_time(('{"items": [' + item(50) + "]}").encode()), 40)
+    with pytest.raises(TooLarge) as err:
+        for _ in s.members():
+            list(s.elements())
+    assert str(err.value) == "an object over 40 bytes"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{1: 2}', "an object key that is not a string"),
+    ('{"a": 1 "b": 2}', "expected ',' or '}', got '\"'"),
+    ('{"items": [1 2]}', "expected ',' or ']', got '2'"),
+    ('[1]', "expected '{' at character 0, got '['"),
+    ('{"a" 1}', "expected ':' at character 5, got '1'"),
+])
+def test_malformed_answers_say_what_is_wrong(text: str, message: str) -> None:
+    s = _JsonStream(io.BytesIO(text.encode()).read, 100)
+    with pytest.raises(ValueError) as err:
+        for key in s.members():
+            if key == "items":
+                list(s.elements())
+            else:
+                s.value()
+    assert str(err.value) == message
+
+
+def test_reads_are_bounded_by_the_object_limit() -> None:
+    """Each read asks for 64 KiB, or the object limit up to 1 MiB: never the whole answer at once (a list
+    of a node's pods is decoded item by item, so memory stays one item plus one read)."""
+    for limit, size in ((100, 1 << 16), (100_000, 100_000), (4 << 20, 1 << 20)):
+        read, asked = _chunks(b'{"items": []}')
+        s = _JsonStream(read, limit)
+        assert [list(s.elements()) for k in s.members()] == [[]]
+        assert asked and set(asked) == {size}, (limit, asked)
+
+    class DataOnly:  # an answer with its body in ``data`` and no read at all
+        data = b"ab"
+
+    read1 = _reader(DataOnly())
+    assert read1(1) == b"a" and read1(5) == b"b" and read1(5) == b""
