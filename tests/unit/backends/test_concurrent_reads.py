@@ -28,6 +28,7 @@ from tests.fakes.fakenvml import FakeNvml
 from tests.unit.backends.test_hang import _amd_fleet
 
 COLLECTIONS = 40
+pytestmark = pytest.mark.slow  # 80 collections with a thread switch every microsecond: make test, not make check
 
 
 @pytest.fixture

@@ -215,6 +215,7 @@ def test_a_hung_call_costs_its_gpu_only(vendor: Vendor, kind: str, hung: list[in
         engine.stop()
 
 
+@pytest.mark.slow  # waits out call deadlines: make test
 def test_a_hung_gpm_sample_costs_its_gpu_only(nvml: Vendor) -> None:
     """GPM keeps per-GPU samples in one reader: a GPU hung inside a GPM call must not hold anything the
     other GPUs' GPM reads wait for (seen failing: the reader's lock, held over the call, stalled the backend)."""
@@ -305,6 +306,7 @@ def test_a_hung_init_stalls_the_backend_until_it_returns(vendor: Vendor) -> None
         engine.stop()
 
 
+@pytest.mark.slow  # waits out the init deadline: make test
 def test_a_hung_init_in_the_auto_probe_stalls_the_backend_not_the_start(nvml: Vendor) -> None:
     """``--backend auto`` probes each backend's init at start-up: a wedged driver must not wedge the start.
     The probe gives up at the init deadline (the collection timeout less one call deadline), serve keeps
@@ -342,6 +344,7 @@ def test_a_hung_init_in_the_auto_probe_stalls_the_backend_not_the_start(nvml: Ve
         engine.stop()
 
 
+@pytest.mark.slow  # waits out the init deadline: make test
 @pytest.mark.parametrize("backend", ["auto", "nvml"])
 def test_a_hung_init_reaches_a_python_api_caller_at_once(nvml: Vendor, backend: str) -> None:
     """The Python API initialises its backends when a session opens; its caller must hear a wedged driver
@@ -388,6 +391,7 @@ def xids(engine: Engine) -> dict[tuple[int, str, str], float] | None:
     return {k: n for c in snap.collections for k, n in c.xid_counts.items()}
 
 
+@pytest.mark.slow  # waits out the wait's deadline: make test
 def test_a_hung_xid_wait_costs_only_the_xid_reading(nvml: Vendor, caplog: pytest.LogCaptureFixture) -> None:
     """nvmlEventSetWait_v2 never returns (a wedged driver seen from the watcher's thread): the XID families
     are absent (the counts cannot be trusted to be current: never served as if watched), every other
@@ -437,6 +441,7 @@ def test_a_hung_xid_wait_costs_only_the_xid_reading(nvml: Vendor, caplog: pytest
         engine.stop()
 
 
+@pytest.mark.slow  # a one-second back-off: make test
 def test_an_xid_wait_failing_every_time_costs_only_the_xid_reading(nvml: Vendor,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     """nvmlEventSetWait_v2 fails at once every time (UNKNOWN): the watcher rebuilds its event set with a
@@ -504,6 +509,7 @@ def test_threads_and_memory_stay_flat_while_a_gpu_hangs(vendor: Vendor) -> None:
 # --- GPUs that start hanging in the same collection cost one deadline together -----------------------
 
 
+@pytest.mark.slow  # a call deadline per case: make test, not make check's inner loop
 @pytest.mark.parametrize(("hung", "kind"), [
     ([0, 1, 2, 3, 4], "reading"),
     (list(range(8)), "reading"),
