@@ -502,6 +502,7 @@ def hold_hang(v: Vendor, seconds: float) -> None:
         engine.stop()
 
 
+@pytest.mark.slow  # waits out a hang for seconds; make test runs it
 def test_threads_and_memory_stay_flat_while_a_gpu_hangs(vendor: Vendor) -> None:
     hold_hang(vendor, 5.0)  # ten minutes of it: tests/reliability/test_hang_long.py (make reliability)
 

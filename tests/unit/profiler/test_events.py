@@ -102,6 +102,7 @@ def _healthy(n: int) -> dict[str, GpuStats]:
     return {str(g): GpuStats(node="", gpu=str(g), up=1.0) for g in range(n)}
 
 
+@pytest.mark.slow  # 10,000 nodes, two cycles: seconds; make test runs it
 def test_500_of_10000_nodes_failing_at_once_each_get_their_event_within_two_cycles(
         kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
     """Issue 35: the global 30 per minute let 30 of 500 through a cycle. Now every failing node

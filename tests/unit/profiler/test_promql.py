@@ -34,6 +34,7 @@ def _python(pattern: str) -> re.Pattern[str]:
     return re.compile(re.sub(r"\\x\{([0-9a-f]+)\}", lambda m: f"\\U{int(m.group(1), 16):08x}", pattern[1:-1]))
 
 
+@pytest.mark.slow  # 10,000 names matched against every shard's pattern: seconds; make test runs it
 @pytest.mark.parametrize("shape", ["indexed", "random", "cloud"])
 def test_shards_select_exactly_their_nodes(shape: str) -> None:
     names = _names(shape)
