@@ -235,3 +235,79 @@ def test_an_encrypted_key_is_refused_not_prompted_for(pki: Path) -> None:
     assert str(err.value).startswith(f"web config {pki / 'w.yml'}: cannot load cert_file {pki / 'c.pem'} / key_file "
                                      f"{pki / 'enc.pem'}: ")
     assert webconfig._no_password() == b""
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("basic_auth_users: []\n",
+     "invalid basic_auth_users = '<hidden>': expected a mapping of user name to bcrypt hash"),
+    ("basic_auth_users: hunter2\n",
+     "invalid basic_auth_users = '<hidden>': expected a mapping of user name to bcrypt hash"),
+    ("http_server_config:\n  headers: 5\n",
+     "invalid http_server_config.headers = 5: expected a mapping of header to value"),
+    (T + "  curve_preferences: []\n", "invalid tls_server_config.curve_preferences = []: expected a list of names"),
+    ("rate_limit:\n  interval: '5'\n  burst: 1\n",
+     "invalid rate_limit.interval = '5': expected a duration such as 100ms or 1s"),  # a unit is needed
+    ("rate_limit:\n  interval: 86401s\n  burst: 1\n",
+     "invalid rate_limit.interval = '86401s': expected a duration such as 100ms or 1s"),
+    ("a: [\n", "web config {p} line 2: not valid YAML"),
+])
+def test_more_refusals_in_one_line(pki: Path, text: str, message: str) -> None:
+    """The users' value is never shown (it may hold a password); the rest names the value."""
+    with pytest.raises(ConfigError) as err:
+        _load(pki, text)
+    want = message.replace("{p}", str(pki / "w.yml"))
+    assert str(err.value) == (want if want.startswith("web config") else f"web config {pki / 'w.yml'}: {want}")
+
+
+def test_users_are_loaded(pki: Path) -> None:
+    import bcrypt
+
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    cfg = _load(pki, f"basic_auth_users:\n  alice: {hashed}\n")
+    assert cfg.users == {"alice": hashed.encode()} and sorted(cfg._dummies) == [4]
+
+
+def test_the_tls_context_is_a_server_context_with_its_defaults_kept(pki: Path) -> None:
+    """The server preference is added to, or taken from, the context's own options: the rest (no
+    compression, no SSLv3, ...) are kept."""
+    fresh = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).options
+    ctx = _load(pki, T).ssl_context
+    assert ctx is not None and ctx.protocol == ssl.PROTOCOL_TLS_SERVER
+    assert ctx.options == fresh | ssl.OP_CIPHER_SERVER_PREFERENCE
+    ctx = _load(pki, T + "  prefer_server_cipher_suites: false\n").ssl_context
+    assert ctx is not None and ctx.options == fresh & ~ssl.OP_CIPHER_SERVER_PREFERENCE
+
+
+class _OpenSSL:
+    """An SSLContext of an OpenSSL build that lacks suites (a FIPS build without ChaCha20, ...): the one
+    seam the cipher check has that this machine's OpenSSL, which has them all, cannot show."""
+
+    def __init__(self, have: set[str] | None) -> None:
+        self.options = 0
+        self.have = have
+
+    def set_ciphers(self, spec: str) -> None:
+        if self.have is None:
+            raise ssl.SSLError("No cipher can be selected.")
+
+    def get_ciphers(self) -> list[dict[str, str]]:
+        return [{"name": n} for n in sorted(self.have or ())]
+
+
+def test_suites_this_openssl_lacks_are_named(pki: Path) -> None:
+    path = str(pki / "w.yml")
+    two = {"cipher_suites": ["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+                             "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+                             "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256"]}
+    one = {"cipher_suites": ["TLS_RSA_WITH_AES_128_CBC_SHA"]}
+    with pytest.raises(ConfigError) as err:
+        webconfig._ciphers(path, _OpenSSL(None), one)  # type: ignore[arg-type]
+    assert str(err.value) == (f"web config {path}: invalid tls_server_config.cipher_suites = "
+                              "['TLS_RSA_WITH_AES_128_CBC_SHA']: none is available in this OpenSSL")
+    with pytest.raises(ConfigError) as err:
+        webconfig._ciphers(path, _OpenSSL({"ECDHE-ECDSA-AES128-GCM-SHA256"}), two)  # type: ignore[arg-type]
+    assert str(err.value) == (f"web config {path}: invalid tls_server_config.cipher_suites = "
+                              "'TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256': not available in this OpenSSL")
+    ctx = _OpenSSL({"ECDHE-ECDSA-AES128-GCM-SHA256"})
+    webconfig._ciphers(path, ctx, {"cipher_suites": two["cipher_suites"][:1]})  # type: ignore[arg-type]
+    assert ctx.options == ssl.OP_CIPHER_SERVER_PREFERENCE
