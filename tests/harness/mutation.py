@@ -135,7 +135,7 @@ MODULES: dict[str, Module] = {
     # certificate check, allowed SANs, headers, rate limit, the files watched); in process, one openssl key
     "webconfig-load": Module(_WEBCONFIG, ("tests/unit/platform/test_webconfig_load.py",),
                              functions=tuple(f"{_dotted(_WEBCONFIG)}.{f}__*" for f in (
-                                 "xǁWebConfigǁclient_allowed", "x__canonical_san", "x__fail", "x_load",
+                                 "xǁWebConfigǁclient_allowed", "x__cost", "x__canonical_san", "x__fail", "x_load",
                                  "x__http_config", "x__rate_limit", "x__no_password", "x__tls_context", "x__version",
                                  "x__names", "x__ciphers", "x__curves", "x__allowed_sans"))),
     # the web config's reload (never fail open, never lose an edit) and its TLS settings in force

@@ -311,3 +311,11 @@ def test_suites_this_openssl_lacks_are_named(pki: Path) -> None:
     ctx = _OpenSSL({"ECDHE-ECDSA-AES128-GCM-SHA256"})
     webconfig._ciphers(path, ctx, {"cipher_suites": two["cipher_suites"][:1]})  # type: ignore[arg-type]
     assert ctx.options == ssl.OP_CIPHER_SERVER_PREFERENCE
+
+
+def test_the_cost_of_a_hash() -> None:
+    """``$2y$10$...``: 10, from text or bytes; anything without two digits there has none."""
+    assert webconfig._cost("$2y$10$" + "a" * 53) == 10 and webconfig._cost(b"$2b$04$" + b"a" * 53) == 4
+    assert webconfig._cost("$2a$14$") == 14
+    for bad in ("$2y$1x$", "$2y$", "", b"$2y$\xff\xfe$", "$2y$+1$", "$2y$ 9$", b"$2y$1"):
+        assert webconfig._cost(bad) is None, bad
