@@ -433,6 +433,18 @@ class Backend(ABC):
         """Seconds a vendor call about one GPU may take before the GPU is ``hung`` (``--call-deadline``)."""
         return self.options.call_deadline
 
+    @staticmethod
+    def next_call() -> None:
+        """Inside one funnel reading that makes many vendor calls (a batch, e.g. NVML's per-link
+        counters): each call gets its own ``--call-deadline`` from here, so a slow driver that
+        answers every call is never ``hung`` for the batch's total; an abandoned job unwinds here
+        instead of calling the GPU again."""
+        lane = here()
+        if lane is not None:
+            if lane.abandoned():
+                raise Abandoned
+            lane.since = monotonic()
+
     def _lane(self, dev: Device | None) -> Lane | None:
         """The lane of ``dev``'s GPU (MIG instances share their GPU's), or None for a call about no GPU."""
         if dev is None or dev.index < 0:

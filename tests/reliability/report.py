@@ -91,6 +91,16 @@ EXTERNAL = [
         "figures": {'hung gpus': '1 of 8'},
         "outcome": 'make test'}),
     ("Faults: exporter", {
+        "scenario": 'slow driver, every call answering (issue 35)',
+        "done": 'every NVML call of 8 fake GPUs sleeps 20 ms (`--call-deadline 1`): one GPU\'s 72 NVLink '
+                'error counters, read as one funnel reading, take about 1.4 s together',
+        "happened": 'every GPU up with all its readings at every collection: the deadline is per vendor call, '
+                    'restarted before each call of a batch (Backend.next_call); before, every GPU was published '
+                    'hung ("_per_link did not return within 1 s") and test_load\'s held scrapes were not held',
+        "test": 'tests/unit/backends/test_hang.py::test_a_slow_driver_that_answers_every_call_is_not_hung',
+        "figures": {'gpus hung': '0 of 8'},
+        "outcome": 'make test'}),
+    ("Faults: exporter", {
         "scenario": 'hung processes call (issue 35)',
         "done": "as above, the hung call being the GPU's process list "
                     '(`nvmlDeviceGetComputeRunningProcesses_v3`, `amdsmi_get_gpu_process_list`)',

@@ -553,3 +553,27 @@ def test_gpus_starting_to_hang_at_once_cost_one_deadline(vendor: Vendor, hung: l
         for i in hung:
             v.release(call, i)
         engine.stop()
+
+
+@pytest.mark.slow  # every NVML call sleeps 20 ms: seconds per collection
+def test_a_slow_driver_that_answers_every_call_is_not_hung(nvml: Vendor) -> None:
+    """--call-deadline is per vendor call: a driver that answers every call in 20 ms (well within the
+    1 s deadline) keeps every GPU up, although one GPU's 72 NVLink error counters, read as one funnel
+    reading, take about 1.4 s together. (Found by test_load's excess-connections case: every GPU of a
+    slow fake driver was published as hung, `_per_link did not return within 1 s`.)"""
+    fleet = nvml.fake
+    engine = Engine([nvml.backend], host_info(), FieldFilter(), collection_interval=0.0, collection_timeout=60.0,
+                    cache_ttl=0.0, call_deadline=DEADLINE)
+    try:
+        assert all(r.up for r in gpus(engine.scrape()).values())
+        for g in range(8):
+            fleet.set(g, delay_ms=20)
+        for _ in range(2):
+            now = gpus(engine.scrape())
+            assert sorted(now) == list(range(8))
+            assert {i: (r.up, r.up_reason) for i, r in now.items()} == {i: (True, None) for i in range(8)}
+            assert all(len(r.link_errors) == 72 and len(r.link_up) == 18 for r in now.values())
+    finally:
+        for g in range(8):
+            fleet.set(g, delay_ms=0)
+        engine.stop()
