@@ -142,10 +142,10 @@ HEAVIEST = ("tests/e2e/test_presets.py", "tests/unit/tools/test_hostile_input.py
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = Path(str(config.rootpath))
+    root = Path(str(config.rootpath)).resolve()
     rank: dict[int, int] = {}
     for item in items:
-        rel = Path(item.path).resolve().relative_to(root.resolve()).as_posix()
+        rel = Path(item.path).resolve().relative_to(root).as_posix()
         if rel in SERIAL:
             item.add_marker(pytest.mark.serial)
             item.add_marker(pytest.mark.slow)  # timing-sensitive: never in make check

@@ -40,9 +40,10 @@ what happens then is decided here, the same for every vendor:
     on, and no call is sent to the GPU until the late one returns (at most one outstanding call and
     one thread per GPU, however long it hangs). It is read again at the first collection after.
     A backend runs a whole GPU's read as one lane job (:meth:`Backend.on_gpus`: one thread hand-off
-    per GPU, the calls inside made directly on the lane), every GPU's job started before any is
-    waited for, so GPUs that start hanging in the same collection cost one deadline together, not
-    one each; nothing a call writes is shared between GPUs. A call made anywhere else is handed to
+    per GPU, the calls inside made directly on the lane); the next GPU's job starts as soon as the
+    last one is done, or beside it once it has run for ``STAGGER_S``, so GPUs that start hanging in
+    the same collection cost one deadline together, not one each; nothing a call writes is shared
+    between GPUs. A call made anywhere else is handed to
     its GPU's lane alone. So every vendor call about a GPU gets the deadline by construction,
     whatever the backend does. Calls about no GPU run where they are made: the engine runs each backend's
     collection on a lane of its own and publishes the backend ``stalled`` when one of them
@@ -87,11 +88,12 @@ GPU_ERROR = "gpu_error"
 GPU_HUNG = "gpu_hung"
 # DRIVER ("driver"): exporter.core.errors, with the two collection failures the engine counts
 
-# "No value" sentinels of NVML and amdsmi for 32- and 64-bit fields (NVML_VALUE_NOT_AVAILABLE
-# as unsigned, UINT_MAX, ULLONG_MAX). A backend can add narrower ones (amdsmi's 0xFFFF).
 # How long a collection waits for one GPU's read before it starts the next GPU's beside it (seconds):
 # longer than a healthy GPU's whole read (about 0.3 ms), short beside any call deadline.
 STAGGER_S = 0.05
+
+# "No value" sentinels of NVML and amdsmi for 32- and 64-bit fields (NVML_VALUE_NOT_AVAILABLE
+# as unsigned, UINT_MAX, ULLONG_MAX). A backend can add narrower ones (amdsmi's 0xFFFF).
 SENTINELS = frozenset({0xFFFF_FFFF, 0xFFFF_FFFF_FFFF_FFFF, 0x7FFF_FFFF_FFFF_FFFF, -1})
 NA_STRINGS = frozenset({"n/a", "na", "(secondary die)", "n/a (secondary die)", "", "not supported",
                         "[not supported]", "[n/a]", "unknown"})
@@ -470,7 +472,7 @@ class Backend(ABC):
         """``fn(*args, **kwargs)`` on ``dev``'s GPU lane, its vendor calls made there directly. Raises
         :class:`GpuHung` when a call in it has not returned within :attr:`call_deadline`, or when an
         earlier one still has not (no call is then sent to the GPU). On the lane already, or for a call
-        about no GPU: runs here. A backend reads its GPUs with :meth:`on_gpus` (all at once)."""
+        about no GPU: runs here. A backend reads its GPUs with :meth:`on_gpus`."""
         lane = self._lane(dev)
         if lane is None or lane.current():
             return fn(*args, **kwargs)
@@ -479,9 +481,9 @@ class Backend(ABC):
 
     def on_gpus(self, devs: Sequence[_D], fn: Callable[[_D], Any]) -> Iterator[tuple[_D, Any, GpuDown | None]]:
         """``fn(dev)`` for every GPU of ``devs``, each on its GPU's lane (one thread hand-off per GPU and
-        collection), all started before any is waited for: yields ``(dev, result, None)``, or ``(dev, None,
-        down)`` with the :class:`GpuDown` it raised (:class:`GpuHung` as :meth:`on_gpu` says), in the order
-        of ``devs``, each as soon as it and those before it are done.
+        collection), every job started before any result is yielded: yields ``(dev, result, None)``, or
+        ``(dev, None, down)`` with the :class:`GpuDown` it raised (:class:`GpuHung` as :meth:`on_gpu`
+        says), in the order of ``devs``, each as soon as it and those before it are done.
 
         The GPUs are read one after another while each answers within :data:`STAGGER_S`, and
         side by side from the first that does not, so GPUs that start hanging in the same collection

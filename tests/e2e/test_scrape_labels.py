@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.harness.prom import ExpositionServer, Prometheus
-from tests.harness.tools import tool
+from tests.harness.tools import manifests, tool
 
 pytestmark = pytest.mark.prometheus
 
@@ -83,7 +83,7 @@ def _helm_service_monitor() -> dict[str, Any]:
     proc = subprocess.run([tool("helm"), "template", "gpu-exporter", str(DEPLOY / "helm" / "gpu-exporter")],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    (sm,) = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "ServiceMonitor"
+    (sm,) = [d for d in manifests(proc.stdout) if d["kind"] == "ServiceMonitor"
              and d["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/component") == "exporter"]
     return dict(sm)
 
