@@ -440,9 +440,8 @@ def _prometheus_answers(budget: int, typed: bool, result: Result) -> None:
     import io
 
     from exporter.profiler import prom as promapi
-    from exporter.profiler.loop import Profiler
-    from exporter.profiler.plan import PlanConfig
-    from exporter.profiler.queries import EMPTY, QueryConfig, Reader
+    from exporter.profiler.queries import EMPTY
+    from tests.harness.profiler import build_profiler
 
     allowed = {*promapi.KINDS, EMPTY}
     what = "well-typed answers with hostile values" if typed else "answers of the wrong shape and types"
@@ -459,8 +458,8 @@ def _prometheus_answers(budget: int, typed: bool, result: Result) -> None:
         def check(answers: dict[str, bytes]) -> None:
             server.by_path = answers
             out = io.StringIO()
-            prof = Profiler(Reader(promapi.PromClient(server.url, timeout=10, retries=0), QueryConfig()), None,
-                            PlanConfig(), dry_run=True, out=out)
+            # a dry run without a cluster, no retry, no GPUHealthy condition (its health fields are not read)
+            prof = build_profiler(server.url, "--prometheus-retries", "0", "--health-condition", "off", out=out)
             r = prof.run_cycle(at=2e9)
             for kind in r.errors:
                 seen[kind] = seen.get(kind, 0) + 1

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import gc
 import http.client
-import io
 import logging
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pytest
 
@@ -36,9 +35,6 @@ from tests.harness.poll import wait_until
 from tests.harness.profiler import history_file
 from tests.harness.prom import Prometheus
 from tests.reliability.support import Result, median_slope_per, open_fds, rss_mib, run_scrapers, scrape_once, threads
-
-if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -142,14 +138,8 @@ def _live_objects() -> int:
     pytest.param(50, 10, id="50"),
     pytest.param(500, 50, id="500", marks=pytest.mark.reliability_long),
 ])
-def test_profiler_cycles_on_a_stable_fleet(fleet_history: Prometheus, kubeapi: FakeKubeAPI, kube_client: ApiClient,
+def test_profiler_cycles_on_a_stable_fleet(fleet_history: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any,
                                            cycles: int, every: int, result: Result) -> None:
-    from exporter.profiler.annotate import NodeStore
-    from exporter.profiler.loop import Profiler
-    from exporter.profiler.plan import PlanConfig
-    from exporter.profiler.prom import PromClient
-    from exporter.profiler.queries import QueryConfig, Reader
-
     # pytest's log capture keeps every record of a test: the profiler's INFO line per cycle (and the
     # kubernetes client's DEBUG lines when an earlier test left the root logger at debug) would be a
     # "leak" of the test harness, one object per cycle
@@ -157,8 +147,8 @@ def test_profiler_cycles_on_a_stable_fleet(fleet_history: Prometheus, kubeapi: F
     try:
         for n in range(NODES):
             kubeapi.add_node(f"soak-{n}", annotations={"example.com/owner": "team-a"})
-        prof = Profiler(Reader(PromClient(fleet_history.url), QueryConfig()), NodeStore(kube_client), PlanConfig(),
-                        out=io.StringIO())
+        # the annotations alone: no GPUHealthy condition and no Events (each their own writes, not this soak's subject)
+        prof = make_profiler(fleet_history.url, "--health-condition", "off", "--events", "off")
         first = prof.run_cycle()
         assert first.ok and first.patches == NODES, first
         written = {n: kubeapi.node(f"soak-{n}")["metadata"]["annotations"] for n in range(NODES)}

@@ -1,5 +1,9 @@
 """The Prometheus HTTP API client (exporter/profiler/prom.py) against small servers on 127.0.0.1:
-path prefix, bearer token re-read, retries with bounded jittered backoff, TLS with a private CA."""
+path prefix, bearer token re-read, retries with bounded jittered backoff, TLS with a private CA.
+
+Every server here is the suite's one Prometheus stand-in (tests/harness/prom.FakePrometheus); the byte caps,
+broken framing and trickled answers use its raw replies (``Reply(raw=...)``: bytes on the wire as they are).
+The two bare sockets are no stand-in: a listener that never accepts (a full accept queue) and a closed port."""
 
 from __future__ import annotations
 
