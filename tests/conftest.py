@@ -79,6 +79,7 @@ SLOW = frozenset((
     "tests/unit/k8s/test_podresources.py",
     "tests/unit/k8s/test_shared_gpus.py",
     "tests/unit/platform/test_http_server.py",
+    "tests/unit/platform/test_http_server_fast.py",
     "tests/unit/platform/test_http_survivors.py",
     "tests/unit/platform/test_profiler_web.py",
     "tests/unit/platform/test_units.py",

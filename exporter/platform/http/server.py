@@ -44,6 +44,9 @@ ACCEPT_PER_TURN = 128
 TURN_BUDGET_S = 0.002  # pipelined requests answered, and TLS handshakes worked on, per turn: this long at most
 PIPELINED_SLOTS = 4  # work slots all pipelined requests together may hold (a quarter of them at most)
 BUSY_READ_TIMEOUTS = 6  # an answer being made (or a pipelined request waiting for a slot): this many read timeouts
+DRAIN_S = 1.0  # an error answer is out: what the client still sends is read (and dropped) this long at most
+ACCEPT_PAUSE_S = 0.1  # accept() failed (EMFILE): the listener is not watched for this long
+WEB_CHECK_S = 1.0  # the web config's files are looked at this often without traffic
 
 
 Lane = str  # "inline" (on the I/O thread: must not block), "probe" or "work"
@@ -231,7 +234,7 @@ class HTTPServer:
     def _turn(self) -> None:
         now = time.monotonic()
         if now >= self._next_web_check:  # notice edits and rotations without traffic
-            self._next_web_check = now + 1.0
+            self._next_web_check = now + WEB_CHECK_S
             self._web = self._io_web()
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
@@ -290,6 +293,8 @@ class HTTPServer:
 
     def _next_timeout(self) -> float:
         heads = [next(iter(d)).deadline for d in self._timed() if d]
+        if self._accept_paused_until:  # accepting again is due then, not at the next event or second
+            heads.append(self._accept_paused_until)
         return max(0.0, min([1.0, *(h - time.monotonic() for h in heads)]))
 
     def _expire(self) -> None:
@@ -330,12 +335,12 @@ class HTTPServer:
                 return
             except OSError as exc:  # EMFILE and friends: pause accepting instead of spinning
                 if not self._accept_failures:  # once per episode (before: a line per failure, 87-95 in 8 s)
-                    log.warning("accept failed: %s; pausing accepts for 0.1 s at a time until one succeeds "
-                                "(%d connections open, cap %d)", exc, len(self._open), self.max_open)
+                    log.warning("accept failed: %s; pausing accepts for %g s at a time until one succeeds "
+                                "(%d connections open, cap %d)", exc, ACCEPT_PAUSE_S, len(self._open), self.max_open)
                 self._accept_failures += 1
                 with contextlib.suppress(KeyError, ValueError):
                     self._sel.unregister(self.socket)
-                self._accept_paused_until = time.monotonic() + 0.1
+                self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
                 return
             if self._accept_failures:
                 log.info("accepting again after %d failed accepts", self._accept_failures)
@@ -500,6 +505,8 @@ class HTTPServer:
             return
         probe = path in self.probe_paths
         if conn.probe:  # the probe listener: the probe paths, open, unlimited by rate_limit; nothing else
+            # anonymous, whatever the main port asks (basic auth, a client certificate): up or down only
+            h.authorized = False
             if probe:
                 self._route(conn, h, path)
             else:
@@ -684,7 +691,7 @@ class HTTPServer:
         except OSError:
             self._close(conn)
             return
-        conn.state, conn.deadline = _CLOSING, time.monotonic() + 1.0
+        conn.state, conn.deadline = _CLOSING, time.monotonic() + DRAIN_S
         conn.buf.clear()
         self._closing[conn] = None
         self._want(conn, selectors.EVENT_READ)

@@ -1,0 +1,1085 @@
+"""The I/O loop (exporter/platform/http/server.py) judged fast: a real HTTPServer in this process on
+127.0.0.1 port 0, real sockets and real TLS handshakes (an EC key made once per module), each test in
+milliseconds, so that ``make mutation`` (module ``http-server``) can run every mutant against them.
+
+Exact answers (status line, headers, bytes), which connection is closed or evicted (the server's own
+connection table, keyed by the client's address, read once the server has answered a later client:
+no sleep), the deadline of each state with short read timeouts, the lanes, the caps, pipelining,
+HEAD, Expect/100, half-close, write back-pressure, basic auth and its limiter, the probe listener.
+The slower whole-behaviour tests (real TLS client certificates, the file limit) are in
+test_http_server.py and test_http_survivors.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+
+from exporter.platform import webconfig
+from exporter.platform.http import Handler, HTTPServer, Response
+from exporter.platform.http import server as server_mod
+from exporter.platform.http.limits import PROBE_OPEN, connection_cap
+from tests.harness.poll import wait_until
+from tests.unit.platform.test_http_server import closed
+
+T = 3.0  # a client's socket timeout: a mutant that hangs the loop fails a test in this long
+LOGGER = "exporter.platform.http.server"
+
+
+# ---- the server and its clients ----------------------------------------------------------------
+
+
+class Calls:
+    """What the routes saw: (path, query, thread name, authorized, pipelined, command, version)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, bool, bool, str, str]] = []
+        self.lock = threading.Lock()
+
+    def route(self, body: bytes = b"ok\n") -> Callable[[Handler, str, str], Response]:
+        def fn(h: Handler, path: str, query: str) -> Response:
+            with self.lock:
+                self.seen.append((path, query, threading.current_thread().name, h.authorized, h.pipelined,
+                                  h.command, h.request_version))
+            return Response(200, body + query.encode())
+        return fn
+
+
+class Holder:
+    """A route that holds its answer until ``release`` is set, counting the requests it started."""
+
+    def __init__(self, body: bytes = b"held\n") -> None:
+        self.release, self.started, self.body = threading.Event(), threading.Semaphore(0), body
+
+    def __call__(self, h: Handler, path: str, query: str) -> Response:
+        self.started.release()
+        self.release.wait(T)
+        return Response(200, self.body)
+
+    def wait(self, n: int) -> None:
+        for _ in range(n):
+            assert self.started.acquire(timeout=T), "a held request did not reach its route"
+
+
+@contextlib.contextmanager
+def running(max_connections: int = 8, read_timeout: float = 5.0, calls: Calls | None = None,
+            **kwargs: Any) -> Iterator[HTTPServer]:
+    """A server with /healthz (inline), /readyz (probe lane) and /metrics (work lane), its loop in a thread."""
+    srv = HTTPServer(("127.0.0.1", 0), max_connections=max_connections, read_timeout=read_timeout, **kwargs)
+    calls = calls or Calls()
+    srv.route("/healthz", calls.route(), "inline")
+    srv.route("/readyz", calls.route(b"ready\n"), "probe")
+    srv.route("/metrics", calls.route(b"metrics\n"))
+    loop = threading.Thread(target=srv.serve_forever, name="test-io", daemon=True)
+    loop.start()
+    try:
+        yield srv
+    finally:
+        srv._stop.set()
+        srv._post("stop", None, None)
+        loop.join(T)
+        srv.server_close()
+
+
+def connect(port: int | HTTPServer, timeout: float = T) -> socket.socket:
+    if isinstance(port, HTTPServer):
+        port = port.server_address[1]
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    _LEFT.pop(id(s), None)
+    return s
+
+
+_LEFT: dict[int, bytes] = {}  # bytes of a client's next answer, read with the one before (pipelining)
+
+
+def req(path: str = "/healthz", method: str = "GET", version: str = "HTTP/1.1", extra: str = "") -> bytes:
+    host = "Host: x\r\n" if version == "HTTP/1.1" else ""
+    return f"{method} {path} {version}\r\n{host}{extra}\r\n".encode()
+
+
+def read_answer(s: Any, head_only: bool = False) -> bytes:
+    """One whole answer (head and its Content-Length body, or the head alone), b'' at EOF."""
+    data = _LEFT.pop(id(s), b"")
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    body = bytearray(rest)
+    length = 0 if head_only else next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                                       if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    assert len(body) >= length, (head, len(body))
+    if body[length:]:
+        _LEFT[id(s)] = bytes(body[length:])
+    return head + b"\r\n\r\n" + bytes(body[:length])
+
+
+def answer(status: str, body: bytes, *headers: str, close: bool = False) -> bytes:
+    """The exact answer the server writes."""
+    lines = [f"HTTP/1.1 {status}", "Content-Type: text/plain; charset=utf-8", f"Content-Length: {len(body)}",
+             *headers, *(["Connection: close"] if close else [])]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def ask(s: Any, data: bytes, head_only: bool = False) -> bytes:
+    s.sendall(data)
+    return read_answer(s, head_only)
+
+
+def eof(s: Any) -> bool:
+    """Whether the server has closed ``s`` (EOF or a reset) within T."""
+    return closed(s, T)
+
+
+def table(d: dict[Any, None]) -> set[Any]:
+    """The addresses of a connection table of the server (read from this thread: retried if it moved)."""
+    for _ in range(100):
+        with contextlib.suppress(RuntimeError):
+            return {c.addr for c in list(d)}
+    raise AssertionError("the table kept changing")
+
+
+def me(s: socket.socket) -> Any:
+    return s.getsockname()
+
+
+def settle(srv: HTTPServer) -> None:
+    """One exchange on a fresh connection, which the server then closes itself: every earlier event has
+    been handled by the time it is answered, and it leaves nothing behind in the server's tables."""
+    with connect(srv) as s:
+        assert ask(s, req(extra="Connection: close\r\n")).startswith(b"HTTP/1.1 200 ")
+        assert eof(s)
+
+
+def empty(srv: HTTPServer) -> None:
+    """Wait until the server holds no connection (the clients have closed theirs)."""
+    wait_until(lambda: not srv._open and not srv._probe_open, T, 0.005, what="every connection closed")
+
+
+# ---- the basics: one answer each way ------------------------------------------------------------
+
+
+def test_each_lane_answers_exactly_and_in_its_own_thread() -> None:
+    calls = Calls()
+    with running(calls=calls) as srv, connect(srv) as s:
+        assert ask(s, req("/healthz")) == answer("200 OK", b"ok\n")
+        assert ask(s, req("/readyz?x=1")) == answer("200 OK", b"ready\nx=1")
+        assert ask(s, req("/metrics")) == answer("200 OK", b"metrics\n")
+        assert ask(s, req("/nowhere")) == answer("404 Not Found", b"not found\n")
+    assert [(p, q, t) for p, q, t, *_ in calls.seen] == [
+        ("/healthz", "", "test-io"), ("/readyz", "x=1", "http-probe"), ("/metrics", "", "http-work")]
+    assert all(a and not pl and c == "GET" and v == "HTTP/1.1" for *_, a, pl, c, v in calls.seen)
+
+
+def test_methods_other_than_get_and_head_get_405_and_the_connection_stays() -> None:
+    with running() as srv, connect(srv) as s:
+        for method in ("POST", "PUT", "OPTIONS", "DELETE"):
+            assert ask(s, req("/metrics", method)) == answer("405 Method Not Allowed", b"only GET and HEAD\n",
+                                                             "Allow: GET, HEAD")
+        assert ask(s, req()) == answer("200 OK", b"ok\n")
+
+
+def test_head_gets_the_head_alone_and_the_connection_goes_on() -> None:
+    calls = Calls()
+    with running(calls=calls) as srv, connect(srv) as s:
+        head = ask(s, req("/metrics", "HEAD"), head_only=True)
+        assert head == answer("200 OK", b"metrics\n")[:-len(b"metrics\n")]
+        assert ask(s, req("/nowhere", "HEAD"), head_only=True).startswith(b"HTTP/1.1 404 ")
+        assert ask(s, req()) == answer("200 OK", b"ok\n")  # no stray body bytes came before it
+    assert calls.seen[0][5] == "HEAD"
+
+
+def test_a_route_that_raises_gets_500_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    def boom(h: Handler, path: str, query: str) -> Response:
+        raise RuntimeError("bug")
+
+    caplog.set_level(logging.ERROR, LOGGER)
+    with running() as srv:
+        srv.route("/boom", boom, "inline")
+        srv.route("/boom2", boom)
+        with connect(srv) as s:
+            assert ask(s, req("/boom?" + "q" * 300)) == answer("500 Internal Server Error", b"internal error\n")
+            assert ask(s, req("/boom2")) == answer("500 Internal Server Error", b"internal error\n")
+            assert ask(s, req()) == answer("200 OK", b"ok\n")
+    msgs = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert msgs == [f"error serving {('/boom?' + 'q' * 300)[:200]!r}", "error serving '/boom2'"]
+    assert all(r.exc_info for r in caplog.records if r.name == LOGGER)
+
+
+def test_a_fast_route_answers_on_the_io_thread_or_leaves_it_to_the_lane() -> None:
+    seen: list[str] = []
+
+    def fast(h: Handler, path: str, query: str) -> Response | None:
+        seen.append(threading.current_thread().name)
+        return Response(200, b"cached\n") if query == "cached" else None
+
+    calls = Calls()
+    with running(calls=calls) as srv:
+        srv.route("/m", calls.route(b"made\n"), fast=fast)
+        with connect(srv) as s:
+            assert ask(s, req("/m?cached")) == answer("200 OK", b"cached\n")
+            assert ask(s, req("/m?other")) == answer("200 OK", b"made\nother")
+    assert seen == ["test-io", "test-io"]
+    assert [(p, t) for p, _, t, *_ in calls.seen] == [("/m", "http-work")]
+
+
+def test_the_web_configs_headers_are_on_every_answer(tmp_path: Path) -> None:
+    cfg = tmp_path / "web.yml"
+    cfg.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n    X-Content-Type-Options: nosniff\n")
+    with running(web=webconfig.load(str(cfg))) as srv, connect(srv) as s:
+        extra = ("X-Frame-Options: deny", "X-Content-Type-Options: nosniff")
+        assert ask(s, req()) == answer("200 OK", b"ok\n", *extra)
+        assert ask(s, req("/metrics", "POST")) == answer("405 Method Not Allowed", b"only GET and HEAD\n",
+                                                         *extra, "Allow: GET, HEAD")
+        assert ask(s, b"BAD\r\n\r\n") == answer("400 Bad Request", b"malformed request line\n", *extra, close=True)
+
+
+# ---- keep-alive, HTTP/1.0, pipelining -----------------------------------------------------------
+
+
+def test_keep_alive_and_connection_close() -> None:
+    with running() as srv:
+        with connect(srv) as s:
+            for _ in range(3):
+                assert ask(s, req()) == answer("200 OK", b"ok\n")
+            settle(srv)
+            assert me(s) in table(srv._idle)
+            assert ask(s, req(extra="Connection: Close\r\n")) == answer("200 OK", b"ok\n", close=True)
+            assert eof(s)
+        with connect(srv) as s:  # HTTP/1.0: closed unless it asks, told when kept
+            assert ask(s, req(version="HTTP/1.0")) == answer("200 OK", b"ok\n", close=True)
+            assert eof(s)
+        with connect(srv) as s:
+            for _ in range(2):
+                assert ask(s, req(version="HTTP/1.0", extra="Connection: Keep-Alive\r\n")) == answer(
+                    "200 OK", b"ok\n", "Connection: keep-alive")
+            assert ask(s, req("/metrics", version="HTTP/1.0")) == answer("200 OK", b"metrics\n", close=True)
+            assert eof(s)
+        empty(srv)
+        assert not srv._idle and not srv._writing and not srv._fresh
+
+
+def test_pipelined_requests_are_answered_in_order_and_marked_pipelined() -> None:
+    calls = Calls()
+    with running(calls=calls) as srv, connect(srv) as s:
+        s.sendall(req("/metrics?1") + req("/healthz?2") + req("/metrics?3") + req("/readyz?4"))
+        assert [read_answer(s) for _ in range(4)] == [
+            answer("200 OK", b"metrics\n1"), answer("200 OK", b"ok\n2"), answer("200 OK", b"metrics\n3"),
+            answer("200 OK", b"ready\n4")]
+        assert ask(s, req("/metrics?5")) == answer("200 OK", b"metrics\n5")
+    assert [(q, pl) for _, q, _, _, pl, *_ in calls.seen] == [
+        ("1", False), ("2", True), ("3", True), ("4", True), ("5", False)]
+
+
+def test_a_pipelined_request_split_across_reads_is_completed() -> None:
+    with running() as srv, connect(srv) as s:
+        s.sendall(req("/metrics?1") + req("/healthz?2")[:10])
+        assert read_answer(s) == answer("200 OK", b"metrics\n1")
+        s.sendall(req("/healthz?2")[10:])
+        assert read_answer(s) == answer("200 OK", b"ok\n2")
+
+
+def test_pipelined_requests_hold_a_few_work_slots_and_wait_for_them_without_503() -> None:
+    """``--max-connections 4``: pipelined requests together hold one work slot; another pipelined
+    request waits for it (deferred, never 503), and requests sent one at a time still get slots."""
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def hold(h: Handler, path: str, query: str) -> Response:
+        if query == "hold":
+            started.release()
+            release.wait(T)
+        return Response(200, b"held\n" + query.encode())
+
+    with running(max_connections=4) as srv:
+        assert srv._pipelined_cap == 1
+        srv.route("/h", hold)
+        try:
+            with connect(srv) as a, connect(srv) as b, connect(srv) as c:
+                a.sendall(req("/h?1") + req("/h?hold"))
+                assert read_answer(a) == answer("200 OK", b"held\n1")
+                assert started.acquire(timeout=T)
+                b.sendall(req("/h?2") + req("/h?3"))
+                assert read_answer(b) == answer("200 OK", b"held\n2")
+                wait_until(lambda: len(srv._deferred) == 1, T, 0.005, what="b's pipelined request deferred")
+                assert srv._pipelined == 1
+                assert ask(c, req("/h?4")) == answer("200 OK", b"held\n4")  # one at a time: a slot at once
+                release.set()
+                assert read_answer(a) == answer("200 OK", b"held\nhold")
+                assert read_answer(b) == answer("200 OK", b"held\n3")
+                settle(srv)
+                assert srv._pipelined == 0 and not srv._deferred
+        finally:
+            release.set()
+
+
+@pytest.mark.parametrize(("max_connections", "cap"), [(1, 1), (4, 1), (8, 2), (16, 4), (17, 4), (64, 4)])
+def test_the_pipelined_cap_is_a_quarter_of_the_slots_within_one_to_four(max_connections: int, cap: int) -> None:
+    srv = HTTPServer(("127.0.0.1", 0), max_connections=max_connections, read_timeout=2.5)
+    try:
+        assert srv._pipelined_cap == cap
+        assert srv.busy_timeout == 6 * 2.5 and srv.read_timeout == 2.5
+        assert srv.max_connections == max_connections and srv.max_open == connection_cap(max_connections)
+        assert (srv._work.name, srv._work.limit) == ("work", max_connections)
+        assert (srv._probe.name, srv._probe.limit) == ("probe", 4)
+        assert (srv._bcrypt.name, srv._bcrypt.limit) == ("bcrypt", 1)
+        assert srv.probe_socket is None and srv.probe_address is None and srv.live is None
+        assert srv.web is None and srv._io_web() is None
+        assert srv.server_address == srv.socket.getsockname() and srv.server_address[0] == "127.0.0.1"
+        assert srv.socket.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1
+        assert srv.socket.getblocking() is False
+        assert srv.socket.family == socket.AF_INET and srv.socket.type == socket.SOCK_STREAM
+    finally:
+        srv.server_close()
+
+
+# ---- errors: 400 and friends, then a drained close ----------------------------------------------
+
+
+@pytest.mark.parametrize(("data", "status", "message"), [
+    (b"NOT HTTP\r\n\r\n", "400 Bad Request", b"malformed request line\n"),
+    (b"GET / HTTP/2.0\r\n\r\n", "505 HTTP Version Not Supported", b"only HTTP/1.0 and HTTP/1.1\n"),
+    (b"GET / HTTP/1.1\r\n\r\n", "400 Bad Request", b"HTTP/1.1 request without Host\n"),
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n", "414 URI Too Long", b"request line or header too long\n"),
+    (b"GET http://[x/ HTTP/1.1\r\nHost: x\r\n\r\n", "400 Bad Request", b"malformed request target\n"),
+])
+def test_a_bad_request_gets_its_error_then_a_half_close(data: bytes, status: str, message: bytes) -> None:
+    with running() as srv, connect(srv) as s:
+        assert ask(s, data) == answer(status, message, close=True)
+        assert s.recv(10) == b""  # half-closed: the answer is out, EOF follows at once
+        settle(srv)
+        assert me(s) in table(srv._closing)  # still read from, so that the answer is not lost to a reset
+        s.sendall(b"more bytes the server reads and drops\r\n\r\n" * 10)
+        s.shutdown(socket.SHUT_WR)
+        wait_until(lambda: me(s) not in table(srv._open), T, 0.005, what="closed at the client's EOF")
+        assert not srv._closing
+
+
+def test_a_request_larger_than_the_buffer_gets_431() -> None:
+    """Stray blank lines (allowed before a request) plus a maximal head plus most of its body: more
+    than the buffer holds while still incomplete."""
+    from exporter.platform.http.protocol import MAX_BODY, MAX_HEAD
+
+    head = b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % MAX_BODY
+    pad = b"X-Pad: " + b"p" * 8000 + b"\r\n"
+    while len(head) + len(pad) < MAX_HEAD - 100:
+        head += pad
+    data = b"\r\n" * 4000 + head + b"\r\n" + b"b" * (MAX_BODY - 1000)
+    with running() as srv, connect(srv) as s:
+        s.sendall(data)
+        assert read_answer(s) == answer("431 Request Header Fields Too Large", b"request too large\n", close=True)
+
+
+def test_the_drain_after_an_error_has_its_own_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_mod, "DRAIN_S", 0.05)
+    with running() as srv, connect(srv) as s:
+        t0 = time.monotonic()
+        assert ask(s, b"BAD\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+        wait_until(lambda: me(s) not in table(srv._open), T, 0.005, what="the drain's deadline")
+        assert time.monotonic() - t0 < 4.0  # DRAIN_S, not the 5 s read timeout
+
+
+# ---- half-close, Expect ----------------------------------------------------------------------------
+
+
+def test_a_half_closed_client_gets_its_answer_then_the_close() -> None:
+    with running() as srv:
+        for path, body in (("/healthz", b"ok\n"), ("/metrics", b"metrics\n")):
+            with connect(srv) as s:
+                s.sendall(req(path))
+                s.shutdown(socket.SHUT_WR)
+                # kept or not, as the EOF was read with the request or after it, then closed
+                assert read_answer(s) in (answer("200 OK", body, close=True), answer("200 OK", body))
+                assert s.recv(10) == b""
+        with connect(srv) as s:  # half a request, then EOF: nothing to answer
+            s.sendall(req()[:12])
+            s.shutdown(socket.SHUT_WR)
+            assert s.recv(10) == b""
+        with connect(srv) as s:  # EOF with nothing sent
+            s.shutdown(socket.SHUT_WR)
+            assert s.recv(10) == b""
+        empty(srv)
+        assert not srv._fresh
+
+
+def test_expect_100_continue_once_per_request() -> None:
+    with running() as srv, connect(srv) as s:
+        s.sendall(req(extra="Content-Length: 6\r\nExpect: 100-Continue\r\n"))
+        assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(b"abc")  # half the body: no second 100
+        s.sendall(b"def")
+        assert read_answer(s) == answer("200 OK", b"ok\n")
+        s.sendall(req(extra="Content-Length: 2\r\nExpect: 100-continue\r\n"))  # the next request: its own 100
+        assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        assert ask(s, b"hi") == answer("200 OK", b"ok\n")
+        s.sendall(req(extra="Content-Length: 2\r\n"))  # no Expect: no 100
+        assert ask(s, b"hi") == answer("200 OK", b"ok\n")
+
+
+def test_a_100_continue_the_client_cannot_take_closes_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half an interim answer would garble the next one: the connection is given up."""
+    sent: list[int] = []
+
+    class Short:
+        def __init__(self, sock: Any) -> None:
+            self.sock = sock
+
+        def send(self, data: Any) -> int:
+            if bytes(data) == b"HTTP/1.1 100 Continue\r\n\r\n":
+                sent.append(self.sock.send(bytes(data)[:5]))
+                return sent[-1]
+            return int(self.sock.send(data))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sock, name)
+
+    with running() as srv:
+        real_add = srv._add
+        monkeypatch.setattr(srv, "_add", lambda sock, addr, probe=False: real_add(Short(sock), addr, probe))
+        with connect(srv) as s:
+            s.sendall(req(extra="Content-Length: 6\r\nExpect: 100-continue\r\n"))
+            assert s.recv(100) == b"HTTP/"
+            assert eof(s)
+        assert sent == [5]
+
+
+# ---- deadlines, one per state ----------------------------------------------------------------------
+
+
+def test_a_silent_connection_is_closed_at_the_read_timeout() -> None:
+    with running(read_timeout=0.1) as srv, connect(srv) as s:
+        t0 = time.monotonic()
+        assert eof(s)
+        assert 0.09 <= time.monotonic() - t0 < T
+        assert not srv._fresh and not srv._open
+
+
+def test_an_idle_keep_alive_connection_is_closed_at_the_read_timeout() -> None:
+    with running(read_timeout=0.15) as srv, connect(srv) as s:
+        s.sendall(req())
+        assert read_answer(s) == answer("200 OK", b"ok\n")
+        t0 = time.monotonic()
+        assert eof(s)
+        assert 0.14 <= time.monotonic() - t0 < T
+        assert not srv._idle and not srv._open
+
+
+def test_an_answer_that_never_comes_is_closed_at_the_busy_deadline() -> None:
+    release = threading.Event()
+
+    def hang(h: Handler, path: str, query: str) -> Response:
+        release.wait(T)
+        return Response(200, b"late\n")
+
+    with running(read_timeout=0.05) as srv:
+        srv.route("/hang", hang)
+        try:
+            with connect(srv) as s:
+                t0 = time.monotonic()
+                s.sendall(req("/hang"))
+                assert eof(s)
+                assert 0.29 <= time.monotonic() - t0 < T  # 6 read timeouts, not 1
+                assert not srv._busy and not srv._open
+        finally:
+            release.set()
+
+
+def test_an_answer_that_is_not_taken_is_closed_at_the_read_timeout() -> None:
+    big = b"x" * (8 << 20)
+    with running(read_timeout=0.2) as srv:
+        srv.route("/big", lambda h, p, q: Response(200, big), "inline")
+        with connect(srv) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(req("/big"))
+            wait_until(lambda: me(s) in table(srv._writing), T, 0.005, what="writing")
+            wait_until(lambda: me(s) not in table(srv._open), T, 0.01, what="the writing deadline")
+            assert not srv._writing
+
+
+def test_a_slow_handshake_is_closed_at_the_read_timeout(tls_web: webconfig.WebConfig) -> None:
+    with running(read_timeout=0.1, web=tls_web) as srv, connect(srv) as s:
+        s.sendall(b"\x16\x03\x01")  # the start of a ClientHello, then nothing
+        assert eof(s)
+        assert not srv._open
+
+
+# ---- the connection cap: who is evicted --------------------------------------------------------
+
+
+def test_at_the_cap_the_oldest_silent_connection_makes_room() -> None:
+    with running() as srv:
+        srv.max_open = 4
+        conns = [connect(srv) for _ in range(3)]
+        try:
+            settle(srv)  # the fourth: all four held, then it closes
+            assert table(srv._open) == {me(c) for c in conns}
+            conns.append(connect(srv))
+            settle(srv)  # the fifth: the oldest silent one goes
+            assert eof(conns[0])
+            assert table(srv._open) == {me(c) for c in conns[1:]}
+            conns.append(connect(srv))
+            settle(srv)
+            assert eof(conns[1])
+            assert table(srv._open) == {me(c) for c in conns[2:]}
+        finally:
+            for c in conns:
+                c.close()
+
+
+def test_eviction_order_closing_then_silent_then_idle_then_writing() -> None:
+    """Each new connection at the cap closes one: the one being drained after an error, then the one
+    that never sent a request, then the idle keep-alive, then the answer not being taken; the new
+    ones hold their answer (being made: never evicted), so the cap stays reached."""
+    big = b"y" * (8 << 20)
+    hold = Holder(b"held\n")
+    release = hold.release
+
+    with running() as srv:
+        srv.route("/big", lambda h, p, q: Response(200, big), "inline")
+        srv.route("/hold", hold)
+        srv.max_open = 4
+        writing, idle, silent, closing = (connect(srv) for _ in range(4))
+        new: list[socket.socket] = []
+        try:
+            writing.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            writing.sendall(req("/big"))
+            assert ask(idle, req()) == answer("200 OK", b"ok\n")
+            assert ask(closing, b"BAD\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+            for conn, d in ((writing, srv._writing), (idle, srv._idle), (closing, srv._closing),
+                            (silent, srv._fresh)):
+                wait_until(lambda conn=conn, d=d: me(conn) in table(d), T, 0.005, what="its state")
+            order: list[str] = []
+            for _ in range(4):
+                new.append(connect(srv))
+                new[-1].sendall(req("/hold"))
+                hold.wait(1)  # accepted: one of the four was closed for it
+                order += [n for n, c in (("writing", writing), ("idle", idle), ("silent", silent),
+                                         ("closing", closing)) if n not in order and me(c) not in table(srv._open)]
+                assert len(srv._open) == 4
+            assert order == ["closing", "silent", "idle", "writing"]
+            with connect(srv) as s:  # every one being answered: nothing to evict, refused
+                assert eof(s)
+        finally:
+            release.set()
+            for c in (writing, idle, silent, closing, *new):
+                c.close()
+
+
+def test_at_the_cap_with_every_connection_being_answered_new_ones_are_refused_and_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    hold = Holder(b"done\n")
+    release = hold.release
+
+    caplog.set_level(logging.INFO, LOGGER)
+    with running(probe_port=0) as srv:
+        srv.route("/hold", hold)
+        srv.max_open = 2
+        held = [connect(srv) for _ in range(2)]
+        try:
+            for c in held:
+                c.sendall(req("/hold"))
+            hold.wait(len(held))
+            for _ in range(3):
+                with connect(srv) as s:
+                    assert eof(s)  # closed at once: nothing to evict
+            with connect(srv.probe_address[1]) as p:  # the probe listener is not behind the main cap
+                assert ask(p, req()) == answer("200 OK", b"ok\n")
+            assert srv._refusing == 3
+            release.set()
+            assert [read_answer(c) for c in held] == [answer("200 OK", b"done\n")] * 2
+            settle(srv)
+            assert srv._refusing == 0
+        finally:
+            release.set()
+            for c in held:
+                c.close()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == LOGGER]
+    assert lines == [
+        ("WARNING", "2 connections open (the cap, from the file limit), every one being answered: closing new "
+                    "connections until one ends"),
+        ("INFO", "accepting connections again after refusing 3 at the cap")]
+
+
+# ---- the work lane's slots -------------------------------------------------------------------------
+
+
+def test_exactly_max_connections_requests_are_held_and_the_next_gets_503() -> None:
+    hold = Holder(b"held\n")
+    release = hold.release
+
+    with running(max_connections=2) as srv:
+        srv.route("/hold", hold)
+        held = [connect(srv) for _ in range(2)]
+        try:
+            for c in held:
+                c.sendall(req("/hold"))
+            hold.wait(len(held))
+            with connect(srv) as s:
+                assert ask(s, req("/hold")) == answer("503 Service Unavailable", b"too many requests in progress\n",
+                                                      "Retry-After: 1", close=True)
+                assert ask(connect(srv), req("/readyz")).startswith(b"HTTP/1.1 200 ")  # the probe lane: its own
+            release.set()
+            assert [read_answer(c) for c in held] == [answer("200 OK", b"held\n")] * 2
+            with connect(srv) as s:
+                assert ask(s, req("/hold")) == answer("200 OK", b"held\n")
+        finally:
+            release.set()
+            for c in held:
+                c.close()
+
+
+# ---- big answers and a client that reads slowly --------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [16384, 16385, 64 * 1024, 64 * 1024 + 1, 300_000])
+def test_answers_of_every_size_arrive_whole(size: int) -> None:
+    body = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    with running() as srv:
+        srv.route("/b", lambda h, p, q: Response(200, body), "inline")
+        with connect(srv) as s:
+            assert ask(s, req("/b")) == answer("200 OK", body)
+            assert ask(s, req("/b", "HEAD"), head_only=True) == answer("200 OK", body)[:-size]
+            assert ask(s, req()) == answer("200 OK", b"ok\n")
+
+
+def test_a_client_that_does_not_read_holds_up_no_one() -> None:
+    big = bytes(range(256)) * (64 << 10)  # 16 MiB: more than the socket buffers take
+    with running() as srv:
+        srv.route("/big", lambda h, p, q: Response(200, big), "inline")
+        with connect(srv) as slow:
+            slow.sendall(req("/big") + req())
+            wait_until(lambda: me(slow) in table(srv._writing), T, 0.005, what="writing")
+            for _ in range(3):
+                settle(srv)
+            assert me(slow) in table(srv._writing)
+            assert read_answer(slow) == answer("200 OK", big)
+            assert read_answer(slow) == answer("200 OK", b"ok\n")  # its pipelined request after it
+
+
+# ---- basic auth, its limiter and the rate limit --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def users_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("auth")
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    (d / "web.yml").write_text(f"basic_auth_users:\n  u: {hashed}\n")
+    return d / "web.yml"
+
+
+def basic(user: str, pw: str) -> str:
+    import base64
+
+    return "Authorization: Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode() + "\r\n"
+
+
+UNAUTHORIZED = answer("401 Unauthorized", b"unauthorized\n", 'WWW-Authenticate: Basic realm="gpu-exporter", '
+                      'charset="UTF-8"')
+
+
+def test_basic_auth_protects_everything_but_the_probes(users_file: Path) -> None:
+    calls = Calls()
+    with running(calls=calls, web=webconfig.load(str(users_file))) as srv, connect(srv) as s:
+        assert ask(s, req("/metrics")) == UNAUTHORIZED
+        assert ask(s, req("/nowhere")) == UNAUTHORIZED
+        assert ask(s, req("/metrics", extra=basic("u", "bad"))) == UNAUTHORIZED
+        assert ask(s, req("/metrics", extra=basic("u", "pw"))) == answer("200 OK", b"metrics\n")
+        assert ask(s, req("/metrics", extra=basic("u", "pw"))) == answer("200 OK", b"metrics\n")  # cached
+        assert ask(s, req("/healthz")) == answer("200 OK", b"ok\n")  # open, anonymous
+        assert ask(s, req("/readyz", extra=basic("u", "bad"))) == answer("200 OK", b"ready\n")
+        assert ask(s, req("/healthz", extra=basic("u", "pw"))) == answer("200 OK", b"ok\n")
+    assert [(p, a) for p, _, _, a, *_ in calls.seen] == [
+        ("/metrics", True), ("/metrics", True), ("/healthz", False), ("/readyz", False), ("/healthz", True)]
+    assert srv.failures._buckets.keys() == {"127.0.0.1"}
+
+
+def test_a_password_is_checked_once_then_cached(users_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    web = webconfig.load(str(users_file))
+    checks: list[str] = []
+    real = web.check
+
+    def counting(header: str | None) -> bool:
+        checks.append(threading.current_thread().name)
+        return real(header)
+
+    monkeypatch.setattr(web, "check", counting)
+    with running(web=web) as srv, connect(srv) as s:
+        for _ in range(3):
+            assert ask(s, req("/metrics", extra=basic("u", "pw"))) == answer("200 OK", b"metrics\n")
+    assert checks == ["http-bcrypt"]
+
+
+def test_failed_logins_are_limited_per_address_and_a_good_one_refunds(users_file: Path) -> None:
+    with running(web=webconfig.load(str(users_file))) as srv:
+        srv.failures.refill_s = 3600.0  # no refill during the test
+        with connect(srv) as s:
+            for _ in range(9):
+                assert ask(s, req("/metrics", extra=basic("u", "bad"))) == UNAUTHORIZED
+            assert ask(s, req("/metrics", extra=basic("u", "pw"))) == answer("200 OK", b"metrics\n")  # refunded
+            assert ask(s, req("/metrics", extra=basic("u", "bad"))) == UNAUTHORIZED
+            assert ask(s, req("/metrics", extra=basic("u", "bad"))) == answer(
+                "429 Too Many Requests", b"too many failed logins\n", "Retry-After: 3600")
+            assert ask(s, req("/healthz", extra=basic("u", "bad"))) == answer("200 OK", b"ok\n")  # a probe: open
+            assert ask(s, req("/metrics", extra=basic("u", "pw"))) == answer("200 OK", b"metrics\n")  # cached
+
+
+def test_too_many_checks_waiting_get_503_and_cost_no_failure(users_file: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_mod, "BCRYPT_WAITING", 0)
+    calls = Calls()
+    with running(calls=calls, web=webconfig.load(str(users_file))) as srv, connect(srv) as s:
+        for _ in range(12):
+            assert ask(s, req("/metrics", extra=basic("u", "bad"))) == answer(
+                "503 Service Unavailable", b"too many logins being checked\n", "Retry-After: 1")
+        assert ask(s, req("/readyz", extra=basic("u", "pw"))) == answer("200 OK", b"ready\n")  # anonymous
+        monkeypatch.setattr(server_mod, "BCRYPT_WAITING", 1)
+        assert ask(s, req("/metrics", extra=basic("u", "bad"))) == UNAUTHORIZED  # not 429: nothing charged
+        assert srv.failures._tokens("127.0.0.1", time.monotonic()) < 10
+    assert [(p, a) for p, _, _, a, *_ in calls.seen] == [("/readyz", False)]
+
+
+def test_a_check_that_ends_after_its_connection_closed_answers_nothing(users_file: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    web = webconfig.load(str(users_file))
+    go, entered = threading.Event(), threading.Event()
+    real = web.check
+
+    def slow(header: str | None) -> bool:
+        entered.set()
+        go.wait(T)
+        return real(header)
+
+    monkeypatch.setattr(web, "check", slow)
+    with running(web=web, read_timeout=0.05) as srv:
+        with connect(srv) as s:
+            s.sendall(req("/metrics", extra=basic("u", "pw")))
+            assert entered.wait(T)
+            assert eof(s)  # the busy deadline
+        go.set()
+        settle(srv)
+        empty(srv)
+
+
+def test_the_rate_limit_refuses_beyond_its_burst_but_never_a_probe(tmp_path: Path) -> None:
+    cfg = tmp_path / "web.yml"
+    cfg.write_text("rate_limit:\n  interval: 1h\n  burst: 2\n")
+    with running(web=webconfig.load(str(cfg))) as srv, connect(srv) as s:
+        assert ask(s, req("/metrics")) == answer("200 OK", b"metrics\n")
+        assert ask(s, req("/nowhere")) == answer("404 Not Found", b"not found\n")
+        for path in ("/metrics", "/nowhere"):
+            assert ask(s, req(path)) == answer("429 Too Many Requests", b"rate limited\n", "Retry-After: 1")
+        for path in ("/healthz", "/readyz"):
+            assert ask(s, req(path)).startswith(b"HTTP/1.1 200 ")
+
+
+# ---- TLS -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and two client certificates: EC keys (milliseconds)."""
+    d = tmp_path_factory.mktemp("pki")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=30)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl("req", "-x509", *ec, "-days", "2", "-subj", "/CN=ca", "-keyout", "ca.key", "-out", "ca.crt")
+    for name, san in (("server", "IP:127.0.0.1"), ("ok", "DNS:prometheus.example"), ("other", "DNS:other.example")):
+        (d / f"{name}.cnf").write_text(f"subjectAltName={san}\n")
+        openssl("req", *ec, "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-extfile", f"{name}.cnf", "-out", f"{name}.crt")
+    return d
+
+
+def tls_file(pki: Path, d: Path, extra: str = "") -> str:
+    path = d / "web.yml"
+    path.write_text(f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n  key_file: {pki / 'server.key'}\n"
+                    + extra)
+    return str(path)
+
+
+@pytest.fixture
+def tls_web(pki: Path, tmp_path: Path) -> webconfig.WebConfig:
+    return webconfig.load(tls_file(pki, tmp_path))
+
+
+def tls_connect(srv: HTTPServer, pki: Path, cert: str | None = None) -> ssl.SSLSocket:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if cert:
+        ctx.load_cert_chain(pki / f"{cert}.crt", pki / f"{cert}.key")
+    s = ctx.wrap_socket(connect(srv), server_hostname="127.0.0.1")
+    _LEFT.pop(id(s), None)
+    return s
+
+
+def test_tls_answers_keep_alive_pipelining_and_errors(pki: Path, tls_web: webconfig.WebConfig) -> None:
+    with running(web=tls_web) as srv:
+        with tls_connect(srv, pki) as s:
+            assert ask(s, req()) == answer("200 OK", b"ok\n")
+            assert ask(s, req("/metrics")) == answer("200 OK", b"metrics\n")
+            s.sendall(req("/metrics?1") + req("/healthz?2") + req("/readyz?3"))  # one TLS record, three requests
+            assert [read_answer(s) for _ in range(3)] == [
+                answer("200 OK", b"metrics\n1"), answer("200 OK", b"ok\n2"), answer("200 OK", b"ready\n3")]
+            body = b"t" * 200_000
+            srv.route("/big", lambda h, p, q: Response(200, body), "inline")
+            assert ask(s, req("/big")) == answer("200 OK", body)
+            conn = next(iter(srv._open))
+            assert conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            assert conn.web is tls_web
+        with tls_connect(srv, pki) as s:  # an error over TLS: the connection is closed at once
+            assert ask(s, b"BAD\r\n\r\n") == answer("400 Bad Request", b"malformed request line\n", close=True)
+            assert eof(s)
+        with connect(srv) as s:  # plain HTTP on the TLS port: the handshake fails, closed
+            s.sendall(req())
+            assert eof(s)
+        settle_tls(srv, pki)
+        empty(srv)
+
+
+def settle_tls(srv: HTTPServer, pki: Path) -> None:
+    with tls_connect(srv, pki) as s:
+        assert ask(s, req(extra="Connection: close\r\n")).startswith(b"HTTP/1.1 200 ")
+
+
+def test_client_allowed_sans_closes_other_certificates_after_the_handshake(pki: Path, tmp_path: Path) -> None:
+    web = webconfig.load(tls_file(pki, tmp_path, f"  client_ca_file: {pki / 'ca.crt'}\n"
+                                                 "  client_auth_type: RequireAndVerifyClientCert\n"
+                                                 "  client_allowed_sans: [prometheus.example]\n"))
+    with running(web=web) as srv:
+        with tls_connect(srv, pki, "ok") as s:
+            assert ask(s, req()) == answer("200 OK", b"ok\n")
+        with tls_connect(srv, pki, "other") as s:  # TLS 1.3: the handshake ends client-side first
+            with contextlib.suppress(OSError):
+                s.sendall(req())
+            with pytest.raises(OSError):
+                assert s.recv(100) == b""
+                raise OSError("EOF")
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        with connect(srv) as raw, pytest.raises(OSError), \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:  # no certificate: refused
+            s.sendall(req())
+            if not s.recv(100):
+                raise OSError("EOF")
+
+
+def test_the_probe_listener_is_plain_http_open_and_serves_only_the_probes(pki: Path, tmp_path: Path,
+                                                                         users_file: Path) -> None:
+    cfg = tls_file(pki, tmp_path, users_file.read_text() + "rate_limit:\n  interval: 1h\n  burst: 1\n")
+    calls = Calls()
+    with running(web=webconfig.load(cfg), probe_port=0, calls=calls, read_timeout=3) as srv:
+        port = srv.probe_address[1]
+        assert srv.probe_address == srv.probe_socket.getsockname()
+        assert srv.probe_socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT) >= 1
+        with connect(port) as p:
+            for _ in range(3):  # the rate limit's burst of 1 is not spent on probes
+                assert ask(p, req("/healthz")) == answer("200 OK", b"ok\n")
+                assert ask(p, req("/readyz")) == answer("200 OK", b"ready\n")
+            assert ask(p, req("/metrics", extra=basic("u", "pw"))) == answer("404 Not Found", b"not found\n")
+            assert ask(p, req("/nowhere")) == answer("404 Not Found", b"not found\n")
+            assert me(p) in table(srv._probe_open) and me(p) not in table(srv._open)
+        with tls_connect(srv, pki) as s:
+            assert ask(s, req("/metrics")) == UNAUTHORIZED
+    assert [(p, a) for p, _, _, a, *_ in calls.seen] == [("/healthz", False), ("/readyz", False)] * 3
+
+
+def test_the_probe_listener_evicts_only_its_own_and_the_main_port_cannot_fill_it() -> None:
+    with running(probe_port=0) as srv:
+        srv.max_open = 4
+        port = srv.probe_address[1]
+        main = [connect(srv) for _ in range(4)]
+        probes: list[socket.socket] = []
+        try:
+            settle(srv)
+            for i in range(PROBE_OPEN + 3):  # probe connections that send a request and then idle
+                p = connect(port)
+                probes.append(p)
+                assert ask(p, req()) == answer("200 OK", b"ok\n"), i
+            assert len(srv._probe_open) == PROBE_OPEN
+            assert table(srv._probe_open) == {me(p) for p in probes[3:]}
+            assert all(eof(p) for p in probes[:3])
+            assert len(srv._open) <= 4 and table(srv._open) & {me(c) for c in main[1:]} == {me(c) for c in main[1:]}
+        finally:
+            for c in main + probes:
+                c.close()
+
+
+def test_a_busy_probe_listener_refuses_a_new_probe_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    hold = Holder(b"up\n")
+    release = hold.release
+
+    monkeypatch.setattr(server_mod, "PROBE_OPEN", 2)
+    with running(probe_port=0) as srv:
+        srv.route("/healthz", hold, "probe")
+        port = srv.probe_address[1]
+        held = [connect(port) for _ in range(2)]
+        try:
+            for c in held:
+                c.sendall(req())
+            hold.wait(len(held))
+            with connect(port) as p:
+                p.sendall(req())
+                assert eof(p)
+            assert len(srv._probe_open) == 2
+            release.set()
+            assert [read_answer(c) for c in held] == [answer("200 OK", b"up\n")] * 2
+        finally:
+            release.set()
+            for c in held:
+                c.close()
+
+
+# ---- accepting, shutting down, the listeners -----------------------------------------------------
+
+
+class FailingListener:
+    """The listening socket, with ``accept`` failing (EMFILE) ``fail`` more times."""
+
+    def __init__(self, sock: socket.socket, fail: int) -> None:
+        self.sock, self.fail = sock, fail
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self.fail:
+            self.fail -= 1
+            raise OSError(24, "Too many open files")
+        return self.sock.accept()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+def test_failed_accepts_pause_the_listener_and_are_logged_once_per_episode(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_mod, "ACCEPT_PAUSE_S", 0.01)
+    caplog.set_level(logging.INFO, LOGGER)
+    srv = HTTPServer(("127.0.0.1", 0), max_connections=8, read_timeout=5.0)
+    srv.route("/healthz", Calls().route(), "inline")
+    listener = FailingListener(srv.socket, 5)
+    srv.socket = listener  # type: ignore[assignment]
+    loop = threading.Thread(target=srv.serve_forever, daemon=True)
+    loop.start()
+    try:
+        for episode in range(2):
+            with connect(srv.server_address[1]) as s:
+                assert ask(s, req()) == answer("200 OK", b"ok\n")
+                assert listener.fail == 0
+                assert srv._accept_failures == 0 and srv._accept_paused_until == 0.0
+            listener.fail = 3 if episode == 0 else 0
+        lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == LOGGER]
+        warn = ("WARNING", "accept failed: [Errno 24] Too many open files; pausing accepts for 0.01 s at a time "
+                           f"until one succeeds (0 connections open, cap {srv.max_open})")
+        assert lines == [warn, ("INFO", "accepting again after 5 failed accepts"),
+                         warn, ("INFO", "accepting again after 3 failed accepts")]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        loop.join(T)
+
+
+def test_a_failing_probe_accept_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    with running(probe_port=0) as srv:
+        listener = FailingListener(srv.probe_socket, 1)  # type: ignore[arg-type]
+        srv.probe_socket = listener  # type: ignore[assignment]
+        with connect(srv.probe_address[1]) as p:
+            assert ask(p, req()) == answer("200 OK", b"ok\n")
+        assert listener.fail == 0
+
+
+def test_many_connections_at_once_are_all_accepted() -> None:
+    with running() as srv:
+        conns = [connect(srv) for _ in range(150)]
+        try:
+            for c in conns:
+                c.sendall(req())
+            assert all(read_answer(c) == answer("200 OK", b"ok\n") for c in conns)
+        finally:
+            for c in conns:
+                c.close()
+
+
+def test_shutdown_closes_every_connection_and_server_close_the_listeners() -> None:
+    srv = HTTPServer(("127.0.0.1", 0), max_connections=8, read_timeout=5.0, probe_port=0)
+    srv.route("/healthz", Calls().route(), "inline")
+    loop = threading.Thread(target=srv.serve_forever, daemon=True)
+    loop.start()
+    port, probe_port = srv.server_address[1], srv.probe_address[1]
+    with connect(port) as a, connect(port) as b, connect(probe_port) as p:
+        assert ask(a, req()) == answer("200 OK", b"ok\n")
+        assert ask(p, req()) == answer("200 OK", b"ok\n")
+        settle(srv)
+        stopper = threading.Thread(target=srv.shutdown, daemon=True)
+        stopper.start()
+        stopper.join(T)
+        assert not stopper.is_alive(), "shutdown did not return"
+        assert not loop.is_alive()
+        assert eof(a) and eof(b) and eof(p)
+        assert not srv._open and not srv._probe_open
+    srv.server_close()
+    for q in (port, probe_port):
+        with pytest.raises(ConnectionRefusedError):
+            connect(q).close()
+    assert srv.socket.fileno() == -1 and srv._wake_r.fileno() == -1 and srv._wake_w.fileno() == -1
+
+
+def test_server_close_without_a_loop_returns_at_once() -> None:
+    srv = HTTPServer(("127.0.0.1", 0), max_connections=8, read_timeout=5.0)
+    t0 = time.monotonic()
+    srv.server_close()
+    srv.shutdown()
+    assert time.monotonic() - t0 < 1.0 and srv.socket.fileno() == -1
+
+
+def test_a_probe_port_in_use_fails_construction_and_leaks_nothing() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        before = set(os.listdir("/proc/self/fd"))
+        with pytest.raises(OSError):
+            HTTPServer(("127.0.0.1", 0), max_connections=8, read_timeout=5.0, probe_port=taken.getsockname()[1])
+        assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_ipv6_listens_on_ipv6() -> None:
+    try:
+        srv = HTTPServer(("::1", 0), max_connections=8, read_timeout=5.0)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    try:
+        assert srv.socket.family == socket.AF_INET6
+    finally:
+        srv.server_close()
+
+
+def test_the_loop_failing_is_logged_and_raised(caplog: pytest.LogCaptureFixture,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    srv = HTTPServer(("127.0.0.1", 0), max_connections=8, read_timeout=5.0)
+
+    def broken() -> None:
+        raise RuntimeError("bug in the loop")
+
+    monkeypatch.setattr(srv, "_turn", broken)
+    caplog.set_level(logging.ERROR, LOGGER)
+    with pytest.raises(RuntimeError, match="bug in the loop"):
+        srv.serve_forever()
+    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == ["HTTP I/O loop failed"]
+    assert srv._stopped.is_set()
+    srv.server_close()
