@@ -9,8 +9,9 @@ must render the same objects, with the same security contexts, probes, limits an
 non-default namespace, with Helm or with a kustomize overlay, must leave no reference to the old one.
 
 The chart carries copies of files that live elsewhere (the dashboards as the sidecar ConfigMap
-holds them, the rule files, the admission policy); ``python -m tests.e2e.test_helm --write``
-refreshes them and the first test fails when they are stale.
+holds them, the rule files, the admission policy), and generated parts (values.schema.json's extraArgs pattern
+from serve's settings table and its vendor entries from values.yaml's, docs/deploy.md's list of those entries);
+``python -m tests.e2e.test_helm --write`` refreshes them and a test fails while one is stale.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from functools import cache
@@ -102,21 +104,103 @@ def extra_args_pattern() -> str:
     return f"^--(({names(False)})=.+|({names(True)})(=.+)?)$"
 
 
-def _schema_with_pattern(text: str) -> str:
+def vendor_entries(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The vendor entries of chart values (a top-level value with a backend: what the templates' vendor: all
+    reads), in their order."""
+    return {k: v for k, v in values.items() if isinstance(v, dict) and "backend" in v}
+
+
+def shipped_values() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return values
+
+
+VENDOR_REF = {"$ref": "#/definitions/vendor"}
+
+
+def _is_vendor_entry(prop: Any) -> bool:
+    """A property of the schema written for a vendor entry (by :func:`generated_schema`)."""
+    return prop == VENDOR_REF or (isinstance(prop, dict) and prop.get("allOf", [None])[0] == VENDOR_REF)
+
+
+def generated_schema(text: str, values: dict[str, Any]) -> str:
+    """values.schema.json ``text`` with its generated parts made from ``values`` (the chart's values.yaml) and
+    the settings table: extraArgs' pattern, and one property per vendor entry of the values (no other: a
+    vendor entry removed from the values leaves none behind), each required at the top level and keeping
+    every key its entry in the values sets (set it empty, never null). They sit where the values put them."""
     schema = json.loads(text)
     schema["properties"]["exporter"]["properties"]["extraArgs"]["items"]["pattern"] = extra_args_pattern()
+    entries = vendor_entries(values)
+    always = set(schema["definitions"]["vendor"]["required"])
+    props = {k: v for k, v in schema["properties"].items() if k not in entries and not _is_vendor_entry(v)}
+    required = [k for k in schema["required"] if k in props]
+    for name, entry in entries.items():
+        extra = [k for k in entry if k not in always]
+        props[name] = {"allOf": [VENDOR_REF, {"required": extra}]} if extra else dict(VENDOR_REF)
+    schema["properties"] = {k: props[k] for k in _placed(list(props), list(entries), list(values))}
+    schema["required"] = _placed(required, list(entries), list(values))
     return json.dumps(schema, indent=2) + "\n"
 
 
-def test_extra_args_schema_knows_every_serve_flag() -> None:
+def _placed(keys: list[str], entries: list[str], values: list[str]) -> list[str]:
+    """``keys`` less ``entries``, with ``entries`` put back together after the last of ``keys`` that the values
+    hold before their first vendor entry (first of all if none)."""
+    keys = [k for k in keys if k not in entries]
+    before = values[:values.index(entries[0])] if entries else []
+    at = max((keys.index(k) + 1 for k in before if k in keys), default=0)
+    return [*keys[:at], *entries, *keys[at:]]
+
+
+def test_values_schema_is_generated() -> None:
+    """extraArgs' pattern knows every serve flag, and the vendor entries are values.yaml's."""
     text = SCHEMA.read_text()
-    assert text == _schema_with_pattern(text), "stale extraArgs pattern: python -m tests.e2e.test_helm --write"
+    assert text == generated_schema(text, shipped_values()), \
+        "stale values.schema.json (extraArgs pattern or vendor entries): python -m tests.e2e.test_helm --write"
+
+
+def test_values_schema_follows_the_vendor_entries() -> None:
+    """A vendor entry added to values.yaml, or removed from it, changes the generated schema (so the test
+    above fails until it is regenerated); the shipped entries' keys are kept."""
+    values = shipped_values()
+    schema = json.loads(generated_schema(SCHEMA.read_text(), values))
+    entries = vendor_entries(values)
+    assert entries and set(entries) <= set(schema["required"])
+    for name, entry in entries.items():
+        assert set(entry) <= {*schema["definitions"]["vendor"]["required"],
+                              *(schema["properties"][name].get("allOf", [{}, {}])[1].get("required", []))}, name
+    added = json.loads(generated_schema(SCHEMA.read_text(), {**values, "xpu": NEW_VENDOR["xpu"]}))
+    assert "xpu" in added["required"]
+    assert added["properties"]["xpu"]["allOf"][1]["required"] == ["privilegedWhy"]
+    first, *rest = entries
+    removed = json.loads(generated_schema(SCHEMA.read_text(), {k: v for k, v in values.items() if k != first}))
+    assert first not in removed["properties"] and first not in removed["required"]
+    assert set(rest) <= set(removed["required"])
+
+
+# Where the docs name the chart's vendor entries: ``<!-- chart:vendors -->`` (`nvidia`, `amd`) and
+# ``<!-- chart:entries -->`` (`nvidia.*`, `amd.*`) spans, rendered from values.yaml by --write.
+NAMES_CHART = ROOT / "docs" / "deploy.md"
+_CHART_SPAN = re.compile(r"(<!-- chart:(vendors|entries) -->)(.*?)(<!-- /chart -->)", re.S)
+
+
+def render_chart_names(text: str, values: dict[str, Any]) -> str:
+    """``text`` with every chart span listing the vendor entries of ``values``."""
+    def listed(kind: str) -> str:
+        return ", ".join(f"`{name}{'.*' if kind == 'entries' else ''}`" for name in vendor_entries(values))
+
+    return _CHART_SPAN.sub(lambda m: m[1] + listed(m[2]) + m[4], text)
+
+
+def test_docs_name_the_vendor_entries_of_the_values() -> None:
+    text = NAMES_CHART.read_text()
+    assert {m[2] for m in _CHART_SPAN.finditer(text)} == {"vendors", "entries"}
+    assert text == render_chart_names(text, shipped_values()), \
+        f"stale vendor entries in {NAMES_CHART.relative_to(ROOT)}: python -m tests.e2e.test_helm --write"
+    assert "`xpu.*`" in render_chart_names(text, {**shipped_values(), **NEW_VENDOR})
 
 
 def test_values_extra_args_example_is_a_real_flag() -> None:
     """The example in values.yaml's comment renders and is accepted by serve's own parser."""
-    import re
-
     from exporter.serve import config
 
     text = (CHART / "values.yaml").read_text()
@@ -285,21 +369,30 @@ def test_a_new_vendor_is_one_values_entry(tmp_path: Path) -> None:
         assert names == {"gpu-exporter-nvidia", "gpu-exporter-amd", "gpu-exporter-xpu"}, (every, names)
 
 
+def test_an_unknown_vendor_is_refused_naming_the_vendor_entries(tmp_path: Path) -> None:
+    """The error lists the vendor entries the values hold (a new one too), not a list written in a template."""
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(NEW_VENDOR))
+    proc = helm("template", "gpu-exporter", str(CHART), "-f", str(path), "--set", "vendor=intel")
+    assert proc.returncode != 0
+    entries = sorted(vendor_entries({**shipped_values(), **NEW_VENDOR}))
+    assert "xpu" in entries
+    assert f'"intel" is no vendor entry (a top-level value with a backend: {", ".join(entries)})' in proc.stderr, \
+        proc.stderr
+
+
 def test_templates_name_no_vendor() -> None:
     """What a vendor needs lives in its values entry; a template that tests for a vendor's name would
     make the next vendor an edit of the template (issue 27: "a Helm ternary")."""
-    import re
-
     for path in sorted((CHART / "templates").iterdir()):
         text = path.read_text()
-        assert not re.search(r'"(nvidia|amd)"|\$amd\b|\$nvidia\b', text.replace('(list "nvidia" "amd")', "")), path.name
+        assert not re.search(r'"(nvidia|amd)"|\$amd\b|\$nvidia\b', text), path.name
 
 
 def test_each_shipped_vendor_runs_a_backend_the_exporter_has() -> None:
     from exporter import backends
 
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    entries = {k: v for k, v in values.items() if isinstance(v, dict) and "backend" in v}
+    entries = vendor_entries(shipped_values())
     assert entries, "values.yaml has no vendor entry"
     for name, entry in entries.items():  # an entry is a vendor of the registry, named by its vendor label
         assert entry["backend"] in backends.names(), name
@@ -308,7 +401,7 @@ def test_each_shipped_vendor_runs_a_backend_the_exporter_has() -> None:
 
 # Bad values and the words the error must contain (the value's path and what is wrong).
 BAD_VALUES = {
-    "vendor=intel": ("/vendor", "nvidia"),
+    "vendor=intel": ("/vendor", "no vendor entry"),
     "image.digest=sha256:abc": ("/image/digest", "pattern"),
     "kubeletRootDir=var/lib/kubelet": ("/kubeletRootDir", "pattern"),
     "namespace.name=Bad_Name": ("/namespace/name", "pattern"),
@@ -746,7 +839,8 @@ def _differences(got: Any, want: Any, where: str = "") -> list[str]:
 
 
 def write() -> None:
-    SCHEMA.write_text(_schema_with_pattern(SCHEMA.read_text()))
+    SCHEMA.write_text(generated_schema(SCHEMA.read_text(), shipped_values()))
+    NAMES_CHART.write_text(render_chart_names(NAMES_CHART.read_text(), shipped_values()))
     for path, text in chart_copies().items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -757,7 +851,8 @@ def write() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python -m tests.e2e.test_helm --write   (refreshes deploy/helm/gpu-exporter/files/)")
+        sys.exit("usage: python -m tests.e2e.test_helm --write   (refreshes deploy/helm/gpu-exporter/files/, "
+                 "values.schema.json's generated parts and docs/deploy.md's vendor entries)")
     write()
 
 
@@ -968,8 +1063,6 @@ def test_service_monitors_carry_each_daemons_credentials_and_tls() -> None:
 # ---- issue 38, item 5: one Kubernetes floor, the chart's and the docs' ------------------------------
 
 def _floor() -> str:
-    import re
-
     kube = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
     m = re.fullmatch(r">=(\d+\.\d+)\.0-0", kube)
     assert m, kube

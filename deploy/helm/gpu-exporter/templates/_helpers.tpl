@@ -53,24 +53,22 @@ app.kubernetes.io/component: {{ .component }}
      top-level key with a backend) or a list of them; "all" (or its older spelling "both") is every vendor
      entry the values hold, by name: no vendor is named here. */}}
 {{- define "gpu-exporter.vendors" -}}
-{{- $names := list -}}
-{{- $wanted := kindIs "slice" .Values.vendor | ternary .Values.vendor (list .Values.vendor) -}}
-{{- if has (toString .Values.vendor) (list "all" "both") -}}
-{{- $wanted = list -}}
+{{- $entries := list -}}
 {{- range $key, $entry := .Values -}}
 {{- if and (kindIs "map" $entry) (hasKey $entry "backend") -}}
-{{- $wanted = append $wanted $key -}}
+{{- $entries = append $entries $key -}}
 {{- end -}}
 {{- end -}}
+{{- $wanted := kindIs "slice" .Values.vendor | ternary .Values.vendor (list .Values.vendor) -}}
+{{- if has (toString .Values.vendor) (list "all" "both") -}}
+{{- $wanted = $entries -}}
 {{- end -}}
 {{- range $wanted -}}
-{{- $entry := index $.Values . -}}
-{{- if not (and (kindIs "map" $entry) (hasKey $entry "backend")) -}}
-{{- fail (printf "values: at '/vendor': %q is no vendor entry (a top-level value with a backend, as nvidia and amd)" .) -}}
+{{- if not (has . $entries) -}}
+{{- fail (printf "values: at '/vendor': %q is no vendor entry (a top-level value with a backend: %s)" . (join ", " $entries)) -}}
 {{- end -}}
-{{- $names = append $names . -}}
 {{- end -}}
-{{- join " " (uniq $names) -}}
+{{- join " " (uniq $wanted) -}}
 {{- end -}}
 
 {{/* How Prometheus reaches one daemon under its web config (a webConfig value: the exporter's or the
