@@ -244,7 +244,7 @@ def gpu_resources() -> GpuResources:
     for name in ordered():
         cls = registry()[name]
         own = cls.kubernetes
-        if own == KubernetesNames():
+        if not own.declared:
             continue
         if by_vendor.setdefault(cls.vendor, own) != own:  # which one would attribute the vendor's pods?
             raise ValueError(f"backends {owner[cls.vendor]!r} and {name!r} of vendor {cls.vendor!r} declare different "

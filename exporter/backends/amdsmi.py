@@ -45,7 +45,6 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from exporter.backends.base import (
-    ATTRIBUTION_FAMILIES,
     BAD_VALUE,
     DRIVER,
     MISSING,
@@ -344,7 +343,7 @@ class AmdSmiBackend(Backend):
         "gpu_processes_memory_used_bytes", "gpu_process_memory_used_bytes", "gpu_mig_mode_enabled", "gpu_p2p_supported",
         "gpu_topology_level", "gpu_pci_devices", "gpu_visible_devices", "gpu_pod_utilization_ratio",
         "gpu_pod_memory_used_bytes", "gpu_exporter_pod_processes",
-    }) | ATTRIBUTION_FAMILIES
+    })
     kubernetes: ClassVar[KubernetesNames] = KUBERNETES
 
     def __init__(self, options: BackendOptions | None = None) -> None:

@@ -100,8 +100,8 @@ NA_STRINGS = frozenset({"n/a", "na", "(secondary die)", "n/a (secondary die)", "
 
 
 #: Filled by the pod attribution plugins (exporter/k8s/: the kubelet's pod-resources API and DRA
-#: ResourceSlices) for the GPUs of any real backend; each real backend declares
-#: ``families = frozenset({...}) | ATTRIBUTION_FAMILIES`` instead of listing them again.
+#: ResourceSlices) for the GPUs of any backend that declares its ``kubernetes`` names: such a backend
+#: fills them (:meth:`Backend.fills`) without listing them in its ``families``.
 ATTRIBUTION_FAMILIES: frozenset[str] = frozenset({
     "gpu_allocation_info",
     "gpu_exporter_pod_attribution_up",
@@ -236,8 +236,10 @@ class Backend(ABC):
 
     @classmethod
     def fills(cls, family: str) -> bool:
-        """Whether this backend fills ``family`` (its own declaration, or a row every backend gets)."""
-        return family in cls.families or schema.family(family).every_backend
+        """Whether this backend fills ``family``: its own declaration, a row every backend gets, or, when it
+        declares its GPUs' names in Kubernetes, the pod attribution's families."""
+        return (family in cls.families or schema.family(family).every_backend
+                or (family in ATTRIBUTION_FAMILIES and cls.kubernetes.declared))
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options or BackendOptions()

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from exporter.backends.base import (
-    ATTRIBUTION_FAMILIES,
     DRIVER,
     GPU_ERROR,
     GPU_LOST,
@@ -278,7 +277,7 @@ class NvmlBackend(Backend):
         "gpu_p2p_supported", "gpu_topology_level", "gpu_xid_errors_total", "gpu_xid_last_timestamp_seconds",
         "gpu_pci_devices", "gpu_visible_devices", "gpu_pod_utilization_ratio", "gpu_pod_memory_used_bytes",
         "gpu_exporter_pod_processes",
-    }) | ATTRIBUTION_FAMILIES
+    })
     auto_priority: ClassVar[int | None] = 10
     #: NVIDIA's names in Kubernetes: the device plugin's resources (sharing variants add a suffix:
     #: nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb.shared; a MIG resource is a slice), GKE's

@@ -55,7 +55,7 @@ import re
 from typing import Any, ClassVar
 
 from exporter.backends.amdsmi import KUBERNETES, PCI_VENDOR, amd_uuid, dedupe_uuids, is_na
-from exporter.backends.base import ATTRIBUTION_FAMILIES, BAD_VALUE, BackendError
+from exporter.backends.base import BAD_VALUE, BackendError
 from exporter.backends.cli import COMMAND_TIMEOUT, CliBackend, Result, path_setting
 from exporter.core.k8s_names import KubernetesNames
 from exporter.core.options import BackendSetting
@@ -235,7 +235,7 @@ class RocmSmiBackend(CliBackend):
         "gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total", "gpu_clock_hertz",
         "gpu_pcie_link_generation", "gpu_pcie_link_width", "gpu_pcie_replays_total", "gpu_graphics_engine_active_ratio",
         "gpu_dram_active_ratio", "gpu_mig_mode_enabled", "gpu_pci_devices", "gpu_visible_devices",
-    }) | ATTRIBUTION_FAMILIES
+    })
     kubernetes: ClassVar[KubernetesNames] = KUBERNETES  # amdsmi's: the same GPUs, the same device plugin
     settings: ClassVar[tuple[BackendSetting, ...]] = (
         path_setting("rocm-smi", "rocm-smi", "PATH, then /opt/rocm/bin/rocm-smi",

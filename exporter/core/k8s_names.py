@@ -38,6 +38,11 @@ class KubernetesNames:
     #: DRA drivers whose devices are this vendor's GPUs (their ResourceSlices say which GPU: k8s/resourceslices.py)
     dra_drivers: tuple[str, ...] = ()
 
+    @property
+    def declared(self) -> bool:
+        """Whether any name is declared: the pod attribution can then find this vendor's GPUs."""
+        return bool(self.resources or self.index_prefix or self.dra_drivers)
+
     def check(self, owner: str) -> None:
         """ValueError naming ``owner`` (the backend) and the culprit when a declaration cannot work."""
         for r in self.resources:

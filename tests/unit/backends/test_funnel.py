@@ -486,3 +486,22 @@ def test_a_backend_fills_what_it_declares_and_what_every_backend_gets() -> None:
     assert Declares.fills("gpu_power_watts") and not Declares.fills("gpu_utilization_ratio")
     assert Declares.fills("gpu_info") and Toy.fills("gpu_up")  # identity rows: every backend
     assert not Toy.fills("gpu_power_watts")
+
+
+def test_a_backend_with_kubernetes_names_fills_the_pod_attribution_families() -> None:
+    """The pod attribution (exporter/k8s/) fills gpu_allocation_info and its self-metrics for the GPUs of any
+    backend that says what its GPUs are called in Kubernetes: declaring those names is enough (a new vendor
+    does not list the attribution's families, docs/extending.md), and a backend without them has none."""
+    from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
+
+    class Named(Toy):
+        families = frozenset({"gpu_power_watts"})
+        kubernetes = KubernetesNames(resources=(DevicePluginResource(r"toy\.example/gpu"),))
+
+    class DraOnly(Toy):
+        kubernetes = KubernetesNames(dra_drivers=("gpu.toy.example",))
+
+    for family in ("gpu_allocation_info", "gpu_exporter_pod_attribution_up", "gpu_exporter_dra_attribution_up"):
+        assert Named.fills(family) and DraOnly.fills(family), family
+        assert not Toy.fills(family), family
+    assert Named.fills("gpu_power_watts") and not DraOnly.fills("gpu_power_watts")

@@ -176,6 +176,8 @@ def test_generated_docs_list_it(tree: Path) -> None:
     assert rows["`gpu_power_watts`"][1] == "yes"
     assert rows["`gpu_memory_used_bytes`"][1] == "no"
     assert rows["`gpu_memory_used_bytes`"][header.index("nvml")] == "yes"  # the others' columns are kept
+    # its Kubernetes names are enough for the pod attribution's families (not listed in its families)
+    assert rows["`gpu_allocation_info`"][1] == "yes"
     # the real checkout's docs are untouched
     assert "| acme |" not in (REPO / "docs" / "metrics.md").read_text()
 
