@@ -8,6 +8,9 @@ finds the tool (its own ``--<tool>-path`` setting, then ``PATH``, then the vendo
 runs it once per collection (one run reads every GPU, never one run per GPU), at most every
 ``min_interval`` seconds, and serves the run that ``init`` made to the first collection; the
 vendor's module only says which arguments to pass and how to parse the output (docs/extending.md).
+A tool that prints what does not change (UUIDs, memory sizes) only in another command also names
+that command (``inventory_arguments``): it runs once, before the first collection and again after
+a reset, and ``parse`` reads its output in ``self.inventory``.
 """
 
 from __future__ import annotations
@@ -130,8 +133,9 @@ class CliBackend(Backend):
     """A backend that reads one vendor tool's output: one run per collection reads every GPU.
 
     Subclasses set ``tool`` (the binary's name), ``directories`` (where it is installed besides
-    PATH; ``$VAR`` expanded), ``arguments`` (one run reads everything) and ``settings`` (its
-    :func:`path_setting` and :data:`COMMAND_TIMEOUT`), and implement :meth:`parse`. A run that exits
+    PATH; ``$VAR`` expanded), ``arguments`` (one run reads everything), optionally
+    ``inventory_arguments`` (a second command, run once: see the module's docstring), and ``settings``
+    (its :func:`path_setting` and :data:`COMMAND_TIMEOUT`), and implement :meth:`parse`. A run that exits
     non-zero fails the collection with its first line of output, unless :meth:`usable` says its output
     is complete (some tools exit with the status of the last unsupported field).
     """
@@ -139,6 +143,8 @@ class CliBackend(Backend):
     tool: ClassVar[str]  # the binary's name (Backend.tool)
     directories: ClassVar[tuple[str, ...]] = ()
     arguments: ClassVar[tuple[str, ...]] = ()
+    #: a second command for what does not change, run once (then after each reset); () for none
+    inventory_arguments: ClassVar[tuple[str, ...]] = ()
     min_interval: ClassVar[float] = 10.0  # a run costs a process start (often a Python start-up: ~1 s)
 
     def __init__(self, options: BackendOptions | None = None, binary: str | None = None) -> None:
@@ -147,6 +153,8 @@ class CliBackend(Backend):
         self._explicit: str | None = binary or self.setting(f"{self.tool.replace('-', '_')}_path")
         self._binary: str | None = None
         self._first: tuple[float, list[GpuReading]] | None = None
+        #: the output of the ``inventory_arguments`` run, for :meth:`parse` (None until it has run)
+        self.inventory: Result | None = None
 
     def parse(self, result: Result) -> list[GpuReading]:
         """The GPUs in one run's output; BackendError (kind ``bad_value``) when it is unusable."""
@@ -172,6 +180,7 @@ class CliBackend(Backend):
 
     def reset(self) -> None:
         self._first = None
+        self.inventory = None  # the GPUs may be others after a failure: asked again
 
     def collect(self, out: Collection) -> None:
         first, self._first = self._first, None
@@ -187,7 +196,13 @@ class CliBackend(Backend):
             self._binary = find(self.tool, self._explicit, self.directories)
             if self._binary is None:
                 raise BackendError(f"{self.tool} not found", kind=DRIVER)
-        result = run(self.tool, [self._binary, *self.arguments], self.setting(COMMAND_TIMEOUT.name))
+        timeout = self.setting(COMMAND_TIMEOUT.name)
+        if self.inventory_arguments and self.inventory is None:
+            found = run(self.tool, [self._binary, *self.inventory_arguments], timeout)
+            if found.code != 0:
+                raise BackendError(found.failure(self.tool), kind=DRIVER)
+            self.inventory = found
+        result = run(self.tool, [self._binary, *self.arguments], timeout)
         if result.code != 0:
             if not self.usable(result):
                 raise BackendError(result.failure(self.tool), kind=DRIVER)
