@@ -4,8 +4,8 @@ setting's flag, env twin, default and description are written once (``python -m 
 
 - a Markdown table between ``<!-- settings:COMMAND -->`` (every row of the command) or
   ``<!-- settings:COMMAND name name ... -->`` (those rows) and ``<!-- /settings -->``: flag, environment
-  variables (for ``profile`` the older names, as every flag also reads ``PROFILER_<FLAG>``), default, and the
-  row's ``doc`` (else its help);
+  variables (for ``profile`` the older names, as every flag also reads ``PROFILER_<FLAG>``), config file key,
+  default, and the row's ``doc`` (else its help);
 - in docs/exporter.example.yaml, between ``# settings:begin`` and ``# settings:end``, every setting of the
   exporter's own that the file does not set above, commented, at its default (its ``example`` where it has
   none); the backends' own settings are the backends' block (``python -m exporter.backends --write-docs``).
@@ -46,12 +46,13 @@ def _default(row: Setting) -> str:
 
 
 def table(rows: Sequence[Setting], prefix: str) -> str:
-    """The Markdown table of ``rows``: flag, env (besides ``<prefix><NAME>``), default, description."""
-    lines = ["| flag | env | default | |", "|---|---|---|---|"]
+    """The Markdown table of ``rows``: flag, env (besides ``<prefix><NAME>``), config file key (the flag's
+    spelling, which the loader takes as it takes the row's name), default, description."""
+    lines = ["| flag | env | config key | default | |", "|---|---|---|---|---|"]
     for r in rows:
         env = [e for e in (r.env, *r.twins) if e and not (prefix and e == prefix + r.name.upper())]
-        lines.append(f"| `{r.flag}` | {', '.join(f'`{e}`' for e in env)} | {_default(r)} | "
-                     f"{_cell(r.doc or r.help)} |")
+        lines.append(f"| `{r.flag}` | {', '.join(f'`{e}`' for e in env)} | `{r.flag.removeprefix('--')}` | "
+                     f"{_default(r)} | {_cell(r.doc or r.help)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -182,12 +182,16 @@ loader.check_unique(SPECS)
 _BACKEND_NAMES = frozenset(r.name for r in _backend_rows())
 
 
-def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+def described_rows() -> list[Setting]:
+    """SPECS as ``--help`` and docs/cli.md's table show them: ``{backends}`` is every backend of the registry."""
     from exporter import backends  # the registry imports only light modules
 
     known = " | ".join(backends.ordered())  # every backend file in exporter/backends/, so --help lists a new one
-    rows = [dataclasses.replace(r, help=r.help.replace("{backends}", known)) for r in SPECS]
-    return loader.build_parser(rows, prog, "Serve GPU metrics for Prometheus.", CONFIG_ENV)
+    return [dataclasses.replace(r, help=r.help.replace("{backends}", known)) for r in SPECS]
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    return loader.build_parser(described_rows(), prog, "Serve GPU metrics for Prometheus.", CONFIG_ENV)
 
 
 def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:

@@ -329,11 +329,12 @@ README_ROWS = ("| `acme` | Acme | a minimal model | itself |\n"
 CHECKOUT = ("exporter", "tests", "docs", "deploy", "dashboards", "README.md", "pyproject.toml", "Makefile")
 # The suites that name every backend (each reads the registry): the contract test, the Python API on every
 # backend, the pod attribution's vendor names, the docs' generated parts and tables, the example config, the
-# chart's flags and vendor entries, the folder rules.
+# settings tables, the chart's flags and vendor entries, the folder rules.
 SUITES = ("tests/unit/backends/test_contract.py", "tests/unit/tools/test_api.py::test_every_backend",
           "tests/unit/k8s/test_podresources.py", "tests/unit/core/test_docs_tables.py",
           "tests/unit/core/test_gpu_fields.py", "tests/unit/core/test_layout.py::test_no_import_cycle",
           "tests/unit/serve/test_papercuts.py::test_example_config_loads_and_names_every_setting",
+          "tests/unit/platform/test_settings_docs.py",
           "tests/e2e/test_helm.py::test_values_schema_is_generated",
           "tests/e2e/test_helm.py::test_each_shipped_vendor_runs_a_backend_the_exporter_has")
 # What a developer writes: the two vendors' files and the CLI one's fleet (added), the README's rows and the
@@ -402,6 +403,7 @@ def test_the_suite_passes_with_two_new_vendors(tmp_path: Path) -> None:
     assert "`jpeg_utilization_ratio`" in (root / "docs" / "api.md").read_text()
     assert "# zeta-smi-path: /usr/bin/zeta-smi\n" in (root / "docs" / "exporter.example.yaml").read_text()
     assert "`acme`, then `nvml`" in (root / "docs" / "cli.md").read_text()
+    assert "| `--zeta-smi-path` | `ZETA_SMI_PATH` | `zeta-smi-path` |" in (root / "docs" / "cli.md").read_text()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-n", "2", *SUITES],
                           cwd=root, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
