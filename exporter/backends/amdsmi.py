@@ -64,7 +64,7 @@ from exporter.backends.base import (
 from exporter.core import xid
 from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
 from exporter.core.options import BackendOptions
-from exporter.core.pci import canonical_bus_id, count_pci_gpus
+from exporter.core.pci import canonical_bus_id
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 from exporter.core.schema import FAMILY_OF_ATTR, GPU_FAMILIES, TOPOLOGY_LEVELS
 
@@ -341,9 +341,10 @@ class AmdSmiBackend(Backend):
         "gpu_pcie_replays_total", "gpu_graphics_engine_active_ratio", "gpu_dram_active_ratio", "gpu_ecc_errors_total",
         "gpu_throttle_reason_active", "gpu_link_up", "gpu_link_transferred_bytes_total", "gpu_processes",
         "gpu_processes_memory_used_bytes", "gpu_process_memory_used_bytes", "gpu_mig_mode_enabled", "gpu_p2p_supported",
-        "gpu_topology_level", "gpu_pci_devices", "gpu_visible_devices", "gpu_pod_utilization_ratio",
+        "gpu_topology_level", "gpu_pod_utilization_ratio",
         "gpu_pod_memory_used_bytes", "gpu_exporter_pod_processes",
     })
+    pci_vendor: ClassVar[int | None] = PCI_VENDOR
     kubernetes: ClassVar[KubernetesNames] = KUBERNETES
 
     def __init__(self, options: BackendOptions | None = None) -> None:
@@ -556,8 +557,6 @@ class AmdSmiBackend(Backend):
         for d, r, down in self.on_gpus(self._devices, self._read_gpu):
             out.gpus.append(self._down(d, down) if down is not None else r)
         out.peers = self._peers  # static until re-init: the renderer caches its text
-        if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
-            out.pci_devices = count_pci_gpus(self.options.sysfs_root, PCI_VENDOR)
 
     def _identity(self, d: _Gpu) -> GpuReading:
         return GpuReading(

@@ -73,6 +73,7 @@ from exporter.core.errors import BackendUnavailable as BackendUnavailable
 from exporter.core.k8s_names import KubernetesNames
 from exporter.core.lane import Abandoned, Job, Lane, LaneBusy, here
 from exporter.core.options import BackendOptions, BackendSetting
+from exporter.core.pci import count_pci_gpus
 from exporter.core.readings import Collection
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,10 @@ ATTRIBUTION_FAMILIES: frozenset[str] = frozenset({
     "gpu_exporter_watch_relists_total",  # the Pod (--per-process) and ResourceSlice watches
     "gpu_exporter_watch_errors_total",
 })
+
+#: Filled by the exporter for any backend that names the PCI vendor of its GPUs (``Backend.pci_vendor``):
+#: its GPUs on the bus beside those its library sees (a GPU the driver lost), counted after each collection.
+PCI_FAMILIES: frozenset[str] = frozenset({"gpu_pci_devices", "gpu_visible_devices"})
 
 
 class GpuDown(Exception):
@@ -231,6 +236,9 @@ class Backend(ABC):
     #: its ``equivalents`` (family name -> what the tool shows), where the schema rows do not give them
     tool: ClassVar[str] = ""
     equivalents: ClassVar[Mapping[str, str]] = {}
+    #: the PCI vendor id of its GPUs (0x10de NVIDIA, 0x1002 AMD): the exporter counts them on the bus after each
+    #: collection (gpu_pci_devices beside gpu_visible_devices, :meth:`count_bus`); None: not counted
+    pci_vendor: ClassVar[int | None] = None
     #: a GPU whose first DOWN_AFTER calls of a collection all fail (none answered) is down
     DOWN_AFTER: ClassVar[int] = 3
 
@@ -239,7 +247,14 @@ class Backend(ABC):
         """Whether this backend fills ``family``: its own declaration, a row every backend gets, or, when it
         declares its GPUs' names in Kubernetes, the pod attribution's families."""
         return (family in cls.families or schema.family(family).every_backend
-                or (family in ATTRIBUTION_FAMILIES and cls.kubernetes.declared))
+                or (family in ATTRIBUTION_FAMILIES and cls.kubernetes.declared)
+                or (family in PCI_FAMILIES and cls.pci_vendor is not None))
+
+    def count_bus(self, out: Collection) -> None:
+        """After a collection (the engine calls it): this vendor's GPUs on the PCI bus, when the backend names
+        their PCI vendor and the families are on (lspci -d <vendor>::0300 and ::0302, counted in sysfs)."""
+        if self.pci_vendor is not None and out.pci_devices is None and self.any_enabled(*PCI_FAMILIES):
+            out.pci_devices = count_pci_gpus(self.options.sysfs_root, self.pci_vendor)
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options or BackendOptions()

@@ -73,7 +73,7 @@ from exporter.backends.nvml_private import (
 from exporter.backends.nvml_processes import ProcessReader
 from exporter.core import schema
 from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
-from exporter.core.pci import canonical_bus_id, count_pci_gpus, pci_gpus
+from exporter.core.pci import canonical_bus_id, pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
 log = logging.getLogger(__name__)
@@ -275,13 +275,14 @@ class NvmlBackend(Backend):
         "gpu_power_default_limit_watts", "gpu_compute_mode", "gpu_fabric_state", "gpu_recovery_action",
         "gpu_mig_mode_enabled", "gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes", "gpu_mig_utilization_ratio",
         "gpu_p2p_supported", "gpu_topology_level", "gpu_xid_errors_total", "gpu_xid_last_timestamp_seconds",
-        "gpu_pci_devices", "gpu_visible_devices", "gpu_pod_utilization_ratio", "gpu_pod_memory_used_bytes",
+        "gpu_pod_utilization_ratio", "gpu_pod_memory_used_bytes",
         "gpu_exporter_pod_processes",
     })
     auto_priority: ClassVar[int | None] = 10
     #: NVIDIA's names in Kubernetes: the device plugin's resources (sharing variants add a suffix:
     #: nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb.shared; a MIG resource is a slice), GKE's
     #: nvidiaN device IDs, and the DRA driver (NVIDIA/k8s-dra-driver-gpu)
+    pci_vendor: ClassVar[int | None] = PCI_VENDOR
     kubernetes: ClassVar[KubernetesNames] = KubernetesNames(
         resources=(DevicePluginResource(r"nvidia\.com/gpu(?:\.[A-Za-z0-9][-A-Za-z0-9_]*)*"),
                    DevicePluginResource(r"nvidia\.com/mig-[A-Za-z0-9][-A-Za-z0-9_.]*", slices=True)),
@@ -485,8 +486,6 @@ class NvmlBackend(Backend):
             self.log_once(f"xid:unwatched:{unwatched}", "nvml: XID events not watched (%s): gpu_xid_errors_total "
                           "and gpu_xid_last_timestamp_seconds are absent until they are", unwatched,
                           level=logging.WARNING)
-        if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
-            out.pci_devices = count_pci_gpus(self.options.sysfs_root, PCI_VENDOR)
 
     def _identity_from_sysfs(self, r: GpuReading) -> None:
         """A GPU lost before its first read: its bus ID from sysfs (NVML numbers GPUs in PCI bus

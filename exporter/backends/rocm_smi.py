@@ -59,8 +59,8 @@ from exporter.backends.base import BAD_VALUE, BackendError
 from exporter.backends.cli import COMMAND_TIMEOUT, CliBackend, Result, path_setting
 from exporter.core.k8s_names import KubernetesNames
 from exporter.core.options import BackendSetting
-from exporter.core.pci import canonical_bus_id, count_pci_gpus
-from exporter.core.readings import Collection, GpuReading
+from exporter.core.pci import canonical_bus_id
+from exporter.core.readings import GpuReading
 
 log = logging.getLogger(__name__)
 
@@ -234,17 +234,13 @@ class RocmSmiBackend(CliBackend):
         "gpu_memory_used_bytes", "gpu_memory_free_bytes", "gpu_temperature_celsius", "gpu_fan_speed_ratio",
         "gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total", "gpu_clock_hertz",
         "gpu_pcie_link_generation", "gpu_pcie_link_width", "gpu_pcie_replays_total", "gpu_graphics_engine_active_ratio",
-        "gpu_dram_active_ratio", "gpu_mig_mode_enabled", "gpu_pci_devices", "gpu_visible_devices",
+        "gpu_dram_active_ratio", "gpu_mig_mode_enabled",
     })
+    pci_vendor: ClassVar[int | None] = PCI_VENDOR
     kubernetes: ClassVar[KubernetesNames] = KUBERNETES  # amdsmi's: the same GPUs, the same device plugin
     settings: ClassVar[tuple[BackendSetting, ...]] = (
         path_setting("rocm-smi", "rocm-smi", "PATH, then /opt/rocm/bin/rocm-smi",
                                  "/opt/rocm/bin/rocm-smi"), COMMAND_TIMEOUT)
-
-    def collect(self, out: Collection) -> None:
-        super().collect(out)
-        if self.any_enabled("gpu_pci_devices", "gpu_visible_devices"):
-            out.pci_devices = count_pci_gpus(self.options.sysfs_root, PCI_VENDOR)
 
     def usable(self, result: Result) -> bool:
         """rocm-smi exits with the status of the last failed library call: complete JSON is still its answer."""

@@ -83,6 +83,8 @@ class Backend(Protocol):
 
     def collect(self, out: Collection) -> None: ...
 
+    def count_bus(self, out: Collection) -> None: ...  # after collect: its GPUs on the PCI bus
+
     def drain_errors(self) -> dict[str, int]: ...
 
     def reset(self) -> None: ...
@@ -436,6 +438,7 @@ class Engine:
                     b.init()
                 self._initialised[b.name] = True
             b.collect(coll)
+            b.count_bus(coll)
         except BaseException:
             if lane.abandoned():  # nobody waits for this collection any more: leave the backend clean
                 self._initialised[b.name] = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -505,3 +506,39 @@ def test_a_backend_with_kubernetes_names_fills_the_pod_attribution_families() ->
         assert Named.fills(family) and DraOnly.fills(family), family
         assert not Toy.fills(family), family
     assert Named.fills("gpu_power_watts") and not DraOnly.fills("gpu_power_watts")
+
+
+def test_a_backend_with_a_pci_vendor_gets_its_gpus_counted_on_the_bus(tmp_path: Path) -> None:
+    """gpu_pci_devices beside gpu_visible_devices (the GPUs the driver lost) for any backend that names the
+    PCI vendor of its GPUs: the exporter counts them in sysfs after each collection, the backend neither
+    counts them nor lists the two families (docs/extending.md); without a PCI vendor there is no count."""
+    from exporter.core.engine import Engine
+    from exporter.core.options import FieldFilter
+    from exporter.core.readings import GpuReading, HostInfo
+    from tests.fakes.fakenvml import make_sysfs
+
+    make_sysfs(tmp_path, [("0000:4d:00.0", 0x8086, 0x038000), ("0000:51:00.0", 0x8086, 0x038000),
+                          ("0000:00:02.0", 0x8086, 0x060000), ("0000:18:00.0", 0x10DE, 0x030200)])
+
+    class OnTheBus(Toy):
+        name = "onthebus"
+        pci_vendor = 0x8086
+        families = frozenset({"gpu_power_watts"})
+
+        def collect(self, out: Collection) -> None:
+            out.gpus.append(GpuReading(index=0, uuid="BUS-0", power_watts=1.0))  # the driver lost the other
+
+    class Unknown(OnTheBus):
+        name = "unknown"
+        pci_vendor = None
+
+    assert OnTheBus.fills("gpu_pci_devices") and OnTheBus.fills("gpu_visible_devices")
+    assert not Unknown.fills("gpu_pci_devices") and not Toy.fills("gpu_visible_devices")
+    for cls, expected in ((OnTheBus, (2, 1)), (Unknown, (None, None))):
+        engine = Engine([cls(BackendOptions(sysfs_root=str(tmp_path)))], HostInfo(node="n", cpu_model="c", kernel="k"),
+                        FieldFilter(), collection_interval=0, collection_timeout=30, cache_ttl=0)
+        try:
+            (coll,) = engine.scrape().collections
+        finally:
+            engine.stop()
+        assert (coll.pci_devices, coll.visible_devices) == expected, cls.name
