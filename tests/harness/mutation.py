@@ -124,10 +124,11 @@ MODULES: dict[str, Module] = {
     # the shared HTTP server (issue 39 split it along its seams): the pure protocol functions by their own
     # table of requests; the I/O loop and its limits by a real server in this process (real sockets and TLS)
     "http-protocol": Module("exporter/platform/http/protocol.py", ("tests/unit/platform/test_http_protocol.py",)),
-    # (server.py: every mutant of the I/O loop runs real-socket tests of seconds each: registered, not scored
-    # by the routine runs; its limits, which nothing there but the loop calls, are judged on their own below)
-    "http-server": Module("exporter/platform/http/server.py", ("tests/unit/platform/test_http_server.py",
-                                                               "tests/unit/platform/test_http_survivors.py")),
+    # server.py, the I/O loop, whole: a real server in this process, real sockets and TLS, short deadlines
+    # (test_http_server_fast.py: a few seconds for all of it). Not test_http_server.py and
+    # test_http_survivors.py: seconds per test (RSA keys, 10 s waits), hours per run; what they check of the
+    # loop the fast tests check too. Its limits, which nothing there but the loop calls, are judged below.
+    "http-server": Module("exporter/platform/http/server.py", ("tests/unit/platform/test_http_server_fast.py",)),
     # the failed-login limiter, the rate_limit bucket, the lanes and the connection cap: in process, on a
     # fake clock, no socket
     "http-limits": Module("exporter/platform/http/limits.py", ("tests/unit/platform/test_http_limits.py",)),
