@@ -360,7 +360,7 @@ def test_the_pipelined_cap_is_a_quarter_of_the_slots_within_one_to_four(max_conn
     (b"GET / HTTP/1.1\r\n\r\n", "400 Bad Request", b"HTTP/1.1 request without Host\n"),
     (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n", "414 URI Too Long", b"request line or header too long\n"),
     (b"GET http://[x/ HTTP/1.1\r\nHost: x\r\n\r\n", "400 Bad Request", b"malformed request target\n"),
-])
+], ids=["not-http", "http2", "no-host", "long-target", "bad-target"])  # short ids: mutmut selects by id
 def test_a_bad_request_gets_its_error_then_a_half_close(data: bytes, status: str, message: bytes) -> None:
     with running() as srv, connect(srv) as s:
         assert ask(s, data) == answer(status, message, close=True)
@@ -756,6 +756,33 @@ def test_too_many_checks_waiting_get_503_and_cost_no_failure(users_file: Path,
     assert [(p, a) for p, _, _, a, *_ in calls.seen] == [("/readyz", False)]
 
 
+def test_refusals_of_a_head_request_are_heads(users_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """401 after a check, 429 from the limiter, 503 from a full bcrypt lane: a HEAD gets the head alone
+    (the connection goes on, no stray body before the next answer)."""
+    with running(web=webconfig.load(str(users_file))) as srv, connect(srv) as s:
+        head = req("/metrics", "HEAD", extra=basic("u", "bad"))
+        assert ask(s, head, head_only=True) == UNAUTHORIZED[:-len(b"unauthorized\n")]
+        srv.failures.refill_s = 3600.0
+        srv.failures._buckets["127.0.0.1"] = (0.0, time.monotonic())
+        assert ask(s, head, head_only=True).startswith(b"HTTP/1.1 429 ")
+        srv.failures._buckets.clear()
+        monkeypatch.setattr(server_mod, "BCRYPT_WAITING", 0)
+        assert ask(s, head, head_only=True).startswith(b"HTTP/1.1 503 ")
+        assert ask(s, req()) == answer("200 OK", b"ok\n")
+
+
+def test_a_password_check_that_raises_is_a_refusal(users_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    web = webconfig.load(str(users_file))
+
+    def broken(header: str | None) -> bool:
+        raise RuntimeError("bcrypt broke")
+
+    monkeypatch.setattr(web, "check", broken)
+    with running(web=web) as srv, connect(srv) as s:
+        assert ask(s, req("/metrics", extra=basic("u", "pw"))) == UNAUTHORIZED
+        assert ask(s, req("/readyz", extra=basic("u", "pw"))) == answer("200 OK", b"ready\n")  # a probe: open
+
+
 def test_a_check_that_ends_after_its_connection_closed_answers_nothing(users_file: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     web = webconfig.load(str(users_file))
@@ -846,8 +873,10 @@ def test_tls_answers_keep_alive_pipelining_and_errors(pki: Path, tls_web: webcon
             conn = next(iter(srv._open))
             assert conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
             assert conn.web is tls_web
-        with tls_connect(srv, pki) as s:  # an error over TLS: the connection is closed at once
+        with tls_connect(srv, pki) as s:  # an error over TLS: the connection is closed at once, not drained
             assert ask(s, b"BAD\r\n\r\n") == answer("400 Bad Request", b"malformed request line\n", close=True)
+            settle_tls(srv, pki)
+            assert me(s) not in table(srv._open) and not srv._closing
             assert eof(s)
         with connect(srv) as s:  # plain HTTP on the TLS port: the handshake fails, closed
             s.sendall(req())
@@ -1083,3 +1112,201 @@ def test_the_loop_failing_is_logged_and_raised(caplog: pytest.LogCaptureFixture,
     assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == ["HTTP I/O loop failed"]
     assert srv._stopped.is_set()
     srv.server_close()
+
+
+# ---- what the loop does when a socket call fails: a bare server, its methods called directly ---------
+# (a real socket pair under each connection, with a scripted failure in front: the kernel gives none of
+# these on 127.0.0.1 at will)
+
+
+class Fake:
+    """A real socket whose listed methods first take their next scripted outcome: an exception to
+    raise, or for ``send`` a byte count to let through."""
+
+    def __init__(self, sock: socket.socket, **script: list[Any]) -> None:
+        self.sock, self.script = sock, script
+        self.sends: list[int] = []
+        self.peer_cert: Any = None
+
+    def _next(self, name: str) -> Any:
+        todo = self.script.get(name)
+        if not todo:
+            return None
+        out = todo.pop(0)
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def send(self, data: Any) -> int:
+        self.sends.append(len(data))
+        n = self._next("send")
+        return int(self.sock.send(data if n is None else bytes(data)[:n]))
+
+    def recv(self, n: int) -> bytes:
+        self._next("recv")
+        return self.sock.recv(n)
+
+    def do_handshake(self) -> None:
+        self._next("do_handshake")
+
+    def getpeercert(self) -> Any:
+        return self.peer_cert
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+@pytest.fixture
+def bare() -> Iterator[HTTPServer]:
+    """A server whose loop does not run: the test calls its methods."""
+    srv = HTTPServer(("127.0.0.1", 0), max_connections=8, read_timeout=5.0)
+    srv.route("/healthz", Calls().route(), "inline")
+    yield srv
+    for conn in list(srv._open):
+        srv._close(conn)
+    srv._sel.close()
+    srv.server_close()
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.settimeout(T)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def attach(srv: HTTPServer, fake: Fake, handshaken: bool = True) -> Any:
+    conn = server_mod._Conn(fake, ("127.0.0.1", 9), time.monotonic() + 5.0, handshaken=handshaken)
+    srv._open[conn] = None
+    srv._fresh[conn] = None
+    srv._want(conn, server_mod.selectors.EVENT_READ)
+    return conn
+
+
+def busy(srv: HTTPServer, conn: Any) -> None:
+    srv._fresh.pop(conn, None)
+    conn.state = server_mod._BUSY
+    srv._busy[conn] = None
+
+
+WRITE, READ = server_mod.selectors.EVENT_WRITE, server_mod.selectors.EVENT_READ
+
+
+@pytest.mark.parametrize("error", [BlockingIOError(), InterruptedError(), ssl.SSLWantWriteError(),
+                                   ssl.SSLWantReadError()], ids=["blocking", "eintr", "ssl-write", "ssl-read"])
+def test_a_send_that_would_block_loses_nothing_and_waits_for_writable(bare: HTTPServer, pair: Any,
+                                                                        error: Exception) -> None:
+    a, b = pair
+    conn = attach(bare, Fake(a, send=[error]))
+    busy(bare, conn)
+    bare._send_answer(conn, None, Response(200, b"abc"))
+    assert conn.state == server_mod._WRITE and conn.events == WRITE and conn in bare._writing
+    assert conn.out and bytes(conn.out[0]) == answer("200 OK", b"abc")
+    bare._flush(conn)  # writable again
+    assert b.recv(1000) == answer("200 OK", b"abc")
+    assert conn.state == server_mod._READ and conn in bare._idle and conn.events == READ and not bare._writing
+
+
+def test_a_send_that_fails_closes_the_connection(bare: HTTPServer, pair: Any) -> None:
+    a, _b = pair
+    conn = attach(bare, Fake(a, send=[ConnectionResetError()]))
+    busy(bare, conn)
+    bare._send_answer(conn, None, Response(200, b"abc"))
+    assert conn not in bare._open and not bare._writing and conn.events == 0 and a.fileno() == -1
+
+
+def test_a_big_answer_goes_out_one_chunk_a_turn(bare: HTTPServer, pair: Any) -> None:
+    a, _b = pair
+    fake = Fake(a)
+    conn = attach(bare, fake)
+    busy(bare, conn)
+    body = b"c" * (3 * server_mod.SEND_CHUNK)
+    head = answer("200 OK", body)[:-len(body)]
+    bare._send_answer(conn, None, Response(200, body))
+    assert fake.sends == [len(head), server_mod.SEND_CHUNK] and conn.events == WRITE
+    bare._flush(conn)
+    assert fake.sends[2:] == [server_mod.SEND_CHUNK] and conn.events == WRITE
+
+
+def test_a_partial_send_keeps_the_rest(bare: HTTPServer, pair: Any) -> None:
+    a, b = pair
+    conn = attach(bare, Fake(a, send=[3, 0]))
+    busy(bare, conn)
+    bare._send_answer(conn, None, Response(200, b"abc"))
+    assert conn.events == WRITE and b.recv(1000) == b"HTT"
+    bare._flush(conn)
+    assert b.recv(1000) == answer("200 OK", b"abc")[3:]
+
+
+@pytest.mark.parametrize("error", [BlockingIOError(), InterruptedError(), ssl.SSLWantWriteError(),
+                                   ssl.SSLWantReadError()], ids=["blocking", "eintr", "ssl-write", "ssl-read"])
+def test_a_100_continue_that_cannot_be_sent_now_is_not_sent(bare: HTTPServer, pair: Any, error: Exception) -> None:
+    a, _b = pair
+    conn = attach(bare, Fake(a, send=[error]))
+    bare._continue(conn)
+    assert conn.continued and conn in bare._open and conn.state == server_mod._READ and a.fileno() != -1
+
+
+def test_a_100_continue_that_fails_closes_the_connection(bare: HTTPServer, pair: Any) -> None:
+    a, _b = pair
+    conn = attach(bare, Fake(a, send=[BrokenPipeError()]))
+    bare._continue(conn)
+    assert conn not in bare._open and a.fileno() == -1
+
+
+def test_the_handshake_waits_for_what_openssl_wants(bare: HTTPServer, pair: Any) -> None:
+    a, _b = pair
+    fake = Fake(a, do_handshake=[ssl.SSLWantWriteError(), ssl.SSLWantReadError()])
+    conn = attach(bare, fake, handshaken=False)
+    assert bare._handshake(conn) is False and conn.events == WRITE and not conn.handshaken
+    assert bare._handshake(conn) is False and conn.events == READ and not conn.handshaken
+    assert bare._handshake(conn) is True and conn.events == READ and conn.handshaken is True
+    assert conn in bare._open
+
+
+def test_a_failed_handshake_closes(bare: HTTPServer, pair: Any) -> None:
+    a, _b = pair
+    conn = attach(bare, Fake(a, do_handshake=[ssl.SSLError("bad record")]), handshaken=False)
+    assert bare._handshake(conn) is False and conn not in bare._open and a.fileno() == -1
+
+
+def test_a_certificate_without_an_allowed_san_is_closed_and_logged(bare: HTTPServer, pair: Any,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, LOGGER)
+    a, b = pair
+    fake = Fake(a)
+    conn = attach(bare, fake, handshaken=False)
+    conn.web = webconfig.WebConfig(allowed_sans=frozenset({"prometheus.example"}))
+    fake.peer_cert = {"subjectAltName": (("DNS", "prometheus.example"),)}
+    assert bare._handshake(conn) is True and conn in bare._open
+    conn2 = attach(bare, Fake(b), handshaken=False)
+    conn2.web = conn.web
+    assert bare._handshake(conn2) is False and conn2 not in bare._open
+    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
+        "client certificate from ('127.0.0.1', 9) has none of client_allowed_sans"]
+
+
+@pytest.mark.parametrize("table_name", ["_fresh", "_idle"])
+def test_an_error_answer_takes_the_connection_out_of_its_waiting_state(bare: HTTPServer, pair: Any,
+                                                                       table_name: str) -> None:
+    a, b = pair
+    conn = attach(bare, Fake(a))
+    bare._fresh.pop(conn)
+    getattr(bare, table_name)[conn] = None
+    bare._error(conn, 400, "bad")
+    assert b.recv(1000) == answer("400 Bad Request", b"bad\n", close=True)
+    assert conn not in bare._fresh and conn not in bare._idle and list(bare._closing) == [conn]
+    assert conn.state == server_mod._CLOSING and conn.events == READ
+
+
+def test_a_read_that_fails_closes_and_one_that_would_block_waits(bare: HTTPServer, pair: Any) -> None:
+    a, b = pair
+    conn = attach(bare, Fake(a, recv=[ssl.SSLWantReadError(), ConnectionResetError()]))
+    b.sendall(req())
+    bare._on_readable(conn)
+    assert conn in bare._open and not conn.buf and conn.state == server_mod._READ
+    bare._on_readable(conn)
+    assert conn not in bare._open and a.fileno() == -1
