@@ -103,6 +103,8 @@ docs: $(VENV)/.installed
 	$(PY) -m exporter.serve.api_schema --write-docs
 	$(PY) -m exporter.tools.gpucheck --write-docs
 	$(PY) -m exporter.settings_docs --write-docs
+	$(PY) -m tests.e2e.test_rules --write
+	$(PY) -m tests.e2e.test_dashboards --write
 	$(PY) -m tests.e2e.test_helm --write
 
 # Regenerate golden exposition files after an intended schema change (review the diff!).

@@ -215,7 +215,7 @@ def test_lost_gpu_mig_instances_and_banner_in_the_mixed_scenario(tmp_path: Path)
     assert page.banner is not None and "SIMULATED" in page.banner
     assert png_size(shot) == (1280, 1400)
     if os.environ.get("GOLDEN_UPDATE") or not SCREENSHOT.exists():
-        shutil.copyfile(shot, SCREENSHOT)  # docs/live-page.png; refreshed by `make golden`
+        shutil.copyfile(shot, SCREENSHOT)  # docs/live-page.png: refreshed with GOLDEN_UPDATE=1 (docs/extending.md)
 
 
 def test_real_backend_lost_gpu_and_no_banner(tmp_path: Path) -> None:

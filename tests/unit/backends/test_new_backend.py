@@ -354,6 +354,13 @@ def docs_generators(makefile: Path) -> list[list[str]]:
     return commands
 
 
+def test_extending_md_lists_every_generator_of_make_docs() -> None:
+    """docs/extending.md's "Generated files" names each command ``make docs`` runs."""
+    text = (REPO / "docs" / "extending.md").read_text().split("\n## Generated files\n", 1)[1]
+    for command in docs_generators(REPO / "Makefile"):
+        assert f"`python {' '.join(command)}`" in text, command
+
+
 def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
             if p.is_file() and "__pycache__" not in p.parts and ".build" not in p.parts}
