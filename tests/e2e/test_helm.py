@@ -40,10 +40,22 @@ OLD_NAMESPACE = "gpu-exporter"
 OTHER_NAMESPACE = "telemetry-gpu"
 NEWEST_SCHEMA = kubernetes_validate.latest_version()
 
-# Helm values -> the kustomization that must render the same objects.
+
+def vendor_entries(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The vendor entries of chart values (a top-level value with a backend: what the templates' vendor: all
+    reads), in their order."""
+    return {k: v for k, v in values.items() if isinstance(v, dict) and "backend" in v}
+
+
+def shipped_values() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return values
+
+
+# Helm values -> the kustomization that must render the same objects: each vendor entry of values.yaml and its
+# own overlay (deploy/overlays/<vendor>, written by hand beside the entry: docs/extending.md), and feature overlays.
 AGREEMENT = {
-    "nvidia": (["vendor=nvidia"], "deploy/overlays/nvidia"),
-    "amd": (["vendor=amd"], "deploy/overlays/amd"),
+    **{name: ([f"vendor={name}"], f"deploy/overlays/{name}") for name in vendor_entries(shipped_values())},
     "amd-attribution": (["vendor=amd", "amd.attribution=true"], "deploy/overlays/amd-attribution"),
     "nvidia-dra-device-taints": (["vendor=nvidia", "exporter.draAttribution=true", "profiler.deviceTaints=true"],
                                  "deploy/overlays/nvidia-dra-device-taints"),
@@ -102,17 +114,6 @@ def extra_args_pattern() -> str:
 
     # A switch may stand alone; any other flag carries its value in the same item.
     return f"^--(({names(False)})=.+|({names(True)})(=.+)?)$"
-
-
-def vendor_entries(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The vendor entries of chart values (a top-level value with a backend: what the templates' vendor: all
-    reads), in their order."""
-    return {k: v for k, v in values.items() if isinstance(v, dict) and "backend" in v}
-
-
-def shipped_values() -> dict[str, Any]:
-    values: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
-    return values
 
 
 VENDOR_REF = {"$ref": "#/definitions/vendor"}
@@ -288,7 +289,7 @@ def test_template_validates(case: str, version: str) -> None:
 def test_both_vendors_get_one_daemonset_each() -> None:
     docs = render(("vendor=both",))
     ds = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DaemonSet"}
-    assert set(ds) == {"gpu-exporter-nvidia", "gpu-exporter-amd"}
+    assert set(ds) == {f"gpu-exporter-{name}" for name in vendor_entries(shipped_values())}
     nv, amd = ds["gpu-exporter-nvidia"], ds["gpu-exporter-amd"]
     # Disjoint selectors: neither DaemonSet may adopt the other's pods.
     assert nv["spec"]["selector"]["matchLabels"] != amd["spec"]["selector"]["matchLabels"]
@@ -366,7 +367,9 @@ def test_a_new_vendor_is_one_values_entry(tmp_path: Path) -> None:
     for every in ("all", "both"):
         names = {d["metadata"]["name"] for d in _render_values(tmp_path, NEW_VENDOR, f"vendor={every}")
                  if d["kind"] == "DaemonSet"}
-        assert names == {"gpu-exporter-nvidia", "gpu-exporter-amd", "gpu-exporter-xpu"}, (every, names)
+        assert names == {f"gpu-exporter-{name}" for name in vendor_entries({**shipped_values(), **NEW_VENDOR})}, \
+            (every, names)
+        assert "gpu-exporter-xpu" in names
 
 
 def test_an_unknown_vendor_is_refused_naming_the_vendor_entries(tmp_path: Path) -> None:
