@@ -237,7 +237,8 @@ def test_a_bad_setting_fails_at_discovery(tree: Path, tmp_path: Path) -> None:
 # ---- two vendors in a copy of the whole checkout, and the suites that know every backend -----------------------
 
 ZETA = '''\
-"""Zeta GPUs through the ``zeta-smi --json`` command line tool (a CLI vendor, over exporter/backends/cli.py)."""
+"""Zeta GPUs through the ``zeta-smi --json`` command line tool (a CLI vendor, over exporter/backends/cli.py); their
+UUIDs only in ``zeta-smi --list``, run once (as xpu-smi's discovery beside its dump)."""
 
 from __future__ import annotations
 
@@ -260,6 +261,7 @@ class ZetaSmiBackend(CliBackend):
     tool: ClassVar[str] = "zeta-smi"
     directories: ClassVar[tuple[str, ...]] = ("/opt/zeta/bin",)
     arguments: ClassVar[tuple[str, ...]] = ("--json",)
+    inventory_arguments: ClassVar[tuple[str, ...]] = ("--list",)
     families: ClassVar[frozenset[str]] = frozenset({
         "gpu_utilization_ratio", "gpu_memory_total_bytes", "gpu_memory_used_bytes", "gpu_temperature_celsius",
         "gpu_power_watts", "gpu_jpeg_utilization_ratio"})
@@ -272,8 +274,10 @@ class ZetaSmiBackend(CliBackend):
 
     def parse(self, result: Result) -> list[GpuReading]:
         try:
+            uuids = dict(line.split() for line in self.inventory.stdout.splitlines()) if self.inventory else {}
             cards: list[dict[str, Any]] = json.loads(result.stdout)["gpus"]
-            return [GpuReading(index=int(c["index"]), uuid=str(c["uuid"]), vendor=self.vendor, name=c.get("name"),
+            return [GpuReading(index=int(c["index"]), uuid=uuids[str(c["index"])], vendor=self.vendor,
+                               name=c.get("name"),
                                utilization_ratio=c["utilization_pct"] / 100,
                                memory_total_bytes=c["memory_total_mib"] * MIB,
                                memory_used_bytes=c["memory_used_mib"] * MIB,
@@ -300,14 +304,15 @@ from pathlib import Path
 from tests.harness.exporter import ExporterProcess
 
 BACKEND = "zeta-smi"
-GPUS = [{"index": i, "uuid": f"ZETA-{i}", "name": "Zeta Z1", "utilization_pct": 10 * i, "memory_total_mib": 16384,
+GPUS = [{"index": i, "name": "Zeta Z1", "utilization_pct": 10 * i, "memory_total_mib": 16384,
          "memory_used_mib": 1024, "temperature_c": 40 + i, "power_w": 100.5, "jpeg_pct": 5 * i} for i in range(2)]
 
 
 def env(tmp: Path) -> dict[str, str]:
     (tmp / "bin").mkdir(parents=True, exist_ok=True)
     script = tmp / "bin" / "zeta-smi"
-    script.write_text(f"#!/bin/sh\\necho '{json.dumps({'gpus': GPUS})}'\\n")
+    script.write_text(f"#!/bin/sh\\ncase \\"$1\\" in --list) printf '0 ZETA-0\\\\n1 ZETA-1\\\\n';;\\n"
+                      f"*) echo '{json.dumps({'gpus': GPUS})}';; esac\\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return {"PATH": f"{tmp / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
 
