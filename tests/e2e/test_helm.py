@@ -880,8 +880,8 @@ def _per_process_parts(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]]) 
 def test_per_process_privileges_only_while_on_and_as_kustomize() -> None:
     from tests.e2e.test_deploy import PODS_WATCH, _render
 
-    off = _per_process_parts(render(("vendor=both",)))
-    assert off == [[(False, {}, [], [])] * 2, []]
+    off = _per_process_parts(render(("vendor=all",)))
+    assert off == [[(False, {}, [], [])] * len(vendor_entries(shipped_values())), []]
     on = _per_process_parts(render(("vendor=nvidia", "exporter.perProcess=true")))
     (token, env, vols, mounts), = on[0]
     assert token is True and env == {"EXPORTER_PER_PROCESS": "true", "PROC_ROOT": "/host/proc"}
@@ -889,7 +889,7 @@ def test_per_process_privileges_only_while_on_and_as_kustomize() -> None:
     assert [(m["mountPath"], m["readOnly"]) for m in mounts] == [("/host/proc", True)]
     assert on[1] == PODS_WATCH
     assert on == _per_process_parts(_render("deploy/overlays/nvidia-per-process"))  # the same in both installs
-    both = _per_process_parts(render(("vendor=both", "exporter.perProcess=true")))
+    both = _per_process_parts(render(("vendor={nvidia,amd}", "exporter.perProcess=true")))
     assert both[0] == on[0] * 2 and both[1] == PODS_WATCH
 
 
@@ -911,7 +911,7 @@ def _dra_parts(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> list[
 def test_dra_privileges_only_while_on_and_as_kustomize() -> None:
     from tests.e2e.test_deploy import SLICES_WATCH, _render
 
-    assert _dra_parts(render(("vendor=both",))) == [[(False, {})] * 2, []]
+    assert _dra_parts(render(("vendor=all",))) == [[(False, {})] * len(vendor_entries(shipped_values())), []]
     on = _dra_parts(render(("vendor=nvidia", "exporter.draAttribution=true")))
     assert on == [[(True, {"DRA_ATTRIBUTION": "on"})], SLICES_WATCH]
     assert on == _dra_parts(_render("deploy/overlays/nvidia-dra"))  # the same in both installs
@@ -925,7 +925,7 @@ def test_dra_privileges_only_while_on_and_as_kustomize() -> None:
     # AMD without pod attribution (the default) cannot map claims: no token, no setting, no RBAC there
     amd = _dra_parts(render(("vendor=amd", "exporter.draAttribution=true")))
     assert amd == [[(False, {})], []]
-    both = _dra_parts(render(("vendor=both", "amd.attribution=true", "exporter.draAttribution=true")))
+    both = _dra_parts(render(("vendor={nvidia,amd}", "amd.attribution=true", "exporter.draAttribution=true")))
     assert both == [[(True, {"DRA_ATTRIBUTION": "on"})] * 2, SLICES_WATCH]
     with_pp = _dra_parts(render(("vendor=nvidia", "exporter.draAttribution=true", "exporter.perProcess=true")))
     from tests.e2e.test_deploy import PODS_WATCH
@@ -995,7 +995,7 @@ def _probe_wiring(container: dict[str, Any], env_port: str | None = None) -> tup
 
 @pytest.mark.parametrize("sets", [(), ("webConfig.secretName=web", "webConfig.tls=true",
                                        "profiler.webConfig.secretName=pweb", "profiler.webConfig.tls=true"),
-                                  ("exporter.probePort=9410", "profiler.probePort=9411", "vendor=both")])
+                                  ("exporter.probePort=9410", "profiler.probePort=9411", "vendor=all")])
 def test_probes_are_on_the_probe_listener_whatever_the_tls(sets: tuple[str, ...]) -> None:
     """Issue 36 item 5, by default: both daemons' kubelet probes go to a plain-HTTP listener of their own
     (``--probe-port``, ``PROFILER_PROBE_PORT``), TLS or not, so no TLS handshake on the metrics port is
@@ -1005,7 +1005,7 @@ def test_probes_are_on_the_probe_listener_whatever_the_tls(sets: tuple[str, ...]
     exporter_port = next((int(s.split("=")[1]) for s in sets if s.startswith("exporter.probePort=")), 9404)
     profiler_port = next((int(s.split("=")[1]) for s in sets if s.startswith("profiler.probePort=")), 9404)
     daemonsets = [d for d in docs if d["kind"] == "DaemonSet"]
-    assert len(daemonsets) == (2 if "vendor=both" in sets else 1)
+    assert len(daemonsets) == (len(vendor_entries(shipped_values())) if "vendor=all" in sets else 1)
     for ds in daemonsets:
         ports, probes, told = _probe_wiring(ds["spec"]["template"]["spec"]["containers"][0])
         assert probes == {("probes", None)} and ports == {"metrics": 9400, "probes": exporter_port} == \
