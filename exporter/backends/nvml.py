@@ -134,10 +134,6 @@ def _utilization(o: Sequence[Any]) -> tuple[float, float]:
     return si(o[0].gpu, 0.01), si(o[0].memory, 0.01)
 
 
-def _codec(o: Sequence[Any]) -> float:
-    return si(o[0].value, 0.01)  # (utilization %, sampling period us): the first
-
-
 def _remapped(o: Sequence[Any]) -> tuple[float, float, float, float]:
     return si(o[0].value), si(o[1].value), _flag(o[2].value), _flag(o[3].value)
 
@@ -145,8 +141,10 @@ def _remapped(o: Sequence[Any]) -> tuple[float, float, float, float]:
 @dataclass(frozen=True)
 class Simple:
     """A one-value reading ``symbol(device, *args, &out)``: ``out.member`` x ``factor`` (to SI) goes into its
-    family's ``attr`` (exporter/core/schema.py), at ``key`` when that attribute is a dict. Called directly
-    with a reused out value (see _direct)."""
+    family's ``attr`` (exporter/core/schema.py), at ``key`` when that attribute is a dict; ``trailing``: that
+    many ``unsigned int`` outs after ``out`` that the call writes and nobody reads (a sampling period, as
+    ``nvmlDeviceGetEncoderUtilization(device, &percent, &period)``). Called directly with a reused out value
+    (see _direct)."""
 
     symbol: str
     factor: float = 1.0
@@ -154,6 +152,7 @@ class Simple:
     key: str | None = None
     out: Any = _U32
     member: str = "value"
+    trailing: int = 0
 
     def reading(self, family: str) -> str:
         """Its name in the funnel (``family:key``)."""
@@ -176,6 +175,9 @@ SIMPLE: dict[str, tuple[Simple, ...]] = {
     # issue 28: nvidia-smi power.default_limit (mW -> W) and compute_mode (nvmlComputeMode_t, 0-3)
     "gpu_power_default_limit_watts": (Simple("nvmlDeviceGetPowerManagementDefaultLimit", 1e-3),),
     "gpu_compute_mode": (Simple("nvmlDeviceGetComputeMode"),),
+    # nvidia-smi utilization.encoder / .decoder: (percent, sampling period in us) -> ratio
+    "gpu_encoder_utilization_ratio": (Simple("nvmlDeviceGetEncoderUtilization", 0.01, trailing=1),),
+    "gpu_decoder_utilization_ratio": (Simple("nvmlDeviceGetDecoderUtilization", 0.01, trailing=1),),
 }
 # nvmlClocksEventReason* bits (nvidia-smi -q -d PERFORMANCE), named as nvidia-smi's clocks_event_reasons.*
 THROTTLE_REASONS = (
@@ -212,8 +214,6 @@ class _Direct:
     memory_v2: Callable[[Any], Sequence[Any]]
     memory_v1: Callable[[Any], Sequence[Any]]
     remapped: Callable[[Any], Sequence[Any]]
-    encoder: Callable[[Any], Sequence[Any]]
-    decoder: Callable[[Any], Sequence[Any]]
     retired: tuple[tuple[Callable[[Any], float], str, str], ...]
     pstate: Callable[[Any], float]
 
@@ -570,8 +570,8 @@ class NvmlBackend(Backend):
         when asked, never the initialisation."""
         d, u32 = b.direct, U32
         return _Direct(
-            simple=[(r.reading(family), d(r.symbol, r.out, r.args, r.member, r.factor), schema.family(family).attr,
-                     r.key)
+            simple=[(r.reading(family), d(r.symbol, r.out, r.args, r.member, r.factor, r.trailing),
+                     schema.family(family).attr, r.key)
                     for family, reads in SIMPLE.items() if self.enabled(family) for r in reads],
             # nvmlDeviceGetTotalEccErrors(device, errorType, counterType): 1 uncorrected / 0 corrected,
             # 0 volatile / 1 aggregate (nvidia-smi ecc.errors.*), a count
@@ -587,8 +587,6 @@ class NvmlBackend(Backend):
             memory_v2=b.direct_outs("nvmlDeviceGetMemoryInfo_v2", [MemoryV2()], version=NVML_MEMORY_V2),
             memory_v1=b.direct_outs("nvmlDeviceGetMemoryInfo", [MemoryV1()]),
             remapped=b.direct_outs("nvmlDeviceGetRemappedRows", [u32(), u32(), u32(), u32()]),
-            encoder=b.direct_outs("nvmlDeviceGetEncoderUtilization", [u32(), u32()]),
-            decoder=b.direct_outs("nvmlDeviceGetDecoderUtilization", [u32(), u32()]),
             retired=((b.retired_count(0), "gpu_retired_pages:single_bit", "single_bit"),
                      (b.retired_count(1), "gpu_retired_pages:double_bit", "double_bit")),
             pstate=d("nvmlDeviceGetPerformanceState", _U32),  # P0-P15; 32 is "unknown"
@@ -715,14 +713,6 @@ class NvmlBackend(Backend):
             errs = call(gpu, "gpu_link_errors_total", self._per_link, gpu.static["link_error_plan"], h)
             if errs is not MISSING:
                 r.link_errors = errs
-        if en("gpu_encoder_utilization_ratio"):
-            v = call(gpu, "gpu_encoder_utilization_ratio", d.encoder, h, convert=_codec)
-            if v is not MISSING:
-                r.encoder_utilization_ratio = v
-        if en("gpu_decoder_utilization_ratio"):
-            v = call(gpu, "gpu_decoder_utilization_ratio", d.decoder, h, convert=_codec)
-            if v is not MISSING:
-                r.decoder_utilization_ratio = v
         self._processes.read(gpu, gpu.static, r, h)
         if self.any_enabled("gpu_mig_mode_enabled", "gpu_mig_memory_total_bytes", "gpu_mig_memory_used_bytes",
                             "gpu_mig_utilization_ratio"):

@@ -236,8 +236,10 @@ class Binding:
     # --- direct calls with reused C out values ----------------------------------------------------
 
     def direct(self, symbol: str, out_type: Any, args: tuple[int, ...] = (), member: str = "value",
-               factor: float = 1.0) -> Callable[[Any], float]:
-        """``symbol(handle, *args, &out)`` as ``si(out.member, factor)``, for the funnel.
+               factor: float = 1.0, trailing: int = 0) -> Callable[[Any], float]:
+        """``symbol(handle, *args, &out)`` as ``si(out.member, factor)``, for the funnel; ``trailing``: that many
+        ``unsigned int`` outs after ``out``, written by the call and not read (the sampling period of
+        ``nvmlDeviceGetEncoderUtilization(device, &percent, &period)`` and its kind).
 
         What pynvml's one-value wrappers do, without a new C value, argument conversions and a
         wrapper frame per call (a third of a reading's cost at 40 readings per GPU). The out value
@@ -246,7 +248,7 @@ class Binding:
         is looked up at each call (pynvml caches it), so a missing one fails that reading only.
         """
         out = out_type()
-        tail = (*args, ctypes.byref(out))
+        tail = (*args, ctypes.byref(out), *(ctypes.byref(U32()) for _ in range(trailing)))
         lookup = self.lookup  # raises FUNCTION_NOT_FOUND as the wrappers do
         error = self.error
 

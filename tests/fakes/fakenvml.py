@@ -268,6 +268,10 @@ def _default_gpu(i: int, n: int) -> dict[str, Any]:
         "enc_period_us": 167_000,
         "dec_util": i,
         "dec_period_us": 167_000,
+        "jpg_util": 2 * i,
+        "jpg_period_us": 167_000,
+        "ofa_util": 0,
+        "ofa_period_us": 167_000,
         "retired_sbe": [],                # [(address, timestamp)]
         "retired_dbe": [],
         "procs": [],                      # [(pid, used_bytes | None[, gi, ci])]

@@ -180,6 +180,7 @@ enum {
     X(nvmlDeviceGetP2PStatus) X(nvmlDeviceGetTopologyCommonAncestor) \
     X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetNvLinkErrorCounter) \
     X(nvmlDeviceGetEncoderUtilization) X(nvmlDeviceGetDecoderUtilization) \
+    X(nvmlDeviceGetJpgUtilization) X(nvmlDeviceGetOfaUtilization) \
     X(nvmlDeviceGetComputeRunningProcesses) \
     X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetComputeRunningProcesses_v3) \
     X(nvmlDeviceGetGraphicsRunningProcesses_v2) X(nvmlDeviceGetGraphicsRunningProcesses_v3) \
@@ -303,6 +304,7 @@ struct gpu {
     uint64_t remap_corr, remap_unc, remap_pending, remap_failure;
     uint64_t clocks_event_reasons, supported_clocks_event_reasons, violation_ref;
     uint64_t nvlinks, enc_util, enc_period_us, dec_util, dec_period_us;
+    uint64_t jpg_util, jpg_period_us, ofa_util, ofa_period_us;  /* R535+ */
     uint64_t mig_mode, mig_pending, mig_max, supported_events, lost;
     uint64_t delay_ms;  /* every device call on this GPU sleeps this long (a hung driver) */
     uint64_t gpm_supported;
@@ -360,6 +362,7 @@ static const struct scalar gpu_scalars[] = {
     U(remap_corr), U(remap_unc), U(remap_pending), U(remap_failure),
     U(clocks_event_reasons), U(supported_clocks_event_reasons), U(violation_ref),
     U(nvlinks), U(enc_util), U(enc_period_us), U(dec_util), U(dec_period_us),
+    U(jpg_util), U(jpg_period_us), U(ofa_util), U(ofa_period_us),
     U(mig_mode), U(mig_pending), U(mig_max), U(supported_events), U(lost), U(delay_ms),
     U(default_limit_mw), U(compute_mode), U(fabric_state), U(fabric_status), U(recovery_action), S(vbios_version),
     U(gpm_supported),
@@ -1621,6 +1624,29 @@ API nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int 
     NEED(util && period_us);
     *util = (unsigned int)g->dec_util;
     *period_us = (unsigned int)g->dec_period_us;
+    OUT(NVML_SUCCESS);
+}
+#endif
+
+/* R535+: the JPEG decoder (NVJPG) and optical flow (OFA) engines, as the codecs: (percent, sampling period) */
+#ifndef OMIT_nvmlDeviceGetJpgUtilization
+API nvmlReturn_t nvmlDeviceGetJpgUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us)
+{
+    DEV(nvmlDeviceGetJpgUtilization, dev, 0);
+    NEED(util && period_us);
+    *util = (unsigned int)g->jpg_util;
+    *period_us = (unsigned int)g->jpg_period_us;
+    OUT(NVML_SUCCESS);
+}
+#endif
+
+#ifndef OMIT_nvmlDeviceGetOfaUtilization
+API nvmlReturn_t nvmlDeviceGetOfaUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us)
+{
+    DEV(nvmlDeviceGetOfaUtilization, dev, 0);
+    NEED(util && period_us);
+    *util = (unsigned int)g->ofa_util;
+    *period_us = (unsigned int)g->ofa_period_us;
     OUT(NVML_SUCCESS);
 }
 #endif
