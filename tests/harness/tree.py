@@ -15,3 +15,11 @@ def package_copy(root: Path) -> Path:
     (root / "docs").mkdir()
     shutil.copy(REPO / "docs" / "metrics.md", root / "docs" / "metrics.md")
     return root
+
+
+def edit(path: Path, anchor: str, text: str, before: bool = False) -> None:
+    """Insert ``text`` after (``before``: before) ``anchor`` in the copy's ``path``, which has it exactly once:
+    the one edit a developer makes there (a schema row, a backend's declaration)."""
+    source = path.read_text()
+    assert source.count(anchor) == 1, f"{path.name}: anchor {anchor!r} not found once"
+    path.write_text(source.replace(anchor, text + anchor if before else anchor + text))

@@ -1606,49 +1606,28 @@ API nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t dev, unsigned int 
 }
 #endif
 
+/* An engine's utilisation: (percent, sampling period in us); the JPEG decoder (NVJPG) and optical flow (OFA)
+ * engines since R535 */
+#define ENGINE_UTIL(name, u, per) \
+API nvmlReturn_t name(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us) \
+{ \
+    DEV(name, dev, 0); \
+    NEED(util && period_us); \
+    *util = (unsigned int)g->u; \
+    *period_us = (unsigned int)g->per; \
+    OUT(NVML_SUCCESS); \
+}
 #ifndef OMIT_nvmlDeviceGetEncoderUtilization
-API nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us)
-{
-    DEV(nvmlDeviceGetEncoderUtilization, dev, 0);
-    NEED(util && period_us);
-    *util = (unsigned int)g->enc_util;
-    *period_us = (unsigned int)g->enc_period_us;
-    OUT(NVML_SUCCESS);
-}
+ENGINE_UTIL(nvmlDeviceGetEncoderUtilization, enc_util, enc_period_us)
 #endif
-
 #ifndef OMIT_nvmlDeviceGetDecoderUtilization
-API nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us)
-{
-    DEV(nvmlDeviceGetDecoderUtilization, dev, 0);
-    NEED(util && period_us);
-    *util = (unsigned int)g->dec_util;
-    *period_us = (unsigned int)g->dec_period_us;
-    OUT(NVML_SUCCESS);
-}
+ENGINE_UTIL(nvmlDeviceGetDecoderUtilization, dec_util, dec_period_us)
 #endif
-
-/* R535+: the JPEG decoder (NVJPG) and optical flow (OFA) engines, as the codecs: (percent, sampling period) */
 #ifndef OMIT_nvmlDeviceGetJpgUtilization
-API nvmlReturn_t nvmlDeviceGetJpgUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us)
-{
-    DEV(nvmlDeviceGetJpgUtilization, dev, 0);
-    NEED(util && period_us);
-    *util = (unsigned int)g->jpg_util;
-    *period_us = (unsigned int)g->jpg_period_us;
-    OUT(NVML_SUCCESS);
-}
+ENGINE_UTIL(nvmlDeviceGetJpgUtilization, jpg_util, jpg_period_us)
 #endif
-
 #ifndef OMIT_nvmlDeviceGetOfaUtilization
-API nvmlReturn_t nvmlDeviceGetOfaUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us)
-{
-    DEV(nvmlDeviceGetOfaUtilization, dev, 0);
-    NEED(util && period_us);
-    *util = (unsigned int)g->ofa_util;
-    *period_us = (unsigned int)g->ofa_period_us;
-    OUT(NVML_SUCCESS);
-}
+ENGINE_UTIL(nvmlDeviceGetOfaUtilization, ofa_util, ofa_period_us)
 #endif
 
 /* Process lists: `*count` too small (or NULL array) -> INSUFFICIENT_SIZE with the

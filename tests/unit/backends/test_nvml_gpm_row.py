@@ -12,7 +12,7 @@ from exporter.backends import nvml_gpm
 from exporter.core import schema
 from tests.fakes.fakenvml import GPM_DMMA_TENSOR_UTIL, FakeNvml
 from tests.harness.exporter import ExporterProcess, sample
-from tests.harness.tree import package_copy
+from tests.harness.tree import edit, package_copy
 
 # DMMA tensor activity: a GPM metric the fake serves that no row of the schema publishes (yet).
 ROW = f'''    _g("gpu_dmma_tensor_active_ratio", GAUGE, "ratio",
@@ -20,12 +20,6 @@ ROW = f'''    _g("gpu_dmma_tensor_active_ratio", GAUGE, "ratio",
        "activity", "dmma_tensor_active_ratio", "nvmlGpmMetricsGet DMMA_TENSOR_UTIL (%)", "(dcgmi dmon -e 1004)",
        "(none)", labels=("gpu_instance",), when=_GPM, gpm=(({GPM_DMMA_TENSOR_UTIL}, ""),)),
 '''
-
-
-def _edit(path: Path, anchor: str, text: str, before: bool = False) -> None:
-    source = path.read_text()
-    assert source.count(anchor) == 1, f"{path.name}: anchor {anchor!r} not found once"
-    path.write_text(source.replace(anchor, text + anchor if before else anchor + text))
 
 
 def test_the_reader_asks_exactly_the_rows_gpm_ids() -> None:
@@ -48,10 +42,10 @@ def test_a_row_in_a_unit_gpm_cannot_give_fails_loudly() -> None:
 def test_a_new_gpm_family_is_its_row(tmp_path: Path) -> None:
     root = package_copy(tmp_path / "tree")
     pkg = root / "exporter"
-    _edit(pkg / "core" / "schema.py", "    # --- health ----", ROW, before=True)
-    _edit(pkg / "core" / "readings.py", "    memory_reserved_bytes: float | None = None\n",
+    edit(pkg / "core" / "schema.py", "    # --- health ----", ROW, before=True)
+    edit(pkg / "core" / "readings.py", "    memory_reserved_bytes: float | None = None\n",
           "    dmma_tensor_active_ratio: dict[str, float] = field(default_factory=dict)\n")
-    _edit(pkg / "backends" / "nvml.py", "    families: ClassVar[frozenset[str]] = frozenset({\n",
+    edit(pkg / "backends" / "nvml.py", "    families: ClassVar[frozenset[str]] = frozenset({\n",
           '        "gpu_dmma_tensor_active_ratio",\n')
     fleet = FakeNvml(tmp_path / "fleet.conf", gpus=2)
     with ExporterProcess(["--backend", "nvml", "--cache-ttl", "0", "--sysfs-root", str(tmp_path / "sys")],

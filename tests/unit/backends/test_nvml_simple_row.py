@@ -11,7 +11,7 @@ import pytest
 
 from tests.fakes.fakenvml import FakeNvml
 from tests.harness.exporter import ExporterProcess, sample
-from tests.harness.tree import package_copy
+from tests.harness.tree import edit, package_copy
 
 pytestmark = pytest.mark.slow  # builds a copy of the package and starts the exporter
 
@@ -23,19 +23,13 @@ ENTRY = '''    "gpu_jpeg_utilization_ratio": (Simple("nvmlDeviceGetJpgUtilizatio
 '''
 
 
-def _edit(path: Path, anchor: str, text: str, before: bool = False) -> None:
-    source = path.read_text()
-    assert source.count(anchor) == 1, f"{path.name}: anchor {anchor!r} not found once"
-    path.write_text(source.replace(anchor, text + anchor if before else anchor + text))
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = package_copy(tmp_path_factory.mktemp("tree"))
     pkg = root / "exporter"
-    _edit(pkg / "core" / "schema.py", "    # --- memory ----", ROW, before=True)
-    _edit(pkg / "backends" / "nvml.py", "SIMPLE: dict[str, tuple[Simple, ...]] = {\n", ENTRY)
-    _edit(pkg / "backends" / "nvml.py", "    families: ClassVar[frozenset[str]] = frozenset({\n",
+    edit(pkg / "core" / "schema.py", "    # --- memory ----", ROW, before=True)
+    edit(pkg / "backends" / "nvml.py", "SIMPLE: dict[str, tuple[Simple, ...]] = {\n", ENTRY)
+    edit(pkg / "backends" / "nvml.py", "    families: ClassVar[frozenset[str]] = frozenset({\n",
           '        "gpu_jpeg_utilization_ratio",\n')
     return root
 

@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 
 from tests.harness.exporter import REPO, ExporterProcess, parse_samples
-from tests.harness.tree import package_copy
+from tests.harness.tree import edit, package_copy
 
 MIB = 2**20
 # A dict family (one sample per widget) whose "alpha" entry is a GPU field: a GpuStatus attribute, in the
@@ -37,12 +37,6 @@ ROW = '''    _g("gpu_widget_bytes", GAUGE, "bytes", "Bytes in the widget cache, 
 ALPHA, BETA = 3 * MIB, 2048.0
 
 
-def _edit(path: Path, anchor: str, text: str, before: bool = False) -> None:
-    source = path.read_text()
-    assert source.count(anchor) == 1, f"{path.name}: anchor {anchor!r} not found once"
-    path.write_text(source.replace(anchor, text + anchor if before else anchor + text))
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = package_copy(tmp_path_factory.mktemp("tree"))
@@ -50,12 +44,12 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copy(REPO / "docs" / doc, root / "docs" / doc)
     pkg = root / "exporter"
     # 1. the row (at the end of the memory group)
-    _edit(pkg / "core" / "schema.py", "    # --- thermal and power", ROW, before=True)
+    edit(pkg / "core" / "schema.py", "    # --- thermal and power", ROW, before=True)
     # 2. a backend fills it and declares it (the reading's attribute comes from the row)
     sim = pkg / "backends" / "simulated.py"
-    _edit(sim, "        r.memory_total_bytes = float(MEMORY_TOTAL)\n",
+    edit(sim, "        r.memory_total_bytes = float(MEMORY_TOTAL)\n",
           f'        r.widget_bytes = {{"alpha": {float(ALPHA)}, "beta": {BETA}}}\n')
-    _edit(sim, "    families: ClassVar[frozenset[str]] = frozenset({\n", '        "gpu_widget_bytes",\n')
+    edit(sim, "    families: ClassVar[frozenset[str]] = frozenset({\n", '        "gpu_widget_bytes",\n')
     return root
 
 
