@@ -42,7 +42,8 @@ from __future__ import annotations
 import difflib
 import fnmatch
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from exporter.core.fields import Field, Legacy, Record, Rise, identity
@@ -72,9 +73,10 @@ class Family:
     default: bool = True  # on /metrics without field selection
     filterable: bool = True
     nvml: str = ""  # NVML source
-    # each vendor tool's equivalent, by tool: ("nvidia-smi", "power.draw"), ("amd-smi", "amd-smi metric --power");
-    # a backend adds its own tool's (Backend.equivalents); docs/metrics.md has a column per tool
-    tools: tuple[tuple[str, str], ...] = ()
+    # what each vendor tool shows of it, by tool: {"nvidia-smi": "power.draw", "amd-smi": "amd-smi metric --power"};
+    # any tool, none required (a tool left out has none); a backend adds its own tool's (Backend.equivalents);
+    # docs/metrics.md has a column per tool and /api/v1/families an entry per tool
+    tools: Mapping[str, str] = field(default_factory=dict, hash=False)
     every_backend: bool = False  # filled by the exporter whatever the backend; else as backends declare it
     # NVIDIA GPM: the NVML_GPM_METRIC_* ids read into ``attr``, each with its label value ("" for none
     # besides gpu_instance); in % (unit "ratio") or MiB/s ("bytes per second"). nvml_gpm.py reads these.
@@ -86,12 +88,14 @@ class Family:
     def __post_init__(self) -> None:
         if self.views and self.scope != "gpu":
             raise ValueError(f"{self.name}: views are per-GPU fields; scope {self.scope!r} has none")
+        object.__setattr__(self, "tools", MappingProxyType(dict(self.tools)))  # read-only, as the row is
         object.__setattr__(self, "views", tuple(v.of(self.attr, self.unit, self.help, self.equivalent("nvidia-smi"))
                                                 for v in self.views))
 
     def equivalent(self, tool: str) -> str:
         """What ``tool`` (``nvidia-smi``, ``amd-smi`` ...) shows of this family; "" when the row does not say."""
-        return next((text for t, text in self.tools if t == tool), "")
+        return self.tools.get(tool, "")
+
     @property
     def base(self) -> str:
         """Name without the ``_total`` suffix (OpenMetrics and prometheus_client family name)."""
@@ -111,13 +115,15 @@ _AMD_MM = ("gpu_metrics average_mm_activity, else the mean of vcn_activity (amd-
            "carry the same value")
 
 
-def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, nvml: str, smi: str, amd: str,
-       labels: tuple[str, ...] = (), when: str = "", gpm: tuple[tuple[int, str], ...] = (),
-       views: tuple[Field, ...] = (), tools: tuple[tuple[str, str], ...] = ()) -> Family:
-    """A per-GPU row; ``smi`` and ``amd`` are its nvidia-smi and amd-smi equivalents, ``tools`` another vendor
-    tool's."""
-    return Family(name, kind, unit, help_, group, "gpu", labels, attr, when=when, nvml=nvml,
-                  tools=(("nvidia-smi", smi), ("amd-smi", amd), *tools), gpm=gpm, views=views)
+def _g(name: str, kind: str, unit: str, help_: str, group: str, attr: str, nvml: str, tools: Mapping[str, str],
+       *, labels: tuple[str, ...] = (), when: str = "", gpm: tuple[tuple[int, str], ...] = (),
+       views: tuple[Field, ...] = ()) -> Family:
+    """A per-GPU row; ``tools`` says what each vendor tool shows of it, by tool (``{"nvidia-smi": "power.draw",
+    "amd-smi": "amd-smi metric --power: socket_power"}``): any tools, a tool with no equivalent left out."""
+    if not isinstance(tools, Mapping):  # the old (nvml, smi, amd) positional form
+        raise TypeError(f"{name}: the row's equivalents are a mapping of vendor tool -> what it shows")
+    return Family(name, kind, unit, help_, group, "gpu", labels, attr, when=when, nvml=nvml, tools=tools, gpm=gpm,
+                  views=views)
 
 
 MIB = 2**20
@@ -130,8 +136,8 @@ FAMILIES: tuple[Family, ...] = (
            labels=("name", "vendor", "pci_bus_id", "serial", "driver_version", "cuda_version", "backend",
                    "vbios_version"),
            nvml="nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial, GetVbiosVersion",
-           tools=(("nvidia-smi", "name, uuid, pci.bus_id, serial, driver_version, vbios_version"),
-                  ("amd-smi", "amd-smi static --asic --board --driver --vbios")), every_backend=True,
+           tools={"nvidia-smi": "name, uuid, pci.bus_id, serial, driver_version, vbios_version",
+                  "amd-smi": "amd-smi static --asic --board --driver --vbios"}, every_backend=True,
            # who the GPU is, in every view (``up``, gpu_up's value, is identity there too)
            views=(identity("backend", "backend", nullable=False),
                   identity("index", "reading.index", nullable=False, kind="integer"),
@@ -146,15 +152,15 @@ FAMILIES: tuple[Family, ...] = (
                   identity("cuda_version", "reading.cuda_driver_version", diff="fixed"))),
     Family("gpu_up", GAUGE, "1", "1 when the GPU answered this collection, 0 when it is lost or unreadable.",
            "identity", attr="up", nvml="NVML_ERROR_GPU_IS_LOST and device faults -> 0",
-           tools=(("nvidia-smi", "(nvidia-smi: 'GPU is lost')"),
-                  ("amd-smi", "(amd-smi: device errors)")), every_backend=True),
+           tools={"nvidia-smi": "(nvidia-smi: 'GPU is lost')",
+                  "amd-smi": "(amd-smi: device errors)"}, every_backend=True),
     Family("gpu_health_state", GAUGE, "1",
            "1 for the GPU's health state and 0 for the others: ok, degraded, failed, hung or lost "
            "(OpenTelemetry hw.status); cause says why (exporter/core/gpu_health.py).", "identity",
            labels=("state", "cause"), attr="health",
            nvml="gpu_up, --call-deadline, XIDs and ECC by severity (exporter/core/xid.py), recovery action",
-           tools=(("nvidia-smi", "(none: nvidia-smi -q's 'GPU Recovery Action', Xid lines in dmesg)"),
-                  ("amd-smi", "(none: amd-smi metric --ecc, RAS events)")), every_backend=True,
+           tools={"nvidia-smi": "(none: nvidia-smi -q's 'GPU Recovery Action', Xid lines in dmesg)",
+                  "amd-smi": "(none: amd-smi metric --ecc, RAS events)"}, every_backend=True,
            views=(identity("health", "reading.health_state", nullable=False, status=True, column="health",
                            pattern="^(ok|degraded|failed|hung|lost)$"),
                   identity("health_cause", "reading.health_cause", nullable=False, status=True, minimum=None))),
@@ -162,16 +168,16 @@ FAMILIES: tuple[Family, ...] = (
            "1 for each metric family this GPU or driver does not support (so absence is explained).", "identity",
            labels=("field",), attr="unsupported", when="a reading is unsupported",
            nvml="NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION",
-           tools=(("nvidia-smi", "[N/A], [Not Supported]"), ("amd-smi", "N/A, AMDSMI_STATUS_NOT_SUPPORTED"))),
+           tools={"nvidia-smi": "[N/A], [Not Supported]", "amd-smi": "N/A, AMDSMI_STATUS_NOT_SUPPORTED"}),
     Family("gpu_host_info", GAUGE, "1", "Host identity; value is always 1.", "identity", scope="host",
            labels=("node", "cpu_model", "kernel", "os"), filterable=False,
-           tools=(("nvidia-smi", "(hostname, lscpu, uname -r)"),
-                  ("amd-smi", "(hostname, lscpu, uname -r)")), every_backend=True),
+           tools={"nvidia-smi": "(hostname, lscpu, uname -r)",
+                  "amd-smi": "(hostname, lscpu, uname -r)"}, every_backend=True),
     # --- utilisation ------------------------------------------------------------------------------
     _g("gpu_utilization_ratio", GAUGE, "ratio",
        "Fraction of time a kernel ran on the GPU over the last sample period (0-1).", "utilization",
-       "utilization_ratio", "nvmlDeviceGetUtilizationRates.gpu (%)", "utilization.gpu",
-       "amd-smi metric --usage: gfx_activity",
+       "utilization_ratio", "nvmlDeviceGetUtilizationRates.gpu (%)",
+       {"nvidia-smi": "utilization.gpu", "amd-smi": "amd-smi metric --usage: gfx_activity"},
        views=(Field("utilization_ratio", "ratio", "reading.utilization_ratio", digits=6, maximum=1,
                     doc="GPU utilisation, 0-1 (nvidia-smi utilization.gpu / 100)", status=True,
                     legacy=Legacy("utilization", "GPU utilisation, percent 0-100 (nvidia-smi utilization.gpu)",
@@ -179,32 +185,33 @@ FAMILIES: tuple[Family, ...] = (
                     record=Record("utilization", 100, samples=True, doc="percent", minimum=0, maximum=100)),)),
     _g("gpu_memory_utilization_ratio", GAUGE, "ratio",
        "Fraction of time device memory was read or written over the last sample period (0-1).", "utilization",
-       "memory_utilization_ratio", "nvmlDeviceGetUtilizationRates.memory (%)", "utilization.memory",
-       "amd-smi metric --usage: umc_activity"),
+       "memory_utilization_ratio", "nvmlDeviceGetUtilizationRates.memory (%)",
+       {"nvidia-smi": "utilization.memory", "amd-smi": "amd-smi metric --usage: umc_activity"}),
     _g("gpu_encoder_utilization_ratio", GAUGE, "ratio", "Video encoder utilisation (0-1).", "utilization",
-       "encoder_utilization_ratio", "nvmlDeviceGetEncoderUtilization (%)", "utilization.encoder",
-       _AMD_MM),
+       "encoder_utilization_ratio", "nvmlDeviceGetEncoderUtilization (%)",
+       {"nvidia-smi": "utilization.encoder", "amd-smi": _AMD_MM}),
     _g("gpu_decoder_utilization_ratio", GAUGE, "ratio", "Video decoder utilisation (0-1).", "utilization",
-       "decoder_utilization_ratio", "nvmlDeviceGetDecoderUtilization (%)", "utilization.decoder",
-       _AMD_MM),
+       "decoder_utilization_ratio", "nvmlDeviceGetDecoderUtilization (%)",
+       {"nvidia-smi": "utilization.decoder", "amd-smi": _AMD_MM}),
     # --- memory --------------------------------------------------------------------------------
     _g("gpu_memory_total_bytes", GAUGE, "bytes", "Total device memory in bytes.", "memory", "memory_total_bytes",
-       "nvmlDeviceGetMemoryInfo_v2.total", "memory.total", "amd-smi metric --mem-usage: total_vram",
+       "nvmlDeviceGetMemoryInfo_v2.total",
+       {"nvidia-smi": "memory.total", "amd-smi": "amd-smi metric --mem-usage: total_vram"},
        views=(Field("memory_total_bytes", "bytes", "reading.memory_total_bytes", kind="integer",
                     doc="bytes (nvidia-smi memory.total)", status=True, diff="fixed",
                     legacy=Legacy("memory.total", "framebuffer memory, " + _MIB_DOC.format("total"), "MiB", per=MIB,
                                   digits=None, while_down=True)),)),
     _g("gpu_memory_used_bytes", GAUGE, "bytes", "Device memory allocated by processes, in bytes.", "memory",
-       "memory_used_bytes", "nvmlDeviceGetMemoryInfo_v2.used", "memory.used",
-       "amd-smi metric --mem-usage: used_vram",
+       "memory_used_bytes", "nvmlDeviceGetMemoryInfo_v2.used",
+       {"nvidia-smi": "memory.used", "amd-smi": "amd-smi metric --mem-usage: used_vram"},
        views=(Field("memory_used_bytes", "bytes", "reading.memory_used_bytes", kind="integer",
                     doc="bytes (nvidia-smi memory.used)", status=True,
                     diff="rise", rise=Rise("memory", 256 * MIB, "memory in use"),
                     legacy=Legacy("memory.used", _MIB_DOC.format("used"), "MiB", per=MIB, digits=None),
                     record=Record("memory_used_mb", 1 / MIB)),)),
     _g("gpu_memory_free_bytes", GAUGE, "bytes", "Device memory free for allocation, in bytes.", "memory",
-       "memory_free_bytes", "nvmlDeviceGetMemoryInfo_v2.free", "memory.free",
-       "amd-smi metric --mem-usage: free_vram",
+       "memory_free_bytes", "nvmlDeviceGetMemoryInfo_v2.free",
+       {"nvidia-smi": "memory.free", "amd-smi": "amd-smi metric --mem-usage: free_vram"},
        # free: total - used where the driver gives no free; and the share used, derived from the two
        views=(Field("memory_free_bytes", "bytes", "reading.free_memory_bytes()", kind="integer",
                     doc="bytes (nvidia-smi memory.free)", status=True,
@@ -213,13 +220,14 @@ FAMILIES: tuple[Family, ...] = (
                     doc="memory used / total, 0-1", record=Record("memory_usage_percent", 100)))),
     _g("gpu_memory_reserved_bytes", GAUGE, "bytes", "Device memory reserved by the driver and firmware, in bytes.",
        "memory", "memory_reserved_bytes", "nvmlDeviceGetMemoryInfo_v2.reserved",
-       "memory.reserved", "(none)"),
+       {"nvidia-smi": "memory.reserved", "amd-smi": "(none)"}),
     # --- thermal and power -----------------------------------------------------------------------
     _g("gpu_temperature_celsius", GAUGE, "celsius",
        "Temperature in degrees Celsius by sensor: gpu (die/edge; absent on AMD boards without an edge sensor, "
        "MI300 class), memory (HBM), junction (hotspot, AMD).",
        "thermal", "temperature_celsius", "nvmlDeviceGetTemperature; NVML_FI_DEV_MEMORY_TEMP",
-       "temperature.gpu, temperature.memory", "amd-smi metric --temperature: edge, hotspot, mem",
+       {"nvidia-smi": "temperature.gpu, temperature.memory",
+        "amd-smi": "amd-smi metric --temperature: edge, hotspot, mem"},
        labels=("sensor",),
        views=(Field("temperature_celsius", "celsius", "reading.temperature_celsius[gpu]", digits=2, minimum=None,
                     doc="GPU die sensor, celsius", status=True,
@@ -228,10 +236,11 @@ FAMILIES: tuple[Family, ...] = (
                     record=Record("temperature_c")),)),
     _g("gpu_fan_speed_ratio", GAUGE, "ratio",
        "Fan speed as a fraction of its maximum, as the driver reports it (can exceed 1 on some boards). "
-       "Absent on passive GPUs.", "thermal", "fan_speed_ratio", "nvmlDeviceGetFanSpeed (%)", "fan.speed",
-       "amd-smi metric --fan: usage"),
+       "Absent on passive GPUs.", "thermal", "fan_speed_ratio", "nvmlDeviceGetFanSpeed (%)",
+       {"nvidia-smi": "fan.speed", "amd-smi": "amd-smi metric --fan: usage"}),
     _g("gpu_power_watts", GAUGE, "watts", "Power draw in watts.", "power", "power_watts",
-       "nvmlDeviceGetPowerUsage (mW)", "power.draw", "amd-smi metric --power: socket_power",
+       "nvmlDeviceGetPowerUsage (mW)",
+       {"nvidia-smi": "power.draw", "amd-smi": "amd-smi metric --power: socket_power"},
        # and the average power from the energy counter (core/views.py's PowerTracker)
        views=(Field("power_watts", "watts", "reading.power_watts",
                     doc="instantaneous power draw, W (nvidia-smi power.draw)", status=True,
@@ -245,223 +254,248 @@ FAMILIES: tuple[Family, ...] = (
               Field("power_average_seconds", "seconds", "power_average_seconds", digits=6,
                     doc="length of that interval, s"))),
     _g("gpu_power_limit_watts", GAUGE, "watts", "Enforced power limit in watts.", "power", "power_limit_watts",
-       "nvmlDeviceGetEnforcedPowerLimit (mW)", "enforced.power.limit", "amd-smi static --limit: power_cap",
+       "nvmlDeviceGetEnforcedPowerLimit (mW)",
+       {"nvidia-smi": "enforced.power.limit", "amd-smi": "amd-smi static --limit: power_cap"},
        views=(Field("power_limit_watts", "watts", "reading.power_limit_watts", doc="W (nvidia-smi power.limit)"),)),
     _g("gpu_energy_joules_total", COUNTER, "joules", "Energy consumed since the driver was loaded, in joules.",
-       "power", "energy_joules", "nvmlDeviceGetTotalEnergyConsumption (mJ)", "(nvidia-smi -q: n/a)",
-       "amd-smi metric --energy: total_energy_consumption",
+       "power", "energy_joules", "nvmlDeviceGetTotalEnergyConsumption (mJ)",
+       {"nvidia-smi": "(nvidia-smi -q: n/a)", "amd-smi": "amd-smi metric --energy: total_energy_consumption"},
        views=(Field("energy_joules", "joules", "reading.energy_joules", doc="energy counter since driver load, J"),)),
     _g("gpu_performance_state", GAUGE, "1", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).", "power",
-       "performance_state", "nvmlDeviceGetPerformanceState", "pstate", "(none)"),
+       "performance_state", "nvmlDeviceGetPerformanceState", {"nvidia-smi": "pstate", "amd-smi": "(none)"}),
     # --- clocks ----------------------------------------------------------------------------------
     _g("gpu_clock_hertz", GAUGE, "hertz",
        "Current clock frequency in hertz by clock: graphics, sm, memory, video, soc.", "clocks", "clock_hertz",
-       "nvmlDeviceGetClockInfo (MHz)", "clocks.gr, clocks.sm, clocks.mem, clocks.video",
-       "amd-smi metric --clock: gfx, mem, soc", labels=("clock",),
+       "nvmlDeviceGetClockInfo (MHz)",
+       {"nvidia-smi": "clocks.gr, clocks.sm, clocks.mem, clocks.video",
+        "amd-smi": "amd-smi metric --clock: gfx, mem, soc"}, labels=("clock",),
        views=(Field("clock_graphics_hertz", "hertz", "reading.clock_hertz[graphics]", stats=None,
                     legacy=Legacy("clock_speeds.graphics", "MHz (nvidia-smi clocks.gr)", "MHz", per=1e6, digits=1)),
               Field("clock_memory_hertz", "hertz", "reading.clock_hertz[memory]", stats=None,
                     legacy=Legacy("clock_speeds.memory", "MHz (nvidia-smi clocks.mem)", "MHz", per=1e6, digits=1)))),
     _g("gpu_clock_max_hertz", GAUGE, "hertz", "Maximum clock frequency in hertz by clock.", "clocks",
        "clock_max_hertz", "nvmlDeviceGetMaxClockInfo (MHz)",
-       "clocks.max.gr, clocks.max.sm, clocks.max.mem", "amd-smi metric --clock: max_clk", labels=("clock",)),
+       {"nvidia-smi": "clocks.max.gr, clocks.max.sm, clocks.max.mem",
+        "amd-smi": "amd-smi metric --clock: max_clk"}, labels=("clock",)),
     # --- PCIe ------------------------------------------------------------------------------------
     _g("gpu_pcie_link_generation", GAUGE, "1", "Current PCIe link generation (1-6).", "pcie",
-       "pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", "pcie.link.gen.current",
-       "amd-smi metric --pcie: speed (MT/s, mapped to a generation)",
+       "pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration",
+       {"nvidia-smi": "pcie.link.gen.current",
+        "amd-smi": "amd-smi metric --pcie: speed (MT/s, mapped to a generation)"},
        views=(Field("pcie_link_generation", "", "reading.pcie_link_generation", kind="integer", diff="fixed",
                     stats="pcie.generation", doc="current link generation (nvidia-smi pcie.link.gen.current)"),)),
     _g("gpu_pcie_link_generation_max", GAUGE, "1",
        "Maximum PCIe link generation. NVIDIA: the lower of what the GPU and the system support; AMD: what the "
        "GPU supports.", "pcie", "pcie_link_generation_max",
-       "nvmlDeviceGetMaxPcieLinkGeneration", "pcie.link.gen.max", "amd-smi static --bus: max_pcie_speed",
+       "nvmlDeviceGetMaxPcieLinkGeneration",
+       {"nvidia-smi": "pcie.link.gen.max", "amd-smi": "amd-smi static --bus: max_pcie_speed"},
        views=(Field("pcie_link_generation_max", "", "reading.pcie_link_generation_max", kind="integer", diff="fixed",
                     stats="pcie.generation_max", doc="max link generation (nvidia-smi pcie.link.gen.max)"),)),
     _g("gpu_pcie_link_width", GAUGE, "1", "Current PCIe link width in lanes.", "pcie", "pcie_link_width",
-       "nvmlDeviceGetCurrPcieLinkWidth", "pcie.link.width.current", "amd-smi metric --pcie: width",
+       "nvmlDeviceGetCurrPcieLinkWidth",
+       {"nvidia-smi": "pcie.link.width.current", "amd-smi": "amd-smi metric --pcie: width"},
        views=(Field("pcie_link_width", "", "reading.pcie_link_width", kind="integer", stats="pcie.width",
                     diff="fixed", doc="current link width, lanes (nvidia-smi pcie.link.width.current)"),)),
     _g("gpu_pcie_link_width_max", GAUGE, "1", "Maximum PCIe link width in lanes.", "pcie", "pcie_link_width_max",
-       "nvmlDeviceGetMaxPcieLinkWidth", "pcie.link.width.max",
-       "amd-smi static --bus: max_pcie_width",
+       "nvmlDeviceGetMaxPcieLinkWidth",
+       {"nvidia-smi": "pcie.link.width.max", "amd-smi": "amd-smi static --bus: max_pcie_width"},
        views=(Field("pcie_link_width_max", "", "reading.pcie_link_width_max", kind="integer", diff="fixed",
                     stats="pcie.width_max", doc="max link width, lanes (nvidia-smi pcie.link.width.max)"),)),
     _g("gpu_pcie_replays_total", COUNTER, "1", "PCIe replay events since the driver was loaded.", "pcie",
-       "pcie_replay_total", "nvmlDeviceGetPcieReplayCounter", "nvidia-smi -q: Replays Since Reset",
-       "amd-smi metric --pcie: replay_count"),
+       "pcie_replay_total", "nvmlDeviceGetPcieReplayCounter",
+       {"nvidia-smi": "nvidia-smi -q: Replays Since Reset", "amd-smi": "amd-smi metric --pcie: replay_count"}),
     _g("gpu_pcie_throughput_bytes_per_second", GAUGE, "bytes per second",
        "PCIe throughput by direction (tx, rx), bytes per second: from GPM where the GPU has it, else opt-in "
        "(--pcie-throughput, about 40 ms per GPU: 20 ms for each direction).",
        "pcie", "pcie_throughput", "nvmlGpmMetricsGet PCIE_TX/RX_PER_SEC (MiB/s); else "
-       "nvmlDeviceGetPcieThroughput (KB/s)", "nvidia-smi dmon -s t",
-       "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"pcie\"}[5m]))", labels=("direction",),
+       "nvmlDeviceGetPcieThroughput (KB/s)",
+       {"nvidia-smi": "nvidia-smi dmon -s t",
+        "amd-smi": "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"pcie\"}[5m]))"},
+       labels=("direction",),
        when="GPM (from the second collection), or --pcie-throughput", gpm=((20, "tx"), (21, "rx"))),
     # --- activity: what share of the GPU works (DCGM_FI_PROF_*; NVIDIA GPM, AMD gpu_metrics) ------
     _g("gpu_sm_active_ratio", GAUGE, "ratio",
        "Fraction of SMs busy over the last collection interval (0-1), by gpu_instance (MIG; empty: whole GPU).",
        "activity", "sm_active_ratio", "nvmlGpmMetricsGet SM_UTIL (%)",
-       "(DCGM_FI_PROF_SM_ACTIVE; dcgmi dmon -e 1002)", "(none: gpu_metrics has no per-CU activity)",
+       {"nvidia-smi": "(DCGM_FI_PROF_SM_ACTIVE; dcgmi dmon -e 1002)",
+        "amd-smi": "(none: gpu_metrics has no per-CU activity)"},
        labels=("gpu_instance",), when=_GPM, gpm=((2, ""),)),
     _g("gpu_sm_occupancy_ratio", GAUGE, "ratio",
        "Resident warps as a fraction of the SMs' maximum over the last collection interval (0-1), by gpu_instance.",
        "activity", "sm_occupancy_ratio", "nvmlGpmMetricsGet SM_OCCUPANCY (%)",
-       "(DCGM_FI_PROF_SM_OCCUPANCY; dcgmi dmon -e 1003)", "(none: gpu_metrics has no occupancy)",
+       {"nvidia-smi": "(DCGM_FI_PROF_SM_OCCUPANCY; dcgmi dmon -e 1003)",
+        "amd-smi": "(none: gpu_metrics has no occupancy)"},
        labels=("gpu_instance",), when=_GPM, gpm=((3, ""),)),
     _g("gpu_graphics_engine_active_ratio", GAUGE, "ratio",
        "Fraction of time the graphics/compute engine was active over the last collection interval (0-1), by "
        "gpu_instance.", "activity", "graphics_engine_active_ratio",
-       "nvmlGpmMetricsGet GRAPHICS_UTIL (%)", "(DCGM_FI_PROF_GR_ENGINE_ACTIVE; dcgmi dmon -e 1001)",
-       "gpu_metrics average_gfx_activity (amd-smi metric --usage: gfx_activity; rocm-smi: GPU use (%)). AMD "
-       "differs: averaged over the firmware's own window, not the collection interval; the same value as "
-       "gpu_utilization_ratio; gpu_instance is empty (partitions are GPUs)", labels=("gpu_instance",),
+       "nvmlGpmMetricsGet GRAPHICS_UTIL (%)",
+       {"nvidia-smi": "(DCGM_FI_PROF_GR_ENGINE_ACTIVE; dcgmi dmon -e 1001)",
+        "amd-smi": "gpu_metrics average_gfx_activity (amd-smi metric --usage: gfx_activity; rocm-smi: GPU use "
+                   "(%)). AMD differs: averaged over the firmware's own window, not the collection interval; the "
+                   "same value as gpu_utilization_ratio; gpu_instance is empty (partitions are GPUs)"},
+       labels=("gpu_instance",),
        when=_GPM_OR_AMD, gpm=((1, ""),)),
     _g("gpu_pipe_active_ratio", GAUGE, "ratio",
        "Fraction of time the SMs' pipe was active over the last collection interval (0-1), by pipe (tensor, "
        "tensor_hmma, tensor_imma, tensor_dfma, fp64, fp32, fp16, integer) and gpu_instance.", "activity",
        "pipe_active_ratio", "nvmlGpmMetricsGet *_TENSOR_UTIL, FP64/FP32/FP16/INTEGER_UTIL (%)",
-       "(DCGM_FI_PROF_PIPE_*_ACTIVE; dcgmi dmon -e 1004)", "(none: gpu_metrics has no pipe activity)",
+       {"nvidia-smi": "(DCGM_FI_PROF_PIPE_*_ACTIVE; dcgmi dmon -e 1004)",
+        "amd-smi": "(none: gpu_metrics has no pipe activity)"},
        labels=("pipe", "gpu_instance"), when=_GPM,
        gpm=((5, "tensor"), (7, "tensor_hmma"), (9, "tensor_imma"), (6, "tensor_dfma"), (11, "fp64"), (12, "fp32"),
             (13, "fp16"), (4, "integer"))),
     _g("gpu_dram_active_ratio", GAUGE, "ratio",
        "Device memory bandwidth used as a fraction of the maximum over the last collection interval (0-1), by "
        "gpu_instance.", "activity", "dram_active_ratio",
-       "nvmlGpmMetricsGet DRAM_BW_UTIL (%)", "(DCGM_FI_PROF_DRAM_ACTIVE; dcgmi dmon -e 1005)",
-       "gpu_metrics average_umc_activity (amd-smi metric --usage: umc_activity; rocm-smi: GPU Memory Read/Write "
-       "Activity (%)). AMD differs: the share of time the memory controller (UMC) was busy, not bandwidth over "
-       "peak bandwidth; averaged over the firmware's window; the same value as gpu_memory_utilization_ratio",
+       "nvmlGpmMetricsGet DRAM_BW_UTIL (%)",
+       {"nvidia-smi": "(DCGM_FI_PROF_DRAM_ACTIVE; dcgmi dmon -e 1005)",
+        "amd-smi": "gpu_metrics average_umc_activity (amd-smi metric --usage: umc_activity; rocm-smi: GPU Memory "
+                   "Read/Write Activity (%)). AMD differs: the share of time the memory controller (UMC) was busy, "
+                   "not bandwidth over peak bandwidth; averaged over the firmware's window; the same value as "
+                   "gpu_memory_utilization_ratio"},
        labels=("gpu_instance",), when=_GPM_OR_AMD, gpm=((10, ""),)),
     _g("gpu_nvlink_throughput_bytes_per_second", GAUGE, "bytes per second",
        "NVLink traffic over all links by direction (tx, rx), bytes per second, over the last collection interval.",
        "activity", "nvlink_throughput", "nvmlGpmMetricsGet NVLINK_TOTAL_TX/RX_PER_SEC (MiB/s)",
-       "(DCGM_FI_PROF_NVLINK_TX/RX_BYTES; nvidia-smi nvlink -gt d)",
-       "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"xgmi\"}[5m]))", labels=("direction",),
+       {"nvidia-smi": "(DCGM_FI_PROF_NVLINK_TX/RX_BYTES; nvidia-smi nvlink -gt d)",
+        "amd-smi": "(none as a rate: rate(gpu_link_transferred_bytes_total{link_type=\"xgmi\"}[5m]))"},
+       labels=("direction",),
        when=_GPM, gpm=((61, "tx"), (60, "rx"))),
     # --- health ----------------------------------------------------------------------------------
     _g("gpu_ecc_mode_enabled", GAUGE, "1", "1 when ECC is enabled.", "health", "ecc_mode_enabled",
-       "nvmlDeviceGetEccMode", "ecc.mode.current", "amd-smi static --ras"),
+       "nvmlDeviceGetEccMode", {"nvidia-smi": "ecc.mode.current", "amd-smi": "amd-smi static --ras"}),
     _g("gpu_ecc_errors_total", COUNTER, "1",
        "ECC errors by error_type (corrected, uncorrected) and counter (volatile: since the driver loaded; "
        "aggregate: lifetime, NVIDIA only; AMD's totals are volatile).",
        "health", "ecc_errors", "nvmlDeviceGetTotalEccErrors",
-       "ecc.errors.corrected.volatile.total, ecc.errors.uncorrected.volatile.total, "
-       "ecc.errors.corrected.aggregate.total, ecc.errors.uncorrected.aggregate.total",
-       "amd-smi metric --ecc: total_correctable_count ...",
+       {"nvidia-smi": "ecc.errors.corrected.volatile.total, ecc.errors.uncorrected.volatile.total, "
+                      "ecc.errors.corrected.aggregate.total, ecc.errors.uncorrected.aggregate.total",
+        "amd-smi": "amd-smi metric --ecc: total_correctable_count ..."},
        labels=("error_type", "counter")),
     _g("gpu_retired_pages", GAUGE, "1", "Retired framebuffer pages by cause (single_bit, double_bit).", "health",
        "retired_pages", "nvmlDeviceGetRetiredPages",
-       "retired_pages.single_bit_ecc.count, retired_pages.double_bit.count", "amd-smi bad-pages",
+       {"nvidia-smi": "retired_pages.single_bit_ecc.count, retired_pages.double_bit.count",
+        "amd-smi": "amd-smi bad-pages"},
        labels=("cause",)),
     _g("gpu_retired_pages_pending", GAUGE, "1", "1 when a page retirement waits for a reboot.", "health",
-       "retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", "retired_pages.pending",
-       "(none)"),
+       "retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus",
+       {"nvidia-smi": "retired_pages.pending", "amd-smi": "(none)"}),
     _g("gpu_remapped_rows", GAUGE, "1", "Remapped memory rows by error_type (corrected, uncorrected).", "health",
-       "remapped_rows", "nvmlDeviceGetRemappedRows", "remapped_rows.correctable, "
-       "remapped_rows.uncorrectable", "(none)", labels=("error_type",)),
+       "remapped_rows", "nvmlDeviceGetRemappedRows",
+       {"nvidia-smi": "remapped_rows.correctable, remapped_rows.uncorrectable", "amd-smi": "(none)"},
+       labels=("error_type",)),
     _g("gpu_remapped_rows_pending", GAUGE, "1", "1 when a row remap waits for a GPU reset.", "health",
-       "remapped_rows_pending", "nvmlDeviceGetRemappedRows.isPending", "remapped_rows.pending",
-       "(none)"),
+       "remapped_rows_pending", "nvmlDeviceGetRemappedRows.isPending",
+       {"nvidia-smi": "remapped_rows.pending", "amd-smi": "(none)"}),
     _g("gpu_remapped_rows_failed", GAUGE, "1", "1 when a row remap failed (the GPU needs service).", "health",
-       "remapped_rows_failed", "nvmlDeviceGetRemappedRows.failureOccurred", "remapped_rows.failure",
-       "(none)"),
+       "remapped_rows_failed", "nvmlDeviceGetRemappedRows.failureOccurred",
+       {"nvidia-smi": "remapped_rows.failure", "amd-smi": "(none)"}),
     _g("gpu_throttle_reason_active", GAUGE, "1", "1 while a clock event (throttle) reason is active, by reason.",
        "health", "throttle_reasons", "nvmlDeviceGetCurrentClocksEventReasons",
-       "clocks_event_reasons.*", "amd-smi metric --throttle", labels=("reason",)),
+       {"nvidia-smi": "clocks_event_reasons.*", "amd-smi": "amd-smi metric --throttle"}, labels=("reason",)),
     _g("gpu_violation_seconds_total", COUNTER, "seconds",
        "Time clocks were held below target, by reason, in seconds.", "health", "violation_seconds",
-       "nvmlDeviceGetViolationStatus (ns)", "nvidia-smi -q -d PERFORMANCE", "amd-smi metric --throttle",
+       "nvmlDeviceGetViolationStatus (ns)",
+       {"nvidia-smi": "nvidia-smi -q -d PERFORMANCE", "amd-smi": "amd-smi metric --throttle"},
        labels=("reason",)),
     # --- interconnect ----------------------------------------------------------------------------
     _g("gpu_link_up", GAUGE, "1", "1 when a GPU interconnect link (NVLink, XGMI) is active, by link.",
-       "interconnect", "link_up", "nvmlDeviceGetNvLinkState", "nvidia-smi nvlink -s",
-       "amd-smi xgmi --link-status", labels=("link",)),
+       "interconnect", "link_up", "nvmlDeviceGetNvLinkState",
+       {"nvidia-smi": "nvidia-smi nvlink -s", "amd-smi": "amd-smi xgmi --link-status"}, labels=("link",)),
     _g("gpu_link_errors_total", COUNTER, "1",
        "NVLink errors since the driver loaded, by counter (replay, recovery, crc_flit, crc_data) and link; "
        "sum without (link) for the GPU's total.", "interconnect", "link_errors",
-       "nvmlDeviceGetNvLinkErrorCounter (per link)", "nvidia-smi nvlink -e", "(none)", labels=("counter", "link")),
+       "nvmlDeviceGetNvLinkErrorCounter (per link)",
+       {"nvidia-smi": "nvidia-smi nvlink -e", "amd-smi": "(none)"}, labels=("counter", "link")),
     _g("gpu_link_transferred_bytes_total", COUNTER, "bytes",
        "Bytes moved over the GPU's links, by link_type (xgmi: summed over the XGMI links since the driver "
        "loaded; pcie: since the exporter's second collection) and direction (tx, rx; pcie: bidirectional).",
        "interconnect", "link_transferred_bytes",
        "(none: NVIDIA gives rates, gpu_nvlink_throughput_bytes_per_second and gpu_pcie_throughput_bytes_per_second)",
-       "(none)", "gpu_metrics xgmi_read_data_acc -> rx, xgmi_write_data_acc -> tx (KB, taken as 1000 bytes; amd-smi "
-       "xgmi --metric); pcie_bandwidth_acc (GB/s summed once per firmware iteration) averaged over the iterations "
-       "between two collections and multiplied by their time: an estimate of both directions together",
+       {"nvidia-smi": "(none)",
+        "amd-smi": "gpu_metrics xgmi_read_data_acc -> rx, xgmi_write_data_acc -> tx (KB, taken as 1000 bytes; "
+                   "amd-smi xgmi --metric); pcie_bandwidth_acc (GB/s summed once per firmware iteration) averaged "
+                   "over the iterations between two collections and multiplied by their time: an estimate of both "
+                   "directions together"},
        labels=("link_type", "direction"), when="AMD gpu_metrics with data accumulators (MI300 class); pcie from "
        "the second collection"),
     # --- processes -------------------------------------------------------------------------------
     _g("gpu_processes", GAUGE, "1", "Compute processes running on the GPU.", "processes", "process_count",
-       "nvmlDeviceGetComputeRunningProcesses_v3/_v2/v1", "--query-compute-apps=pid (count)",
-       "amd-smi process (count)"),
+       "nvmlDeviceGetComputeRunningProcesses_v3/_v2/v1",
+       {"nvidia-smi": "--query-compute-apps=pid (count)", "amd-smi": "amd-smi process (count)"}),
     _g("gpu_processes_memory_used_bytes", GAUGE, "bytes", "Device memory used by all compute processes, in bytes.",
        "processes", "process_memory_used_bytes",
-       "nvmlDeviceGetComputeRunningProcesses.usedGpuMemory", "--query-compute-apps=used_memory (sum)",
-       "amd-smi process: mem_usage (sum)"),
+       "nvmlDeviceGetComputeRunningProcesses.usedGpuMemory",
+       {"nvidia-smi": "--query-compute-apps=used_memory (sum)", "amd-smi": "amd-smi process: mem_usage (sum)"}),
     _g("gpu_process_memory_used_bytes", GAUGE, "bytes", "Device memory used per process, by pid "
        "(opt-in: --per-process).", "processes", "process_memory_by_pid",
-       "nvmlDeviceGetComputeRunningProcesses", "--query-compute-apps=pid,used_memory", "amd-smi process",
+       "nvmlDeviceGetComputeRunningProcesses",
+       {"nvidia-smi": "--query-compute-apps=pid,used_memory", "amd-smi": "amd-smi process"},
        labels=("pid",), when="--per-process"),
     # --- state nvidia_gpu_exporter's dashboards read (issue 28) ----------------------------------
     _g("gpu_power_default_limit_watts", GAUGE, "watts",
        "Default power limit in watts: the board's limit before an administrator changes it.", "power",
        "power_default_limit_watts", "nvmlDeviceGetPowerManagementDefaultLimit (mW)",
-       "power.default_limit", "(none)"),
+       {"nvidia-smi": "power.default_limit", "amd-smi": "(none)"}),
     _g("gpu_compute_mode", GAUGE, "1",
        "Compute mode (nvmlComputeMode_t): 0 default (shared), 1 exclusive thread, 2 prohibited, 3 exclusive "
-       "process.", "identity", "compute_mode", "nvmlDeviceGetComputeMode", "compute_mode",
-       "(none)"),
+       "process.", "identity", "compute_mode", "nvmlDeviceGetComputeMode",
+       {"nvidia-smi": "compute_mode", "amd-smi": "(none)"}),
     _g("gpu_fabric_state", GAUGE, "1",
        "NVLink fabric (NVSwitch) registration of the GPU (nvmlGpuFabricState_t): 1 not started, 2 in progress, "
        "3 completed.", "interconnect", "fabric_state", "nvmlDeviceGetGpuFabricInfo.state (R525+)",
-       "fabric.state", "(none)", when="a GPU on an NVLink fabric (absent when NVML says not supported)"),
+       {"nvidia-smi": "fabric.state",
+        "amd-smi": "(none)"}, when="a GPU on an NVLink fabric (absent when NVML says not supported)"),
     _g("gpu_recovery_action", GAUGE, "1",
        "The recovery the driver asks for (nvmlDeviceGpuRecoveryAction_t): 0 none, 1 GPU reset, 2 node reboot, "
        "3 drain peer-to-peer, 4 drain and reset.", "health", "recovery_action",
-       "nvmlDeviceGetFieldValues NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230)", "gpu_recovery_action", "(none)",
+       "nvmlDeviceGetFieldValues NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230)",
+       {"nvidia-smi": "gpu_recovery_action", "amd-smi": "(none)"},
        when="a driver that reports the field"),
     # --- MIG / partitions ------------------------------------------------------------------------
     _g("gpu_mig_mode_enabled", GAUGE, "1", "1 when MIG (NVIDIA) or a compute partition mode (AMD) is enabled.",
-       "mig", "mig_mode_enabled", "nvmlDeviceGetMigMode", "mig.mode.current",
-       "amd-smi static --partition"),
+       "mig", "mig_mode_enabled", "nvmlDeviceGetMigMode",
+       {"nvidia-smi": "mig.mode.current", "amd-smi": "amd-smi static --partition"}),
     Family("gpu_mig_memory_total_bytes", GAUGE, "bytes", "MIG instance memory total in bytes.", "mig", "mig",
            ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "memory_total_bytes",
            when="MIG on", nvml="nvmlDeviceGetMemoryInfo (MIG device)",
-           tools=(("nvidia-smi", "nvidia-smi -q -d MEMORY (MIG)"),
-                  ("amd-smi", "(partitions are GPUs)"))),
+           tools={"nvidia-smi": "nvidia-smi -q -d MEMORY (MIG)",
+                  "amd-smi": "(partitions are GPUs)"}),
     Family("gpu_mig_memory_used_bytes", GAUGE, "bytes", "MIG instance memory used in bytes.", "mig", "mig",
            ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "memory_used_bytes",
            when="MIG on", nvml="nvmlDeviceGetMemoryInfo (MIG device)",
-           tools=(("nvidia-smi", "nvidia-smi -q -d MEMORY (MIG)"),
-                  ("amd-smi", "(partitions are GPUs)"))),
+           tools={"nvidia-smi": "nvidia-smi -q -d MEMORY (MIG)",
+                  "amd-smi": "(partitions are GPUs)"}),
     Family("gpu_mig_utilization_ratio", GAUGE, "ratio", "MIG instance utilisation (0-1), where the driver reports it.",
            "mig", "mig", ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid"), "utilization_ratio",
            when="MIG on, where the driver reports it", nvml="nvmlDeviceGetUtilizationRates (MIG device)",
-           tools=(("nvidia-smi", "(none)"), ("amd-smi", "(partitions are GPUs)"))),
+           tools={"nvidia-smi": "(none)", "amd-smi": "(partitions are GPUs)"}),
     # --- topology (off /metrics by default: N x (N-1) series) -----------------------------------------
     Family("gpu_p2p_supported", GAUGE, "1", "1 when peer-to-peer access from gpu to peer is supported, by capability.",
            "topology", "peer", ("capability",), "p2p", default=False,
-           nvml="nvmlDeviceGetP2PStatus", tools=(("nvidia-smi", "nvidia-smi topo -p2p rwna"),
-                                                 ("amd-smi", "amd-smi topology -a"))),
+           nvml="nvmlDeviceGetP2PStatus", tools={"nvidia-smi": "nvidia-smi topo -p2p rwna",
+                                                 "amd-smi": "amd-smi topology -a"}),
     Family("gpu_topology_level", GAUGE, "1",
            "PCIe/NVLink topology level between gpu and peer (NVML levels: 0 internal, 10 single switch, "
            "20 multiple switches, 30 host bridge, 40 NUMA node, 50 system); label level names it.",
            "topology", "peer", ("level",), "levels", default=False,
-           nvml="nvmlDeviceGetTopologyCommonAncestor", tools=(("nvidia-smi", "nvidia-smi topo -m"),
-                                                              ("amd-smi", "amd-smi topology -t"))),
+           nvml="nvmlDeviceGetTopologyCommonAncestor", tools={"nvidia-smi": "nvidia-smi topo -m",
+                                                              "amd-smi": "amd-smi topology -t"}),
     # --- events and the bus ----------------------------------------------------------------------
     Family("gpu_xid_errors_total", COUNTER, "1",
            "XID errors reported by the driver since the exporter started, by xid code.", "events", "event",
            ("xid",), "xid_counts", when="after an XID event", nvml="nvmlEventSetWait_v2 (XID events)",
-           tools=(("nvidia-smi", "(dmesg: NVRM: Xid)"), ("amd-smi", "(none)"))),
+           tools={"nvidia-smi": "(dmesg: NVRM: Xid)", "amd-smi": "(none)"}),
     Family("gpu_xid_last_timestamp_seconds", GAUGE, "seconds", "Unix time of the last XID error on this GPU.",
            "events", "event", attr="xid_last_seconds", when="after an XID event", nvml="nvmlEventSetWait_v2",
-           tools=(("nvidia-smi", "(dmesg)"), ("amd-smi", "(none)"))),
+           tools={"nvidia-smi": "(dmesg)", "amd-smi": "(none)"}),
     Family("gpu_pci_devices", GAUGE, "1", "GPUs of this vendor present on the PCI bus (sysfs).", "bus", "node",
            ("vendor",), "pci_devices", when="sysfs readable",
-           tools=(("nvidia-smi", "lspci -d 10de::0300, 10de::0302"), ("amd-smi", "lspci -d 1002::0300, 1002::0380"))),
+           tools={"nvidia-smi": "lspci -d 10de::0300, 10de::0302", "amd-smi": "lspci -d 1002::0300, 1002::0380"}),
     Family("gpu_visible_devices", GAUGE, "1", "GPUs of this vendor visible to the vendor library.", "bus", "node",
            ("vendor",), "visible_devices", when="sysfs readable", nvml="nvmlDeviceGetCount",
-           tools=(("nvidia-smi", "nvidia-smi -L (count)"), ("amd-smi", "amd-smi list (count)"))),
+           tools={"nvidia-smi": "nvidia-smi -L (count)", "amd-smi": "amd-smi list (count)"}),
     # --- pod attribution (exporter/k8s) -------------------------------------------------------------
     Family("gpu_allocation_info", GAUGE, "1",
            "One series per device the kubelet allocated to a container on this GPU; value is always 1. "
@@ -469,23 +503,23 @@ FAMILIES: tuple[Family, ...] = (
            "ResourceClaim (empty for device plugins).", "attribution", "pod",
            ("gpu", "uuid", "pod", "namespace", "container", "resource", "device", "shared", "claim",
             "claim_namespace"),
-           when="pod attribution on", tools=(("nvidia-smi", "(kubelet pod-resources API)"),
-                                             ("amd-smi", "(kubelet pod-resources API)"))),
+           when="pod attribution on", tools={"nvidia-smi": "(kubelet pod-resources API)",
+                                             "amd-smi": "(kubelet pod-resources API)"}),
     Family("gpu_pod_utilization_ratio", GAUGE, "ratio",
            "Share of time the pod's processes ran kernels on this GPU (0-1): the sum over its compute processes, "
            "capped at 1; pod empty: processes outside any pod. container is set when one container holds them.",
            "attribution", "pod", ("gpu", "uuid", "pod", "namespace", "container"),
            when="--per-process, where the driver gives per-process utilisation (AMD: from the second collection)",
            nvml="nvmlDeviceGetProcessesUtilizationInfo (R550+) or nvmlDeviceGetProcessUtilization: smUtil (%)",
-           tools=(("nvidia-smi", "nvidia-smi pmon -s u: sm"),
-                  ("amd-smi", "amd-smi process: engine_usage gfx (ns, as a rate)"))),
+           tools={"nvidia-smi": "nvidia-smi pmon -s u: sm",
+                  "amd-smi": "amd-smi process: engine_usage gfx (ns, as a rate)"}),
     Family("gpu_pod_memory_used_bytes", GAUGE, "bytes",
            "Device memory used by the pod's compute processes on this GPU, in bytes (pod empty: processes outside "
            "any pod).", "attribution", "pod", ("gpu", "uuid", "pod", "namespace", "container"),
            when="--per-process, where the driver gives every process's memory",
            nvml="nvmlDeviceGetComputeRunningProcesses.usedGpuMemory",
-           tools=(("nvidia-smi", "--query-compute-apps=pid,used_memory"),
-                  ("amd-smi", "amd-smi process: memory_usage vram_mem"))),
+           tools={"nvidia-smi": "--query-compute-apps=pid,used_memory",
+                  "amd-smi": "amd-smi process: memory_usage vram_mem"}),
     Family("gpu_exporter_pod_attribution_up", GAUGE, "1",
            "1 when pod labels come from a kubelet pod-resources List younger than the staleness limit.",
            "self", "self",
@@ -659,9 +693,16 @@ def _cell(text: str) -> str:
 
 def tool_names(extra: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
     """The vendor tools whose equivalents the rows (and ``extra``) give, in the order first given."""
-    names = {t: None for f in FAMILIES for t, _ in f.tools}
+    names = {t: None for f in FAMILIES for t in f.tools}
     names.update(dict.fromkeys(extra or {}))
     return list(names)
+
+
+def equivalents(f: Family, extra: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
+    """What each vendor tool of :func:`tool_names` shows of ``f`` ("": nothing said): the row's, else the backend's
+    own (``extra``: tool -> family -> equivalent, ``Backend.equivalents``). docs/metrics.md's columns and
+    /api/v1/families' ``equivalents`` are these."""
+    return {t: f.equivalent(t) or (extra or {}).get(t, {}).get(f.name, "") for t in tool_names(extra)}
 
 
 def markdown_table(extra: Mapping[str, Mapping[str, str]] | None = None) -> str:
@@ -684,7 +725,7 @@ def markdown_table(extra: Mapping[str, Mapping[str, str]] | None = None) -> str:
                 extra_text += f" Present: {f.when}."
             if not f.filterable:
                 extra_text += " Field selection (--fields-include/--fields-exclude) never removes it."
-            cells = " | ".join(_cell(f.equivalent(t) or (extra or {}).get(t, {}).get(f.name, "")) for t in tools)
+            cells = " | ".join(_cell(text) for text in equivalents(f, extra).values())
             out.append(f"| `{f.name}` | {f.kind} | {f.unit} | {labels} | {_cell(f.nvml)} | {cells} | "
                        f"{_cell(f.help)}{extra_text} |\n")
         out.append("\n")

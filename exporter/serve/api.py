@@ -24,7 +24,7 @@ from typing import Any
 from exporter import backends
 from exporter.core.engine import Engine
 from exporter.core.options import FieldFilter
-from exporter.core.schema import FAMILIES
+from exporter.core.schema import FAMILIES, equivalents
 from exporter.core.snapshot import Snapshot
 from exporter.core.views import FIELDS, Field, GpuSource, PowerTracker, gpu_legacy, iso_time, numbered, stats_view
 from exporter.platform.http import Handler, HTTPServer, Response
@@ -44,13 +44,14 @@ def gpu_metrics_view(snap: Snapshot, fields: Sequence[Field] = FIELDS) -> dict[s
 
 
 def families_view(fields: FieldFilter) -> dict[str, Any]:
-    """Every metric family of the schema and what the field selection does with it."""
+    """Every metric family of the schema and what the field selection does with it; ``equivalents``: what each
+    vendor tool the registry knows shows of it (the rows' tools and the backends' own), null where none says."""
+    extra = backends.equivalents()
     return {"families": [
         {"name": f.name, "type": f.kind, "unit": f.unit, "help": f.help, "labels": list(f.all_labels),
          "group": f.group, "backends": backends.supporters(f.name), "when": f.when or None,
          "state": "published" if fields.exposed(f.name) else "collected" if fields.enabled(f.name) else "off",
-         "nvidia_smi": f.equivalent("nvidia-smi") or None,
-         "amd_smi": f.equivalent("amd-smi") or None}
+         "equivalents": {tool: text or None for tool, text in equivalents(f, extra).items()}}
         for f in FAMILIES]}
 
 

@@ -9,6 +9,7 @@ module is the only file added, and no file of the copy is edited.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -324,8 +325,7 @@ def start(tmp: Path, args: list[str]) -> ExporterProcess:
 # A new family at once (docs/extending.md, "A new metric family"): one row, which zeta-smi fills; readings.py
 # is not edited (the value is a GpuReading constructor argument all the same)
 FAMILY_ROW = '''    _g("gpu_jpeg_utilization_ratio", GAUGE, "ratio", "JPEG decoder utilisation (0-1).", "utilization",
-       "jpeg_utilization_ratio", "nvmlDeviceGetJpgUtilization (%)", "utilization.jpeg", "(none)",
-       tools=(("zeta-smi", "zeta-smi --json: jpeg_pct"),),
+       "jpeg_utilization_ratio", "nvmlDeviceGetJpgUtilization (%)", {"zeta-smi": "zeta-smi --json: jpeg_pct"},
        views=(Field(digits=4, maximum=1, status=True, column="JPEG"),)),
 '''
 README_ROWS = ("| `acme` | Acme | a minimal model | itself |\n"
@@ -422,12 +422,19 @@ def test_the_suite_passes_with_two_new_vendors(tmp_path: Path) -> None:
     assert "PASSED tests/unit/backends/test_contract.py::test_support_table_is_true" in done.stdout
     for backend in ("acme", "zeta-smi"):  # the Python API ran each new vendor, the contract test's fleets have it
         assert f"PASSED tests/unit/tools/test_api.py::test_every_backend[{backend}]" in done.stdout, backend
-    # the new family is served by zeta-smi from its row alone
-    served = _run(root, "-c", "import sys; from pathlib import Path\n"
-                              "from tests.fakes.contract_fleets import exporter_for\n"
-                              "with exporter_for('zeta-smi', Path(sys.argv[1])) as ex:\n"
-                              "    print(ex.scrape_text())", str(tmp_path / "zeta-fleet"))
+    # the new family is served by zeta-smi from its row alone; /api/v1/families gives each family an entry per
+    # vendor tool, zeta-smi's among them (its backend's equivalents, and the new row's, which no nvidia-smi shows)
+    served, _, listed = _run(root, "-c", "import sys; from pathlib import Path\n"
+                                         "from tests.fakes.contract_fleets import exporter_for\n"
+                                         "with exporter_for('zeta-smi', Path(sys.argv[1])) as ex:\n"
+                                         "    print(ex.scrape_text(), ex.get('/api/v1/families')[1].decode(), "
+                                         "sep='\\n@@\\n')", str(tmp_path / "zeta-fleet")).partition("\n@@\n")
     assert 'gpu_jpeg_utilization_ratio{gpu="1",uuid="ZETA-1"} 0.05' in served, served[-2000:]
+    families = {f["name"]: f["equivalents"] for f in json.loads(listed)["families"]}
+    assert families["gpu_jpeg_utilization_ratio"]["zeta-smi"] == "zeta-smi --json: jpeg_pct"
+    assert families["gpu_jpeg_utilization_ratio"]["nvidia-smi"] is None
+    assert families["gpu_power_watts"]["zeta-smi"] == "zeta-smi --json: power_w"
+    assert families["gpu_power_watts"]["nvidia-smi"] == "power.draw"
     contract, _, with_fleet = _run(root, "-c", "from tests.fakes.contract_fleets import BACKENDS, fleets; "
                                               "print(*BACKENDS, '|', *fleets())").partition("|")
     assert {"acme", "zeta-smi"} <= set(contract.split()) and "zeta-smi" in with_fleet.split(), contract + with_fleet

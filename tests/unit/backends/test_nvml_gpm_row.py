@@ -17,8 +17,9 @@ from tests.harness.tree import edit, package_copy
 # DMMA tensor activity: a GPM metric the fake serves that no row of the schema publishes (yet).
 ROW = f'''    _g("gpu_dmma_tensor_active_ratio", GAUGE, "ratio",
        "Fraction of time the DMMA tensor pipe was active over the last collection interval (0-1), by gpu_instance.",
-       "activity", "dmma_tensor_active_ratio", "nvmlGpmMetricsGet DMMA_TENSOR_UTIL (%)", "(dcgmi dmon -e 1004)",
-       "(none)", labels=("gpu_instance",), when=_GPM, gpm=(({GPM_DMMA_TENSOR_UTIL}, ""),)),
+       "activity", "dmma_tensor_active_ratio", "nvmlGpmMetricsGet DMMA_TENSOR_UTIL (%)",
+       {{"nvidia-smi": "(dcgmi dmon -e 1004)"}}, labels=("gpu_instance",), when=_GPM,
+       gpm=(({GPM_DMMA_TENSOR_UTIL}, ""),)),
 '''
 
 

@@ -16,8 +16,8 @@ from tests.harness.tree import edit, package_copy
 pytestmark = pytest.mark.slow  # builds a copy of the package and starts the exporter
 
 ROW = '''    _g("gpu_jpeg_utilization_ratio", GAUGE, "ratio", "JPEG decoder (NVJPG) utilisation (0-1).", "utilization",
-       "jpeg_utilization_ratio", "nvmlDeviceGetJpgUtilization (%)", "(nvidia-smi -q: JPEG)",
-       "amd-smi metric --usage: jpeg_activity"),
+       "jpeg_utilization_ratio", "nvmlDeviceGetJpgUtilization (%)",
+       {"nvidia-smi": "(nvidia-smi -q: JPEG)", "amd-smi": "amd-smi metric --usage: jpeg_activity"}),
 '''
 ENTRY = '''    "gpu_jpeg_utilization_ratio": (Simple("nvmlDeviceGetJpgUtilization", 0.01, trailing=1),),  # (%, period)
 '''

@@ -120,3 +120,29 @@ def test_any_enabled_is_true_when_one_family_of_the_group_is_collected() -> None
     g = FieldFilter(exclude=["gpu_clock_*"])
     assert g.any_enabled("gpu_clock_hertz", "gpu_clock_max_hertz") is False
     assert g.any_enabled("gpu_clock_hertz", "gpu_power_watts") is True
+
+
+def test_a_row_gives_any_vendor_tools_equivalents_none_required() -> None:
+    """A row's equivalents are a mapping of vendor tool -> what it shows: a family no nvidia-smi shows leaves it
+    out (no placeholder column), a third vendor's tool has its place, and docs/metrics.md's table shows each."""
+    row = schema._g("gpu_widget_ratio", schema.GAUGE, "ratio", "Widget activity (0-1).", "utilization",
+                    "widget_ratio", "", {"zeta-smi": "zeta-smi --json: widget_pct"})
+    assert dict(row.tools) == {"zeta-smi": "zeta-smi --json: widget_pct"}
+    assert row.equivalent("nvidia-smi") == "" and row.equivalent("zeta-smi") == "zeta-smi --json: widget_pct"
+    with pytest.raises(TypeError):  # the row is frozen, and so are its equivalents
+        row.tools["nvidia-smi"] = "x"  # type: ignore[index]
+    with pytest.raises(TypeError):  # the old fixed (smi, amd) pair of strings
+        schema._g("gpu_widget_ratio", schema.GAUGE, "ratio", "h.", "utilization", "widget_ratio", "",
+                  "widget.pct", "(none)")  # type: ignore[misc]
+    with pytest.raises(TypeError, match="gpu_widget_ratio: the row's equivalents are a mapping"):
+        schema._g("gpu_widget_ratio", schema.GAUGE, "ratio", "h.", "utilization", "widget_ratio", "",
+                  "widget.pct")  # type: ignore[arg-type]
+    hash(row)
+    shipped = {f.name: f for f in schema.FAMILIES}
+    assert schema.equivalents(shipped["gpu_power_watts"]) == {
+        **dict.fromkeys(schema.tool_names(), ""), "nvidia-smi": "power.draw",
+        "amd-smi": "amd-smi metric --power: socket_power"}
+    # a backend's own tool (Backend.equivalents) adds a key for every family, its text where it gives one
+    extra = {"zeta-smi": {"gpu_power_watts": "zeta-smi --json: power_w"}}
+    assert schema.equivalents(shipped["gpu_power_watts"], extra)["zeta-smi"] == "zeta-smi --json: power_w"
+    assert schema.equivalents(shipped["gpu_up"], extra)["zeta-smi"] == ""

@@ -27,7 +27,8 @@ MIB = 2**20
 # A dict family (one sample per widget) whose "alpha" entry is a GPU field: a GpuStatus attribute, in the
 # record, a snapshot column, fixed for diff, shown in gpu-metrics in MiB. Its unit and doc come from the row.
 ROW = '''    _g("gpu_widget_bytes", GAUGE, "bytes", "Bytes in the widget cache, by widget.", "memory", "widget_bytes",
-       "nvmlDeviceGetWidgets", "widgets.used", "(none)", labels=("widget",),
+       "nvmlDeviceGetWidgets", {"nvidia-smi": "widgets.used", "amd-smi": "(none)"},
+       labels=("widget",),
        views=(Field("widget_alpha_bytes", source="reading.widget_bytes[alpha]", kind="integer", status=True,
                     diff="fixed", column="ALPHA", record=Record("widget_alpha_mb", 1 / MIB),
                     legacy=Legacy("widget.alpha", unit="MiB", per=MIB, digits=None)),

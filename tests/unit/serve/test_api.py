@@ -161,3 +161,13 @@ def test_families_endpoint_reads_the_schema_and_the_selection(tmp_path: Path) ->
     assert doc["gpu_topology_level"]["state"] == "collected"
     assert doc["gpu_power_watts"]["state"] == "published"
     assert doc["gpu_power_watts"]["unit"] == "watts" and doc["gpu_power_watts"]["labels"] == ["gpu", "uuid"]
+    # an entry per vendor tool the registry knows (the rows' and the backends' own), not fixed columns
+    from exporter import backends
+    from exporter.core.schema import tool_names
+
+    tools = tool_names(backends.equivalents())
+    assert {"nvidia-smi", "amd-smi"} <= set(tools)
+    assert all(list(f["equivalents"]) == tools for f in doc.values())
+    assert doc["gpu_power_watts"]["equivalents"]["nvidia-smi"] == "power.draw"
+    assert doc["gpu_power_watts"]["equivalents"]["amd-smi"] == "amd-smi metric --power: socket_power"
+    assert not {"nvidia_smi", "amd_smi"} & set(doc["gpu_power_watts"])

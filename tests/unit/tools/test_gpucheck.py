@@ -152,7 +152,7 @@ def test_a_family_without_a_validation_row_gets_the_schema_rows() -> None:
     from exporter.tools.gpucheck import default_row
 
     row = default_row(Family("gpu_new_bytes", "gauge", "bytes", "New.", "memory", attr="new",
-                             tools=(("nvidia-smi", "new.field"),)))
+                             tools={"nvidia-smi": "new.field"}))
     assert row.conversion == "as read, in bytes" and "nvidia-smi: new.field" in row.not_comparable
 
 
