@@ -62,7 +62,7 @@ from exporter.backends.base import (
     si,
 )
 from exporter.core import xid
-from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
+from exporter.core.k8s_names import DevicePluginResource, DraAttributes, KubernetesNames
 from exporter.core.options import BackendOptions
 from exporter.core.pci import canonical_bus_id
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
@@ -71,9 +71,13 @@ from exporter.core.schema import FAMILY_OF_ATTR, GPU_FAMILIES, TOPOLOGY_LEVELS
 log = logging.getLogger(__name__)
 PCI_VENDOR = 0x1002  # AMD: the sysfs ``vendor`` of its GPUs (gpu_pci_devices)
 #: AMD's names in Kubernetes (both AMD backends): the device plugin's resource (ROCm/k8s-device-plugin,
-#: device IDs are PCI bus ids; a sharing suffix as for NVIDIA) and the DRA driver (ROCm/k8s-gpu-dra-driver)
+#: device IDs are PCI bus ids; a sharing suffix as for NVIDIA) and the DRA driver (ROCm/k8s-gpu-dra-driver) with
+#: the attributes its devices carry (cmd/gpu-kubeletplugin/deviceinfo.go): a full GPU's ``pciAddr``, a compute
+#: partition's ``parentPciAddr`` (and ``partitionProfile``). No UUID: its first release (commit 4482249) published
+#: a ``uuid`` the driver derived itself, which no amd-smi UUID equals, so the PCI bus id decides for AMD
 KUBERNETES = KubernetesNames(resources=(DevicePluginResource(r"amd\.com/gpu(?:\.[A-Za-z0-9][-A-Za-z0-9_]*)*"),),
-                             dra_drivers=("gpu.amd.com",))
+                             dra_drivers=("gpu.amd.com",),
+                             dra_attributes=DraAttributes(uuid=(), pci=("pciAddr",), parent_pci=("parentPciAddr",)))
 
 _ATTR_OF_FAMILY = {f.name: f.attr for f in GPU_FAMILIES}
 

@@ -72,7 +72,7 @@ from exporter.backends.nvml_private import (
 )
 from exporter.backends.nvml_processes import ProcessReader
 from exporter.core import schema
-from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
+from exporter.core.k8s_names import DevicePluginResource, DraAttributes, KubernetesNames
 from exporter.core.pci import canonical_bus_id, pci_gpus
 from exporter.core.readings import Collection, GpuReading, MigReading, PeerReading
 
@@ -281,12 +281,18 @@ class NvmlBackend(Backend):
     auto_priority: ClassVar[int | None] = 10
     #: NVIDIA's names in Kubernetes: the device plugin's resources (sharing variants add a suffix:
     #: nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb.shared; a MIG resource is a slice), GKE's
-    #: nvidiaN device IDs, and the DRA driver (NVIDIA/k8s-dra-driver-gpu)
+    #: nvidiaN device IDs, and the DRA driver (NVIDIA/k8s-dra-driver-gpu) with the attributes its devices carry
+    #: (cmd/gpu-kubelet-plugin/deviceinfo.go and mig.go): a full GPU's ``uuid`` (GPU-...), a MIG device's own
+    #: ``uuid`` (MIG-..., once created), ``parentUUID`` and ``profile`` (1g.10gb); the PCI bus id is Kubernetes'
+    #: standard ``resource.kubernetes.io/pciBusID`` since v25.12 (commit dcdeb68), an unqualified ``pcieBusID``
+    #: before
     pci_vendor: ClassVar[int | None] = PCI_VENDOR
     kubernetes: ClassVar[KubernetesNames] = KubernetesNames(
         resources=(DevicePluginResource(r"nvidia\.com/gpu(?:\.[A-Za-z0-9][-A-Za-z0-9_]*)*"),
                    DevicePluginResource(r"nvidia\.com/mig-[A-Za-z0-9][-A-Za-z0-9_.]*", slices=True)),
-        index_prefix="nvidia", dra_drivers=("gpu.nvidia.com",))
+        index_prefix="nvidia", dra_drivers=("gpu.nvidia.com",),
+        dra_attributes=DraAttributes(uuid=("uuid",), pci=("resource.kubernetes.io/pciBusID", "pcieBusID"),
+                                     parent_uuid=("parentUUID",), profile=("profile",)))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -28,6 +28,39 @@ class DevicePluginResource:
 
 
 @dataclass(frozen=True)
+class DraAttributes:
+    """Which attributes of a vendor's DRA devices (its drivers' ResourceSlices) say which GPU a device is.
+
+    Each is a tuple of attribute names, the first one a device carries wins; a name qualified with the
+    driver's own domain (``gpu.nvidia.com/uuid``) is the bare one, other domains are written out
+    (``resource.kubernetes.io/pciBusID``, Kubernetes' standard PCI attribute). A device is never identified by
+    its name (exporter/k8s/resourceslices.py). The default: a ``uuid`` and the standard PCI bus id.
+    """
+
+    #: the GPU's UUID as the backend reads it (``GpuReading.uuid``); on a slice, the slice's own (``MIG-...``)
+    uuid: tuple[str, ...] = ("uuid",)
+    #: the GPU's PCI bus id, any spelling
+    pci: tuple[str, ...] = ("resource.kubernetes.io/pciBusID",)
+    #: a slice of a GPU (MIG): its parent GPU's UUID; the device is then a fraction of that GPU
+    parent_uuid: tuple[str, ...] = ()
+    #: with ``parent_uuid``: the slice's profile (``1g.10gb``), which finds it among the GPU's MIG devices
+    profile: tuple[str, ...] = ()
+    #: a partition of a GPU: its parent GPU's PCI bus id; the device is then a fraction of that GPU
+    parent_pci: tuple[str, ...] = ()
+
+    def check(self, owner: str) -> None:
+        """ValueError naming ``owner`` (the backend) when a name cannot be an attribute's."""
+        for kind in ("uuid", "pci", "parent_uuid", "profile", "parent_pci"):
+            for name in getattr(self, kind):
+                if not isinstance(name, str) or not re.fullmatch(r"(?:[a-z0-9.-]+/)?[A-Za-z][A-Za-z0-9_-]*", name):
+                    raise ValueError(f"backend {owner!r} declares DRA attribute {name!r} ({kind}): expected an "
+                                     "attribute name, bare or qualified (resource.kubernetes.io/pciBusID)")
+        if self.profile and not self.parent_uuid:
+            raise ValueError(f"backend {owner!r} declares a DRA profile attribute without parent_uuid: a profile "
+                             "finds a slice among its parent GPU's")
+
+
+@dataclass(frozen=True)
 class KubernetesNames:
     """One vendor's names in Kubernetes, declared by its backend."""
 
@@ -37,6 +70,8 @@ class KubernetesNames:
     index_prefix: str = ""
     #: DRA drivers whose devices are this vendor's GPUs (their ResourceSlices say which GPU: k8s/resourceslices.py)
     dra_drivers: tuple[str, ...] = ()
+    #: which attributes of those drivers' devices say which GPU a device is (their names as the drivers publish them)
+    dra_attributes: DraAttributes = DraAttributes()
 
     @property
     def declared(self) -> bool:
@@ -51,6 +86,7 @@ class KubernetesNames:
             except re.error as exc:
                 raise ValueError(f"backend {owner!r} declares a device-plugin resource pattern {r.pattern!r} that "
                                  f"is not a regular expression ({exc})") from None
+        self.dra_attributes.check(owner)
         if self.index_prefix and not re.fullmatch(r"[a-z][a-z-]*", self.index_prefix):
             raise ValueError(f"backend {owner!r} declares index_prefix {self.index_prefix!r}: expected lower-case "
                              "letters (the device IDs are compared in lower case)")
@@ -63,6 +99,8 @@ class GpuResources:
     by_vendor: Mapping[str, KubernetesNames] = field(default_factory=dict)
     vendors: tuple[str, ...] = field(init=False)  # in declaration order
     dra_drivers: frozenset[str] = field(init=False)
+    #: DRA driver -> which attributes of its devices say which GPU a device is (its vendor's declaration)
+    dra_attributes: Mapping[str, DraAttributes] = field(init=False)
     _table: tuple[tuple[re.Pattern[str], str, bool], ...] = field(init=False, repr=False)
     _prefixes: dict[str, str] = field(init=False, repr=False)  # index prefix -> vendor
     _index_id: re.Pattern[str] | None = field(init=False, repr=False)
@@ -73,6 +111,7 @@ class GpuResources:
         for name, value in (
             ("vendors", tuple(self.by_vendor)),
             ("dra_drivers", frozenset(d for n in self.by_vendor.values() for d in n.dra_drivers)),
+            ("dra_attributes", {d: n.dra_attributes for n in self.by_vendor.values() for d in n.dra_drivers}),
             ("_table", tuple((re.compile(r.pattern), vendor, r.slices)
                              for vendor, names in self.by_vendor.items() for r in names.resources)),
             ("_prefixes", prefixes),

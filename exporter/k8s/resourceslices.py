@@ -8,21 +8,16 @@ server; :meth:`ResourceSliceWatch.resolve` is one dict lookup.
 
 A device is identified by the attributes its driver really publishes, never by its name (NVIDIA
 names a GPU ``gpu-<minor>``, and the minor number is not the NVML index; neither driver publishes
-an index):
+an index). Which attributes those are is the vendor's declaration, beside its DRA driver's name
+(``KubernetesNames.dra_attributes``, exporter/core/k8s_names.py, in its backend's file; the drivers'
+own attribute names are cited there: nvml.py for NVIDIA/k8s-dra-driver-gpu, amdsmi.py for
+ROCm/k8s-gpu-dra-driver); this module names none. A driver no backend declares is read by the
+default names (``DraAttributes()``: a ``uuid``, Kubernetes' standard ``resource.kubernetes.io/pciBusID``).
 
-- ``gpu.nvidia.com`` (NVIDIA/k8s-dra-driver-gpu, cmd/gpu-kubelet-plugin/deviceinfo.go and mig.go):
-  a full GPU has ``uuid`` (``GPU-...``); a MIG device has ``uuid`` (``MIG-...``), ``parentUUID``
-  and ``profile`` (``1g.10gb``). The PCI bus id is ``resource.kubernetes.io/pciBusID`` since
-  v25.12, an unqualified ``pcieBusID`` before.
-- ``gpu.amd.com`` (ROCm/k8s-gpu-dra-driver, cmd/gpu-kubeletplugin/deviceinfo.go): a full GPU
-  has ``pciAddr``; a compute partition has ``parentPciAddr`` and ``partitionProfile``. Its first
-  release published a ``uuid`` computed by the driver itself (not amd-smi's), so the PCI address
-  decides for AMD.
-
-Order: ``uuid``, then for MIG ``parentUUID`` + ``profile``, then the PCI bus id (either
-spelling). ``resource.k8s.io/v1beta1`` wraps a device's fields in ``basic``; ``v1beta2`` and
-``v1`` do not. The newest version the API server serves is used: v1 (Kubernetes 1.34+),
-v1beta2 (1.33), v1beta1 (1.32).
+Order: the device's ``uuid`` attribute, or for a slice (MIG) its own UUID and then its parent's UUID
++ ``profile``, then the PCI bus id; a partition's parent PCI bus id makes it a slice of that GPU.
+``resource.k8s.io/v1beta1`` wraps a device's fields in ``basic``; ``v1beta2`` and ``v1`` do not. The
+newest version the API server serves is used: v1 (Kubernetes 1.34+), v1beta2 (1.33), v1beta1 (1.32).
 
 RBAC: ``get``, ``list`` and ``watch`` on ``resourceslices`` (cluster scope), nothing else.
 """
@@ -37,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from exporter.core.k8s_names import DraAttributes
 from exporter.core.pci import canonical_bus_id
 
 if TYPE_CHECKING:
@@ -46,10 +42,12 @@ log = logging.getLogger(__name__)
 
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first
-# Which DRA drivers' devices are GPUs is what the backends declare (``KubernetesNames.dra_drivers``,
-# exporter/core/k8s_names.py); the pod attribution counts the devices of other drivers (NICs,
-# compute domains) as ignored, like non-GPU device plugin resources.
-PCI_ATTRIBUTES = ("resource.kubernetes.io/pciBusID", "pcieBusID", "pciAddr")  # newest spelling first
+# Which DRA drivers' devices are GPUs, and which of their attributes say which GPU, is what the backends
+# declare (``KubernetesNames.dra_drivers`` and ``dra_attributes``, exporter/core/k8s_names.py); the pod
+# attribution counts the devices of other drivers (NICs, compute domains) as ignored, like non-GPU device
+# plugin resources.
+Identities = Mapping[str, DraAttributes]  # DRA driver -> its vendor's attributes (GpuResources.dra_attributes)
+_DEFAULT = DraAttributes()  # a driver no backend declares
 
 Key = tuple[str, ...]
 DeviceId = tuple[str, str, str]  # (driver, pool, device name)
@@ -92,33 +90,44 @@ def device_attributes(device: Mapping[str, Any], driver: str) -> dict[str, str]:
     return out
 
 
-def identify(attrs: Mapping[str, str]) -> DraDevice | None:
-    """Lookup keys for a device from its attributes; None when nothing identifies a GPU."""
+def _first(attrs: Mapping[str, str], names: tuple[str, ...]) -> str:
+    """The first of ``names`` the device carries (stripped), or ""."""
+    return next((value for value in (attrs.get(n, "").strip() for n in names) if value), "")
+
+
+def _first_bus_id(attrs: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    """The first of ``names`` that holds a PCI bus id (canonical), or None."""
+    return next((pci for pci in (canonical_bus_id(attrs.get(n, "").strip()) for n in names) if pci), None)
+
+
+def identify(attrs: Mapping[str, str], names: DraAttributes) -> DraDevice | None:
+    """Lookup keys for a device from its attributes, read by its vendor's ``names``; None when nothing
+    identifies a GPU."""
     keys: list[Key] = []
-    uuid = attrs.get("uuid", "").strip().lower()
-    parent = attrs.get("parentUUID", "").strip().lower()
-    if parent:  # NVIDIA MIG device
+    uuid = _first(attrs, names.uuid).lower()
+    parent = _first(attrs, names.parent_uuid).lower()
+    if parent:  # a slice of a GPU known by its UUID (NVIDIA MIG device)
         if uuid:
             keys.append(("mig", uuid))
-        profile = attrs.get("profile", "").strip()
+        profile = _first(attrs, names.profile)
         if profile:
             keys.append(("migp", parent, profile))
         return DraDevice(tuple(keys), True) if keys else None
-    parent_pci = canonical_bus_id(attrs.get("parentPciAddr", "").strip())
-    if parent_pci is not None:  # AMD compute partition: the parent GPU, as a slice
+    parent_pci = _first_bus_id(attrs, names.parent_pci)
+    if parent_pci is not None:  # a partition (AMD compute partition): the parent GPU, as a slice
         return DraDevice((("pci", parent_pci),), True)
     if uuid:
         keys.append(("uuid", uuid))
-    for name in PCI_ATTRIBUTES:
-        pci = canonical_bus_id(attrs.get(name, "").strip())
-        if pci is not None:
-            keys.append(("pci", pci))
-            break
+    pci = _first_bus_id(attrs, names.pci)
+    if pci is not None:
+        keys.append(("pci", pci))
     return DraDevice(tuple(keys), False) if keys else None
 
 
-def index_slice(obj: Mapping[str, Any]) -> dict[DeviceId, DraDevice | None]:
-    """The devices of one ResourceSlice object (any version); None for an unidentifiable device."""
+def index_slice(obj: Mapping[str, Any], identities: Identities) -> dict[DeviceId, DraDevice | None]:
+    """The devices of one ResourceSlice object (any version), read by the attributes ``identities`` (driver ->
+    its vendor's) gives its driver, the default ones for a driver it does not name; None for an unidentifiable
+    device."""
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         return {}
@@ -128,10 +137,11 @@ def index_slice(obj: Mapping[str, Any]) -> dict[DeviceId, DraDevice | None]:
     devices = spec.get("devices")
     if not isinstance(driver, str) or not isinstance(pool_name, str) or not isinstance(devices, list):
         return {}
+    names = identities.get(driver, _DEFAULT)
     out: dict[DeviceId, DraDevice | None] = {}
     for dev in devices:
         if isinstance(dev, Mapping) and isinstance(dev.get("name"), str):
-            out[(driver, pool_name, dev["name"])] = identify(device_attributes(dev, driver))
+            out[(driver, pool_name, dev["name"])] = identify(device_attributes(dev, driver), names)
     return out
 
 
@@ -153,14 +163,16 @@ class ResourceSliceWatch:
     :class:`exporter.k8s.watch.Watcher` (list, then watch from its resourceVersion, relist after
     410). ``api_client``: a ``kubernetes.client.ApiClient``; ``timeout``: seconds per request;
     ``watch_seconds``: server-side length of one watch request; ``auto``: give up quietly when
-    the API server serves no ResourceSlices or forbids them (``--dra-attribution auto``).
+    the API server serves no ResourceSlices or forbids them (``--dra-attribution auto``); ``identities``:
+    DRA driver -> which attributes of its devices say which GPU (``GpuResources.dra_attributes``: the backends').
     """
 
-    def __init__(self, api_client: Any, node: str, timeout: float = 10.0, watch_seconds: int = 300,
-                 max_backoff: float = 30.0, auto: bool = False, clock: Any = None) -> None:
+    def __init__(self, api_client: Any, node: str, identities: Identities, timeout: float = 10.0,
+                 watch_seconds: int = 300, max_backoff: float = 30.0, auto: bool = False, clock: Any = None) -> None:
         if not node:
             raise ValueError("DRA attribution: the node name is empty (set NODE_NAME)")
         self.node = node
+        self.identities = identities
         self.timeout = float(timeout)
         self.watch_seconds = int(watch_seconds)
         self.max_backoff = float(max_backoff)
@@ -307,7 +319,7 @@ class ResourceSliceWatch:
         for obj in mine:
             key, gen = _pool(obj)
             if gen == newest[key]:
-                merged.update(index_slice(obj))
+                merged.update(index_slice(obj, self.identities))
         self._devices = merged
         self.synced.set()
 

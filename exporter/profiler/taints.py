@@ -14,8 +14,9 @@ What the leader does each cycle:
 
 * For a GPU that failed (lost or hung, a critical XID, uncorrectable ECC errors, a failed row
   remap: health.py's causes but a narrowed PCIe link), it finds the GPU's devices in its node's
-  ResourceSlices (by the driver's ``uuid`` attribute; a MIG device by its ``parentUUID``; AMD's,
-  whose driver publishes no UUID amd-smi knows, by the GPU's PCI bus id: its ``pciAddr``, a
+  ResourceSlices by the attributes its vendor declares (``KubernetesNames.dra_attributes`` in the
+  backends, as serve's pod attribution reads them: NVIDIA's ``uuid``, a MIG device's ``parentUUID``;
+  AMD's, whose driver publishes no UUID amd-smi knows, by the GPU's PCI bus id: its ``pciAddr``, a
   partition's ``parentPciAddr``, read from our ``gpu_info``; only the highest pool generation
   counts) and writes one rule per device selecting exactly that (driver, pool, device), effect
   ``NoSchedule``, taint ``gpu-exporter.io/unhealthy=<reason>``.
@@ -47,7 +48,7 @@ from typing import IO, Any
 
 from exporter.core.pci import canonical_bus_id
 from exporter.k8s.resourceslices import VERSIONS as SLICE_VERSIONS
-from exporter.k8s.resourceslices import _pool, index_slice
+from exporter.k8s.resourceslices import Identities, _pool, index_slice
 from exporter.profiler import health
 from exporter.profiler.prom import printable
 
@@ -110,9 +111,15 @@ class DeviceTaints:
     """Writes and removes our DeviceTaintRules through a ``kubernetes.client.ApiClient``; never raises."""
 
     def __init__(self, api_client: Any, hysteresis: int = 2, dry_run: bool = False, out: IO[str] | None = None,
-                 timeout: float = 10.0, is_leader: Callable[[], bool] | None = None) -> None:
+                 timeout: float = 10.0, is_leader: Callable[[], bool] | None = None,
+                 identities: Identities | None = None) -> None:
         from kubernetes import client
 
+        if identities is None:  # the vendors' declarations: which DRA drivers' devices are GPUs, and by what
+            from exporter.backends import gpu_resources
+
+            identities = gpu_resources().dra_attributes
+        self.identities = identities
         self.api: Any = client.CustomObjectsApi(api_client)
         self.hysteresis = max(1, hysteresis)
         self.dry_run = dry_run
@@ -175,7 +182,7 @@ class DeviceTaints:
             for obj in mine:
                 key, gen = _pool(obj)
                 if gen == newest[key]:
-                    out.update(index_slice(obj))
+                    out.update(index_slice(obj, self.identities))
             return out
         return {}
 

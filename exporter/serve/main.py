@@ -144,7 +144,8 @@ def start_dra(settings: config.Settings, environ: dict[str, str] | None = None) 
         return None
     from exporter.k8s.resourceslices import ResourceSliceWatch
 
-    slices = ResourceSliceWatch(api_client, node, auto=mode == "auto")
+    # every backend's DRA drivers and their attributes, as the pod attribution's resources (not only the running ones)
+    slices = ResourceSliceWatch(api_client, node, backends.gpu_resources().dra_attributes, auto=mode == "auto")
     slices.start()
     return slices
 

@@ -112,9 +112,11 @@ MODULES: dict[str, Module] = {
                     extra_args=("-k", "not resumes_after_the_watch_times_out and not lists_then_follows and not "
                                       "410_expired_lists_again and not forbidden_is_retried and not relist_after")),
     "resourceslices": Module("exporter/k8s/resourceslices.py", ("tests/unit/k8s/test_dra.py",),
-                             extra_args=("-k", "identified or not_guessed or slice_summary or every_shape"),
+                             extra_args=("-k", "identified or not_guessed or slice_summary or every_shape "
+                                               "or vendor_declares"),
                              functions=tuple(f"exporter.k8s.resourceslices.{f}__*" for f in (
-                                 "x__attr_value", "x_device_attributes", "x_identify", "x_index_slice",
+                                 "x__attr_value", "x_device_attributes", "x__first", "x__first_bus_id", "x_identify",
+                                 "x_index_slice",
                                  "x_slice_summary", "x__pool", "xǁResourceSliceWatchǁ_changed",
                                  "xǁResourceSliceWatchǁresolve"))),
     "sources": Module("exporter/profiler/sources.py", ("tests/unit/profiler/test_source_labels.py",

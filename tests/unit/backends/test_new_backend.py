@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from exporter.backends.base import Backend
-from exporter.core.k8s_names import DevicePluginResource, KubernetesNames
+from exporter.core.k8s_names import DevicePluginResource, DraAttributes, KubernetesNames
 from exporter.core.options import BackendSetting
 from exporter.core.readings import Collection, GpuReading
 
@@ -42,7 +42,9 @@ class AcmeBackend(Backend):
     kubernetes: ClassVar[KubernetesNames] = KubernetesNames(
         resources=(DevicePluginResource(r"acme\\.com/gpu"),
                    DevicePluginResource(r"acme\\.com/slice-\\w+", slices=True)),
-        index_prefix="acme", dra_drivers=("gpu.acme.example",))
+        index_prefix="acme", dra_drivers=("gpu.acme.example",),
+        # its DRA driver's devices say which GPU they are by these attributes (not NVIDIA's uuid)
+        dra_attributes=DraAttributes(uuid=("serialNumber",), pci=("busAddress",)))
     settings: ClassVar[tuple[BackendSetting, ...]] = (
         BackendSetting("acme_boost", "--acme-boost", "ACME_BOOST", "integer",
                        "watts the card adds to each power reading (default 0)", default=0, low=0, high=50),)
@@ -126,6 +128,16 @@ def test_its_dra_driver_is_a_gpu_driver(tree: Path) -> None:
     out = _run(tree, "-c", "from exporter import backends; r = backends.gpu_resources(); "
                            "print(sorted(r.dra_drivers), r.vendors)")
     assert out.strip() == f"{sorted({*real.dra_drivers, 'gpu.acme.example'})} {('acme', *real.vendors)}"
+    # the attributes it declares identify its DRA devices, as serve's ResourceSlice reader gets them
+    out = _run(tree, "-c", "from exporter import backends; from exporter.k8s.resourceslices import index_slice\n"
+                           "dev = lambda n, **a: {'name': n, 'attributes': {k: {'string': v} for k, v in a.items()}}\n"
+                           "spec = {'driver': 'gpu.acme.example', 'nodeName': 'n', 'pool': {'name': 'n'}, 'devices': "
+                           "[dev('d0', serialNumber='ACME-1'), dev('d1', busAddress='0000:41:00.0'), "
+                           "dev('d2', uuid='ACME-1')]}\n"
+                           "got = index_slice({'spec': spec}, backends.gpu_resources().dra_attributes)\n"
+                           "print(*(got[('gpu.acme.example', 'n', d)] and got[('gpu.acme.example', 'n', d)].keys "
+                           "for d in ('d0', 'd1', 'd2')), sep='|')")
+    assert out.strip() == "(('uuid', 'acme-1'),)|(('pci', '0000:41:00.0'),)|None"
 
 
 def test_help_lists_it(tree: Path) -> None:

@@ -20,8 +20,9 @@ ALLOWED = {
     "k8s": {"core"},
     "serve": {"core", "platform", "backends", "k8s"},
     # k8s: --device-taints finds a GPU's DRA devices with the exporter's own ResourceSlice reader
-    # (k8s/resourceslices.py: one parser of the slices' shapes, not two); k8s imports only core
-    "profiler": {"core", "platform", "k8s"},
+    # (k8s/resourceslices.py: one parser of the slices' shapes, not two); k8s imports only core;
+    # backends: by the attributes each vendor declares (KubernetesNames.dra_attributes), read from the registry
+    "profiler": {"core", "platform", "k8s", "backends"},
     "python_api": {"core", "backends"},
     "tools": {"core", "platform", "backends", "serve", "python_api"},
 }

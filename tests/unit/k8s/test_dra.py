@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from exporter import backends
 from exporter.core.readings import GpuReading, MigReading
 from exporter.k8s.podresources import PodAttribution
 from exporter.k8s.resourceslices import ResourceSliceWatch, identify, index_slice
@@ -21,6 +22,9 @@ from tests.fakes.kubelet import FakeKubelet, pod, response
 from tests.harness.kubeapi import FakeKubeAPI
 from tests.harness.poll import wait_until
 
+# the DRA attributes the backends declare (KubernetesNames.dra_attributes), by driver, as serve hands them over
+DRA = backends.gpu_resources().dra_attributes
+NV = DRA[ds.NVIDIA]
 NODE = "gpu-node-7"
 U0 = "GPU-8d1e5a4c-7f3b-4b2a-9c1d-3e5f7a9b0c10"
 U1 = "GPU-8d1e5a4c-7f3b-4b2a-9c1d-3e5f7a9b0c11"
@@ -56,8 +60,8 @@ def test_each_driver_generation_is_identified_by_what_it_publishes(version: str)
         ds.nvidia_gpu(3, U0, PCI0, legacy_pci=True), ds.nvidia_mig(4, U1, None, "1g.5gb", 19, 2, PCI1, True)])
     amd = ds.resource_slice("c", NODE, ds.AMD, [ds.amd_gpu(1, 128, AMD_PCI, driver_uuid="x-made-up"),
                                                  ds.amd_partition(2, 129, AMD_PCI)])
-    got = {**index_slice(ds.as_version(nv_now, version)), **index_slice(ds.as_version(nv_old, version)),
-           **index_slice(ds.as_version(amd, version))}
+    got = {**index_slice(ds.as_version(nv_now, version), DRA), **index_slice(ds.as_version(nv_old, version), DRA),
+           **index_slice(ds.as_version(amd, version), DRA)}
     pool = NODE
     # full GPU: uuid first, then the PCI bus id in either spelling
     assert got[(ds.NVIDIA, pool, "gpu-3")] is not None
@@ -75,11 +79,57 @@ def test_each_driver_generation_is_identified_by_what_it_publishes(version: str)
 
 def test_a_device_without_identifying_attributes_is_not_guessed_from_its_name() -> None:
     # a device named like GPU 0 with nothing but a type and an index-like name
-    assert identify({"type": "gpu", "productName": "NVIDIA H100"}) is None
-    assert identify({"type": "gpu", "pcieBusID": "not-a-bus-id"}) is None
+    assert identify({"type": "gpu", "productName": "NVIDIA H100"}, NV) is None
+    assert identify({"type": "gpu", "pcieBusID": "not-a-bus-id"}, NV) is None
     # qualified with the driver's own domain is the same attribute
     dev = {"name": "gpu-0", "attributes": {"gpu.nvidia.com/uuid": {"string": U0}}}
-    assert index_slice(ds.resource_slice("q", NODE, ds.NVIDIA, [dev]))[(ds.NVIDIA, NODE, "gpu-0")] is not None
+    assert index_slice(ds.resource_slice("q", NODE, ds.NVIDIA, [dev]), DRA)[(ds.NVIDIA, NODE, "gpu-0")] is not None
+
+
+def test_a_vendor_declares_the_attributes_its_driver_publishes() -> None:
+    """Which attributes say which GPU is each vendor's declaration (KubernetesNames.dra_attributes), read per
+    driver: a new vendor's own names identify its devices; the same names on another driver's devices do not,
+    nor do NVIDIA's on the new vendor's; a driver no vendor declares is read by the default names (uuid, the
+    standard resource.kubernetes.io/pciBusID)."""
+    from exporter.core.k8s_names import DraAttributes, GpuResources, KubernetesNames
+
+    acme = KubernetesNames(dra_drivers=("gpu.acme.example",), dra_attributes=DraAttributes(
+        uuid=("serialNumber",), pci=("busAddress",), parent_pci=("boardBusAddress",)))
+    dra = GpuResources({"nvidia": KubernetesNames(dra_drivers=(ds.NVIDIA,), dra_attributes=NV),
+                        "acme": acme}).dra_attributes
+
+    def dev(name: str, **attrs: str) -> dict[str, Any]:
+        return {"name": name, "attributes": {k.replace("__", "/"): {"string": v} for k, v in attrs.items()}}
+
+    ours = [dev("a0", serialNumber="ACME-0", **{"gpu.acme.example__busAddress": "0000:41:00.0"}),
+            dev("a1", busAddress="41:00.1"), dev("a2", boardBusAddress="0000:41:00.0"),
+            dev("a3", uuid=U0, pcieBusID=PCI0)]
+    got = index_slice(ds.resource_slice("s", NODE, "gpu.acme.example", ours), dra)
+    a0, a1, a2 = (got[("gpu.acme.example", NODE, n)] for n in ("a0", "a1", "a2"))
+    assert a0 is not None and a0.keys == (("uuid", "acme-0"), ("pci", "0000:41:00.0")) and not a0.slice
+    assert a1 is not None and a1.keys == (("pci", "0000:41:00.1"),)
+    assert a2 is not None and a2.keys == (("pci", "0000:41:00.0"),) and a2.slice  # a partition of that GPU
+    assert got[("gpu.acme.example", NODE, "a3")] is None  # NVIDIA's names are not acme's
+    theirs = index_slice(ds.resource_slice("n", NODE, ds.NVIDIA, [dev("n0", serialNumber="ACME-0")]), dra)
+    assert theirs == {(ds.NVIDIA, NODE, "n0"): None}
+    other = index_slice(ds.resource_slice("o", NODE, "vgpu.example.com", [
+        dev("o0", uuid=U0, pcieBusID=PCI1), dev("o1", serialNumber="ACME-0"),
+        dev("o2", **{"resource.kubernetes.io__pciBusID": PCI1})]), dra)
+    o0, o2 = other[("vgpu.example.com", NODE, "o0")], other[("vgpu.example.com", NODE, "o2")]
+    assert o0 is not None and o0.keys == (("uuid", U0.lower()),)
+    assert other[("vgpu.example.com", NODE, "o1")] is None and o2 is not None and o2.keys == (("pci", PCI1),)
+
+
+@pytest.mark.parametrize(("names", "message"), [
+    ({"uuid": ("serial number",)}, "declares DRA attribute 'serial number' (uuid): expected an attribute name"),
+    ({"pci": ("",)}, "declares DRA attribute '' (pci)"),
+    ({"profile": ("profile",)}, "declares a DRA profile attribute without parent_uuid"),
+])
+def test_a_bad_dra_attribute_declaration_names_the_backend(names: dict[str, tuple[str, ...]], message: str) -> None:
+    from exporter.core.k8s_names import DraAttributes, KubernetesNames
+
+    with pytest.raises(ValueError, match=f"backend 'acme' {message}".replace("(", r"\(").replace(")", r"\)")):
+        KubernetesNames(dra_drivers=("gpu.acme.example",), dra_attributes=DraAttributes(**names)).check("acme")
 
 
 # --- the watch -------------------------------------------------------------------------------------
@@ -90,7 +140,7 @@ def watch(kube_client: Any) -> Iterator[Callable[..., ResourceSliceWatch]]:
     made: list[ResourceSliceWatch] = []
 
     def make(node: str = NODE, **kw: Any) -> ResourceSliceWatch:
-        w = ResourceSliceWatch(kube_client, node, **{"timeout": 5.0, "max_backoff": 0.2, **kw})
+        w = ResourceSliceWatch(kube_client, node, DRA, **{"timeout": 5.0, "max_backoff": 0.2, **kw})
         made.append(w)
         w.start()
         return w
@@ -209,7 +259,7 @@ def devices(a: PodAttribution, status: str) -> float | None:
 def start(api: FakeKubeAPI, client: Any, slices: list[dict[str, Any]]) -> ResourceSliceWatch:
     for s in slices:
         api.put_resource_slice(s)
-    w = ResourceSliceWatch(client, NODE, timeout=5.0, max_backoff=0.2)
+    w = ResourceSliceWatch(client, NODE, DRA, timeout=5.0, max_backoff=0.2)
     w.start()
     assert w.synced.wait(10)
     return w
@@ -432,7 +482,7 @@ def test_slice_summary_and_pool_generation_without_a_server() -> None:
     summaries = {s["metadata"]["uid"]: slice_summary(s) for s in (new, old, other_pool, bad_gen, elsewhere)}
     assert summaries["u-s-new"] == {"metadata": {"uid": "u-s-new", "name": "s-new"}, "spec": new["spec"]}
     assert slice_summary({"metadata": "x"}) == {"metadata": {}, "spec": None}
-    w = ResourceSliceWatch(None, NODE)
+    w = ResourceSliceWatch(None, NODE, DRA)
     w._changed({**summaries, "junk": {"spec": None}, "junk2": "x"})
     d = "gpu.nvidia.com"
     assert w.resolve(d, "p", "gpu-0").keys == (("uuid", "gpu-new"),)  # type: ignore[union-attr]
@@ -443,7 +493,7 @@ def test_slice_summary_and_pool_generation_without_a_server() -> None:
     w._changed({"a": slice_summary(old)})
     assert w.resolve(d, "p", "gpu-0").keys == (("uuid", "gpu-old"),)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="NODE_NAME"):
-        ResourceSliceWatch(None, "")
+        ResourceSliceWatch(None, "", DRA)
 
 
 def test_attributes_identification_and_slices_of_every_shape() -> None:
@@ -457,23 +507,23 @@ def test_attributes_identification_and_slices_of_every_shape() -> None:
     assert device_attributes({"name": "d", "attributes": 5}, "x") == {}
     assert device_attributes({"name": "d", "basic": {"attributes": {"a": {"int": 1}}}}, "x") == {"a": "1"}
     # MIG: the uuid alone, the profile alone, neither
-    mig = identify({"parentUUID": "GPU-P", "uuid": "MIG-1"})
+    mig = identify({"parentUUID": "GPU-P", "uuid": "MIG-1"}, NV)
     assert mig is not None and mig.keys == (("mig", "mig-1"),) and mig.slice is True
-    prof = identify({"parentUUID": "GPU-P", "profile": " 1g.10gb "})
+    prof = identify({"parentUUID": "GPU-P", "profile": " 1g.10gb "}, NV)
     assert prof is not None and prof.keys == (("migp", "gpu-p", "1g.10gb"),)
-    assert identify({"parentUUID": "GPU-P"}) is None
-    full = identify({"uuid": "GPU-X"})
+    assert identify({"parentUUID": "GPU-P"}, NV) is None
+    full = identify({"uuid": "GPU-X"}, NV)
     assert full is not None and full.slice is False and full.keys == (("uuid", "gpu-x"),)
-    assert identify({}) is None
+    assert identify({}, NV) is None
     # slices of the wrong shape index nothing, and raise nothing
     dev = {"name": "ok", "attributes": {"uuid": {"string": "GPU-OK"}}}
     good = {"spec": {"driver": "d", "pool": {"name": "p"}, "devices": ["x", {"name": 5}, dev]}}
-    assert list(index_slice(good)) == [("d", "p", "ok")]
+    assert list(index_slice(good, DRA)) == [("d", "p", "ok")]
     for spec in ({"driver": 1, "pool": {"name": "p"}, "devices": [dev]}, {"driver": "d", "pool": "p", "devices": [dev]},
                  {"driver": "d", "pool": {"name": 2}, "devices": [dev]}, {"driver": "d", "pool": {"name": "p"},
                                                                         "devices": {"x": dev}}):
-        assert index_slice({"spec": spec}) == {}, spec
-    assert index_slice({"spec": "x"}) == {}
+        assert index_slice({"spec": spec}, DRA) == {}, spec
+    assert index_slice({"spec": "x"}, DRA) == {}
 
 
 def test_the_version_probe_decodes_its_list_item_by_item() -> None:
@@ -511,7 +561,7 @@ def test_pool_generations_per_driver_and_of_every_shape_for_slice_summary() -> N
     one = _slice("o", "r", 1, [_dev("gpu-4", "GPU-O")])
     odd_pool = _slice("x", "s", 0, [])
     odd_pool["spec"]["pool"] = "s"
-    w = ResourceSliceWatch(None, NODE)
+    w = ResourceSliceWatch(None, NODE, DRA)
     w._changed({str(i): slice_summary(s) for i, s in enumerate((a_new, b_old, no_gen, zero, text_gen, one, odd_pool))})
     assert w.resolve("a.example.com", "p", "gpu-0") is not None
     assert w.resolve("b.example.com", "p", "gpu-0") is not None  # another driver's pool of the same name
