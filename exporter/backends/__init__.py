@@ -231,9 +231,24 @@ def render_example(text: str) -> str:
     return _SETTINGS_BLOCK.sub(lambda m: m[1] + lines + m[2], text)
 
 
+def floors_table() -> str:
+    """The README's "Supported versions (floors)": a row per real backend (``--backend auto`` order), its
+    declared ``floor`` and ``below_floor``."""
+    rows = ["| backend | floor | what happens below it |", "|---|---|---|"]
+    for name in auto_order():
+        cls = registry()[name]
+        rows.append(f"| `{name}` | {cls.floor or 'not declared (Backend.floor)'} | {cls.below_floor or '-'} |")
+    return "\n".join(rows) + "\n"
+
+
+_FLOORS = "<!-- floors:begin -->"
+
+
 def render_names(text: str) -> str:
-    """``text`` with every inline span naming the backends rewritten from the registry."""
-    return _SPAN.sub(lambda m: m[1] + backend_list(m[2]) + m[4], text)
+    """``text`` with every inline span naming the backends rewritten from the registry, and its floors table
+    (``<!-- floors:begin -->``, the README's) from the backends' declared floors."""
+    text = _SPAN.sub(lambda m: m[1] + backend_list(m[2]) + m[4], text)
+    return schema.render_blocks(text, {"floors": floors_table()}) if _FLOORS in text else text
 
 
 def gpu_resources() -> GpuResources:
@@ -288,6 +303,7 @@ __all__ = [
     "create",
     "detect",
     "equivalents",
+    "floors_table",
     "gpu_resources",
     "init_within",
     "names",

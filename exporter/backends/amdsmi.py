@@ -334,6 +334,12 @@ class AmdSmiBackend(Backend):
 
     name: ClassVar[str] = "amdsmi"
     auto_priority: ClassVar[int | None] = 20
+    floor: ClassVar[str] = (
+        "ROCm 7.0: `libamd_smi.so` of the same release as the `amdsmi` package (7.0.x). The package binds every "
+        "library function when it is imported.")
+    below_floor: ClassVar[str] = (
+        "The backend is unavailable, with one line naming the missing function; use the `rocm-smi` backend or the "
+        "ROCm 7.0 library (the AMD image ships it: `docs/deploy.md`).")
     vendor: ClassVar[str] = "amd"
     #: the families this backend fills (docs/metrics.md's support table; the contract test checks it)
     families: ClassVar[frozenset[str]] = frozenset({

@@ -236,6 +236,10 @@ class Backend(ABC):
     #: its ``equivalents`` (family name -> what the tool shows), where the schema rows do not give them
     tool: ClassVar[str] = ""
     equivalents: ClassVar[Mapping[str, str]] = {}
+    #: the oldest driver, library or tool release it supports, and how the suite holds it there; and what
+    #: happens below it (the README's "Supported versions (floors)" table is generated from these)
+    floor: ClassVar[str] = ""
+    below_floor: ClassVar[str] = ""
     #: the PCI vendor id of its GPUs (0x10de NVIDIA, 0x1002 AMD): the exporter counts them on the bus after each
     #: collection (gpu_pci_devices beside gpu_visible_devices, :meth:`count_bus`); None: not counted
     pci_vendor: ClassVar[int | None] = None

@@ -279,6 +279,13 @@ class NvmlBackend(Backend):
         "gpu_exporter_pod_processes",
     })
     auto_priority: ClassVar[int | None] = 10
+    floor: ClassVar[str] = (
+        "driver branch R470. The suite builds the fake library with the exported symbols of R470, R525, R535, "
+        "R550, R610 and R615 (`tests/fakes/nvml_symbols/`) and checks every family on each.")
+    below_floor: ClassVar[str] = (
+        "Older drivers still work through the unversioned entry points (`nvmlDeviceGetCount`, "
+        "`nvmlDeviceGetHandleByIndex`, processes v1); any function a driver lacks makes only its readings absent, "
+        "logged once.")
     #: NVIDIA's names in Kubernetes: the device plugin's resources (sharing variants add a suffix:
     #: nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb.shared; a MIG resource is a slice), GKE's
     #: nvidiaN device IDs, and the DRA driver (NVIDIA/k8s-dra-driver-gpu) with the attributes its devices carry

@@ -224,6 +224,9 @@ class RocmSmiBackend(CliBackend):
 
     name: ClassVar[str] = "rocm-smi"
     auto_priority: ClassVar[int | None] = 30
+    floor: ClassVar[str] = (
+        "ROCm 5.7.1 (recorded outputs of 5.7.1, 6.0.2 and 6.1.2 in `tests/fixtures/rocm-smi/`)")
+    below_floor: ClassVar[str] = "Fields an older `rocm-smi` does not print are absent."
     vendor: ClassVar[str] = "amd"
     tool: ClassVar[str] = "rocm-smi"
     directories: ClassVar[tuple[str, ...]] = ("$ROCM_PATH/bin", "/opt/rocm/bin")

@@ -38,6 +38,8 @@ class AcmeBackend(Backend):
     name: ClassVar[str] = "acme"
     vendor: ClassVar[str] = "acme"
     auto_priority: ClassVar[int | None] = 1  # tried before every other backend
+    floor: ClassVar[str] = "Acme driver 2.1 (its symbols are all it needs)"
+    below_floor: ClassVar[str] = "The backend is unavailable, with one line."
     families: ClassVar[frozenset[str]] = frozenset({"gpu_temperature_celsius", "gpu_power_watts"})
     kubernetes: ClassVar[KubernetesNames] = KubernetesNames(
         resources=(DevicePluginResource(r"acme\\.com/gpu"),
@@ -138,6 +140,19 @@ def test_its_dra_driver_is_a_gpu_driver(tree: Path) -> None:
                            "print(*(got[('gpu.acme.example', 'n', d)] and got[('gpu.acme.example', 'n', d)].keys "
                            "for d in ('d0', 'd1', 'd2')), sep='|')")
     assert out.strip() == "(('uuid', 'acme-1'),)|(('pci', '0000:41:00.0'),)|None"
+
+
+def test_its_floor_is_a_row_of_the_readmes_floors(tree: Path) -> None:
+    """The README's "Supported versions (floors)" table is generated: acme's declared floor is a row of it,
+    first (auto order), the real backends' rows kept."""
+    from exporter import backends
+
+    out = _run(tree, "-c", "from exporter import backends; print(backends.floors_table(), end='')").splitlines()
+    assert out[2] == ("| `acme` | Acme driver 2.1 (its symbols are all it needs) | The backend is unavailable, with "
+                      "one line. |")
+    assert out[:2] + out[3:] == backends.floors_table().splitlines()
+    readme = (REPO / "README.md").read_text()
+    assert backends.floors_table() in readme and backends.render_names(readme) == readme
 
 
 def test_help_lists_it(tree: Path) -> None:
@@ -427,6 +442,8 @@ def test_the_suite_passes_with_two_new_vendors(tmp_path: Path) -> None:
     assert "`jpeg_utilization_ratio`" in (root / "docs" / "api.md").read_text()
     assert "# zeta-smi-path: /usr/bin/zeta-smi\n" in (root / "docs" / "exporter.example.yaml").read_text()
     assert "`acme`, then `nvml`" in (root / "docs" / "cli.md").read_text()
+    floors = readme.read_text().split("<!-- floors:begin -->", 1)[1]  # a row each, the floor acme declares
+    assert "| `acme` | Acme driver 2.1" in floors and "| `zeta-smi` | not declared (Backend.floor) | - |" in floors
     assert "| `--zeta-smi-path` | `ZETA_SMI_PATH` | `zeta-smi-path` |" in (root / "docs" / "cli.md").read_text()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-n", "2", *SUITES],
                           cwd=root, capture_output=True, text=True, timeout=1200)
