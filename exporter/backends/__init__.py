@@ -231,6 +231,12 @@ def render_example(text: str) -> str:
     return _SETTINGS_BLOCK.sub(lambda m: m[1] + lines + m[2], text)
 
 
+def runtime_label() -> str:
+    """What the host's ``cuda_version`` is the version of: the real backends' ``runtime``, each once, in
+    ``--backend auto`` order ("CUDA/ROCm")."""
+    return "/".join(dict.fromkeys(r for r in (registry()[n].runtime for n in auto_order()) if r)) or "runtime"
+
+
 def floors_table() -> str:
     """The README's "Supported versions (floors)": a row per real backend (``--backend auto`` order), its
     declared ``floor`` and ``below_floor``."""
@@ -312,6 +318,7 @@ __all__ = [
     "render_docs",
     "render_example",
     "render_names",
+    "runtime_label",
     "settings",
     "support_table",
     "supporters",

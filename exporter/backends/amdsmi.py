@@ -334,6 +334,7 @@ class AmdSmiBackend(Backend):
 
     name: ClassVar[str] = "amdsmi"
     auto_priority: ClassVar[int | None] = 20
+    runtime: ClassVar[str] = "ROCm"
     floor: ClassVar[str] = (
         "ROCm 7.0: `libamd_smi.so` of the same release as the `amdsmi` package (7.0.x). The package binds every "
         "library function when it is imported.")

@@ -236,6 +236,9 @@ class Backend(ABC):
     #: its ``equivalents`` (family name -> what the tool shows), where the schema rows do not give them
     tool: ClassVar[str] = ""
     equivalents: ClassVar[Mapping[str, str]] = {}
+    #: the compute runtime whose version it reads into ``cuda_driver_version`` (gpu_info's ``cuda_version``):
+    #: ``CUDA``, ``ROCm``; the live page and ``snapshot`` label that version with the registry's (``CUDA/ROCm``)
+    runtime: ClassVar[str] = ""
     #: the oldest driver, library or tool release it supports, and how the suite holds it there; and what
     #: happens below it (the README's "Supported versions (floors)" table is generated from these)
     floor: ClassVar[str] = ""

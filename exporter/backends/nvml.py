@@ -279,6 +279,7 @@ class NvmlBackend(Backend):
         "gpu_exporter_pod_processes",
     })
     auto_priority: ClassVar[int | None] = 10
+    runtime: ClassVar[str] = "CUDA"
     floor: ClassVar[str] = (
         "driver branch R470. The suite builds the fake library with the exported symbols of R470, R525, R535, "
         "R550, R610 and R615 (`tests/fakes/nvml_symbols/`) and checks every family on each.")

@@ -56,13 +56,15 @@ def families_view(fields: FieldFilter) -> dict[str, Any]:
 
 
 def live_page(metrics_path: str, fields: Sequence[Field] = FIELDS) -> bytes:
-    """``exporter/serve/web/index.html`` with the metrics path, the real backends (the registry's) and the GPU
-    fields that name a column (their row's ``column``: shown on each card, from ``/stats``) filled in."""
+    """``exporter/serve/web/index.html`` with the metrics path, the real backends and their runtimes (the
+    registry's: "CUDA/ROCm" names the host's cuda_version) and the GPU fields that name a column (their row's
+    ``column``: shown on each card, from ``/stats``) filled in."""
     text = resources.files("exporter.serve").joinpath("web/index.html").read_text(encoding="utf-8")
     real = " | ".join(backends.auto_order())
     shown = [{"key": f.stats_key, "title": f.column, "unit": f.unit} for f in fields if f.column and f.stats_key]
     return (text.replace("{{METRICS_PATH}}", html.escape(metrics_path, quote=True))
             .replace("{{REAL_BACKENDS}}", html.escape(real, quote=True))
+            .replace("{{RUNTIMES}}", html.escape(backends.runtime_label(), quote=True))
             .replace("{{FIELDS}}", json.dumps(shown).replace("</", "<\\/")).encode())
 
 

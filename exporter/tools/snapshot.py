@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from exporter import backends
 from exporter.core.fields import Field
 from exporter.core.views import FIELDS, format_bytes
 from exporter.platform.errors import ConfigError, fail
@@ -83,7 +84,7 @@ def table(audit: dict[str, Any]) -> str:
     lines = [f"Host       {h['node_name']}   taken {audit['timestamp']}",
              f"Processor  {h['processor']}",
              f"Kernel     {h['kernel']}   {h['os']}".rstrip(),
-             f"Driver     {h['driver_version'] or '-'}   CUDA/ROCm {h['cuda_version'] or '-'}", ""]
+             f"Driver     {h['driver_version'] or '-'}   {backends.runtime_label()} {h['cuda_version'] or '-'}", ""]
     # the fixed columns combine fields; then a column for each field of the table that names one (its row's
     # ``column``, exporter/core/schema.py)
     extra = [f for f in FIELDS if f.column and f.stats_key]

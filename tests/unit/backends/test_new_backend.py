@@ -38,6 +38,7 @@ class AcmeBackend(Backend):
     name: ClassVar[str] = "acme"
     vendor: ClassVar[str] = "acme"
     auto_priority: ClassVar[int | None] = 1  # tried before every other backend
+    runtime: ClassVar[str] = "AcmeRT"  # what gpu_info's cuda_version is the version of, on its GPUs
     floor: ClassVar[str] = "Acme driver 2.1 (its symbols are all it needs)"
     below_floor: ClassVar[str] = "The backend is unavailable, with one line."
     families: ClassVar[frozenset[str]] = frozenset({"gpu_temperature_celsius", "gpu_power_watts"})
@@ -140,6 +141,14 @@ def test_its_dra_driver_is_a_gpu_driver(tree: Path) -> None:
                            "print(*(got[('gpu.acme.example', 'n', d)] and got[('gpu.acme.example', 'n', d)].keys "
                            "for d in ('d0', 'd1', 'd2')), sep='|')")
     assert out.strip() == "(('uuid', 'acme-1'),)|(('pci', '0000:41:00.0'),)|None"
+
+
+def test_its_runtime_labels_the_hosts_runtime_version(tree: Path) -> None:
+    """The live page and snapshot label the host's cuda_version with the registry's runtimes, acme's first."""
+    out = _run(tree, "-c", "import sys; from exporter import backends; from exporter.serve.api import live_page\n"
+                           "print(backends.runtime_label()); sys.stdout.write(live_page('/metrics').decode())")
+    assert out.split("\n", 1)[0] == "AcmeRT/CUDA/ROCm"
+    assert '· AcmeRT/CUDA/ROCm <b data-host="cuda_version">' in out
 
 
 def test_its_floor_is_a_row_of_the_readmes_floors(tree: Path) -> None:

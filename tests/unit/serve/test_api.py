@@ -136,6 +136,8 @@ def test_live_page_replaces_the_landing_page_and_links_the_metrics_path() -> Non
         page = body.decode()
         assert 'href="/gpu-metrics"' in page and 'href="/stats"' in page and API in page
         assert "{{" not in page
+        # the host's cuda_version is labelled with the real backends' runtimes (nvml's, amdsmi's), not by hand
+        assert '· CUDA/ROCm <b data-host="cuda_version">' in page
         assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "no external assets allowed"
 
 
