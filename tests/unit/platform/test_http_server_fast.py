@@ -1008,8 +1008,9 @@ def test_failed_accepts_pause_the_listener_and_are_logged_once_per_episode(
     loop.start()
     try:
         for episode in range(2):
-            with connect(srv.server_address[1]) as s:
-                assert ask(s, req()) == answer("200 OK", b"ok\n")
+            with connect(srv.server_address[1]) as s:  # closed by the server: none open at the next episode
+                assert ask(s, req(extra="Connection: close\r\n")) == answer("200 OK", b"ok\n", close=True)
+                assert eof(s)
                 assert listener.fail == 0
                 assert srv._accept_failures == 0 and srv._accept_paused_until == 0.0
             listener.fail = 3 if episode == 0 else 0
