@@ -86,6 +86,9 @@ def running(max_connections: int = 8, read_timeout: float = 5.0, calls: Calls | 
     loop.start()
     try:
         yield srv
+        # the test is over: the loop must still be running (an exception in it stops all serving, and
+        # its connections then look closed to the clients, as the loop closes them on its way out)
+        assert loop.is_alive(), "the I/O loop died during the test"
     finally:
         srv._stop.set()
         srv._post("stop", None, None)
@@ -194,7 +197,22 @@ def test_methods_other_than_get_and_head_get_405_and_the_connection_stays() -> N
         for method in ("POST", "PUT", "OPTIONS", "DELETE"):
             assert ask(s, req("/metrics", method)) == answer("405 Method Not Allowed", b"only GET and HEAD\n",
                                                              "Allow: GET, HEAD")
+        assert ask(s, req("/metrics", "POST", "HTTP/1.0", "Connection: keep-alive\r\n")) == answer(
+            "405 Method Not Allowed", b"only GET and HEAD\n", "Allow: GET, HEAD", "Connection: keep-alive")
         assert ask(s, req()) == answer("200 OK", b"ok\n")
+
+
+def test_a_route_sees_the_server_the_client_and_the_headers() -> None:
+    seen: list[tuple[Any, Any, Any]] = []
+
+    def route(h: Handler, path: str, query: str) -> Response:
+        seen.append((h.server, h.client_address, dict(h.headers)))
+        return Response(200, b"seen\n")
+
+    with running() as srv, connect(srv) as s:
+        srv.route("/seen", route, "inline")
+        assert ask(s, req("/seen", extra="X-Thing: a\r\nX-Thing: b\r\n")) == answer("200 OK", b"seen\n")
+        assert seen == [(srv, me(s), {"host": "x", "x-thing": "a, b"})]
 
 
 def test_head_gets_the_head_alone_and_the_connection_goes_on() -> None:
@@ -237,7 +255,10 @@ def test_a_fast_route_answers_on_the_io_thread_or_leaves_it_to_the_lane() -> Non
         with connect(srv) as s:
             assert ask(s, req("/m?cached")) == answer("200 OK", b"cached\n")
             assert ask(s, req("/m?other")) == answer("200 OK", b"made\nother")
-    assert seen == ["test-io", "test-io"]
+            assert ask(s, req("/m?cached", "HEAD"), head_only=True) == answer("200 OK", b"cached\n")[:-7]
+            assert ask(s, req("/m?cached", version="HTTP/1.0", extra="Connection: keep-alive\r\n")) == answer(
+                "200 OK", b"cached\n", "Connection: keep-alive")
+    assert seen == ["test-io"] * 4
     assert [(p, t) for p, _, t, *_ in calls.seen] == [("/m", "http-work")]
 
 
@@ -321,6 +342,7 @@ def test_pipelined_requests_hold_a_few_work_slots_and_wait_for_them_without_503(
                 assert read_answer(b) == answer("200 OK", b"held\n2")
                 wait_until(lambda: len(srv._deferred) == 1, T, 0.005, what="b's pipelined request deferred")
                 assert srv._pipelined == 1
+                assert srv._deferred[0][0].addr == me(b) and srv._deferred[0][0].events == 0  # not watched
                 assert ask(c, req("/h?4")) == answer("200 OK", b"held\n4")  # one at a time: a slot at once
                 release.set()
                 assert read_answer(a) == answer("200 OK", b"held\nhold")
@@ -459,6 +481,7 @@ def test_a_100_continue_the_client_cannot_take_closes_the_connection(monkeypatch
             assert s.recv(100) == b"HTTP/"
             assert eof(s)
         assert sent == [5]
+        settle(srv)
 
 
 # ---- deadlines, one per state ----------------------------------------------------------------------
@@ -594,7 +617,8 @@ def test_at_the_cap_with_every_connection_being_answered_new_ones_are_refused_an
         srv.max_open = 2
         held = [connect(srv) for _ in range(2)]
         try:
-            for c in held:
+            for c in held:  # a first request each (no longer silent), then one the route holds
+                assert ask(c, req()) == answer("200 OK", b"ok\n")
                 c.sendall(req("/hold"))
             hold.wait(len(held))
             for _ in range(3):
@@ -769,6 +793,30 @@ def test_refusals_of_a_head_request_are_heads(users_file: Path, monkeypatch: pyt
         monkeypatch.setattr(server_mod, "BCRYPT_WAITING", 0)
         assert ask(s, head, head_only=True).startswith(b"HTTP/1.1 503 ")
         assert ask(s, req()) == answer("200 OK", b"ok\n")
+
+
+def test_nothing_more_is_read_while_a_password_is_checked(users_file: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    web = webconfig.load(str(users_file))
+    go, entered = threading.Event(), threading.Event()
+    real = web.check
+
+    def slow(header: str | None) -> bool:
+        entered.set()
+        go.wait(T)
+        return real(header)
+
+    monkeypatch.setattr(web, "check", slow)
+    with running(web=web) as srv, connect(srv) as s:
+        s.sendall(req("/metrics", extra=basic("u", "pw")))
+        assert entered.wait(T)
+        s.sendall(req("/healthz?next"))  # sent while the check runs
+        settle(srv)
+        conn = next(c for c in list(srv._open) if c.addr == me(s))
+        assert conn.events == 0 and not conn.buf  # not watched: not read
+        go.set()
+        assert read_answer(s) == answer("200 OK", b"metrics\n")
+        assert read_answer(s) == answer("200 OK", b"ok\nnext")
 
 
 def test_a_password_check_that_raises_is_a_refusal(users_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1311,3 +1359,65 @@ def test_a_read_that_fails_closes_and_one_that_would_block_waits(bare: HTTPServe
     assert conn in bare._open and not conn.buf and conn.state == server_mod._READ
     bare._on_readable(conn)
     assert conn not in bare._open and a.fileno() == -1
+
+
+def test_a_pipelined_request_waits_unwatched_for_its_turn(bare: HTTPServer, pair: Any) -> None:
+    a, b = pair
+    conn = attach(bare, Fake(a))
+    busy(bare, conn)
+    conn.buf += req("/healthz?next")
+    bare._send_answer(conn, None, Response(200, b"abc"))
+    assert b.recv(1000) == answer("200 OK", b"abc")
+    assert conn.events == 0 and conn.queued is True and list(bare._ready) == [conn]
+    assert conn not in bare._busy and conn not in bare._writing and conn in bare._idle
+
+
+@pytest.mark.parametrize(("size", "views"), [(16383, 1), (16384, 1), (16385, 2)])
+def test_a_small_answer_is_one_buffer_and_a_large_one_the_body_itself(bare: HTTPServer, pair: Any, size: int,
+                                                                      views: int) -> None:
+    a, _b = pair
+    conn = attach(bare, Fake(a, send=[BlockingIOError()]))
+    busy(bare, conn)
+    body = b"d" * size
+    bare._send_answer(conn, None, Response(200, body))
+    assert len(conn.out) == views and b"".join(bytes(v) for v in conn.out) == answer("200 OK", body)
+    if views == 2:
+        assert conn.out[1].obj is body  # not a copy
+
+
+def test_nothing_more_is_read_while_an_answer_is_made() -> None:
+    hold = Holder()
+    with running() as srv:
+        srv.route("/hold", hold)
+        try:
+            with connect(srv) as s:
+                s.sendall(req("/hold"))
+                hold.wait(1)
+                s.sendall(req("/healthz?next"))
+                settle(srv)
+                conn = next(c for c in list(srv._open) if c.addr == me(s))
+                assert conn.events == 0 and not conn.buf
+                hold.release.set()
+                assert read_answer(s) == answer("200 OK", b"held\n")
+                assert read_answer(s) == answer("200 OK", b"ok\nnext")
+        finally:
+            hold.release.set()
+
+
+def test_a_request_is_refused_as_too_large_only_past_the_buffer(bare: HTTPServer, pair: Any) -> None:
+    """Exactly MAX_HEAD + MAX_BODY bytes of a request that is not complete: still read; one more: 431."""
+    from exporter.platform.http.protocol import MAX_BODY, MAX_HEAD
+
+    a, b = pair
+    conn = attach(bare, Fake(a))
+    head = b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % MAX_BODY
+    while len(head) < MAX_HEAD - 9000:
+        head += b"X-Pad: " + b"p" * 8000 + b"\r\n"
+    head = b"\r\n" * 4000 + head + b"\r\n"
+    conn.buf += head + b"b" * (MAX_HEAD + MAX_BODY - len(head))
+    assert len(conn.buf) == MAX_HEAD + MAX_BODY
+    bare._parse(conn)
+    assert conn.state == server_mod._READ and conn in bare._fresh
+    conn.buf += b"b"
+    bare._parse(conn)
+    assert b.recv(1000) == answer("431 Request Header Fields Too Large", b"request too large\n", close=True)
