@@ -13,6 +13,7 @@ test_http_server.py and test_http_survivors.py.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -305,9 +306,12 @@ def test_pipelined_requests_are_answered_in_order_and_marked_pipelined() -> None
         assert [read_answer(s) for _ in range(4)] == [
             answer("200 OK", b"metrics\n1"), answer("200 OK", b"ok\n2"), answer("200 OK", b"metrics\n3"),
             answer("200 OK", b"ready\n4")]
+        # ten more at once: each waits for its turn (a pause of TURN_BUDGET_S), never for the next event
+        s.sendall(b"".join(req(f"/healthz?{i}") for i in range(10)))
+        assert [read_answer(s) for _ in range(10)] == [answer("200 OK", b"ok\n%d" % i) for i in range(10)]
         assert ask(s, req("/metrics?5")) == answer("200 OK", b"metrics\n5")
     assert [(q, pl) for _, q, _, _, pl, *_ in calls.seen] == [
-        ("1", False), ("2", True), ("3", True), ("4", True), ("5", False)]
+        ("1", False), ("2", True), ("3", True), ("4", True), *((str(i), i > 0) for i in range(10)), ("5", False)]
 
 
 def test_a_pipelined_request_split_across_reads_is_completed() -> None:
@@ -724,6 +728,7 @@ def test_basic_auth_protects_everything_but_the_probes(users_file: Path) -> None
     with running(calls=calls, web=webconfig.load(str(users_file))) as srv, connect(srv) as s:
         assert ask(s, req("/metrics")) == UNAUTHORIZED
         assert ask(s, req("/nowhere")) == UNAUTHORIZED
+        assert ask(s, req("/metrics", "HEAD"), head_only=True) == UNAUTHORIZED[:-len(b"unauthorized\n")]
         assert ask(s, req("/metrics", extra=basic("u", "bad"))) == UNAUTHORIZED
         assert ask(s, req("/metrics", extra=basic("u", "pw"))) == answer("200 OK", b"metrics\n")
         assert ask(s, req("/metrics", extra=basic("u", "pw"))) == answer("200 OK", b"metrics\n")  # cached
@@ -861,6 +866,8 @@ def test_the_rate_limit_refuses_beyond_its_burst_but_never_a_probe(tmp_path: Pat
         assert ask(s, req("/nowhere")) == answer("404 Not Found", b"not found\n")
         for path in ("/metrics", "/nowhere"):
             assert ask(s, req(path)) == answer("429 Too Many Requests", b"rate limited\n", "Retry-After: 1")
+        assert ask(s, req("/metrics", "HEAD"), head_only=True) == answer(
+            "429 Too Many Requests", b"rate limited\n", "Retry-After: 1")[:-len(b"rate limited\n")]
         for path in ("/healthz", "/readyz"):
             assert ask(s, req(path)).startswith(b"HTTP/1.1 200 ")
 
@@ -973,6 +980,7 @@ def test_the_probe_listener_is_plain_http_open_and_serves_only_the_probes(pki: P
                 assert ask(p, req("/readyz")) == answer("200 OK", b"ready\n")
             assert ask(p, req("/metrics", extra=basic("u", "pw"))) == answer("404 Not Found", b"not found\n")
             assert ask(p, req("/nowhere")) == answer("404 Not Found", b"not found\n")
+            assert ask(p, req("/metrics", "HEAD"), head_only=True) == answer("404 Not Found", b"not found\n")[:-10]
             assert me(p) in table(srv._probe_open) and me(p) not in table(srv._open)
         with tls_connect(srv, pki) as s:
             assert ask(s, req("/metrics")) == UNAUTHORIZED
@@ -1421,3 +1429,162 @@ def test_a_request_is_refused_as_too_large_only_past_the_buffer(bare: HTTPServer
     conn.buf += b"b"
     bare._parse(conn)
     assert b.recv(1000) == answer("431 Request Header Fields Too Large", b"request too large\n", close=True)
+
+
+def counting_turns(srv: HTTPServer) -> list[int]:
+    """The I/O loop's turns, counted (the loop calls ``self._turn``)."""
+    turns = [0]
+    real = srv._turn
+
+    def turn() -> None:
+        turns[0] += 1
+        real()
+
+    srv._turn = turn  # type: ignore[method-assign]
+    return turns
+
+
+def test_an_idle_loop_sleeps_until_its_next_deadline() -> None:
+    """No busy loop: waiting 0.2 s for a silent connection's deadline takes a few turns, not one per
+    TURN_BUDGET_S (or none at all between them)."""
+    srv = HTTPServer(("127.0.0.1", 0), max_connections=8, read_timeout=0.2)
+    turns = counting_turns(srv)
+    loop = threading.Thread(target=srv.serve_forever, daemon=True)
+    loop.start()
+    try:
+        with connect(srv) as s:
+            start = turns[0]
+            assert eof(s)
+            assert turns[0] - start < 20, turns[0] - start
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        loop.join(T)
+
+
+def test_the_web_config_is_looked_at_once_a_connection_and_once_a_second(users_file: Path) -> None:
+    srv = HTTPServer(("127.0.0.1", 0), max_connections=8, read_timeout=5.0, web=webconfig.load(str(users_file)))
+    srv.route("/healthz", Calls().route(), "inline")
+    looks = [0]
+    real = srv._io_web
+
+    def io_web() -> Any:
+        looks[0] += 1
+        return real()
+
+    srv._io_web = io_web  # type: ignore[method-assign]
+    loop = threading.Thread(target=srv.serve_forever, daemon=True)
+    loop.start()
+    try:
+        with connect(srv) as s:
+            for _ in range(20):
+                assert ask(s, req()) == answer("200 OK", b"ok\n")
+        assert looks[0] <= 6, looks[0]  # the start, this connection, and once a second
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        loop.join(T)
+
+
+def test_the_web_config_checked_between_requests_stays_in_force(users_file: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_mod, "WEB_CHECK_S", 0.0)  # looked at on every turn
+    with running(web=webconfig.load(str(users_file))) as srv, connect(srv) as s:
+        for _ in range(5):
+            assert ask(s, req("/metrics")) == UNAUTHORIZED
+
+
+def test_accepts_resume_only_after_the_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_mod, "ACCEPT_PAUSE_S", 0.05)
+    srv = HTTPServer(("127.0.0.1", 0), max_connections=8, read_timeout=5.0)
+    srv.route("/healthz", Calls().route(), "inline")
+    listener = FailingListener(srv.socket, 3)
+    at: list[float] = []
+    real_accept = listener.accept
+
+    def accept() -> tuple[socket.socket, Any]:
+        at.append(time.monotonic())
+        return real_accept()
+
+    listener.accept = accept  # type: ignore[method-assign]
+    srv.socket = listener  # type: ignore[assignment]
+    loop = threading.Thread(target=srv.serve_forever, daemon=True)
+    loop.start()
+    try:
+        with connect(srv.server_address[1]) as s:
+            assert ask(s, req()) == answer("200 OK", b"ok\n")
+        gaps = [b - a for a, b in itertools.pairwise(at)]
+        assert len(gaps) == 3 and min(gaps) >= 0.045, gaps
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        loop.join(T)
+
+
+def wrap_new(srv: HTTPServer, monkeypatch: pytest.MonkeyPatch, make: Callable[[Any], None]) -> None:
+    """Call ``make(conn)`` on each connection the server adds, once it is added."""
+    real_add = srv._add
+
+    def add(sock: socket.socket, addr: Any, probe: bool = False) -> None:
+        real_add(sock, addr, probe)
+        conn = next(reversed(list(srv._open)), None)
+        if conn is not None and conn.sock.fileno() == sock.fileno():
+            make(conn)
+
+    monkeypatch.setattr(srv, "_add", add)
+
+
+def test_a_handshake_that_wants_to_write_goes_on_when_writable(pki: Path, tls_web: webconfig.WebConfig,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    with running(web=tls_web) as srv:
+        wrap_new(srv, monkeypatch, lambda conn: setattr(
+            conn, "sock", Fake(conn.sock, do_handshake=[ssl.SSLWantWriteError(), ssl.SSLWantReadError()])))
+        with tls_connect(srv, pki) as s:
+            assert ask(s, req()) == answer("200 OK", b"ok\n")
+
+
+def test_tls_handshakes_get_a_budget_per_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handshake costs CPU: once a turn has spent TURN_BUDGET_S, the other handshakes wait for the next
+    turn (issue 36 item 5). Each handshake here takes 3 ms: one per turn."""
+    with running() as srv:
+        turns = counting_turns(srv)
+        seen: list[int] = []
+
+        class Slow(Fake):
+            def do_handshake(self) -> None:
+                seen.append(turns[0])
+                end = time.monotonic() + 0.003
+                while time.monotonic() < end:
+                    pass
+
+        def make(conn: Any) -> None:
+            conn.sock, conn.handshaken = Slow(conn.sock), False
+
+        blocked, go = threading.Event(), threading.Event()
+
+        def block(h: Handler, path: str, query: str) -> Response:  # holds the I/O thread itself
+            blocked.set()
+            go.wait(T)
+            return Response(200, b"unblocked\n")
+
+        srv.route("/block", block, "inline")
+        clients = [connect(srv) for _ in range(5)]
+        try:
+            settle(srv)  # the five are accepted
+            wrap_new(srv, monkeypatch, make)
+            for c in list(srv._open):
+                make(c)
+            with connect(srv) as blocker:
+                blocker.sendall(req("/block"))
+                assert blocked.wait(T)
+                seen.clear()  # the blocker's own handshake, if it had one
+                for c in clients:  # all five requests are there when the loop next looks
+                    c.sendall(req())
+                go.set()
+                assert read_answer(blocker).startswith(b"HTTP/1.1 200 ")
+            assert [read_answer(c) for c in clients] == [answer("200 OK", b"ok\n")] * 5
+            assert len(seen) == 5 and len(set(seen)) == 5, seen  # one a turn
+        finally:
+            go.set()
+            for c in clients:
+                c.close()
