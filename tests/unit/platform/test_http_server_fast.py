@@ -13,7 +13,6 @@ test_http_server.py and test_http_survivors.py.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import socket
@@ -1513,8 +1512,8 @@ def test_accepts_resume_only_after_the_pause(monkeypatch: pytest.MonkeyPatch) ->
     try:
         with connect(srv.server_address[1]) as s:
             assert ask(s, req()) == answer("200 OK", b"ok\n")
-        gaps = [b - a for a, b in itertools.pairwise(at)]
-        assert len(gaps) == 3 and min(gaps) >= 0.045, gaps
+        gaps = [at[i + 1] - at[i] for i in range(3)]  # after each of the three failures
+        assert len(at) >= 4 and min(gaps) >= 0.045, gaps
     finally:
         srv.shutdown()
         srv.server_close()
@@ -1570,8 +1569,7 @@ def test_tls_handshakes_get_a_budget_per_turn(monkeypatch: pytest.MonkeyPatch) -
         srv.route("/block", block, "inline")
         clients = [connect(srv) for _ in range(5)]
         try:
-            settle(srv)  # the five are accepted
-            wrap_new(srv, monkeypatch, make)
+            settle(srv)  # the five are accepted (and only they are open)
             for c in list(srv._open):
                 make(c)
             with connect(srv) as blocker:
