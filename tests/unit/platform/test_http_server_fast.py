@@ -570,7 +570,7 @@ def test_at_the_cap_the_oldest_silent_connection_makes_room() -> None:
                 c.close()
 
 
-def test_eviction_order_closing_then_silent_then_idle_then_writing() -> None:
+def test_eviction_order_closing_then_silent_then_idle_then_writing(caplog: pytest.LogCaptureFixture) -> None:
     """Each new connection at the cap closes one: the one being drained after an error, then the one
     that never sent a request, then the idle keep-alive, then the answer not being taken; the new
     ones hold their answer (being made: never evicted), so the cap stays reached."""
@@ -578,6 +578,7 @@ def test_eviction_order_closing_then_silent_then_idle_then_writing() -> None:
     hold = Holder(b"held\n")
     release = hold.release
 
+    caplog.set_level(logging.DEBUG, LOGGER)
     with running() as srv:
         srv.route("/big", lambda h, p, q: Response(200, big), "inline")
         srv.route("/hold", hold)
@@ -601,6 +602,9 @@ def test_eviction_order_closing_then_silent_then_idle_then_writing() -> None:
                                          ("closing", closing)) if n not in order and me(c) not in table(srv._open)]
                 assert len(srv._open) == 4
             assert order == ["closing", "silent", "idle", "writing"]
+            evictions = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.DEBUG]
+            assert evictions == [f"closing the connection of {me(c)} for a new one: 4 open"
+                                 for c in (closing, silent, idle, writing)]
             with connect(srv) as s:  # every one being answered: nothing to evict, refused
                 assert eof(s)
         finally:
@@ -1586,3 +1590,33 @@ def test_tls_handshakes_get_a_budget_per_turn(monkeypatch: pytest.MonkeyPatch) -
             go.set()
             for c in clients:
                 c.close()
+
+
+def test_the_loop_wakes_at_the_next_deadline_and_at_least_once_a_second(bare: HTTPServer, pair: Any) -> None:
+    assert bare._next_timeout() == 1.0  # nothing open: the web config's check, once a second
+    a, _ = pair
+    conn = attach(bare, Fake(a))
+    conn.deadline = time.monotonic() + 0.3
+    assert 0.0 < bare._next_timeout() <= 0.3
+    conn.deadline = time.monotonic() + 30
+    assert bare._next_timeout() == 1.0
+    conn.deadline = time.monotonic() - 1
+    assert bare._next_timeout() == 0.0
+
+
+def test_every_state_past_its_deadline_is_closed(bare: HTTPServer) -> None:
+    """A connection within its deadline at the head of one state does not shield another state's."""
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:
+        waiting = attach(bare, Fake(pairs[0][0]))
+        waiting.deadline = time.monotonic() + 30
+        idle = attach(bare, Fake(pairs[1][0]))
+        bare._fresh.pop(idle)
+        bare._idle[idle] = None
+        idle.deadline = time.monotonic() - 0.001
+        bare._expire()
+        assert idle not in bare._open and not bare._idle and list(bare._fresh) == [waiting]
+    finally:
+        for x, y in pairs:
+            x.close()
+            y.close()
