@@ -396,6 +396,14 @@ def test_a_bad_request_gets_its_error_then_a_half_close(data: bytes, status: str
         s.shutdown(socket.SHUT_WR)
         wait_until(lambda: me(s) not in table(srv._open), T, 0.005, what="closed at the client's EOF")
         assert not srv._closing
+    server_mod.DRAIN_S, drain = 60.0, server_mod.DRAIN_S
+    try:
+        with running() as srv, connect(srv) as s:  # at the EOF itself, not at the drain's deadline
+            assert ask(s, data) == answer(status, message, close=True)
+            s.shutdown(socket.SHUT_WR)
+            wait_until(lambda: me(s) not in table(srv._open), T, 0.005, what="closed at the client's EOF")
+    finally:
+        server_mod.DRAIN_S = drain
 
 
 def test_a_request_larger_than_the_buffer_gets_431() -> None:
@@ -1186,6 +1194,7 @@ class Fake:
     def __init__(self, sock: socket.socket, **script: list[Any]) -> None:
         self.sock, self.script = sock, script
         self.sends: list[int] = []
+        self.recvs: list[int] = []
         self.peer_cert: Any = None
 
     def _next(self, name: str) -> Any:
@@ -1203,6 +1212,7 @@ class Fake:
         return int(self.sock.send(data if n is None else bytes(data)[:n]))
 
     def recv(self, n: int) -> bytes:
+        self.recvs.append(n)
         self._next("recv")
         return self.sock.recv(n)
 
@@ -1362,9 +1372,12 @@ def test_an_error_answer_takes_the_connection_out_of_its_waiting_state(bare: HTT
     assert conn.state == server_mod._CLOSING and conn.events == READ
 
 
-def test_a_read_that_fails_closes_and_one_that_would_block_waits(bare: HTTPServer, pair: Any) -> None:
+@pytest.mark.parametrize("error", [BlockingIOError(), ssl.SSLWantReadError(), ssl.SSLWantWriteError()],
+                         ids=["blocking", "ssl-read", "ssl-write"])
+def test_a_read_that_fails_closes_and_one_that_would_block_waits(bare: HTTPServer, pair: Any,
+                                                                  error: Exception) -> None:
     a, b = pair
-    conn = attach(bare, Fake(a, recv=[ssl.SSLWantReadError(), ConnectionResetError()]))
+    conn = attach(bare, Fake(a, recv=[error, ConnectionResetError()]))
     b.sendall(req())
     bare._on_readable(conn)
     assert conn in bare._open and not conn.buf and conn.state == server_mod._READ
@@ -1620,3 +1633,34 @@ def test_every_state_past_its_deadline_is_closed(bare: HTTPServer) -> None:
         for x, y in pairs:
             x.close()
             y.close()
+
+
+def test_one_read_a_turn_of_at_most_64_kib(bare: HTTPServer, pair: Any) -> None:
+    a, b = pair
+    fake = Fake(a)
+    conn = attach(bare, fake)
+    b.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n" + (b"X-Pad: " + b"p" * 693 + b"\r\n") * 99)  # 70 KB of head
+    bare._on_readable(conn)
+    assert fake.recvs == [65536] and len(conn.buf) == 65536
+
+
+def test_the_last_read_takes_only_what_the_buffer_has_room_for(bare: HTTPServer, pair: Any) -> None:
+    from exporter.platform.http.protocol import MAX_BODY, MAX_HEAD
+
+    a, b = pair
+    fake = Fake(a)
+    conn = attach(bare, fake)
+    conn.buf += b"\r\n" * 100  # blank lines before a request: allowed, and not yet a request
+    conn.buf += b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 65536\r\n\r\n"
+    conn.buf += b"b" * (MAX_HEAD + MAX_BODY - 73 - len(conn.buf))
+    b.sendall(b"b" * 1000)
+    bare._on_readable(conn)
+    assert fake.recvs == [74]  # room for one byte past the bound: enough to know it is too large
+
+
+def test_a_finished_handshake_reads_the_request_at_once(bare: HTTPServer, pair: Any) -> None:
+    a, b = pair
+    conn = attach(bare, Fake(a), handshaken=False)
+    b.sendall(req())
+    bare._on_readable(conn)
+    assert conn.handshaken and b.recv(1000) == answer("200 OK", b"ok\n")
