@@ -183,6 +183,7 @@ def empty(srv: HTTPServer) -> None:
 def test_each_lane_answers_exactly_and_in_its_own_thread() -> None:
     calls = Calls()
     with running(calls=calls) as srv, connect(srv) as s:
+        assert srv.lanes == {"/healthz": "inline", "/readyz": "probe", "/metrics": "work"}  # work: the default
         assert ask(s, req("/healthz")) == answer("200 OK", b"ok\n")
         assert ask(s, req("/readyz?x=1")) == answer("200 OK", b"ready\nx=1")
         assert ask(s, req("/metrics")) == answer("200 OK", b"metrics\n")
@@ -1219,6 +1220,10 @@ class Fake:
     def do_handshake(self) -> None:
         self._next("do_handshake")
 
+    def close(self) -> None:
+        self._next("close")
+        self.sock.close()
+
     def getpeercert(self) -> Any:
         return self.peer_cert
 
@@ -1664,3 +1669,51 @@ def test_a_finished_handshake_reads_the_request_at_once(bare: HTTPServer, pair: 
     b.sendall(req())
     bare._on_readable(conn)
     assert conn.handshaken and b.recv(1000) == answer("200 OK", b"ok\n")
+
+
+def test_closing_survives_a_selector_that_forgot_it_and_a_close_that_fails(bare: HTTPServer, pair: Any) -> None:
+    a, _ = pair
+    fake = Fake(a, close=[OSError("EBADF")])
+    conn = attach(bare, fake)
+    bare._sel.unregister(fake)  # conn.events still says watched
+    bare._close(conn)
+    assert conn not in bare._open and conn.events == 0 and conn.state == server_mod._CLOSING
+
+
+def test_a_socket_the_selector_refuses_is_closed(bare: HTTPServer) -> None:
+    a, b = socket.socketpair()
+    try:
+        fake = Fake(a)
+        conn = attach(bare, fake)
+        bare._sel.unregister(fake)
+        conn.events = 0
+        a.close()  # its descriptor is gone: register() refuses it
+        bare._want(conn, WRITE)
+        assert conn not in bare._open and conn.events == 0
+    finally:
+        b.close()
+
+
+def test_a_changed_web_config_is_loaded_off_the_io_thread(users_file: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(users_file.read_text())
+    with running(web=webconfig.load(str(cfg))) as srv:
+        assert srv.live is not None
+        threads: list[str] = []
+        real = srv.live.reload
+
+        def reload(why: str = "changed on disk") -> bool:
+            threads.append(threading.current_thread().name)
+            return bool(real(why))
+
+        srv.live.reload = reload  # type: ignore[method-assign]
+        hashed = bcrypt.hashpw(b"new", bcrypt.gensalt(rounds=4)).decode()
+        tmp = cfg.with_name("web.yml.tmp")
+        tmp.write_text(f"basic_auth_users:\n  v: {hashed}\n")
+        os.replace(tmp, cfg)
+        settle(srv)  # a new connection looks at the config
+        wait_until(lambda: threads, T, 0.005, what="the reload")
+        assert threads[0] == "web-config-reload"
+        with connect(srv) as s:
+            wait_until(lambda: ask(s, req("/metrics", extra=basic("v", "new"))).startswith(b"HTTP/1.1 200 "),
+                       T, 0.01, what="the new user admitted")
