@@ -812,8 +812,9 @@ def test_refusals_of_a_head_request_are_heads(users_file: Path, monkeypatch: pyt
         assert ask(s, req()) == answer("200 OK", b"ok\n")
 
 
-def test_nothing_more_is_read_while_a_password_is_checked(users_file: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def slow_checks(users_file: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[webconfig.WebConfig, threading.Event,
+                                                                           threading.Event]:
+    """The web config of ``users_file`` whose password checks wait for ``go`` (and set ``entered``)."""
     web = webconfig.load(str(users_file))
     go, entered = threading.Event(), threading.Event()
     real = web.check
@@ -824,6 +825,12 @@ def test_nothing_more_is_read_while_a_password_is_checked(users_file: Path,
         return real(header)
 
     monkeypatch.setattr(web, "check", slow)
+    return web, go, entered
+
+
+def test_nothing_more_is_read_while_a_password_is_checked(users_file: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    web, go, entered = slow_checks(users_file, monkeypatch)
     with running(web=web) as srv, connect(srv) as s:
         s.sendall(req("/metrics", extra=basic("u", "pw")))
         assert entered.wait(T)
@@ -850,16 +857,7 @@ def test_a_password_check_that_raises_is_a_refusal(users_file: Path, monkeypatch
 
 def test_a_check_that_ends_after_its_connection_closed_answers_nothing(users_file: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    web = webconfig.load(str(users_file))
-    go, entered = threading.Event(), threading.Event()
-    real = web.check
-
-    def slow(header: str | None) -> bool:
-        entered.set()
-        go.wait(T)
-        return real(header)
-
-    monkeypatch.setattr(web, "check", slow)
+    web, go, entered = slow_checks(users_file, monkeypatch)
     with running(web=web, read_timeout=0.05) as srv:
         with connect(srv) as s:
             s.sendall(req("/metrics", extra=basic("u", "pw")))
