@@ -3,8 +3,9 @@
 :func:`fold_shard` turns a shard's three aggregate answers (utilisation, memory,
 allocation: promql.py) into one :class:`GpuStats` per GPU, and says which GPUs' raw series
 the classification may need (their range queries); :func:`attach_range` puts a range
-answer's points on their GPUs. Values are scaled to SI and labels mapped to (node, gpu, uuid)
-here, after the answers arrive, so the classification never sees which exporter spoke.
+answer's points on their GPUs, :func:`attach_counts` the memory counts asked for with them.
+Values are scaled to SI and labels mapped to (node, gpu, uuid) here, after the answers
+arrive, so the classification never sees which exporter spoke.
 
 Each GPU's range step is its own scrape interval (:func:`gpu_step`), never one shared by its
 shard: a GPU's pattern must not depend on which GPUs share its shard, that is on the fleet's
@@ -262,6 +263,27 @@ def attach_range(gpus: dict[tuple[str, str], GpuStats], by_uuid: dict[str, tuple
                 v *= scale
                 old = vals[i]
                 vals[i] = v if old is None or v > old else old
+
+
+def attach_counts(gpus: dict[tuple[str, str], GpuStats], by_uuid: dict[str, tuple[str, str]],
+                  samples: list[Sample], key_of: Key, *, label: str) -> None:
+    """Put memory-used's sample counts (``stat`` count and early: promql's ``mem_counts``) on
+    their GPU, matched as :func:`attach_range` matches a series; several series fold by max."""
+    for s in samples:
+        attr = _COUNT_ATTRS.get(s.labels.get("stat", ""))
+        if attr is None:
+            raise PromError(BAD_RESPONSE, "memory count series without its 'stat' label")
+        k = key_of(s.labels)
+        uuid = s.labels.get(label, "")
+        key = (k[0], k[1]) if k is not None else by_uuid.get(uuid)
+        if key is None or key not in gpus or gpus[key].uuid != uuid or not math.isfinite(s.value):
+            continue
+        st = gpus[key]
+        old = getattr(st, attr)
+        setattr(st, attr, s.value if old is None or s.value > old else old)
+
+
+_COUNT_ATTRS = {"count": "mem_count", "early": "mem_early"}
 
 
 def _scaled(x: float | None, scale: float) -> float | None:

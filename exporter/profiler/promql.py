@@ -13,15 +13,16 @@ Then, per shard (``{node=~`gpu-node-0[0-1].*|gpu-node-02[0-4].*`}``):
    percentile, sample count, count in the older half of the window, count in the
    freshness period; and the mean and sample count of the whole GPU's SM activity
    (``gpu_sm_active_ratio{gpu_instance=""}``, NVIDIA GPM: absent elsewhere) for ``underused``;
-2. memory aggregates (instant): mean used, mean free, total, ``deriv`` of used, counts,
-   last ``gpu_up``;
+2. memory aggregates (instant): mean used, mean free, total, ``deriv`` of used, the count
+   in the freshness period, last ``gpu_up``;
 3. allocation (instant): how many samples of the window each ``gpu_allocation_info``
    holder (namespace, pod) covers (pod attribution; empty without it);
 4. utilisation range (query_range) of only the GPUs whose variation could be a period
    (not idle, coefficient of variation near or above the steady threshold, decided from
    query 1), selected by ``uuid``, in batches of at most ``range_gpus`` GPUs;
 5. memory used range (query_range, coarse step) of only the GPUs whose ``deriv`` could
-   be a leak (from query 2), selected by ``uuid``, batched the same way.
+   be a leak (from query 2), selected by ``uuid``, batched the same way, with (instant)
+   their memory-used sample counts over the window and its older half (:meth:`QueryBuilder.mem_counts`).
 
 The first query of the cycle counts the series without the node label: when there are none
 (the shipped scrape configs), the shards' aggregates leave out the join branch, whose
@@ -253,15 +254,14 @@ class QueryBuilder:
     def mem_parts(self, nodes: str | None = None) -> list[str]:
         """One expression per memory, health and score statistic, each with its ``stat`` label."""
         w = duration(self.cfg.window_s)
-        half = duration(self.cfg.window_s / 2)
         f = duration(self.cfg.fresh_s)
         s = self.source
         used = s.mem_used
         sel = self.sel
+        # memory-used's sample counts (count, early) decide only the growth test, which needs the
+        # memory range: they are asked for with it, for its GPUs alone (mem_counts), not here
         parts: dict[str, Callable[[str], str]] = {
             "used": lambda m: f"avg_over_time({sel(used, m)}[{w}])",
-            "count": lambda m: f"count_over_time({sel(used, m)}[{w}])",
-            "early": lambda m: f"count_over_time({sel(used, m)}[{half}] offset {half})",
             "fresh": lambda m: f"count_over_time({sel(used, m)}[{f}])",
             "deriv": lambda m: f"deriv({sel(used, m)}[{w}])",
         }
@@ -384,6 +384,20 @@ class QueryBuilder:
     def mem_range(self, uuids: Iterable[str], label: str = "uuid") -> str:
         """Raw memory-used series of the GPUs with these UUIDs (a query_range)."""
         return self.sel(self.source.mem_used, f"{label}=~{uuid_regex(uuids)}")
+
+    def mem_counts(self, uuids: Iterable[str], label: str = "uuid") -> str:
+        """Memory-used's sample counts over the window (``count``) and its older half
+        (``early``) of the GPUs with these UUIDs (instant): the growth test's minimums, asked
+        for with the memory range of the GPUs that get one, not for every GPU in the memory
+        aggregates (two series reads of every GPU, about a sixth of the store's work a cycle)."""
+        w = duration(self.cfg.window_s)
+        half = duration(self.cfg.window_s / 2)
+        used, ids = self.source.mem_used, f"{label}=~{uuid_regex(uuids)}"
+        # per_gpu: the node named by the scrape's label, a target's only from the trusted jobs
+        return union([
+            self.tag(self.per_gpu(lambda m: f"count_over_time({self.sel(used, m + ', ' + ids)}[{w}])"), "count"),
+            self.tag(self.per_gpu(lambda m: f"count_over_time({self.sel(used, m + ', ' + ids)}[{half}] offset {half})"),
+                     "early")])
 
 
 def union(terms: list[str]) -> str:

@@ -6,10 +6,10 @@ fold.py's (pure); this module sends them and keeps a cycle's memory and time bou
 Queries per cycle, for N nodes of G GPUs each, S shards (ceil(N·G / shard_gpus), one more
 where a shard's pattern would be too long: promql.plan_shards): ``2 + S·A + R`` where A, a
 shard's aggregate queries, is ceil(U/4) + ceil(M/4) + 1 for its U utilisation and M memory
-statistics (PARTS_PER_QUERY; 6 for ours, 8 with the health fields) and R, the range batches,
-is at most ``2·S`` while a shard's ranges fit one batch (a cluster with few periodic, bursty
-or leaking GPUs has R near 0); more when a query would pass ``max_query_bytes``
-(docs/profiler.md, "Bytes per query").
+statistics (PARTS_PER_QUERY; 6 for ours, 7 with the health fields) and R, the range batches
+and the memory counts of the memory range's GPUs (promql's ``mem_counts``), is at most ``3·S``
+while a shard's ranges fit one batch (a cluster with few periodic, bursty or leaking GPUs has R
+near 0); more when a query would pass ``max_query_bytes`` (docs/profiler.md, "Bytes per query").
 
 A store's refusal of a query over one of its limits (too long, too many series or samples:
 prom.SPLIT_KINDS) is handled as an answer over the cap; each is counted in ``refusals``.
@@ -38,7 +38,7 @@ from typing import TypeVar
 
 from exporter.profiler import sources
 from exporter.profiler.classify import GpuStats
-from exporter.profiler.fold import attach_range, fold_shard, ours_key, scrape_interval
+from exporter.profiler.fold import attach_counts, attach_range, fold_shard, ours_key, scrape_interval
 from exporter.profiler.prom import SPLIT_KINDS, PromClient, PromError, RangeSeries, Sample, printable
 from exporter.profiler.promql import (
     QueryBuilder,
@@ -319,6 +319,10 @@ class Reader:
         for label, uuids in sorted(fold.want_mem.items()):
             batches += [_Batch(u, "mem_range", mem_start, mem_step, label, ms)
                         for u in self._batches(uuids, query_bytes(b.mem_range([], label)))]
+            # the growth test's sample counts, for the same GPUs (their regex is in every branch)
+            copies = b.mem_counts(["x"], label).count(uuid_regex(["x"]))
+            batches += [_Batch(u, "mem_counts", at, 0.0, label, 1.0)
+                        for u in self._batches(uuids, query_bytes(b.mem_counts([], label)), copies)]
         while batches:
             pair = batches[:2]
             del batches[:2]
@@ -334,19 +338,22 @@ class Reader:
                                        f"{len(bt.uuids) - half}")
                     batches[:0] = [replace(bt, uuids=bt.uuids[:half]), replace(bt, uuids=bt.uuids[half:])]
                     continue
-                attach_range(gpus, fold.by_uuid, res, key_of, attr=bt.attr, label=bt.label, start=bt.start,
-                             step=bt.step, end=at, scale=bt.scale)
+                if bt.attr == "mem_counts":
+                    attach_counts(gpus, fold.by_uuid, res, key_of, label=bt.label)  # type: ignore[arg-type]
+                else:
+                    attach_range(gpus, fold.by_uuid, res, key_of, attr=bt.attr,  # type: ignore[arg-type]
+                                 label=bt.label, start=bt.start, step=bt.step, end=at, scale=bt.scale)
         return gpus, queries, fold.dropped, fold.steps
 
-    def _batches(self, uuids: list[str], overhead: int) -> list[list[str]]:
+    def _batches(self, uuids: list[str], overhead: int, copies: int = 1) -> list[list[str]]:
         """UUIDs in batches of at most ``range_gpus``, each query at most ``max_query_bytes``
-        (``overhead``: the bytes of the query around its regex)."""
+        (``overhead``: the bytes of the query around its regex, which it holds ``copies`` times)."""
         cfg = self.cfg
         out: list[list[str]] = []
         cur: list[str] = []
         size = overhead
         for u in uuids:
-            n = query_bytes(uuid_regex([u])) - 1  # the UUID quoted, and its "|"
+            n = copies * (query_bytes(uuid_regex([u])) - 1)  # the UUID quoted, and its "|"
             if cur and (len(cur) >= cfg.range_gpus or size + n > cfg.max_query_bytes):
                 out.append(cur)
                 cur, size = [], overhead
@@ -356,11 +363,14 @@ class Reader:
             out.append(cur)
         return out
 
-    def _range_call(self, b: QueryBuilder, bt: _Batch, at: float) -> Callable[[], list[RangeSeries] | PromError]:
+    def _range_call(self, b: QueryBuilder, bt: _Batch, at: float
+                    ) -> Callable[[], list[RangeSeries] | list[Sample] | PromError]:
         fn = b.util_range if bt.attr == "util_range" else b.mem_range
 
-        def call() -> list[RangeSeries] | PromError:
+        def call() -> list[RangeSeries] | list[Sample] | PromError:
             try:
+                if bt.attr == "mem_counts":
+                    return self.client.query(b.mem_counts(bt.uuids, bt.label), at)
                 return self.client.query_range(fn(bt.uuids, bt.label), bt.start, at, bt.step)
             except PromError as exc:
                 if exc.kind in SPLIT_KINDS:
@@ -398,7 +408,7 @@ class _Batch:
     """One range query's GPUs and how to read them."""
 
     uuids: list[str]
-    attr: str  # util_range or mem_range
+    attr: str  # util_range or mem_range (query_range), or mem_counts (instant, at ``start``)
     start: float
     step: float
     label: str  # the label selecting them (uuid, UUID, gpu_uuid, serial_number)

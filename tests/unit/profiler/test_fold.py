@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exporter.profiler import sources
-from exporter.profiler.fold import attach_range, fold_shard, ours_key
+from exporter.profiler.fold import attach_counts, attach_range, fold_shard, ours_key
 from exporter.profiler.prom import BAD_RESPONSE, PromError, RangeSeries, Sample
 from exporter.profiler.promql import QueryConfig
 
@@ -61,3 +61,25 @@ def test_range_points_go_to_the_nearest_slot_of_the_grid_and_fold_by_max() -> No
     attach_range(fold.gpus, fold.by_uuid, series, ours_key("node"), attr="util_range", label="uuid", start=start,
                  step=step, end=end, scale=1.0)
     assert fold.gpus[("n1", "0")].util_range == [0.2, 0.6, None, None, 0.9]
+
+
+def test_memory_counts_go_to_their_gpu_by_node_or_single_uuid_and_fold_by_max() -> None:
+    # the growth test's counts arrive with the memory range (promql.mem_counts), not in the aggregates
+    mem = [_s("used", 2e9), _s("total", 8e9), _s("fresh", 20), _s("deriv", 1e6)]
+    fold = fold_shard(CFG, OURS, ["n1"], _util(0.5, 0.3), mem, [], mem_step=60)
+    assert fold.want_mem == {"uuid": ["GPU-a"]}
+    st = fold.gpus[("n1", "0")]
+    assert st.mem_count is None and st.mem_early is None
+    key = ours_key("node")
+    attach_counts(fold.gpus, fold.by_uuid, [
+        _s("count", 100), _s("count", 120, job="second"), _s("early", 60),
+        _s("early", 999, uuid="GPU-other"),  # another GPU's UUID on this node and index: not this GPU's
+        _s("count", 999, node="n9"),  # a node of another shard
+        Sample({"gpu": "0", "uuid": "GPU-a", "stat": "early", "job": "unlabelled"}, 70.0),  # no node: by its UUID
+        _s("count", float("nan")),
+    ], key, label="uuid")
+    assert st.mem_count == 120 and st.mem_early == 70
+    with pytest.raises(PromError) as err:
+        attach_counts(fold.gpus, fold.by_uuid, [Sample({"node": "n1", "gpu": "0", "uuid": "GPU-a"}, 1.0)], key,
+                      label="uuid")
+    assert err.value.kind == BAD_RESPONSE

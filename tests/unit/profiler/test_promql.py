@@ -124,3 +124,19 @@ def test_pack_keeps_every_part_and_joins_as_few_as_fit() -> None:
     # at most ``most`` parts a query, the byte limit still kept
     assert [q.count('"stat"') for q in pack(parts, 10**6, 4)] == [4] * 10
     assert all(query_bytes(q) <= 300 and q.count('"stat"') <= 4 for q in pack(parts, 300, 4))
+
+
+def test_memory_counts_are_asked_for_the_memory_ranges_gpus_only_and_trust_the_scrapes_node() -> None:
+    # the growth test's minimums: not two series reads of every GPU in the memory aggregates
+    for name in (sources.OURS, sources.DCGM, sources.AMD):
+        b = QueryBuilder(QueryConfig(health=True), sources.make(name, "node", sources.Trust()))
+        stats = " ".join(b.mem_parts("`n1`"))
+        assert '"count"' not in stats and '"early"' not in stats and '"fresh"' in stats
+        counts = b.mem_counts(["GPU-a", "GPU-b"])
+        assert '"stat", "count"' in counts and '"stat", "early"' in counts and "offset 900s" in counts
+        # once per statistic and branch: the join's branch (ours, while series lack the node label) or a node label
+        branches = (2 if b.join else 1) if name == sources.OURS else len(b.node_labels)
+        assert counts.count("`GPU-a|GPU-b`") == 2 * branches
+        if name != sources.OURS:
+            # a target's node label only from the trusted jobs and namespaces, as in the aggregates
+            assert counts.count(sources.Trust().matchers()) == 2 * (len(b.node_labels) - 1)

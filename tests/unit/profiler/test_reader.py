@@ -87,9 +87,9 @@ def test_labelled_sets_classified_through_prometheus(prom: Prometheus) -> None:
     client = PromClient(prom.url)
     reader = Reader(client, QueryConfig())
     snap = reader.read(END)
-    # nodes, unlabelled; 6 aggregates (queries.PARTS_PER_QUERY: utilisation's 8 statistics in 2, memory's 11
-    # in 3, allocation's 2 in 1); 2 ranges
-    assert snap.queries == 10 and client.requests_sent == 10
+    # nodes, unlabelled; 6 aggregates (queries.PARTS_PER_QUERY: utilisation's 8 statistics in 2, memory's 9
+    # in 3, allocation's 2 in 1); 2 ranges and the memory range's GPUs' sample counts (promql.mem_counts)
+    assert snap.queries == 11 and client.requests_sent == 11
     assert snap.util_step == 15.0  # the median scrape interval of the history
     for hist in (labelled_set(21, END), _joined_set()):
         ok, wrong = _accuracy(snap.gpus, hist)
@@ -138,16 +138,16 @@ def test_classification_is_todays_whatever_the_sharding(prom: Prometheus, shard_
     assert client.largest_response_bytes <= cap
     nodes = len({k.split("/")[0] for k in want})
     if shard_gpus == 16:
-        # queries = 2 + 6 x shards + range batches (at most 2 per shard when a shard's ranges fit a batch,
-        # more here: three GPUs per batch)
+        # queries = 2 + 6 x shards + range batches (at most 3 per shard when a shard's ranges fit a batch:
+        # utilisation, memory and the memory range's counts; more here: three GPUs per batch)
         # two nodes per shard at most; a few alone, where their names' trie cuts a pair (promql.plan_shards)
         assert -(-nodes // 2) <= snap.shards <= nodes
         ranges = snap.queries - 2 - 6 * snap.shards
-        assert 0 < ranges <= 2 * snap.shards * -(-16 // range_gpus)
+        assert 0 < ranges <= 3 * snap.shards * -(-16 // range_gpus)
     elif cap == 64 * 1024:
         assert snap.shards > 1  # the default shard did not fit 64 KiB
     else:
-        assert snap.shards == 1 and snap.queries == 10
+        assert snap.shards == 1 and snap.queries == 11
     assert reader.builder.join  # the join-set has no node label: the join branch stays
 
 
@@ -181,7 +181,7 @@ def test_full_cycle_annotates_nodes_and_then_goes_quiet(prom: Prometheus, kubeap
     prof = make_profiler(prom.url, "--events", "off", "--health-condition", "off", out=out)
 
     r1 = prof.run_cycle(at=END)
-    assert r1.ok and r1.errors == [] and r1.queries == 10
+    assert r1.ok and r1.errors == [] and r1.queries == 11
     patches = {r.node: r for r in api.patches()}
     assert set(patches) == {"scn-a", "silent", "lab-000"}  # cpu-only has nothing of ours: untouched
     req = patches["scn-a"]
