@@ -315,14 +315,12 @@ class Reader:
         batches: list[_Batch] = []
         for (step, label), uuids in sorted(fold.want_util.items()):
             batches += [_Batch(u, "util_range", start, step, label, us)
-                        for u in self._batches(uuids, query_bytes(b.util_range([], label)))]
+                        for u in self._batches(uuids, b.util_range, label)]
         for label, uuids in sorted(fold.want_mem.items()):
             batches += [_Batch(u, "mem_range", mem_start, mem_step, label, ms)
-                        for u in self._batches(uuids, query_bytes(b.mem_range([], label)))]
-            # the growth test's sample counts, for the same GPUs (their regex is in every branch)
-            copies = b.mem_counts(["x"], label).count(uuid_regex(["x"]))
-            batches += [_Batch(u, "mem_counts", at, 0.0, label, 1.0)
-                        for u in self._batches(uuids, query_bytes(b.mem_counts([], label)), copies)]
+                        for u in self._batches(uuids, b.mem_range, label)]
+            # the growth test's sample counts, for the same GPUs
+            batches += [_Batch(u, "mem_counts", at, 0.0, label, 1.0) for u in self._batches(uuids, b.mem_counts, label)]
         while batches:
             pair = batches[:2]
             del batches[:2]
@@ -345,10 +343,12 @@ class Reader:
                                  label=bt.label, start=bt.start, step=bt.step, end=at, scale=bt.scale)
         return gpus, queries, fold.dropped, fold.steps
 
-    def _batches(self, uuids: list[str], overhead: int, copies: int = 1) -> list[list[str]]:
-        """UUIDs in batches of at most ``range_gpus``, each query at most ``max_query_bytes``
-        (``overhead``: the bytes of the query around its regex, which it holds ``copies`` times)."""
+    def _batches(self, uuids: list[str], query: Callable[[list[str], str], str], label: str) -> list[list[str]]:
+        """UUIDs in batches of at most ``range_gpus``, each ``query`` of them at most
+        ``max_query_bytes`` (its UUID regex may appear in it more than once: one per branch)."""
         cfg = self.cfg
+        overhead = query_bytes(query([], label))
+        copies = query(["x"], label).count(uuid_regex(["x"]))
         out: list[list[str]] = []
         cur: list[str] = []
         size = overhead

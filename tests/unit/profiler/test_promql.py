@@ -3,6 +3,7 @@ nodes with 63-character names, and each shard's name pattern selecting exactly i
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 
@@ -103,15 +104,22 @@ def test_every_query_fits_the_limit_at_ten_thousand_nodes(source: str, limit: in
         assert query_bytes(b.unlabelled()) <= limit and query_bytes(b.nodes(None)) <= limit
 
 
-def test_range_batches_fit_the_limit() -> None:
-    cfg = QueryConfig(source="gpu-exporter", max_query_bytes=16384)
+@pytest.mark.parametrize("source", ["gpu-exporter", "dcgm"])
+def test_range_batches_fit_the_limit_and_are_full(source: str) -> None:
+    # the UUID regex appears once per branch of a query (the trusted-series rule, the join, each statistic)
+    cfg = QueryConfig(source=source, max_query_bytes=16384)
     reader = Reader(PromClient("http://127.0.0.1:9"), cfg)
     b = reader.builder
     uuids = [f"GPU-{i:08x}-1234-5678-9abc-def012345678" for i in range(5000)]
-    batches = reader._batches(uuids, query_bytes(b.util_range([], "uuid")))
-    assert [u for bt in batches for u in bt] == uuids
-    assert all(query_bytes(b.util_range(bt, "uuid")) <= 16384 for bt in batches)
-    assert all(len(bt) <= cfg.range_gpus for bt in batches) and len(batches) < 5000 // 300
+    for join in (True, False):
+        b.join = join
+        for query in (b.util_range, b.mem_range, b.mem_counts):
+            batches = reader._batches(uuids, query, "uuid")
+            assert [u for bt in batches for u in bt] == uuids
+            assert all(query_bytes(query(bt, "uuid")) <= 16384 for bt in batches)
+            assert all(len(bt) <= cfg.range_gpus for bt in batches)
+            # full: one more UUID would pass the limit
+            assert all(query_bytes(query([*bt, nxt[0]], "uuid")) > 16384 for bt, nxt in itertools.pairwise(batches))
 
 
 def test_pack_keeps_every_part_and_joins_as_few_as_fit() -> None:

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from exporter.profiler import health, sources
+from exporter.profiler import classify, health, sources
 from exporter.profiler.prom import PromClient
 from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import (
     make_history,
     mem_constant,
+    periodic_shape,
     sample_times,
     steady_shape,
     write_amd,
@@ -139,3 +140,36 @@ def test_trust_settings_are_checked() -> None:
     for flag, bad in (("--source-job", "a("), ("--source-namespace", "a`b"), ("--source-job", "a\nb")):
         with pytest.raises(ConfigError, match=flag):
             parse_args(["--prometheus-url", "http://p:9090", flag, bad])
+
+
+@pytest.fixture(scope="module")
+def ranges_prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """Busy GPUs whose ranges the profiler reads by UUID, and a tenant's series that copy their UUIDs."""
+    tmp = tmp_path_factory.mktemp("trust-ranges")
+    path = tmp / "h.om"
+    periodic = periodic_shape("square", 240.0, 0.02, high=0.9, low=0.1, duty=0.5)
+    dcgm_gpu = make_history(5, "victim-node", "1", "periodic", "periodic", TS, periodic, mem_constant(0.5))
+    ours_gpu = make_history(5, "victim-ours", "1", "periodic", "periodic", TS, periodic, mem_constant(0.5))
+    flat = [(t, 1.0) for t in TS]
+    with OpenMetricsWriter(path) as w:
+        write_dcgm(_Relabel(w, {"node": "victim-node", "namespace": "gpu-operator"}), [dcgm_gpu])
+        # the tenant's copy of the victim's GPU: its Hostname and UUID, no scrape node label, a shared job
+        w.add("DCGM_FI_DEV_GPU_UTIL", {"gpu": "1", "UUID": dcgm_gpu.uuid, "Hostname": "victim-node", **TENANT},
+              [(t, 100.0 * v) for t, v in flat])
+        write_openmetrics(w, [ours_gpu])
+        # ours: the victim's UUID on a series without the node label, from the tenant's own instance
+        w.add("gpu_utilization_ratio", {"gpu": "1", "uuid": ours_gpu.uuid, **TENANT}, flat)
+    with Prometheus(tmp / "server", tsdb_blocks_from=path) as server:
+        yield server
+
+
+@pytest.mark.parametrize(("source", "node"), [("dcgm", "victim-node"), ("gpu-exporter", "victim-ours")])
+def test_a_tenant_cannot_fold_its_series_into_another_gpus_range(ranges_prom: Prometheus, source: str,
+                                                                  node: str) -> None:
+    # the range queries select by UUID: a series that copies it must meet the aggregates' rule (the scrape's
+    # node label, or a target's from the trusted jobs), or its points (max-folded) flatten the victim's cycle
+    snap = Reader(PromClient(ranges_prom.url), QueryConfig(source=source)).read(END)
+    st = snap.gpus[(node, "1")]
+    assert st.util_range is not None
+    assert max(v for v in st.util_range if v is not None) < 0.99  # 0.9 and noise; the tenant's is 1.0
+    assert classify.classify_gpu(st).pattern == classify.PERIODIC
