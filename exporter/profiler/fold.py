@@ -238,15 +238,19 @@ def fold_shard(cfg: QueryConfig, source: Source, nodes: Iterable[str], util: lis
 
 def attach_range(gpus: dict[tuple[str, str], GpuStats], by_uuid: dict[str, tuple[str, str]],
                  series: list[RangeSeries], key_of: Key, *, attr: str, label: str, start: float, step: float,
-                 end: float, scale: float) -> None:
+                 end: float, scale: float, believed: Callable[[dict[str, str]], bool] = lambda _: True) -> None:
     """Put range points on their GPU (``attr``: util_range or mem_range), scaled to SI.
 
     A point goes to the slot of the grid ``start + i·step`` nearest its time; several series
     of one GPU (pods, jobs) fold by max. A series is matched by its node label, else by a
-    UUID seen on one GPU only (``by_uuid``), and kept only when the UUID is that GPU's.
+    UUID seen on one GPU only (``by_uuid``), and kept only when the UUID is that GPU's and
+    ``believed`` (``Source.believed``: any pod can publish a series that copies a busy GPU's
+    UUID and node name, and its points would flatten that GPU's cycle or fake a leak).
     """
     n = math.floor((end - start) / step + 1e-9)
     for rs in series:
+        if not believed(rs.labels):
+            continue
         k = key_of(rs.labels)
         uuid = rs.labels.get(label, "")
         key = (k[0], k[1]) if k is not None else by_uuid.get(uuid)

@@ -378,27 +378,13 @@ class QueryBuilder:
         return [exported, f"({plain} unless on (namespace, pod, job) group by (namespace, pod, job) (up))"]
 
     def util_range(self, uuids: Iterable[str], label: str = "uuid") -> str:
-        """Raw utilisation series of the GPUs with these UUIDs (a query_range)."""
-        return self._by_uuid(self.source.util, f"{label}=~{uuid_regex(uuids)}")
+        """Raw utilisation series of the GPUs with these UUIDs (a query_range; which of them are
+        believed is fold.attach_range's: ``Source.believed``)."""
+        return self.sel(self.source.util, f"{label}=~{uuid_regex(uuids)}")
 
     def mem_range(self, uuids: Iterable[str], label: str = "uuid") -> str:
-        """Raw memory-used series of the GPUs with these UUIDs (a query_range)."""
-        return self._by_uuid(self.source.mem_used, f"{label}=~{uuid_regex(uuids)}")
-
-    def _by_uuid(self, metric: str, ids: str) -> str:
-        """Raw series of ``metric`` matching ``ids``, under the aggregates' trust rule: any pod may
-        publish a series that copies a GPU's UUID (and a target's node label), whose points fold
-        by max into that GPU's range. So a series counts with the scrape's node label; without
-        it, ours only from an instance a trusted ``gpu_host_info`` names (the join's rule), and
-        another exporter's only from the trusted jobs and namespaces (``node_matcher``'s)."""
-        nl = self.source.scrape_label
-        labelled = self.sel(metric, f'{ids}, {nl}!=""')
-        unlabelled = f'{ids}, {nl}=""'
-        if self.ours:
-            if not self.join:
-                return labelled
-            return f"{labelled} or ({self.sel(metric, unlabelled)} and on (instance) {self._host('')})"
-        return f"{labelled} or {self.sel(metric, unlabelled + ', ' + self.cfg.trust.matchers())}"
+        """Raw memory-used series of the GPUs with these UUIDs (a query_range, as :meth:`util_range`)."""
+        return self.sel(self.source.mem_used, f"{label}=~{uuid_regex(uuids)}")
 
     def mem_counts(self, uuids: Iterable[str], label: str = "uuid") -> str:
         """Memory-used's sample counts over the window (``count``) and its older half

@@ -340,7 +340,8 @@ class Reader:
                     attach_counts(gpus, fold.by_uuid, res, key_of, label=bt.label)  # type: ignore[arg-type]
                 else:
                     attach_range(gpus, fold.by_uuid, res, key_of, attr=bt.attr,  # type: ignore[arg-type]
-                                 label=bt.label, start=bt.start, step=bt.step, end=at, scale=bt.scale)
+                                 label=bt.label, start=bt.start, step=bt.step, end=at, scale=bt.scale,
+                                 believed=src.believed)
         return gpus, queries, fold.dropped, fold.steps
 
     def _batches(self, uuids: list[str], query: Callable[[list[str], str], str], label: str) -> list[list[str]]:

@@ -78,6 +78,12 @@ class Trust:
         """PromQL matchers selecting only the trusted series."""
         return f"job=~`{self.job}`, namespace=~`{self.namespace}`"
 
+    def admits(self, labels: dict[str, str]) -> bool:
+        """Whether a raw series (all its labels) is of the trusted jobs and namespaces, as
+        :meth:`matchers` selects (fully anchored; a missing label is the empty string)."""
+        return (re.fullmatch(self.job, labels.get("job", "")) is not None
+                and re.fullmatch(self.namespace, labels.get("namespace", "")) is not None)
+
 
 @dataclass(frozen=True)
 class Source:
@@ -117,6 +123,13 @@ class Source:
         if label == self.scrape_label:
             return f"{label}{value}"
         return f'{label}{value}, {self.scrape_label}="", {self.trust.matchers()}'
+
+    def believed(self, labels: dict[str, str]) -> bool:
+        """Whether a raw series' node may be read from it: the scrape set its node label, or it
+        comes from the trusted jobs and namespaces (the rule :meth:`node_matcher` puts in the
+        aggregates; the range queries select by UUID, which any pod can copy, and are checked
+        here instead, where a PromQL ``node!=""`` would cost the store a scan of every node)."""
+        return bool(labels.get(self.scrape_label)) or self.trust.admits(labels)
 
     def selector(self, metric: str, matchers: str) -> str:
         """``metric{matchers}``; with ``any_prefix`` the name is matched as a suffix, so

@@ -148,3 +148,19 @@ def test_dcgm_47s_renamed_fields_and_the_sources_one_name_reads() -> None:
     assert sources.dcgm_47().node_labels[0] == "node" and sources.dcgm_47().trust == Trust()
     assert sources.expand(sources.DCGM) == ("dcgm-4.7", "dcgm")
     assert sources.expand(sources.AMD) == ("amd",) and sources.expand(sources.OURS) == ("gpu-exporter",)
+
+
+def test_a_raw_series_is_believed_with_the_scrapes_node_label_or_from_the_trusted_jobs() -> None:
+    # the range queries' rule (fold.attach_range): the aggregates' node_matcher, on a series' own labels
+    trust = sources.Trust(job="dcgm-exporter|gpu-.*", namespace="gpu-operator|")
+    for name in (sources.OURS, sources.DCGM, sources.AMD):
+        src = sources.make(name, "node", trust)
+        assert src.believed({"node": "n1", "job": "tenant", "namespace": "tenant-a"})
+        assert src.believed({"job": "dcgm-exporter", "namespace": "gpu-operator"})
+        assert src.believed({"job": "gpu-exporter"})  # no namespace label: the empty string, allowed here
+        assert not src.believed({"node": "", "job": "tenant", "namespace": "gpu-operator"})
+        assert not src.believed({"job": "dcgm-exporter", "namespace": "tenant-a"})
+        assert not src.believed({"job": "dcgm-exporter-x", "namespace": "gpu-operator"})  # fully anchored
+        assert not src.believed({"job": "xdcgm-exporter", "namespace": "gpu-operator"})
+        assert not src.believed({"namespace": "gpu-operator"})  # no job label: the empty string
+    assert not sources.Trust(namespace="gpu-operator").admits({"job": "gpu-exporter"})
