@@ -386,19 +386,22 @@ class QueryBuilder:
         """Raw memory-used series of the GPUs with these UUIDs (a query_range, as :meth:`util_range`)."""
         return self.sel(self.source.mem_used, f"{label}=~{uuid_regex(uuids)}")
 
-    def mem_counts(self, uuids: Iterable[str], label: str = "uuid") -> str:
+    def mem_counts(self, uuids: Iterable[str], label: str = "uuid", nodes: str | None = None) -> str:
         """Memory-used's sample counts over the window (``count``) and its older half
         (``early``) of the GPUs with these UUIDs (instant): the growth test's minimums, asked
         for with the memory range of the GPUs that get one, not for every GPU in the memory
-        aggregates (two series reads of every GPU, about a sixth of the store's work a cycle)."""
+        aggregates (two series reads of every GPU, about a sixth of the store's work a cycle).
+        ``nodes``: the shard's :func:`shard_pattern` (None: any node, which costs the store a
+        scan of every node's series)."""
         w = duration(self.cfg.window_s)
         half = duration(self.cfg.window_s / 2)
         used, ids = self.source.mem_used, f"{label}=~{uuid_regex(uuids)}"
         # per_gpu: the node named by the scrape's label, a target's only from the trusted jobs
         return union([
-            self.tag(self.per_gpu(lambda m: f"count_over_time({self.sel(used, m + ', ' + ids)}[{w}])"), "count"),
-            self.tag(self.per_gpu(lambda m: f"count_over_time({self.sel(used, m + ', ' + ids)}[{half}] offset {half})"),
-                     "early")])
+            self.tag(self.per_gpu(lambda m: f"count_over_time({self.sel(used, m + ', ' + ids)}[{w}])", nodes=nodes),
+                     "count"),
+            self.tag(self.per_gpu(lambda m: f"count_over_time({self.sel(used, m + ', ' + ids)}[{half}] offset {half})",
+                                  nodes=nodes), "early")])
 
 
 def union(terms: list[str]) -> str:

@@ -28,6 +28,7 @@ ours is read from ours.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import Counter
@@ -236,7 +237,8 @@ class Reader:
                     nxt, nxt_nodes = todo[0]
                     prefetched[(nxt, tuple(nxt_nodes))] = self._stats(self.builders[nxt], nxt_nodes, fleets[nxt], at)
                 try:
-                    gpus, q, d, shard_steps = self._read_shard(b, nodes, at, mem_step, stats)
+                    gpus, q, d, shard_steps = self._read_shard(b, nodes, shard_pattern(nodes, fleets[name]), at,
+                                                               mem_step, stats)
                 except PromError as exc:
                     if exc.kind not in SPLIT_KINDS or len(nodes) == 1:
                         for futures in prefetched.values():
@@ -287,7 +289,7 @@ class Reader:
         else:
             log.debug("%s: %s", action, exc)
 
-    def _read_shard(self, b: QueryBuilder, nodes: list[str], at: float, mem_step: float,
+    def _read_shard(self, b: QueryBuilder, nodes: list[str], pattern: str, at: float, mem_step: float,
                     futures: list[tuple[str, Future[list[Sample]]]]
                     ) -> tuple[dict[tuple[str, str], GpuStats], int, int, Counter[float]]:
         """(GPUs of these nodes, queries sent, series dropped, utilisation steps used)."""
@@ -319,12 +321,14 @@ class Reader:
         for label, uuids in sorted(fold.want_mem.items()):
             batches += [_Batch(u, "mem_range", mem_start, mem_step, label, ms)
                         for u in self._batches(uuids, b.mem_range, label)]
-            # the growth test's sample counts, for the same GPUs
-            batches += [_Batch(u, "mem_counts", at, 0.0, label, 1.0) for u in self._batches(uuids, b.mem_counts, label)]
+            # the growth test's sample counts, for the same GPUs: selected by the shard's pattern too, where
+            # a bare node!="" would make the store scan every node's series
+            counts = functools.partial(b.mem_counts, nodes=pattern)
+            batches += [_Batch(u, "mem_counts", at, 0.0, label, 1.0) for u in self._batches(uuids, counts, label)]
         while batches:
             pair = batches[:2]
             del batches[:2]
-            calls = [self._range_call(b, bt, at) for bt in pair]
+            calls = [self._range_call(b, bt, at, pattern) for bt in pair]
             results = self._all(*calls, idle=self._idle)
             queries += len(pair)
             for bt, res in zip(pair, results, strict=True):
@@ -364,14 +368,14 @@ class Reader:
             out.append(cur)
         return out
 
-    def _range_call(self, b: QueryBuilder, bt: _Batch, at: float
+    def _range_call(self, b: QueryBuilder, bt: _Batch, at: float, pattern: str
                     ) -> Callable[[], list[RangeSeries] | list[Sample] | PromError]:
         fn = b.util_range if bt.attr == "util_range" else b.mem_range
 
         def call() -> list[RangeSeries] | list[Sample] | PromError:
             try:
                 if bt.attr == "mem_counts":
-                    return self.client.query(b.mem_counts(bt.uuids, bt.label), at)
+                    return self.client.query(b.mem_counts(bt.uuids, bt.label, nodes=pattern), at)
                 return self.client.query_range(fn(bt.uuids, bt.label), bt.start, at, bt.step)
             except PromError as exc:
                 if exc.kind in SPLIT_KINDS:
