@@ -137,6 +137,9 @@ def fold_shard(cfg: QueryConfig, source: Source, nodes: Iterable[str], util: lis
     stats: dict[tuple[str, str, str], dict[str, float]] = {}
     uuid_labels: dict[str, str] = {}
     nl = cfg.node_label
+    # the memory answer's stats named after a label (xid_<code>, state_<state>|<cause>, pci_<bus id>):
+    # noted as each first arrives, so that a GPU's health fields need no scan of all its stats
+    labelled: set[str] = set()
     for prefix, samples in (("util_", util), ("mem_", mem)):
         names: dict[str, str] = {}  # stat -> prefixed name, made once per answer, not per series
         for s in samples:
@@ -160,6 +163,8 @@ def fold_shard(cfg: QueryConfig, source: Source, nodes: Iterable[str], util: lis
             name = names.get(stat)
             if name is None:
                 name = names[stat] = prefix + stat
+                if _labelled(name):
+                    labelled.add(name)
             old = v.get(name)
             # one GPU scraped by several jobs (or named by several labels): the larger value
             v[name] = s.value if old is None or not s.value <= old else old
@@ -178,8 +183,8 @@ def fold_shard(cfg: QueryConfig, source: Source, nodes: Iterable[str], util: lis
     gpus = out.gpus
     raw: dict[tuple[str, str], dict[str, float]] = {}
     for (node, gpu, uuid), v in stats.items():
-        fresh = any(v.get(s, 0.0) > 0 for s in ("util_fresh", "mem_fresh"))
-        fresh = fresh or math.isfinite(v.get("mem_up", math.nan))
+        fresh = (v.get("util_fresh", 0.0) > 0 or v.get("mem_fresh", 0.0) > 0
+                 or math.isfinite(v.get("mem_up", math.nan)))
         total = v.get("mem_total")
         if total is None and "mem_used" in v and "mem_free" in v:
             total = v["mem_used"] + v["mem_free"]  # no total series (dcgm): used + free
@@ -201,9 +206,8 @@ def fold_shard(cfg: QueryConfig, source: Source, nodes: Iterable[str], util: lis
         if cfg.health:
             # only the fields a GPU has (none, on most fleets): health.py skips a GPU without any
             fields = {name: v[key] for key, name in _HEALTH_KEYS if key in v}
-            fields.update((key[4:], x) for key, x in v.items()
-                          if (key.startswith("mem_xid_") and key[8:].isdigit())
-                          or key.startswith(("mem_state_", "mem_pci_")))
+            if labelled:
+                fields.update((key[4:], v[key]) for key in labelled if key in v)
             if fields:
                 st.health = fields
         holder = holders.get((node, gpu, uuid))
@@ -288,6 +292,11 @@ def attach_counts(gpus: dict[tuple[str, str], GpuStats], by_uuid: dict[str, tupl
 
 
 _COUNT_ATTRS = {"count": "mem_count", "early": "mem_early"}
+
+
+def _labelled(name: str) -> bool:
+    """A memory stat named after a label's value: ``mem_xid_<code>``, ``mem_state_...``, ``mem_pci_...``."""
+    return (name.startswith("mem_xid_") and name[8:].isdigit()) or name.startswith(("mem_state_", "mem_pci_"))
 
 
 def _scaled(x: float | None, scale: float) -> float | None:
