@@ -307,8 +307,10 @@ def test_pipelined_requests_are_answered_in_order_and_marked_pipelined() -> None
             answer("200 OK", b"metrics\n1"), answer("200 OK", b"ok\n2"), answer("200 OK", b"metrics\n3"),
             answer("200 OK", b"ready\n4")]
         # ten more at once: each waits for its turn (a pause of TURN_BUDGET_S), never for the next event
+        t0 = time.monotonic()
         s.sendall(b"".join(req(f"/healthz?{i}") for i in range(10)))
         assert [read_answer(s) for _ in range(10)] == [answer("200 OK", b"ok\n%d" % i) for i in range(10)]
+        assert time.monotonic() - t0 < T  # milliseconds; waiting for the next event would take ~1 s each
         assert ask(s, req("/metrics?5")) == answer("200 OK", b"metrics\n5")
     assert [(q, pl) for _, q, _, _, pl, *_ in calls.seen] == [
         ("1", False), ("2", True), ("3", True), ("4", True), *((str(i), i > 0) for i in range(10)), ("5", False)]
@@ -991,10 +993,12 @@ def test_the_probe_listener_is_plain_http_open_and_serves_only_the_probes(pki: P
             assert ask(p, req("/metrics", extra=basic("u", "pw"))) == answer("404 Not Found", b"not found\n")
             assert ask(p, req("/nowhere")) == answer("404 Not Found", b"not found\n")
             assert ask(p, req("/metrics", "HEAD"), head_only=True) == answer("404 Not Found", b"not found\n")[:-10]
+            assert ask(p, req("/readyz")) == answer("200 OK", b"ready\n")  # no stray body before it
             assert me(p) in table(srv._probe_open) and me(p) not in table(srv._open)
         with tls_connect(srv, pki) as s:
             assert ask(s, req("/metrics")) == UNAUTHORIZED
-    assert [(p, a) for p, _, _, a, *_ in calls.seen] == [("/healthz", False), ("/readyz", False)] * 3
+    anonymous = [("/healthz", False), ("/readyz", False)] * 3 + [("/readyz", False)]
+    assert [(p, a) for p, _, _, a, *_ in calls.seen] == anonymous
 
 
 def test_the_probe_listener_evicts_only_its_own_and_the_main_port_cannot_fill_it() -> None:
