@@ -164,3 +164,4 @@ def test_a_raw_series_is_believed_with_the_scrapes_node_label_or_from_the_truste
         assert not src.believed({"job": "xdcgm-exporter", "namespace": "gpu-operator"})
         assert not src.believed({"namespace": "gpu-operator"})  # no job label: the empty string
     assert not sources.Trust(namespace="gpu-operator").admits({"job": "gpu-exporter"})
+    assert sources.Trust(job="|gpu-exporter", namespace="").admits({})  # both missing: empty, as PromQL
