@@ -255,12 +255,9 @@ def attach_range(gpus: dict[tuple[str, str], GpuStats], by_uuid: dict[str, tuple
     for rs in series:
         if not believed(rs.labels):
             continue
-        k = key_of(rs.labels)
-        uuid = rs.labels.get(label, "")
-        key = (k[0], k[1]) if k is not None else by_uuid.get(uuid)
-        if key is None or key not in gpus or gpus[key].uuid != uuid:
+        st = _gpu_of(gpus, by_uuid, rs.labels, key_of, label)
+        if st is None:
             continue
-        st = gpus[key]
         vals = getattr(st, attr)
         if vals is None:
             vals = [None] * (n + 1)
@@ -281,17 +278,25 @@ def attach_counts(gpus: dict[tuple[str, str], GpuStats], by_uuid: dict[str, tupl
         attr = _COUNT_ATTRS.get(s.labels.get("stat", ""))
         if attr is None:
             raise PromError(BAD_RESPONSE, "memory count series without its 'stat' label")
-        k = key_of(s.labels)
-        uuid = s.labels.get(label, "")
-        key = (k[0], k[1]) if k is not None else by_uuid.get(uuid)
-        if key is None or key not in gpus or gpus[key].uuid != uuid or not math.isfinite(s.value):
+        st = _gpu_of(gpus, by_uuid, s.labels, key_of, label)
+        if st is None or not math.isfinite(s.value):
             continue
-        st = gpus[key]
         old = getattr(st, attr)
         setattr(st, attr, s.value if old is None or s.value > old else old)
 
 
 _COUNT_ATTRS = {"count": "mem_count", "early": "mem_early"}
+
+
+def _gpu_of(gpus: dict[tuple[str, str], GpuStats], by_uuid: dict[str, tuple[str, str]], labels: dict[str, str],
+            key_of: Key, label: str) -> GpuStats | None:
+    """The GPU a series selected by UUID belongs to: by its node label, else by a UUID seen on one
+    GPU only, and only when the UUID is that GPU's (None otherwise)."""
+    k = key_of(labels)
+    uuid = labels.get(label, "")
+    key = (k[0], k[1]) if k is not None else by_uuid.get(uuid)
+    st = gpus.get(key) if key is not None else None
+    return st if st is not None and st.uuid == uuid else None
 
 
 def _labelled(name: str) -> bool:
