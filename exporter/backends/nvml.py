@@ -744,7 +744,7 @@ class NvmlBackend(Backend):
         a driver or device fault, or no link answering at all, is raised for the funnel to judge.
         """
         nv = self._nv
-        rets, values = plan.call(h, self.next_call)  # each link's call its own deadline
+        rets, values = plan.call(h, self.each_call)  # each link's call its own deadline
         # unsigned C integers: si()'s checks reduce to the sentinels
         out = {key: float(v) for key, v, ret in zip(plan.keys, values, rets, strict=True)
                if ret == 0 and v not in SENTINELS}

@@ -136,19 +136,15 @@ class PerLink(Generic[_K]):
         self.keys = list(keys)
         self._lookup = binding.lookup
 
-    def call(self, h: Any, before: Callable[[], None] | None = None) -> tuple[list[int], list[Any]]:
+    def call(self, h: Any, each: Callable[[Any, Any, list[tuple[Any, ...]]], list[int]] | None = None,
+             ) -> tuple[list[int], list[Any]]:
         """Each call's NVML status and the values array as read after all of them (same order as ``keys``).
-        ``before()`` runs before each C call: the funnel's per-call deadline starts there (a batch of 72
-        calls is 72 vendor calls, not one that must answer within one call's deadline)."""
+        ``each(fn, h, calls)`` makes the calls (the funnel's Backend.each_call: each call its own deadline,
+        so a batch of 72 calls is 72 vendor calls, not one that must answer within one call's deadline)."""
         fn = self._lookup(self.symbol)
-        if before is None:
-            rets = [fn(h, *args) for args in self.calls]
-        else:
-            rets = []
-            for args in self.calls:
-                before()
-                rets.append(fn(h, *args))
-        return rets, self.values[:]
+        if each is None:
+            return [fn(h, *args) for args in self.calls], self.values[:]
+        return each(fn, h, self.calls), self.values[:]
 
 
 class Binding:

@@ -70,8 +70,10 @@ class Lane:
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._mu = threading.Lock()
         self._free = threading.Condition(self._mu)  # callers queued behind a running job (rare)
-        self._busy: Job | None = None  # the job given to the lane and not finished: at most one
+        self.job: Job | None = None  # the job given to the lane and not finished: at most one
         self._thread: threading.Thread | None = None
+        #: the lane thread's id while it runs (the funnel's test "am I on this lane?", one C call)
+        self.tid: int | None = None
         self.what = ""  # what the running job is doing now (the vendor call it is in: mark())
         self.since = 0.0  # since when (monotonic)
 
@@ -89,16 +91,16 @@ class Lane:
         """Start ``fn`` on the lane, after the job it runs for another caller (who waits for that one with
         a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on."""
         with self._mu:
-            while self._busy is not None and not self._busy.abandoned:
+            while self.job is not None and not self.job.abandoned:
                 self._free.wait()
-            busy = self._busy
+            busy = self.job
             if busy is not None:
                 raise LaneBusy(self.what or busy.what, self.since, late=True)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._thread.start()
             job = Job(fn, what)
-            self._busy = job
+            self.job = job
             self.what, self.since = what, job.started
         self._jobs.put(job)
         return job
@@ -135,7 +137,7 @@ class Lane:
 
     def busy(self) -> tuple[str, float] | None:
         """(what, since) of the job the lane still runs, or None when it is idle."""
-        job = self._busy
+        job = self.job
         return None if job is None else (self.what or job.what, self.since)
 
     # --- the lane's side -------------------------------------------------------------------------
@@ -146,11 +148,11 @@ class Lane:
 
     def current(self) -> bool:
         """Whether the calling thread is this lane's."""
-        return self._thread is not None and threading.current_thread() is self._thread
+        return self.tid == threading.get_ident()
 
     def abandoned(self) -> bool:
         """On the lane: whether the caller of the running job gave up on it."""
-        job = self._busy
+        job = self.job
         return job is not None and job.abandoned
 
     def stop(self) -> None:
@@ -159,9 +161,11 @@ class Lane:
 
     def _loop(self) -> None:
         _here.lane = self
+        self.tid = threading.get_ident()
         while True:
             job = self._jobs.get()
             if job is None:
+                self.tid = None  # before the thread ends and its id can be another thread's
                 return
             try:
                 job.result = job.fn()
@@ -171,7 +175,7 @@ class Lane:
                 job.error = exc
             with self._mu:
                 job.finished = True
-                self._busy = None
+                self.job = None
                 self.what = ""
                 late = job.abandoned
                 self._free.notify_all()

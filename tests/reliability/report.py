@@ -96,7 +96,7 @@ EXTERNAL = [
         "done": 'every NVML call of 8 fake GPUs sleeps 20 ms (`--call-deadline 1`): one GPU\'s 72 NVLink '
                 'error counters, read as one funnel reading, take about 1.4 s together',
         "happened": 'every GPU up with all its readings at every collection: the deadline is per vendor call, '
-                    'restarted before each call of a batch (Backend.next_call); before, every GPU was published '
+                    'restarted before each call of a batch (Backend.each_call); before, every GPU was published '
                     'hung ("_per_link did not return within 1 s") and test_load\'s held scrapes were not held',
         "test": 'tests/unit/backends/test_hang.py::test_a_slow_driver_that_answers_every_call_is_not_hung',
         "figures": {'gpus hung': '0 of 8'},
