@@ -217,6 +217,90 @@ def _called(fn: Callable[..., Any], where: str | None, reading: str) -> str:
     return where or str(getattr(fn, "__name__", reading))
 
 
+class _Relay:
+    """One collection's GPU jobs, each on its GPU's lane, started one after another: by the lane that
+    finished the previous job (:meth:`Lane.submit`'s ``then``), or by the caller when the front job has
+    run :data:`STAGGER_S` (:meth:`stagger_left`, :meth:`idle`) or was given up on. Items whose lane is
+    None (no GPU's, or the caller's own lane) are passed over: the caller runs them in place."""
+
+    def __init__(self, backend: Backend, items: list[tuple[Any, Lane | None]], fn: Callable[[Any], Any]) -> None:
+        self.backend = backend
+        self.items = [(dev, None if lane is None or lane.current() else lane) for dev, lane in items]
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "read")
+        self.handed: list[Job | LaneBusy | None] = [None] * len(items)
+        self.next = 0  # the first item not started yet
+        self.live: set[int] = set()  # items whose job runs, not given up on: the caller sleeps until none
+        self.cond = threading.Condition(threading.Lock())
+
+    def start(self, k: int) -> None:
+        """Start item ``k`` and those after it up to the first job a lane takes, unless item ``k`` was
+        started already (by a lane or by the caller: whoever comes first)."""
+        with self.cond:
+            self._start(k)
+
+    def _start(self, k: int) -> None:
+        n = len(self.items)
+        while k < n and self.next == k:
+            self.next = k + 1
+            dev, lane = self.items[k]
+            if lane is not None:
+                handed = self.backend._hand_over(lane, functools.partial(self.fn, dev), self.name,
+                                                 functools.partial(self._finished, k))
+                self.handed[k] = handed
+                if isinstance(handed, Job):
+                    self.live.add(k)
+                    return
+            k += 1
+
+    def _finished(self, k: int) -> None:
+        """On item ``k``'s lane, once its job has finished: the next item starts there and then."""
+        with self.cond:
+            self.live.discard(k)
+            self._start(k + 1)
+            if not self.live:
+                self.cond.notify()
+
+    def ready(self, i: int) -> Job | LaneBusy | None:
+        """Item ``i``'s job, started now if the relay has not reached it (the job before it finished
+        just now, its lane not yet past :meth:`_finished`); None: run it in place."""
+        with self.cond:
+            if self.next <= i:
+                self._start(i)
+            return self.handed[i]
+
+    def stagger_left(self) -> float:
+        """Seconds before the front job (the last started) has run STAGGER_S; when it has and items are
+        left, the next starts now, beside it."""
+        with self.cond:
+            front = self.handed[self.next - 1] if self.next > 0 else None
+            if not isinstance(front, Job) or front.finished or self.next >= len(self.items):
+                return STAGGER_S
+            left = front.started + STAGGER_S - time.monotonic()
+            if left <= 0:
+                self._start(self.next)
+                return STAGGER_S
+            return left
+
+    def idle(self, timeout: float) -> None:
+        """Sleep until no job of the relay is running (or ``timeout`` seconds)."""
+        with self.cond:
+            if self.live:
+                self.cond.wait(timeout)
+
+    def given_up(self, i: int) -> None:
+        """Item ``i``'s job passed its deadline: not waited for any more; the next item starts if the
+        relay has not reached it."""
+        with self.cond:
+            self.live.discard(i)
+            self._start(i + 1)
+
+    def stop(self) -> None:
+        """No item starts from now on (the collection ended)."""
+        with self.cond:
+            self.next = len(self.items)
+
+
 class Backend(ABC):
     """One vendor. Subclasses live one per file in ``exporter/backends/``."""
 
@@ -521,52 +605,67 @@ class Backend(ABC):
                                                    getattr(fn, "__name__", "read")))
 
     def on_gpus(self, devs: Sequence[_D], fn: Callable[[_D], Any]) -> Iterator[tuple[_D, Any, GpuDown | None]]:
-        """``fn(dev)`` for every GPU of ``devs``, each on its GPU's lane (one thread hand-off per GPU and
-        collection), every job started before any result is yielded: yields ``(dev, result, None)``, or
+        """``fn(dev)`` for every GPU of ``devs``, each on its GPU's lane: yields ``(dev, result, None)``, or
         ``(dev, None, down)`` with the :class:`GpuDown` it raised (:class:`GpuHung` as :meth:`on_gpu`
-        says), in the order of ``devs``, each as soon as it and those before it are done.
+        says), in the order of ``devs``.
 
-        The GPUs are read one after another while each answers within :data:`STAGGER_S`, and
-        side by side from the first that does not, so GPUs that start hanging in the same collection
-        cost one :attr:`call_deadline` together (plus STAGGER_S each), not one each in turn. Any other
-        exception (the driver gone, a bug) is raised once every job started has finished or been given
-        up on: no job of this collection is left running unwatched when the backend is reset."""
-        name = getattr(fn, "__name__", "read")
-        jobs: list[tuple[_D, Lane | None, Job | LaneBusy | None]] = []
-        for dev in devs:
-            lane = self._lane(dev)
-            if lane is None or lane.current():  # no GPU's, or on this lane already: run in place
-                jobs.append((dev, None, None))
-            else:
-                handed = self._hand_over(lane, functools.partial(fn, dev), name)
-                if isinstance(handed, Job):
-                    # one GPU at a time while they answer at once: eight lane threads running Python
-                    # side by side fight over the GIL (an 8-GPU collection took 6.4 ms instead of 2.5);
-                    # a GPU not done within STAGGER_S (slow or hanging) gets the next one beside it
-                    lane.settle(handed, STAGGER_S)
-                jobs.append((dev, lane, handed))
-        done = 0
+        The GPUs are read one after another, as a relay (:class:`_Relay`): the lane that finishes one
+        GPU's job starts the next GPU's on its lane, so a healthy collection costs one thread wake-up per
+        GPU and the caller sleeps until the last is done (a hand-off back to the caller after each GPU
+        doubled an 8-GPU collection's time on an idle machine). One not done within :data:`STAGGER_S`
+        (slow or hanging) gets the next one started beside it by the caller, so GPUs that start hanging in
+        the same collection cost one :attr:`call_deadline` together (plus STAGGER_S each), not one each
+        in turn; eight lane threads running Python side by side would fight over the GIL (an 8-GPU
+        collection took 6.4 ms instead of 2.5). Any other exception (the driver gone, a bug) is raised
+        once every job started has finished or been given up on, and no job is started after it: no job
+        of this collection is left running unwatched when the backend is reset."""
+        relay = _Relay(self, [(dev, self._lane(dev)) for dev in devs], fn)
+        relay.start(0)
+        i, n = 0, len(relay.items)
         try:
-            for dev, lane, job in jobs:
-                done += 1
+            while i < n:
+                dev, lane = relay.items[i]
+                job = relay.ready(i)
+                if job is None:  # no GPU's, or on this lane already: run in place, here
+                    try:
+                        result = fn(dev)
+                    except GpuDown as down:
+                        yield dev, None, down
+                    else:
+                        yield dev, result, None
+                    i += 1
+                    continue
+                if isinstance(job, Job) and not job.finished:
+                    assert lane is not None
+                    left = lane.since + self.call_deadline - time.monotonic()
+                    if left > 0:  # asleep until the relay is idle, the deadline, or the front job's stagger
+                        relay.idle(min(left, relay.stagger_left()))
+                        continue
+                    relay.given_up(i)  # its deadline passed: _await abandons it; the relay goes on without it
+                assert lane is not None
                 try:
-                    result = fn(dev) if lane is None else self._await(dev, lane, job)
+                    result = self._await(dev, lane, job)
                 except GpuDown as down:
                     yield dev, None, down
                 else:
                     yield dev, result, None
+                i += 1
         finally:
-            for dev, lane, job in jobs[done:]:  # an error ended the collection: wait out the jobs still running
-                if lane is not None:
+            relay.stop()
+            for k in range(i + 1, n):  # an error ended the collection: wait out the jobs still running
+                dev, lane = relay.items[k]
+                job = relay.handed[k]
+                if lane is not None and job is not None:
                     try:
                         self._await(dev, lane, job)
                     except BaseException:  # noqa: BLE001 - the first error is the one raised
                         pass
 
-    def _hand_over(self, lane: Lane, job: Callable[[], Any], what: str) -> Job | LaneBusy:
+    def _hand_over(self, lane: Lane, job: Callable[[], Any], what: str,
+                   then: Callable[[], None] | None = None) -> Job | LaneBusy:
         """``job`` handed to ``lane``, or the :class:`LaneBusy` that refused it (a late call still runs)."""
         try:
-            return lane.submit(job, what)
+            return lane.submit(job, what, then)
         except LaneBusy as busy:
             return busy
 

@@ -45,11 +45,12 @@ class LaneBusy(Exception):
 
 
 class Job:
-    __slots__ = ("abandoned", "done", "error", "finished", "fn", "result", "started", "what")
+    __slots__ = ("abandoned", "done", "error", "finished", "fn", "result", "started", "then", "what")
 
-    def __init__(self, fn: Callable[[], Any], what: str) -> None:
+    def __init__(self, fn: Callable[[], Any], what: str, then: Callable[[], None] | None = None) -> None:
         self.fn = fn
         self.what = what
+        self.then = then  # run on the lane once the job has finished (its caller may be gone by then)
         self.started = time.monotonic()
         self.done = threading.Lock()  # held until the job finished: the caller's timed wait (one futex)
         self.done.acquire()
@@ -87,9 +88,11 @@ class Lane:
         job = self.submit(fn, what)
         return self.wait(job, lambda: self.since + deadline - time.monotonic())
 
-    def submit(self, fn: Callable[[], Any], what: str = "") -> Job:
+    def submit(self, fn: Callable[[], Any], what: str = "", then: Callable[[], None] | None = None) -> Job:
         """Start ``fn`` on the lane, after the job it runs for another caller (who waits for that one with
-        a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on."""
+        a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on. ``then()`` runs on
+        the lane right after the job has finished (and its waiter could see so): a relay of jobs over
+        several lanes starts the next one there, with no hand-off back to the caller in between."""
         with self._mu:
             while self.job is not None and not self.job.abandoned:
                 self._free.wait()
@@ -99,7 +102,7 @@ class Lane:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._thread.start()
-            job = Job(fn, what)
+            job = Job(fn, what, then)
             self.job = job
             self.what, self.since = what, job.started
         self._jobs.put(job)
@@ -122,14 +125,6 @@ class Lane:
         if job.error is not None:
             raise job.error
         return job.result
-
-    def settle(self, job: Job, seconds: float) -> bool:
-        """Wait at most ``seconds`` for ``job`` to finish, leaving it to :meth:`wait` as before (whether
-        it finished)."""
-        if job.done.acquire(timeout=seconds):
-            job.done.release()
-            return True
-        return False
 
     def mark(self, what: str) -> None:
         """On the lane: the job now makes the call ``what`` (its deadline starts now)."""
@@ -180,6 +175,11 @@ class Lane:
                 late = job.abandoned
                 self._free.notify_all()
             job.done.release()
+            if job.then is not None:
+                try:
+                    job.then()
+                except Exception:  # noqa: BLE001 - the relay's own bookkeeping must never kill the lane
+                    pass
             if late and self._on_return is not None:
                 try:
                     self._on_return(job.what, time.monotonic() - job.started)
