@@ -33,18 +33,19 @@ what happens then is decided here, the same for every vendor:
     on the next collection.
 
 ``hung`` (a call about one GPU that has not returned within ``--call-deadline``)
-    Every call about one GPU (a :class:`Device` with an index >= 0) runs on that GPU's lane
-    (exporter/core/lane.py), a thread of its own; the collection waits for it at most the deadline.
+    Every call about one GPU (a :class:`Device` with an index >= 0) runs as a job of that GPU's lane
+    (exporter/core/lane.py), on a thread the collection can leave behind; it waits for it at most the
+    deadline.
     A call still running then is abandoned to its lane: the GPU is published ``gpu_up 0`` as
     ``hung`` (:class:`GpuHung`, counted as ``gpu_hung``) with the call named, the other GPUs are read
     on, and no call is sent to the GPU until the late one returns (at most one outstanding call and
     one thread per GPU, however long it hangs). It is read again at the first collection after.
-    A backend runs a whole GPU's read as one lane job (:meth:`Backend.on_gpus`: one thread hand-off
-    per GPU, the calls inside made directly on the lane); the next GPU's job starts as soon as the
-    last one is done, or beside it once it has run for ``STAGGER_S``, so GPUs that start hanging in
-    the same collection cost one deadline together, not one each; nothing a call writes is shared
-    between GPUs. A call made anywhere else is handed to
-    its GPU's lane alone. So every vendor call about a GPU gets the deadline by construction,
+    A backend runs a whole GPU's read as one job of its lane (:meth:`Backend.on_gpus`, the calls inside
+    made directly), GPU after GPU on one relay worker thread, with no thread hand-off per GPU; another
+    worker starts beside a GPU whose read has run for ``STAGGER_S``, so GPUs that start hanging in the
+    same collection cost one deadline together, not one each; a worker stuck in a hung call holds that
+    GPU's lane alone; nothing a call writes is shared between GPUs. A call made anywhere else is
+    handed to its GPU's lane alone. So every vendor call about a GPU gets the deadline by construction,
     whatever the backend does. Calls about no GPU run where they are made: the engine runs each backend's
     collection on a lane of its own and publishes the backend ``stalled`` when one of them
     (:meth:`Backend.node_call`) overruns the deadline.
@@ -58,6 +59,7 @@ import enum
 import functools
 import logging
 import math
+import queue
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -218,87 +220,136 @@ def _called(fn: Callable[..., Any], where: str | None, reading: str) -> str:
 
 
 class _Relay:
-    """One collection's GPU jobs, each on its GPU's lane, started one after another: by the lane that
-    finished the previous job (:meth:`Lane.submit`'s ``then``), or by the caller when the front job has
-    run :data:`STAGGER_S` (:meth:`stagger_left`, :meth:`idle`) or was given up on. Items whose lane is
-    None (no GPU's, or the caller's own lane) are passed over: the caller runs them in place."""
+    """One collection's GPU jobs, each as its GPU's lane's job (:meth:`Lane.claim`), run one after another
+    by a relay worker thread (:class:`_Worker`), which moves on to the next GPU as soon as one is done:
+    no thread hand-off per GPU (a hand-off back to the collecting thread after each GPU, then on to the
+    next GPU's thread, cost two thread wake-ups a GPU: a 64-GPU collection took twice as long). The
+    collecting thread sleeps until the relay is done, waking only for the deadline of the GPU it waits
+    for and for the front job's :data:`STAGGER_S`: a job that has run that long (slow or hanging) gets
+    another worker beside it for the GPUs left. A worker stuck in a hung call holds that GPU's lane
+    alone, and that lane refuses every job until the call returns. Items whose lane is None (no GPU's,
+    or the caller's own lane) are passed over: the caller runs them in place."""
 
     def __init__(self, backend: Backend, items: list[tuple[Any, Lane | None]], fn: Callable[[Any], Any]) -> None:
         self.backend = backend
         self.items = [(dev, None if lane is None or lane.current() else lane) for dev, lane in items]
         self.fn = fn
         self.name = getattr(fn, "__name__", "read")
-        self.handed: list[Job | LaneBusy | None] = [None] * len(items)
-        self.next = 0  # the first item not started yet
-        self.live: set[int] = set()  # items whose job runs, not given up on: the caller sleeps until none
+        n = len(items)
+        self.handed: list[Job | LaneBusy | None] = [None] * n  # set once the item's lane took or refused it
+        self.pulled = [0.0] * n  # when a worker took the item (monotonic)
+        self.next = 0  # the first item no worker has taken
+        self.front = -1  # the item taken last
+        self.staggered = -1  # the front item another worker was started beside
+        self.live: set[int] = set()  # items taken, not finished and not given up on
         self.cond = threading.Condition(threading.Lock())
+        while self.next < n and self.items[self.next][1] is None:
+            self.next += 1
 
-    def start(self, k: int) -> None:
-        """Start item ``k`` and those after it up to the first job a lane takes, unless item ``k`` was
-        started already (by a lane or by the caller: whoever comes first)."""
-        with self.cond:
-            self._start(k)
-
-    def _start(self, k: int) -> None:
+    def work(self, worker: _Worker) -> bool:
+        """On ``worker``: take the next item and run it as its lane's job, until none is left. True when
+        the worker finished the relay's last item and went idle then, before the collecting thread could
+        start the next collection (which takes that worker, not a new thread)."""
         n = len(self.items)
-        while k < n and self.next == k:
-            self.next = k + 1
+        cond = self.cond
+        idled = False
+        while True:
+            with cond:
+                k = self.next
+                if k >= n:
+                    return idled
+                self.next = k + 1
+                while self.next < n and self.items[self.next][1] is None:  # run in place by the caller
+                    self.next += 1
+                self.front = k
+                self.pulled[k] = time.monotonic()
+                self.live.add(k)
             dev, lane = self.items[k]
-            if lane is not None:
-                handed = self.backend._hand_over(lane, functools.partial(self.fn, dev), self.name,
-                                                 functools.partial(self._finished, k))
-                self.handed[k] = handed
-                if isinstance(handed, Job):
-                    self.live.add(k)
-                    return
-            k += 1
+            assert lane is not None
+            try:
+                job = lane.claim(functools.partial(self.fn, dev), self.name)
+            except LaneBusy as busy:  # a late call still runs on that GPU: refused, the next one is read
+                with cond:
+                    self.handed[k] = busy
+                    idled = self._done(k, worker) or idled
+                continue
+            with cond:
+                self.handed[k] = job
+            lane.perform(job)
+            with cond:
+                idled = self._done(k, worker) or idled
 
-    def _finished(self, k: int) -> None:
-        """On item ``k``'s lane, once its job has finished: the next item starts there and then."""
-        with self.cond:
-            self.live.discard(k)
-            self._start(k + 1)
-            if not self.live:
-                self.cond.notify()
+    def _done(self, k: int, worker: _Worker) -> bool:
+        """Item ``k`` finished (under the lock); True when that was the relay's last: the worker is idle."""
+        if k not in self.live:
+            return False  # given up on: the relay went on without it
+        self.live.discard(k)
+        if self.live or self.next < len(self.items):
+            return False
+        self.backend._idle(worker)
+        self.cond.notify_all()
+        return True
 
     def ready(self, i: int) -> Job | LaneBusy | None:
-        """Item ``i``'s job, started now if the relay has not reached it (the job before it finished
-        just now, its lane not yet past :meth:`_finished`); None: run it in place."""
+        """Item ``i``'s job (or the refusal), None while no lane has it yet."""
         with self.cond:
-            if self.next <= i:
-                self._start(i)
             return self.handed[i]
 
     def stagger_left(self) -> float:
-        """Seconds before the front job (the last started) has run STAGGER_S; when it has and items are
-        left, the next starts now, beside it."""
+        """Seconds before the front item has run STAGGER_S; once it has (and items are left), another
+        worker starts beside it."""
         with self.cond:
-            front = self.handed[self.next - 1] if self.next > 0 else None
-            if not isinstance(front, Job) or front.finished or self.next >= len(self.items):
+            k = self.front
+            if k < 0 or k not in self.live or k == self.staggered or self.next >= len(self.items):
                 return STAGGER_S
-            left = front.started + STAGGER_S - time.monotonic()
-            if left <= 0:
-                self._start(self.next)
-                return STAGGER_S
-            return left
+            left = self.pulled[k] + STAGGER_S - time.monotonic()
+            if left > 0:
+                return left
+            self.staggered = k
+        self.backend._dispatch(self)
+        return STAGGER_S
 
     def idle(self, timeout: float) -> None:
-        """Sleep until no job of the relay is running (or ``timeout`` seconds)."""
+        """Sleep until every item is done (or ``timeout`` seconds)."""
         with self.cond:
-            if self.live:
+            if self.live or self.next < len(self.items):
                 self.cond.wait(timeout)
 
     def given_up(self, i: int) -> None:
-        """Item ``i``'s job passed its deadline: not waited for any more; the next item starts if the
-        relay has not reached it."""
+        """Item ``i``'s job passed its deadline: not waited for any more; its worker is stuck in it, so
+        another takes the items left."""
         with self.cond:
             self.live.discard(i)
-            self._start(i + 1)
+            more = self.next < len(self.items) and self.staggered != i
+            self.staggered = i if more else self.staggered
+        if more:
+            self.backend._dispatch(self)
 
     def stop(self) -> None:
         """No item starts from now on (the collection ended)."""
         with self.cond:
             self.next = len(self.items)
+
+
+class _Worker:
+    """A relay worker: a thread that runs one relay after another, idle in between (Backend._dispatch)."""
+
+    def __init__(self, backend: Backend, name: str) -> None:
+        self.backend = backend
+        self.relays: queue.SimpleQueue[_Relay | None] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            relay = self.relays.get()
+            if relay is None:
+                return
+            idled = False
+            try:
+                idled = relay.work(self)
+            finally:
+                if not idled:
+                    self.backend._idle(self)
 
 
 class Backend(ABC):
@@ -361,6 +412,9 @@ class Backend(ABC):
         self._errors_lock = threading.Lock()
         self._lanes: dict[int, Lane] = {}  # GPU index -> the thread its vendor calls run on
         self._lanes_lock = threading.Lock()
+        self._workers: list[_Worker] = []  # idle relay workers (on_gpus); one stuck in a hung call is not
+        self._workers_lock = threading.Lock()
+        self._worker_count = 0
         self._node_calls: dict[int, tuple[str, float]] = {}  # thread -> the call about no GPU it is in, since
 
     def setting(self, name: str) -> Any:
@@ -620,13 +674,13 @@ class Backend(ABC):
         once every job started has finished or been given up on, and no job is started after it: no job
         of this collection is left running unwatched when the backend is reset."""
         relay = _Relay(self, [(dev, self._lane(dev)) for dev in devs], fn)
-        relay.start(0)
+        if relay.next < len(relay.items):
+            self._dispatch(relay)
         i, n = 0, len(relay.items)
         try:
             while i < n:
                 dev, lane = relay.items[i]
-                job = relay.ready(i)
-                if job is None:  # no GPU's, or on this lane already: run in place, here
+                if lane is None:  # no GPU's, or on this lane already: run in place, here
                     try:
                         result = fn(dev)
                     except GpuDown as down:
@@ -635,14 +689,14 @@ class Backend(ABC):
                         yield dev, result, None
                     i += 1
                     continue
-                if isinstance(job, Job) and not job.finished:
-                    assert lane is not None
-                    left = lane.since + self.call_deadline - time.monotonic()
-                    if left > 0:  # asleep until the relay is idle, the deadline, or the front job's stagger
+                job = relay.ready(i)
+                if not isinstance(job, LaneBusy) and (job is None or not job.finished):
+                    # asleep until the relay is done, the deadline of this GPU's call, or the front's stagger
+                    left = STAGGER_S if job is None else lane.since + self.call_deadline - time.monotonic()
+                    if left > 0:
                         relay.idle(min(left, relay.stagger_left()))
                         continue
-                    relay.given_up(i)  # its deadline passed: _await abandons it; the relay goes on without it
-                assert lane is not None
+                    relay.given_up(i)  # _await abandons it; another worker reads the GPUs left
                 try:
                     result = self._await(dev, lane, job)
                 except GpuDown as down:
@@ -654,18 +708,34 @@ class Backend(ABC):
             relay.stop()
             for k in range(i + 1, n):  # an error ended the collection: wait out the jobs still running
                 dev, lane = relay.items[k]
-                job = relay.handed[k]
+                job = relay.ready(k)
                 if lane is not None and job is not None:
                     try:
                         self._await(dev, lane, job)
                     except BaseException:  # noqa: BLE001 - the first error is the one raised
                         pass
 
-    def _hand_over(self, lane: Lane, job: Callable[[], Any], what: str,
-                   then: Callable[[], None] | None = None) -> Job | LaneBusy:
+    def _dispatch(self, relay: _Relay) -> None:
+        """A relay worker takes items of ``relay``: an idle one, else a new thread. Workers are started as
+        many as the GPUs' lanes at once, the first time (the thread count of a lane thread per GPU, which
+        stays flat whatever a collection does: a relay worker joins a slow GPU's beside it on a loaded
+        machine too); a worker stuck in a hung call holds one GPU's lane, so N GPUs never need more."""
+        with self._workers_lock:
+            if not self._workers:
+                for _ in range(max(1, len(self._lanes) - self._worker_count)):
+                    self._worker_count += 1
+                    self._workers.append(_Worker(self, f"{self.name}-relay{self._worker_count}"))
+            worker = self._workers.pop()
+        worker.relays.put(relay)
+
+    def _idle(self, worker: _Worker) -> None:
+        with self._workers_lock:
+            self._workers.append(worker)
+
+    def _hand_over(self, lane: Lane, job: Callable[[], Any], what: str) -> Job | LaneBusy:
         """``job`` handed to ``lane``, or the :class:`LaneBusy` that refused it (a late call still runs)."""
         try:
-            return lane.submit(job, what, then)
+            return lane.submit(job, what)
         except LaneBusy as busy:
             return busy
 
@@ -716,6 +786,10 @@ class Backend(ABC):
     def stop_lanes(self) -> None:
         for lane in list(self._lanes.values()):
             lane.stop()
+        with self._workers_lock:
+            idle, self._workers = self._workers, []
+        for worker in idle:
+            worker.relays.put(None)
 
     # --- lifecycle -------------------------------------------------------------------------------
 

@@ -852,7 +852,8 @@ class NvmlBackend(Backend):
             want_p2p = self.enabled("gpu_p2p_supported")
             want_topo = self.enabled("gpu_topology_level")
 
-            def row(ga: _Gpu) -> None:  # one GPU's pairs, on its lane
+            def row(ga: _Gpu) -> list[PeerReading]:  # one GPU's pairs, on its lane
+                pairs: list[PeerReading] = []
                 for gb in gpus:
                     if ga is gb:
                         continue
@@ -869,14 +870,14 @@ class NvmlBackend(Backend):
                             p.topology_level = TOPOLOGY_NAMES.get(level, str(level))
                             p.topology_level_value = float(level)
                     if p.p2p or p.topology_level is not None:
-                        peers.append(p)
+                        pairs.append(p)
+                return pairs
 
-            try:
-                for ga in gpus:
-                    self.on_gpu(ga, row, ga)
-            except GpuDown as down:
-                log.info("nvml: topology not read this time: %s", down)
-                return
+            for _, pairs, down in self.on_gpus(gpus, row):  # read as the GPUs are (a relay, not a thread each)
+                if down is not None:
+                    log.info("nvml: topology not read this time: %s", down)
+                    return
+                peers.extend(pairs)
             self._peers = peers
         out.peers = self._peers  # the same static list object: the renderer caches its text
 

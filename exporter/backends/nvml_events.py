@@ -22,13 +22,16 @@ it asked for starts when the late call returns (one watcher thread, however long
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from exporter.backends.base import MISSING, BackendError, Device, GpuDown
+
+_D = TypeVar("_D", bound=Device)
 
 if TYPE_CHECKING:
     from exporter.backends.nvml_private import Binding
@@ -50,6 +53,8 @@ class _Host(Protocol):
               convert: Callable[[Any], Any] | None = None) -> Any: ...
 
     def log_once(self, key: str, msg: str, *args: object, level: int = logging.INFO) -> None: ...
+
+    def on_gpus(self, devs: Sequence[_D], fn: Callable[[_D], Any]) -> Iterator[tuple[_D, Any, GpuDown | None]]: ...
 
     @property
     def call_deadline(self) -> float: ...
@@ -192,7 +197,10 @@ class XidWatcher:
         try:
             for g in self._gpus:
                 g.begin()
-                uuid = self._register(g, evset, binding)
+            # each GPU on its lane, read as a collection reads them (one relay, no thread per GPU); a GPU whose
+            # lane still runs a late call is not watched now (as _call's MISSING)
+            for g, uuid, _ in self.b.on_gpus(self._gpus, functools.partial(self._register, evset=evset,
+                                                                            binding=binding)):
                 if uuid is not None:
                     watched[g.index] = uuid
                 elif "xid:register" in g.unsupported:

@@ -1,4 +1,5 @@
-"""A lane: one thread that runs one job at a time, for callers that wait on it with a deadline.
+"""A lane: one job at a time, on a thread its caller can leave behind, for callers that wait on it
+with a deadline (the lane's own thread, or a thread that claims the lane and runs the job itself).
 
 A vendor call that never returns (NVML while a GPU falls off the bus) cannot be interrupted: the
 thread making it is lost until the driver answers. So the calls about one GPU run on that GPU's
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-_here = threading.local()  # .lane: the Lane whose thread this is
+_here = threading.local()  # .lane: the Lane whose job this thread runs now
 
 
 def here() -> Lane | None:
@@ -45,12 +46,11 @@ class LaneBusy(Exception):
 
 
 class Job:
-    __slots__ = ("abandoned", "done", "error", "finished", "fn", "result", "started", "then", "what")
+    __slots__ = ("abandoned", "done", "error", "finished", "fn", "result", "started", "what")
 
-    def __init__(self, fn: Callable[[], Any], what: str, then: Callable[[], None] | None = None) -> None:
+    def __init__(self, fn: Callable[[], Any], what: str) -> None:
         self.fn = fn
         self.what = what
-        self.then = then  # run on the lane once the job has finished (its caller may be gone by then)
         self.started = time.monotonic()
         self.done = threading.Lock()  # held until the job finished: the caller's timed wait (one futex)
         self.done.acquire()
@@ -61,9 +61,12 @@ class Job:
 
 
 class Lane:
-    """One worker thread (started at the first job), named ``name``. ``on_return(what, seconds)`` is
-    called on the lane when an abandoned job finally returns. A hand-off costs a queue put and a lock
-    wait (tens of microseconds): a backend hands over one job per GPU and collection."""
+    """At most one job at a time, run by the lane's own thread (started at the first :meth:`submit`),
+    named ``name``, or by a thread that :meth:`claim` s the lane and :meth:`perform` s the job itself (a
+    backend's relay worker, which reads GPU after GPU without a thread hand-off per GPU: a hand-off
+    costs two thread wake-ups). Either way a thread stuck in a job holds that job's lane alone, and the
+    lane refuses every job until it returns. ``on_return(what, seconds)`` is called on the thread that
+    ran an abandoned job when it finally returns."""
 
     def __init__(self, name: str, on_return: Callable[[str, float], None] | None = None) -> None:
         self.name = name
@@ -73,7 +76,8 @@ class Lane:
         self._free = threading.Condition(self._mu)  # callers queued behind a running job (rare)
         self.job: Job | None = None  # the job given to the lane and not finished: at most one
         self._thread: threading.Thread | None = None
-        #: the lane thread's id while it runs (the funnel's test "am I on this lane?", one C call)
+        #: the id of the thread running the lane's job, while it does (the funnel's test "am I on this
+        #: lane?", one C call)
         self.tid: int | None = None
         self.what = ""  # what the running job is doing now (the vendor call it is in: mark())
         self.since = 0.0  # since when (monotonic)
@@ -88,24 +92,30 @@ class Lane:
         job = self.submit(fn, what)
         return self.wait(job, lambda: self.since + deadline - time.monotonic())
 
-    def submit(self, fn: Callable[[], Any], what: str = "", then: Callable[[], None] | None = None) -> Job:
-        """Start ``fn`` on the lane, after the job it runs for another caller (who waits for that one with
-        a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on. ``then()`` runs on
-        the lane right after the job has finished (and its waiter could see so): a relay of jobs over
-        several lanes starts the next one there, with no hand-off back to the caller in between."""
+    def submit(self, fn: Callable[[], Any], what: str = "") -> Job:
+        """Start ``fn`` on the lane's thread, after the job it runs for another caller (who waits for that
+        one with a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on."""
+        job = self.claim(fn, what)
+        if self._thread is None:
+            with self._mu:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                    self._thread.start()
+        self._jobs.put(job)
+        return job
+
+    def claim(self, fn: Callable[[], Any], what: str = "") -> Job:
+        """Make ``fn`` the lane's job, for the calling thread to run at once with :meth:`perform` (or for
+        :meth:`submit` to hand to the lane's thread); waits and refuses as :meth:`submit` says."""
         with self._mu:
             while self.job is not None and not self.job.abandoned:
                 self._free.wait()
             busy = self.job
             if busy is not None:
                 raise LaneBusy(self.what or busy.what, self.since, late=True)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-                self._thread.start()
-            job = Job(fn, what, then)
+            job = Job(fn, what)
             self.job = job
             self.what, self.since = what, job.started
-        self._jobs.put(job)
         return job
 
     def wait(self, job: Job, remaining: Callable[[], float]) -> Any:
@@ -138,11 +148,11 @@ class Lane:
     # --- the lane's side -------------------------------------------------------------------------
 
     def ident(self) -> int | None:
-        """The lane thread's id (None before its first job)."""
+        """The lane's own thread's id (None before its first :meth:`submit`)."""
         return None if self._thread is None else self._thread.ident
 
     def current(self) -> bool:
-        """Whether the calling thread is this lane's."""
+        """Whether the calling thread runs this lane's job now."""
         return self.tid == threading.get_ident()
 
     def abandoned(self) -> bool:
@@ -154,34 +164,36 @@ class Lane:
         """Let the thread end once it is idle (a hung one ends when its call returns)."""
         self._jobs.put(None)
 
-    def _loop(self) -> None:
+    def perform(self, job: Job) -> None:
+        """Run the lane's job ``job`` (from :meth:`claim`) on the calling thread, which is this lane's
+        (:func:`here`, :meth:`current`) until it finishes; its caller gets the result from :meth:`wait`."""
+        outer = getattr(_here, "lane", None)
         _here.lane = self
         self.tid = threading.get_ident()
+        try:
+            job.result = job.fn()
+        except Abandoned:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who decides
+            job.error = exc
+        with self._mu:
+            job.finished = True
+            self.job = None
+            self.tid = None
+            self.what = ""
+            late = job.abandoned
+            self._free.notify_all()
+        _here.lane = outer
+        job.done.release()
+        if late and self._on_return is not None:
+            try:
+                self._on_return(job.what, time.monotonic() - job.started)
+            except Exception:  # noqa: BLE001 - a log line must never kill the lane
+                pass
+
+    def _loop(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
-                self.tid = None  # before the thread ends and its id can be another thread's
                 return
-            try:
-                job.result = job.fn()
-            except Abandoned:
-                pass
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller, who decides
-                job.error = exc
-            with self._mu:
-                job.finished = True
-                self.job = None
-                self.what = ""
-                late = job.abandoned
-                self._free.notify_all()
-            job.done.release()
-            if job.then is not None:
-                try:
-                    job.then()
-                except Exception:  # noqa: BLE001 - the relay's own bookkeeping must never kill the lane
-                    pass
-            if late and self._on_return is not None:
-                try:
-                    self._on_return(job.what, time.monotonic() - job.started)
-                except Exception:  # noqa: BLE001 - a log line must never kill the lane
-                    pass
+            self.perform(job)
