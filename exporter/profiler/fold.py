@@ -103,6 +103,9 @@ def ours_key(node_label: str) -> Key:
     return key
 
 
+Answers = list[tuple[str | None, list[Sample]]]  # (the statistic asked for, or None: in each series' stat label)
+
+
 @dataclass
 class ShardFold:
     """One shard's GPUs and what is left to ask for them.
@@ -122,9 +125,11 @@ class ShardFold:
     shared_uuids: list[str] = field(default_factory=list)
 
 
-def fold_shard(cfg: QueryConfig, source: Source, nodes: Iterable[str], util: list[Sample], mem: list[Sample],
+def fold_shard(cfg: QueryConfig, source: Source, nodes: Iterable[str], util: Answers, mem: Answers,
                alloc: list[Sample], mem_step: float) -> ShardFold:
-    """GPUs of ``nodes`` from a shard's aggregate answers (see the module docstring).
+    """GPUs of ``nodes`` from a shard's aggregate answers (see the module docstring): ``util`` and
+    ``mem`` are (statistic, its answer) pairs, the statistic None for an answer whose series carry
+    their own ``stat`` label (a union of parts, or a statistic named after a label).
 
     Series of nodes outside ``nodes`` are ignored (named by a label of higher rank than the
     one that selected them, or matched by a shard's pattern without being in it). Raises
@@ -140,36 +145,37 @@ def fold_shard(cfg: QueryConfig, source: Source, nodes: Iterable[str], util: lis
     # the memory answer's stats named after a label (xid_<code>, state_<state>|<cause>, pci_<bus id>):
     # noted as each first arrives, so that a GPU's health fields need no scan of all its stats
     labelled: set[str] = set()
-    for prefix, samples in (("util_", util), ("mem_", mem)):
+    for prefix, answers in (("util_", util), ("mem_", mem)):
         names: dict[str, str] = {}  # stat -> prefixed name, made once per answer, not per series
-        for s in samples:
-            labels = s.labels
-            if ours:  # the key inlined: the loop runs for every series of every shard
-                node, gpu = labels.get(nl, ""), labels.get("gpu", "")
-                k = (node, gpu, labels.get("uuid", "")) if node and gpu else None
-            else:
-                k = key_of(labels)
-            stat = labels.get("stat")
-            if stat is None:
-                raise PromError(BAD_RESPONSE, "aggregate series without its 'stat' label")
-            if k is None:
-                out.dropped += 1
-                continue
-            if k[0] not in in_shard:
-                continue
-            v = stats.get(k)
-            if v is None:
-                v = stats[k] = {}
-            name = names.get(stat)
-            if name is None:
-                name = names[stat] = prefix + stat
-                if _labelled(name):
-                    labelled.add(name)
-            old = v.get(name)
-            # one GPU scraped by several jobs (or named by several labels): the larger value
-            v[name] = s.value if old is None or not s.value <= old else old
-            if k[2] and k[2] not in uuid_labels:
-                uuid_labels[k[2]] = "uuid" if ours else source.uuid_label(labels)
+        for answer_stat, samples in answers:
+            for s in samples:
+                labels = s.labels
+                if ours:  # the key inlined: the loop runs for every series of every shard
+                    node, gpu = labels.get(nl, ""), labels.get("gpu", "")
+                    k = (node, gpu, labels.get("uuid", "")) if node and gpu else None
+                else:
+                    k = key_of(labels)
+                stat = answer_stat if answer_stat is not None else labels.get("stat")
+                if stat is None:
+                    raise PromError(BAD_RESPONSE, "aggregate series without its 'stat' label")
+                if k is None:
+                    out.dropped += 1
+                    continue
+                if k[0] not in in_shard:
+                    continue
+                v = stats.get(k)
+                if v is None:
+                    v = stats[k] = {}
+                name = names.get(stat)
+                if name is None:
+                    name = names[stat] = prefix + stat
+                    if _labelled(name):
+                        labelled.add(name)
+                old = v.get(name)
+                # one GPU scraped by several jobs (or named by several labels): the larger value
+                v[name] = s.value if old is None or not s.value <= old else old
+                if k[2] and k[2] not in uuid_labels:
+                    uuid_labels[k[2]] = "uuid" if ours else source.uuid_label(labels)
     holders: dict[tuple[str, str, str], dict[str, float]] = {}
     for s in alloc:
         k = key_of(s.labels)

@@ -1,6 +1,6 @@
 """The profiler cycle, its loop, and its own HTTP endpoint (``/metrics``, ``/healthz``).
 
-A cycle: read the snapshot from Prometheus (``2 + S·A + R`` queries for S shards of A aggregate
+A cycle: read the snapshot from Prometheus (``3 + S·A + R`` queries for S shards of A aggregate
 queries and R range batches, docs/profiler.md), list the Nodes (1 call), classify
 every reporting GPU, plan each node's annotations, and patch only nodes whose plan differs
 from what they carry. Any failure is counted in ``gpu_profiler_errors_total{kind}`` and ends

@@ -256,6 +256,13 @@ class PromClient:
             lambda d: _matrix(d, expr),
         )
 
+    def label_values(self, label: str, start: float, end: float) -> list[str]:
+        """The values of ``label`` (``__name__``: the metric names) of the series with samples between
+        ``start`` and ``end`` (unix seconds), from the store's index: a superset (Prometheus answers
+        by block, VictoriaMetrics by day). A GET: Prometheus serves this endpoint to GET only."""
+        return self._call(f"/api/v1/label/{label}/values", {"start": f"{start:.3f}", "end": f"{end:.3f}"},
+                          _strings, method="GET")
+
     def _check_length(self, expr: str) -> None:
         n = len(expr.encode())
         if self.max_query_bytes and n > self.max_query_bytes:
@@ -278,7 +285,7 @@ class PromClient:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
-    def _call(self, path: str, params: dict[str, str], convert: Callable[[dict[str, Any]], T]) -> T:
+    def _call(self, path: str, params: dict[str, str], convert: Callable[[Any], T], method: str = "POST") -> T:
         last: PromError | None = None
         for attempt in range(self.retries + 1):
             if attempt:
@@ -287,7 +294,7 @@ class PromClient:
                 log.debug("retrying %s in %.2fs after: %s", path, delay, last)
                 self._sleep(delay)
             try:
-                return self._once(path, params, convert)
+                return self._once(path, params, convert, method)
             except PromError as exc:
                 last = exc
                 if exc.kind not in (UNREACHABLE, TIMEOUT, HTTP_5XX):
@@ -295,14 +302,18 @@ class PromClient:
         assert last is not None
         raise last
 
-    def _once(self, path: str, params: dict[str, str], convert: Callable[[dict[str, Any]], T]) -> T:
+    def _once(self, path: str, params: dict[str, str], convert: Callable[[Any], T], method: str = "POST") -> T:
         body = urllib.parse.urlencode(params).encode()
         headers = self._headers()
-        headers["Content-Type"] = "application/x-www-form-urlencoded"
         self.requests_sent += 1
         url = self.base_url + path
         where = printable(url, 300)
-        status, raw = self._exchange(url, body, headers, where)
+        if method == "GET":
+            url += "?" + body.decode()
+            body = b""
+        else:
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        status, raw = self._exchange(url, body, headers, where, method)
         if status != 200:
             detail = _error_detail(bytes(raw[:65536]))
             if status >= 500 or status == 429:
@@ -321,7 +332,8 @@ class PromClient:
             raise error
         return cast(T, result)
 
-    def _exchange(self, url: str, body: bytes, headers: dict[str, str], where: str) -> tuple[int, bytearray]:
+    def _exchange(self, url: str, body: bytes, headers: dict[str, str], where: str,
+                  method: str = "POST") -> tuple[int, bytearray]:
         """POST ``body`` to ``url``: (status, body read), all under one deadline of ``timeout`` s.
 
         Redirects are followed only within the origin of ``--prometheus-url`` (same scheme,
@@ -330,7 +342,7 @@ class PromClient:
         """
         deadline = time.monotonic() + self.timeout
         for _hop in range(MAX_REDIRECTS + 1):
-            status, location, raw = self._post(url, body, headers, where, deadline)
+            status, location, raw = self._post(url, body, headers, where, deadline, method)
             if status not in (301, 302, 303, 307, 308):
                 return status, raw
             if not location:  # nowhere to go: following it would only ask the same URL again
@@ -346,7 +358,7 @@ class PromClient:
         raise PromError(BAD_RESPONSE, f"{where}: more than {MAX_REDIRECTS} redirects")
 
     def _post(self, url: str, body: bytes, headers: dict[str, str], where: str,
-              deadline: float) -> tuple[int, str | None, bytearray]:
+              deadline: float, method: str = "POST") -> tuple[int, str | None, bytearray]:
         parts = urllib.parse.urlsplit(url)
         target = parts.path or "/"
         if parts.query:
@@ -381,7 +393,7 @@ class PromClient:
         watchdog.start()
         resp: http.client.HTTPResponse | None = None
         try:
-            conn.request("POST", target, body=body, headers=headers)
+            conn.request(method, target, body=body if method == "POST" else None, headers=headers)
             if conn.sock is not None:
                 held.append(conn.sock)
             if expired.is_set():  # cut while connecting: the socket may have escaped the cut
@@ -439,7 +451,7 @@ class PromClient:
 
 
 def _parse(raw: bytearray, where: str,
-           convert: Callable[[dict[str, Any]], T]) -> tuple[T, None] | tuple[None, PromError]:
+           convert: Callable[[Any], T]) -> tuple[T, None] | tuple[None, PromError]:
     """``convert(data)`` of a JSON answer, or the PromError saying why not. The error is made
     afresh, without traceback or context: those frames hold the parse tree, and an error kept
     by a caller (a future, the cycle's result) would keep a tree of up to the parse bound alive."""
@@ -456,7 +468,7 @@ def _parse(raw: bytearray, where: str,
             detail = f"{printable(str(doc.get('errorType')), 80)}: {printable(str(doc.get('error')))}"
             raise PromError(refusal_kind(detail) or BAD_QUERY, f"{where}: {detail}")
         data = doc.get("data")
-        if not isinstance(data, dict):
+        if not isinstance(data, dict | list):  # a query's an object, label values' a list (each convert checks)
             raise PromError(BAD_RESPONSE, f"{where}: answer has no data object")
         partial = _partial(doc)
         if partial:
@@ -471,6 +483,8 @@ def _parse(raw: bytearray, where: str,
 
 
 def _vector(data: dict[str, Any], expr: str) -> list[Sample]:
+    if not isinstance(data, dict):
+        raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no data object")
     rtype, result = data.get("resultType"), data.get("result")
     if not isinstance(result, list):
         raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no result list")
@@ -507,7 +521,16 @@ def _samples(result: list[Any]) -> list[Sample]:
     return out
 
 
+def _strings(data: Any) -> list[str]:
+    """A label values answer: a list of strings."""
+    if not isinstance(data, list) or not all(type(v) is str for v in data):
+        raise PromError(BAD_RESPONSE, "a label values answer that is not a list of strings")
+    return data
+
+
 def _matrix(data: dict[str, Any], expr: str) -> list[RangeSeries]:
+    if not isinstance(data, dict):
+        raise PromError(BAD_RESPONSE, f"answer to {expr[:80]!r} has no data object")
     if data.get("resultType") != "matrix":
         raise PromError(BAD_RESPONSE, f"unexpected resultType {data.get('resultType')!r} for a range query")
     result = data.get("result")

@@ -28,9 +28,13 @@ The first query of the cycle counts the series without the node label: when ther
 (the shipped scrape configs), the shards' aggregates leave out the join branch, whose
 ``{node=""}`` selectors cost time in proportion to the whole fleet, in every shard.
 
-The aggregates' parts (one per statistic, each with its ``stat`` label) are joined by a
-balanced tree of ``or`` (:func:`union`): a left-deep chain costs Prometheus 2 a hash of
-every sample gathered so far at each ``or``, empty parts included.
+A shard's aggregates are one query per statistic (:class:`Part`), bare: no ``label_replace``
+of every series with its ``stat``, no ``or`` hashing the parts' samples (the store's CPU for
+a 10,000-node read fell by 15%). Only the parts that name their series themselves (a label
+made part of the stat, the allocation's holders) are joined, by a balanced tree of ``or``
+(:func:`union`): a left-deep chain costs Prometheus 2 a hash of every sample gathered so far
+at each ``or``, empty parts included. The optional statistics of metrics the store does not
+hold (:meth:`QueryBuilder.has`, from the cycle's metric names) are not asked for.
 
 Sources: the metric names, units and identity labels come from a :class:`Source`
 (sources.py): ours, dcgm-exporter's or AMD's. With ``source=auto`` the nodes query asks
@@ -53,6 +57,7 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from exporter.profiler import sources
 from exporter.profiler.classify import Thresholds
@@ -89,6 +94,22 @@ _LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 _PCI = 'pci_bus_id=~"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}[.][0-7]"'  # a bus id, nothing else
 _STATES = 'state=~"degraded|failed|hung|lost"'  # gpu_health_state's states but ok (exporter/core/gpu_health.py)
+
+
+class Part(NamedTuple):
+    """One statistic of a shard's aggregates, per GPU: ``expr``, and ``stat``, its name, or None when
+    the expression names its series itself (a label made part of the stat, ``xid_<code>``, or the
+    allocation's holders). A named statistic is sent as a query of its own, bare: the store then
+    spends nothing on a ``label_replace`` of every series or on an ``or`` hashing the parts' samples,
+    and the answers carry no ``stat`` label (the reader knows whose answer it is)."""
+
+    stat: str | None
+    expr: str
+
+    @property
+    def tagged(self) -> str:
+        """The expression with its ``stat`` label, for a union of parts."""
+        return self.expr if self.stat is None else QueryBuilder.tag(self.expr, self.stat)
 
 
 def duration(seconds: float) -> str:
@@ -141,6 +162,22 @@ class QueryBuilder:
         self.join = self.ours  # include the gpu_host_info join for series without the node label
         # node labels the shards select on: those that named a node in the last discovery
         self.node_labels: tuple[str, ...] = self.source.node_labels
+        # the metric names the store holds for this window (Reader.discover: its label values of
+        # __name__); None: not known, every statistic is asked for
+        self.present: frozenset[str] | None = None
+
+    def has(self, metric: str | None) -> bool:
+        """Whether the store may hold ``metric``: a statistic of a metric it does not hold is an empty
+        answer, left out of the shards' queries rather than evaluated (an absent metric's part still
+        costs the store 5-20 ms a shard: its node pattern matched against every node name). An
+        optional statistic only: the ones every GPU needs are asked for whatever the names said."""
+        if not metric:
+            return False
+        if self.present is None:
+            return True
+        if self.source.any_prefix:  # selected as ``__name__=~".*metric"``
+            return any(n.endswith(metric) for n in self.present)
+        return metric in self.present
 
     def sel(self, metric: str, matchers: str) -> str:
         return self.source.selector(metric, matchers)
@@ -223,14 +260,25 @@ class QueryBuilder:
 
     def util_stats(self, nodes: str | None = None) -> str:
         """The utilisation aggregates of a shard in one query (:meth:`util_parts` joined)."""
-        return union(self.util_parts(nodes))
+        return union([p.tagged for p in self.util_parts(nodes)])
 
     def mem_stats(self, nodes: str | None = None) -> str:
         """The memory (and health, score) aggregates of a shard in one query."""
-        return union(self.mem_parts(nodes))
+        return union([p.tagged for p in self.mem_parts(nodes)])
 
-    def util_parts(self, nodes: str | None = None) -> list[str]:
-        """One expression per utilisation statistic, each tagged with its ``stat`` label."""
+    def shard_queries(self, nodes: str | None, limit: int, most: int) -> list[tuple[str, str | None, str]]:
+        """A shard's aggregate queries as sent, (group: util, mem or alloc; the statistic or None; the
+        query): a named statistic alone and bare (:class:`Part`), the others joined by :func:`pack`
+        into queries of at most ``most`` parts and ``limit`` bytes."""
+        out: list[tuple[str, str | None, str]] = []
+        for group, parts in (("util", self.util_parts(nodes)), ("mem", self.mem_parts(nodes)),
+                             ("alloc", self.allocation_parts(nodes))):
+            out += [(group, p.stat, p.expr) for p in parts if p.stat is not None]
+            out += [(group, None, q) for q in pack([p.tagged for p in parts if p.stat is None], limit, most)]
+        return out
+
+    def util_parts(self, nodes: str | None = None) -> list[Part]:
+        """One expression per utilisation statistic."""
         w = duration(self.cfg.window_s)
         half = duration(self.cfg.window_s / 2)
         f = duration(self.cfg.fresh_s)
@@ -245,14 +293,14 @@ class QueryBuilder:
             "early": lambda m: f"count_over_time({sel(u, m)}[{half}] offset {half})",
             "fresh": lambda m: f"count_over_time({sel(u, m)}[{f}])",
         }
-        if s.sm:
+        if s.sm and self.has(s.sm):
             # whole GPUs only (a MIG instance has its own series): underused where the series exists
             parts["sm_mean"] = lambda m: f"avg_over_time({sel(s.sm, m + ', ' + s.sm_whole)}[{w}])"
             parts["sm_count"] = lambda m: f"count_over_time({sel(s.sm, m + ', ' + s.sm_whole)}[{w}])"
-        return [self.tag(self.per_gpu(fn, nodes=nodes), stat) for stat, fn in parts.items()]
+        return [Part(stat, self.per_gpu(fn, nodes=nodes)) for stat, fn in parts.items()]
 
-    def mem_parts(self, nodes: str | None = None) -> list[str]:
-        """One expression per memory, health and score statistic, each with its ``stat`` label."""
+    def mem_parts(self, nodes: str | None = None) -> list[Part]:
+        """One expression per memory, health and score statistic."""
         w = duration(self.cfg.window_s)
         f = duration(self.cfg.fresh_s)
         s = self.source
@@ -265,11 +313,11 @@ class QueryBuilder:
             "fresh": lambda m: f"count_over_time({sel(used, m)}[{f}])",
             "deriv": lambda m: f"deriv({sel(used, m)}[{w}])",
         }
-        if s.mem_free:
+        if self.has(s.mem_free):
             parts["free"] = lambda m: f"avg_over_time({sel(s.mem_free, m)}[{w}])"
-        if s.mem_total:
+        if self.has(s.mem_total):
             parts["total"] = lambda m: f"max_over_time({sel(s.mem_total, m)}[{w}])"
-        if s.health.up:
+        if self.has(s.health.up):
             parts["up"] = lambda m: f"last_over_time({sel(s.health.up, m)}[{f}])"
         if self.cfg.health:
             parts.update(self._health_parts())
@@ -279,13 +327,18 @@ class QueryBuilder:
         # code that rose, stat xid_<code>) and the exporter's health state with its cause
         # (state_<state>|<cause>: one series, the GPU's state when it is not ok)
         keep = {"xid": "xid", "state": "state", "pci": "pci_bus_id"} if self.cfg.health else {}
-        return [
-            f'label_replace(label_join({self.per_gpu(fn, nodes=nodes, by=", state, cause")}, "stat", "|", '
-            f'"state", "cause"), "stat", "state_$1", "stat", "(.*)")' if stat == "state" and stat in keep
-            else f'label_replace({self.per_gpu(fn, nodes=nodes, by=", " + keep[stat])}, "stat", "{stat}_$1", '
-            f'"{keep[stat]}", "(.*)")' if stat in keep and (stat != "xid" or s.health.xid_counter)
-            else self.tag(self.per_gpu(fn, nodes=nodes), stat)
-            for stat, fn in parts.items()]
+        out = []
+        for stat, fn in parts.items():
+            if stat == "state" and stat in keep:
+                by = self.per_gpu(fn, nodes=nodes, by=", state, cause")
+                joined = f'label_join({by}, "stat", "|", "state", "cause")'
+                out.append(Part(None, f'label_replace({joined}, "stat", "state_$1", "stat", "(.*)")'))
+            elif stat in keep and (stat != "xid" or s.health.xid_counter):
+                by = self.per_gpu(fn, nodes=nodes, by=", " + keep[stat])
+                out.append(Part(None, f'label_replace({by}, "stat", "{stat}_$1", "{keep[stat]}", "(.*)")'))
+            else:
+                out.append(Part(stat, self.per_gpu(fn, nodes=nodes)))
+        return out
 
     def _score_parts(self) -> dict[str, Callable[[str], str]]:
         """What the availability score discounts (issue 28; classify.health_factor): any XID and
@@ -301,11 +354,13 @@ class QueryBuilder:
             return fn
 
         slow = "|".join(SCORE_THROTTLE_REASONS)
-        return {
+        parts = {
             "score_xid": rise(XID, ""),
             "score_ecc": rise(ECC, ', error_type="uncorrected", counter="volatile"'),
             "score_throttle": lambda m: f'avg_over_time({THROTTLE}{{{m}, reason=~"{slow}"}}[{w}])',
         }
+        metric = {"score_xid": XID, "score_ecc": ECC, "score_throttle": THROTTLE}
+        return {stat: fn for stat, fn in parts.items() if self.has(metric[stat])}
 
     def _health_parts(self) -> dict[str, Callable[[str], str]]:
         """Health fields, read in the memory query (no query of their own): see health.py."""
@@ -324,36 +379,37 @@ class QueryBuilder:
                         f"(max_over_time({s}[{w}]) unless last_over_time({s}[{w}] offset {w}))")
             return fn
 
-        if h.xid_counter:
+        if self.has(h.xid_counter):
             # every code but those ignored (health.py sorts fatal from warn); only numbers: a
             # scraped target's odd xid label cannot add series to the answer
             ignored = "|".join(str(c) for c in XidRules(dict(self.cfg.xid_severity)).ignored())
             parts["xid"] = rise(h.xid_counter, f', xid=~"[0-9]{{1,5}}", xid!~"{ignored}"')
-        if h.xid_last:
+        if self.has(h.xid_last):
             x = h.xid_last
             parts["xid_min"] = lambda m: f"min_over_time({sel(x, m)}[{w}])"
             parts["xid_max"] = lambda m: f"max_over_time({sel(x, m)}[{w}])"
             parts["xid_last"] = lambda m: f"last_over_time({sel(x, m)}[{w}])"
             parts["xid_changes"] = lambda m: f"changes({sel(x, m)}[{w}])"
             parts["xid_before"] = lambda m: f"last_over_time({sel(x, m)}[{w}] offset {w})"
-        if h.ecc_uncorrectable:
+        if self.has(h.ecc_uncorrectable):
             parts["ecc"] = rise(h.ecc_uncorrectable, ", " + h.ecc_matcher if h.ecc_matcher else "")
-        if h.remap_failed:
+        if self.has(h.remap_failed):
             parts["remap"] = lambda m: f"last_over_time({sel(h.remap_failed, m)}[{f}])"
-        if h.retire_pending:
+        if self.has(h.retire_pending):
             parts["retire"] = lambda m: f"last_over_time({sel(h.retire_pending, m)}[{f}])"
-        if h.pcie_width:
+        if self.has(h.pcie_width):
             parts["width"] = lambda m: f"last_over_time({sel(h.pcie_width, m)}[{f}])"
+        if h.pcie_width and self.has(h.pcie_width_max):
             parts["width_max"] = lambda m: f"last_over_time({sel(h.pcie_width_max, m)}[{f}])"
-        if h.state:
+        if self.has(h.state):
             # the exporter's own verdict, where it is not ok (nearly never: an empty part); the
             # states are a fixed set, so a target's odd label cannot add series
             parts["state"] = lambda m: (f'last_over_time({sel(h.state, m + ", " + _STATES)}[{f}]) == 1')
-        if self.cfg.pci and self.ours:  # stat pci_<bus id> (taints.py canonicalises it)
+        if self.cfg.pci and self.ours and self.has("gpu_info"):  # stat pci_<bus id> (taints.py canonicalises it)
             parts["pci"] = lambda m: f'last_over_time({sel("gpu_info", m + ", " + _PCI)}[{f}])'
         return parts
 
-    def allocation_parts(self, nodes: str | None = None) -> list[str]:
+    def allocation_parts(self, nodes: str | None = None) -> list[Part]:
         """Samples of the window in which each (namespace, pod) held each GPU.
 
         Ours: ``gpu_allocation_info``; another exporter: its utilisation series, which carry
@@ -365,6 +421,8 @@ class QueryBuilder:
         w = duration(self.cfg.window_s)
         s = self.source
         metric = ALLOCATION if self.ours else s.util
+        if self.ours and not self.has(ALLOCATION):  # no pod attribution in this fleet
+            return []
         exported_sel = ', exported_pod!=""'
         plain_sel = ', exported_pod="", pod!=""'
         exported = self.per_gpu(lambda m: f"count_over_time({self.sel(metric, m + exported_sel)}[{w}])",
@@ -372,10 +430,11 @@ class QueryBuilder:
         if self.ours:
             plain = self.per_gpu(lambda m: f"count_over_time({self.sel(metric, m + plain_sel)}[{w}])",
                                  nodes=nodes, by=", namespace, pod")
-            return [exported, plain]  # label sets apart: their ``or`` is their concatenation
+            return [Part(None, exported), Part(None, plain)]  # label sets apart: their ``or`` is their concatenation
         plain = self.per_gpu(lambda m: f"count_over_time({self.sel(metric, m + plain_sel)}[{w}])",
                              nodes=nodes, by=", namespace, pod, job")
-        return [exported, f"({plain} unless on (namespace, pod, job) group by (namespace, pod, job) (up))"]
+        return [Part(None, exported),
+                Part(None, f"({plain} unless on (namespace, pod, job) group by (namespace, pod, job) (up))")]
 
     def util_range(self, uuids: Iterable[str], label: str = "uuid") -> str:
         """Raw utilisation series of the GPUs with these UUIDs (a query_range; which of them are

@@ -4,12 +4,14 @@ The query text is promql.py's (pure), the folding of answers into per-GPU statis
 fold.py's (pure); this module sends them and keeps a cycle's memory and time bounded.
 
 Queries per cycle, for N nodes of G GPUs each, S shards (ceil(N·G / shard_gpus), one more
-where a shard's pattern would be too long: promql.plan_shards): ``2 + S·A + R`` where A, a
-shard's aggregate queries, is ceil(U/4) + ceil(M/4) + 1 for its U utilisation and M memory
-statistics (PARTS_PER_QUERY; 6 for ours, 7 with the health fields) and R, the range batches
-and the memory counts of the memory range's GPUs (promql's ``mem_counts``), is at most ``3·S``
-while a shard's ranges fit one batch (a cluster with few periodic, bursty or leaking GPUs has R
-near 0); more when a query would pass ``max_query_bytes`` (docs/profiler.md, "Bytes per query").
+where a shard's pattern would be too long: promql.plan_shards): ``3 + S·A + R`` where A, a
+shard's aggregate queries, is one per statistic of a metric the store holds (promql.Part,
+QueryBuilder.has: 11 for ours with utilisation, memory and gpu_up only, up to 24 with the health
+fields and everything published) plus ceil(L/4) for the L statistics named after a label and the
+allocation's (PARTS_PER_QUERY), and R, the range batches and the memory counts of the memory
+range's GPUs (promql's ``mem_counts``), is at most ``3·S`` while a shard's ranges fit one batch
+(a cluster with few periodic, bursty or leaking GPUs has R near 0); more when a query would pass
+``max_query_bytes`` (docs/profiler.md, "Bytes per query").
 
 A store's refusal of a query over one of its limits (too long, too many series or samples:
 prom.SPLIT_KINDS) is handled as an answer over the cap; each is counted in ``refusals``.
@@ -39,14 +41,24 @@ from typing import TypeVar
 
 from exporter.profiler import sources
 from exporter.profiler.classify import GpuStats
-from exporter.profiler.fold import attach_counts, attach_range, fold_shard, ours_key, scrape_interval
-from exporter.profiler.prom import SPLIT_KINDS, PromClient, PromError, RangeSeries, Sample, printable
+from exporter.profiler.fold import Answers, attach_counts, attach_range, fold_shard, ours_key, scrape_interval
+from exporter.profiler.prom import (
+    HTTP_5XX,
+    SPLIT_KINDS,
+    TIMEOUT,
+    UNREACHABLE,
+    PromClient,
+    PromError,
+    RangeSeries,
+    Sample,
+    printable,
+)
 from exporter.profiler.promql import (
+    UP,
     QueryBuilder,
     QueryConfig,
     duration,
     name_parts,
-    pack,
     plan_shards,
     query_bytes,
     selectable,
@@ -59,15 +71,15 @@ __all__ = ["EMPTY", "FleetReading", "QueryConfig", "Reader", "scrape_interval"]
 log = logging.getLogger(__name__)
 
 EMPTY = "prometheus_empty"  # error kind: every query answered, none had a GPU series
-# Statistics joined in one aggregate query. Prometheus and VictoriaMetrics evaluate ``a or b``
-# by hashing every sample of both sides, at every level of the union's tree: a shard's 26
-# statistics in two queries cost them 20-30% more CPU than in queries of four (a 2,000-GPU
-# shard: 730 against 565 ms on Prometheus at 10,000 nodes, 620 against 510 ms on VictoriaMetrics
-# at 1,000), and an answer holds four statistics of a shard's GPUs at most, so that a shard of
-# 2,000 stays below the parse bound (seven in one answer passed it: every shard was split).
+# Parts joined in one query where they name their series themselves (promql.Part with no stat: the
+# statistics named after a label, the allocation's holders; a named statistic is a query of its own).
+# Prometheus and VictoriaMetrics evaluate ``a or b`` by hashing every sample of both sides, at every
+# level of the union's tree: 26 statistics in two queries cost them 20-30% more CPU than in queries
+# of four, and an answer of four a shard's GPUs stays below the parse bound.
 PARTS_PER_QUERY = 4
 
 T = TypeVar("T")
+_Asked = tuple[str, str | None, Future[list[Sample]]]  # (group, the statistic or None, its answer to come)
 
 @dataclass
 class FleetReading:
@@ -100,6 +112,7 @@ class Reader:
         self._idle: Callable[[], None] | None = None  # while a read runs: classify the shard read before
         self.picked: dict[str, int] = {}  # source -> nodes, as last discovered (logged when it changes)
         self.refusals: Counter[str] = Counter()  # kind -> refusals a smaller question avoided, cumulative
+        self._names_failed = False  # the metric names query failed once (logged once)
 
     def read(self, at: float) -> FleetReading:
         """All queries evaluated at unix time ``at``, every GPU kept; raises PromError on any failure."""
@@ -115,6 +128,7 @@ class Reader:
         exporter runs too. Raises ``prometheus_empty`` naming what was looked for.
         """
         cfg = self.cfg
+        self._metric_names(at)
         if sources.OURS in self.builders:
             self.queries_sent += 1
             counts = self.client.query(self.builder.unlabelled(), at)
@@ -143,6 +157,11 @@ class Reader:
             log.warning("%d nodes have a name that cannot be selected in PromQL; skipped", bad_names)
         for name, b in self.builders.items():
             b.node_labels = tuple(n for n in b.source.node_labels if n in used[name]) or b.source.node_labels
+        if any(found[n] and not (b.has(UP if b.ours else b.source.util) or b.has(b.source.mem_used))
+               for n, b in self.builders.items()):
+            # the names answer lacks a metric whose series were just found: it is not this window's (a proxy's
+            # cache, another tenant): every statistic is asked for
+            self._no_names("the metric names answer lacks the metrics the GPUs were found by")
         taken: set[str] = set()
         for name in self.builders:  # ours first
             found[name] = {n: c for n, c in found[name].items() if n not in taken}
@@ -157,6 +176,32 @@ class Reader:
             log.info("source %s: %s", cfg.source, ", ".join(f"{n} for {c} nodes" for n, c in picked.items()))
             self.picked = picked
         return found
+
+    def _metric_names(self, at: float) -> None:
+        """The metric names the store holds for the window (and the window before it, which the
+        counters' rises read), for every builder to leave out the statistics of metrics nobody
+        publishes (``QueryBuilder.has``): a fleet without XIDs, pod attribution or GPM costs nothing
+        for them. A store that does not answer (an API without the endpoint, a partial answer) only
+        loses that: every statistic is asked for, as before (a store that is down fails the read here)."""
+        self.queries_sent += 1
+        try:
+            names: frozenset[str] | None = frozenset(
+                self.client.label_values("__name__", at - 2 * self.cfg.window_s, at))
+        except PromError as exc:
+            if exc.kind in (UNREACHABLE, TIMEOUT, HTTP_5XX):  # the store itself fails: so would the cycle's queries
+                raise
+            self._no_names(str(exc))
+            return
+        for b in self.builders.values():
+            b.present = names
+
+    def _no_names(self, why: str) -> None:
+        """Every statistic asked for this cycle: the store's metric names are not to be had (logged once)."""
+        if not self._names_failed:
+            log.info("the store's metric names are not available (%s): every statistic is asked for", why)
+        self._names_failed = True
+        for b in self.builders.values():
+            b.present = None
 
     def _unlabelled(self, at: float) -> None:
         """No node found: if another exporter's series are there all the same, none carries a node
@@ -213,7 +258,7 @@ class Reader:
         fleets = {name: sorted(per_node) for name, per_node in found.items()}  # a shard's pattern selects
         # exactly its nodes among its source's (promql.shard_pattern), halves of a refused shard too
         done = 0
-        prefetched: dict[tuple[str, tuple[str, ...]], list[tuple[str, Future[list[Sample]]]]] = {}
+        prefetched: dict[tuple[str, tuple[str, ...]], list[_Asked]] = {}
         # A shard read waits for Prometheus twice: for its aggregates (prefetched while the
         # shard before is worked on) and for its range queries. The shard before is handed to
         # ``consume`` (classified) during the second wait, so that Prometheus computes ranges
@@ -242,7 +287,7 @@ class Reader:
                 except PromError as exc:
                     if exc.kind not in SPLIT_KINDS or len(nodes) == 1:
                         for futures in prefetched.values():
-                            _settle([f for _, f in futures])
+                            _settle([f for _, _, f in futures])
                         flush()  # the shards before this one were classified, as without the overlap
                         raise
                     half = len(nodes) // 2
@@ -267,17 +312,13 @@ class Reader:
                              mem_step=mem_step, shards=done)
         return self.last
 
-    def _stats(self, b: QueryBuilder, nodes: list[str], fleet: list[str], at: float
-               ) -> list[tuple[str, Future[list[Sample]]]]:
-        """The shard's aggregate queries (utilisation, memory, allocation: each in queries of at
-        most PARTS_PER_QUERY statistics and ``max_query_bytes``), submitted to run side by side."""
-        sel = shard_pattern(nodes, fleet)
-        limit = self.cfg.max_query_bytes
-        exprs = [(group, expr) for group, parts in (("util", b.util_parts(sel)), ("mem", b.mem_parts(sel)),
-                                                    ("alloc", b.allocation_parts(sel)))
-                 for expr in pack(parts, limit, PARTS_PER_QUERY)]
+    def _stats(self, b: QueryBuilder, nodes: list[str], fleet: list[str], at: float) -> list[_Asked]:
+        """The shard's aggregate queries (utilisation, memory, allocation), submitted to run side by
+        side: a named statistic alone and bare (promql.Part), the others in queries of at most
+        PARTS_PER_QUERY parts and ``max_query_bytes``."""
+        exprs = b.shard_queries(shard_pattern(nodes, fleet), self.cfg.max_query_bytes, PARTS_PER_QUERY)
         self.queries_sent += len(exprs)
-        return [(group, self._pool.submit(self.client.query, expr, at)) for group, expr in exprs]
+        return [(group, stat, self._pool.submit(self.client.query, expr, at)) for group, stat, expr in exprs]
 
     def _refused(self, exc: PromError, action: str) -> None:
         """Count a refusal (an answer over a cap, a query over one of the store's limits) that
@@ -290,18 +331,18 @@ class Reader:
             log.debug("%s: %s", action, exc)
 
     def _read_shard(self, b: QueryBuilder, nodes: list[str], pattern: str, at: float, mem_step: float,
-                    futures: list[tuple[str, Future[list[Sample]]]]
-                    ) -> tuple[dict[tuple[str, str], GpuStats], int, int, Counter[float]]:
+                    futures: list[_Asked]) -> tuple[dict[tuple[str, str], GpuStats], int, int, Counter[float]]:
         """(GPUs of these nodes, queries sent, series dropped, utilisation steps used)."""
         cfg = self.cfg
         src = b.source
         key_of = ours_key(cfg.node_label) if b.ours else src.key
-        answers = _settle([f for _, f in futures])
-        groups: dict[str, list[Sample]] = {"util": [], "mem": [], "alloc": []}
-        for (group, _), samples in zip(futures, answers, strict=True):
-            groups[group] += samples
+        answers = _settle([f for _, _, f in futures])
+        groups: dict[str, Answers] = {"util": [], "mem": [], "alloc": []}
+        for (group, stat, _), samples in zip(futures, answers, strict=True):
+            groups[group].append((stat, samples))
         del answers
-        util, mem, alloc = groups["util"], groups["mem"], groups["alloc"]
+        util, mem = groups["util"], groups["mem"]
+        alloc = [s for _, samples in groups["alloc"] for s in samples]
         del groups
         queries = len(futures)
         fold = fold_shard(cfg, src, nodes, util, mem, alloc, mem_step)

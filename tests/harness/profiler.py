@@ -52,7 +52,7 @@ class FaultProxy:
     def __init__(self, target: str, mode: str | None = None, delay: float = 2.0, *, prefix: str = "",
                  tenant: str | None = None, extra: dict[str, object] | None = None,
                  refuse: Callable[[str, int], tuple[int, str] | None] | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, names: Reply | None = None) -> None:
         assert mode in MODES
         self.target = target.rstrip("/")
         self.mode = mode
@@ -62,7 +62,9 @@ class FaultProxy:
         self.token = token
         self.extra = extra or {}
         self.refuse = refuse
+        self.names = names  # the answer to a label values GET (the metric names), instead of the store's
         self.params: list[dict[str, list[str]]] = []  # every request's form parameters, in order
+        self.paths: list[str] = []  # every request's API path (/api/v1/query, ...), in order
         self._release = threading.Event()
         self._http = FakeHTTP(self._answer, http11=True)
         self.url = self._http.url
@@ -88,11 +90,12 @@ class FaultProxy:
             return Reply(401, b"no org id\n")
         if not req.path.startswith(self.prefix + "/api/v1/"):
             return Reply(404, b"404 page not found\n")
-        path = req.path[len(self.prefix):]
-        params = urllib.parse.parse_qs(req.body.decode())
+        path, _, qs = req.path[len(self.prefix):].partition("?")
+        params = urllib.parse.parse_qs(qs if req.method == "GET" else req.body.decode())
         query = params.get("query", [""])[0]
         with self._http.lock:
             self.params.append(params)
+            self.paths.append(path)
         mode = self.mode
         if mode == "hang":
             self._release.wait(120)
@@ -103,6 +106,11 @@ class FaultProxy:
             return json_reply(b'{"status":"error","errorType":"internal","error":"injected"}', 500)
         if mode == "garbage":
             return json_reply(b'{"status":"success","data":{"resultType":"vector","result":[{"met')
+        if req.method == "GET" and self.names is not None:
+            return self.names
+        if req.method == "GET":  # label values: passed on as they are (the faults below are the queries')
+            code, data = forward_get(self.target + path + "?" + qs)
+            return json_reply(data, code)
         code, data = forward_post(self.target + path, req.body, req.headers.get("content-type", ""))
         if code == 200 and mode == "truncated":
             return json_reply(data[: len(data) // 2])
@@ -153,6 +161,15 @@ class FaultProxy:
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self._release.set()
         self._http.close()
+
+
+def forward_get(url: str) -> tuple[int, bytes]:
+    """GET ``url`` (a proxy passing a label values request on): (status, answer body)."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
 
 
 def forward_post(url: str, body: bytes, content_type: str) -> tuple[int, bytes]:

@@ -281,7 +281,7 @@ def test_the_pci_bus_id_is_read_with_device_taints_only() -> None:
 
     def mem(pci: bool) -> str:
         cfg = QueryConfig(source="gpu-exporter", health=True, pci=pci)
-        return " ".join(QueryBuilder(cfg, sources.make(cfg.source, "node")).mem_parts(None))
+        return " ".join(p.tagged for p in QueryBuilder(cfg, sources.make(cfg.source, "node")).mem_parts(None))
 
     assert "gpu_info" not in mem(False)
     q = mem(True)
@@ -290,7 +290,7 @@ def test_the_pci_bus_id_is_read_with_device_taints_only() -> None:
     cfg = QueryConfig(source="gpu-exporter", health=True, pci=True)
     labels = {"node": "n1", "gpu": "0", "uuid": A0}
     fold = fold_shard(cfg, sources.make(cfg.source, "node"), ["n1"], [],
-                      [Sample({**labels, "stat": "used"}, 1.0), Sample({**labels, "stat": "pci_0000:0c:00.0"}, 1.0)],
+                      [("used", [Sample(labels, 1.0)]), (None, [Sample({**labels, "stat": "pci_0000:0c:00.0"}, 1.0)])],
                       [], mem_step=60)
     assert fold.gpus[("n1", "0")].health == {"pci_0000:0c:00.0": 1.0}
 

@@ -98,8 +98,7 @@ def test_every_query_fits_the_limit_at_ten_thousand_nodes(source: str, limit: in
             sizes = []
             for shard in plan_shards(dict.fromkeys(names, 8), cfg.shard_gpus):
                 sel = shard_pattern(shard, sorted(names))
-                for parts in (b.util_parts(sel), b.mem_parts(sel), b.allocation_parts(sel)):
-                    sizes += [query_bytes(q) for q in pack(parts, limit, PARTS_PER_QUERY)]
+                sizes += [query_bytes(q) for _, _, q in b.shard_queries(sel, limit, PARTS_PER_QUERY)]
             assert max(sizes) <= limit
         assert query_bytes(b.unlabelled()) <= limit and query_bytes(b.nodes(None)) <= limit
 
@@ -138,8 +137,8 @@ def test_memory_counts_are_asked_for_the_memory_ranges_gpus_only_and_trust_the_s
     # the growth test's minimums: not two series reads of every GPU in the memory aggregates
     for name in (sources.OURS, sources.DCGM, sources.AMD):
         b = QueryBuilder(QueryConfig(health=True), sources.make(name, "node", sources.Trust()))
-        stats = " ".join(b.mem_parts("`n1`"))
-        assert '"count"' not in stats and '"early"' not in stats and '"fresh"' in stats
+        stats = {p.stat for p in b.mem_parts("`n1`")}
+        assert "count" not in stats and "early" not in stats and "fresh" in stats
         counts = b.mem_counts(["GPU-a", "GPU-b"], nodes="`n1`")
         # within the shard's pattern, as the aggregates: a bare node!="" costs the store a scan of every node
         assert counts.count("=~`n1`") == counts.count("`GPU-a|GPU-b`")
@@ -150,3 +149,32 @@ def test_memory_counts_are_asked_for_the_memory_ranges_gpus_only_and_trust_the_s
         if name != sources.OURS:
             # a target's node label only from the trusted jobs and namespaces, as in the aggregates
             assert counts.count(sources.Trust().matchers()) == 2 * (len(b.node_labels) - 1)
+
+
+def test_statistics_of_metrics_the_store_does_not_hold_are_not_asked_for() -> None:
+    """QueryBuilder.has: with the store's metric names known, an optional statistic of an absent metric
+    (GPM's SM activity, the health fields, the score's counters, pod attribution) is left out; the
+    statistics every GPU needs are asked for whatever the names say; unknown names: everything."""
+    cfg = QueryConfig(source="gpu-exporter", health=True, pci=True)
+    every = QueryBuilder(cfg)
+    b = QueryBuilder(cfg)
+    b.present = frozenset({"gpu_utilization_ratio", "gpu_up"})
+    stats = re.compile(r'"stat", "([a-z_0-9]+)')  # xid_$1, state_$1, pci_$1: xid, state, pci
+
+    def asked(builder: QueryBuilder) -> set[str]:
+        return {m.rstrip("_") for p in builder.util_parts("`n`") + builder.mem_parts("`n`")
+                for m in stats.findall(p.tagged)}
+
+    assert asked(b) == {"mean", "std", "p95", "count", "early", "fresh", "used", "deriv", "up"}
+    assert b.allocation_parts("`n`") == [] and len(every.allocation_parts("`n`")) == 2
+    assert {"sm_mean", "free", "total", "score_xid", "remap", "width", "state", "pci"} <= asked(every)
+    b.present = frozenset({"gpu_utilization_ratio", "gpu_xid_errors_total", "gpu_pcie_link_width",
+                           "gpu_allocation_info"})
+    assert asked(b) - asked(QueryBuilder(cfg)) == set()
+    assert {"score_xid", "xid", "width"} <= asked(b) and not {"width_max", "score_ecc", "remap"} & asked(b)
+    assert len(b.allocation_parts("`n`")) == 2
+    # AMD's exporter may prefix every name: a present name that ends in the metric counts
+    amd = QueryBuilder(QueryConfig(source="amd", health=True), sources.make("amd", "node", sources.Trust()))
+    amd_all = asked(amd)
+    amd.present = frozenset({f"amd_{amd.source.util}", f"amd_{amd.source.mem_used}", f"amd_{amd.source.mem_total}"})
+    assert "total" in asked(amd) and asked(amd) < amd_all

@@ -87,9 +87,11 @@ def test_labelled_sets_classified_through_prometheus(prom: Prometheus) -> None:
     client = PromClient(prom.url)
     reader = Reader(client, QueryConfig())
     snap = reader.read(END)
-    # nodes, unlabelled; 6 aggregates (queries.PARTS_PER_QUERY: utilisation's 8 statistics in 2, memory's 9
-    # in 3, allocation's 2 in 1); 2 ranges and the memory range's GPUs' sample counts (promql.mem_counts)
-    assert snap.queries == 11 and client.requests_sent == 11
+    # the metric names, nodes, unlabelled; 12 aggregates, each statistic alone (promql.Part: utilisation's 6,
+    # memory's 6; the history has no SM activity, health fields or gpu_allocation_info, so their statistics
+    # are not asked for: QueryBuilder.has); 2 ranges and the memory range's GPUs' sample counts
+    # (promql.mem_counts)
+    assert snap.queries == 18 and client.requests_sent == 18
     assert snap.util_step == 15.0  # the median scrape interval of the history
     for hist in (labelled_set(21, END), _joined_set()):
         ok, wrong = _accuracy(snap.gpus, hist)
@@ -125,7 +127,7 @@ def _same(got: dict[str, list], want: dict[str, list]) -> list[str]:
 @pytest.mark.parametrize(("shard_gpus", "range_gpus", "cap"), [
     (2000, 1000, 16 * 1024 * 1024),  # the defaults: one shard for these 31 nodes
     (16, 3, 16 * 1024 * 1024),  # two nodes per shard, three GPUs per range query
-    (2000, 1000, 64 * 1024),  # answers over a 64 KiB cap split their shard or batch until they fit
+    (2000, 1000, 16 * 1024),  # answers over a 16 KiB cap split their shard or batch until they fit
 ])
 def test_classification_is_todays_whatever_the_sharding(prom: Prometheus, shard_gpus: int, range_gpus: int,
                                                         cap: int) -> None:
@@ -138,16 +140,16 @@ def test_classification_is_todays_whatever_the_sharding(prom: Prometheus, shard_
     assert client.largest_response_bytes <= cap
     nodes = len({k.split("/")[0] for k in want})
     if shard_gpus == 16:
-        # queries = 2 + 6 x shards + range batches (at most 3 per shard when a shard's ranges fit a batch:
+        # queries = 3 + 12 x shards + range batches (at most 3 per shard when a shard's ranges fit a batch:
         # utilisation, memory and the memory range's counts; more here: three GPUs per batch)
         # two nodes per shard at most; a few alone, where their names' trie cuts a pair (promql.plan_shards)
         assert -(-nodes // 2) <= snap.shards <= nodes
-        ranges = snap.queries - 2 - 6 * snap.shards
+        ranges = snap.queries - 3 - 12 * snap.shards
         assert 0 < ranges <= 3 * snap.shards * -(-16 // range_gpus)
-    elif cap == 64 * 1024:
-        assert snap.shards > 1  # the default shard did not fit 64 KiB
+    elif cap == 16 * 1024:
+        assert snap.shards > 1  # the default shard did not fit 16 KiB
     else:
-        assert snap.shards == 1 and snap.queries == 11
+        assert snap.shards == 1 and snap.queries == 18
     assert reader.builder.join  # the join-set has no node label: the join branch stays
 
 
@@ -181,7 +183,7 @@ def test_full_cycle_annotates_nodes_and_then_goes_quiet(prom: Prometheus, kubeap
     prof = make_profiler(prom.url, "--events", "off", "--health-condition", "off", out=out)
 
     r1 = prof.run_cycle(at=END)
-    assert r1.ok and r1.errors == [] and r1.queries == 11
+    assert r1.ok and r1.errors == [] and r1.queries == 18
     patches = {r.node: r for r in api.patches()}
     assert set(patches) == {"scn-a", "silent", "lab-000"}  # cpu-only has nothing of ours: untouched
     req = patches["scn-a"]

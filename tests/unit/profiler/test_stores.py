@@ -29,6 +29,7 @@ from exporter.profiler.classify import classify_gpu
 from exporter.profiler.prom import PARTIAL, QUERY_TOO_LONG, TOO_MANY_SAMPLES, TOO_MANY_SERIES, PromClient, PromError
 from exporter.profiler.queries import QueryConfig, Reader
 from tests.fakes.profiler_history import labelled_set, scenario_node, write_openmetrics
+from tests.harness.httpfake import Reply, json_reply
 from tests.harness.profiler import FaultProxy
 from tests.harness.prom import OpenMetricsWriter, Prometheus
 from tests.harness.victoria import VictoriaMetrics
@@ -117,6 +118,45 @@ def test_victoriametrics_gives_the_health_conditions_prometheus_gives(tmp_path: 
             assert {n: r for n, r in got[vm.url].items() if n in seen} == seen
 
 
+def test_both_stores_name_their_metrics(stores: tuple[Prometheus, VictoriaMetrics]) -> None:
+    """The label values of __name__ over the window (a GET: Prometheus serves it to no POST), which
+    leave the statistics of absent metrics out of the shards' queries."""
+    for store in stores:
+        names = PromClient(store.url).label_values("__name__", END - 3600, END)
+        assert {"gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_up"} <= set(names)
+        assert "gpu_xid_errors_total" not in names and "gpu_allocation_info" not in names
+
+
+@pytest.mark.parametrize("names", [Reply(404, b"404 page not found\n"),
+                                   json_reply({"status": "success", "data": ["up", "gpu_xid_errors_total"]}),
+                                   json_reply({"status": "success", "data": {"names": []}})],
+                         ids=["no endpoint", "not this window's", "malformed"])
+def test_without_the_metric_names_every_statistic_is_asked_for(tmp_path: Path, names: Reply,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A store (or proxy) without the label values endpoint, or with an answer that cannot be this
+    window's (it lacks the metric the GPUs were found by), costs only the pruning: every statistic
+    is asked for, and the health conditions read are the same."""
+    hist = test_health._history(tmp_path / "h.om")
+
+    def read(url: str) -> tuple[dict[str, str], int]:
+        reader = Reader(PromClient(url), QueryConfig(health=True, window_s=1800))
+        snap = reader.read(test_health.AT_FAULT)
+        per_node: dict[str, dict[str, Any]] = {}
+        for (node, gpu), st in snap.gpus.items():
+            per_node.setdefault(node, {})[gpu] = st
+        return {n: health.observe(g).reason for n, g in per_node.items()}, snap.queries
+
+    with Prometheus(tmp_path / "p", tsdb_blocks_from=hist) as prom:
+        want, pruned = read(prom.url)
+        with FaultProxy(prom.url, names=names) as proxy, \
+                caplog.at_level(logging.INFO, logger="exporter.profiler.queries"):
+            got, every = read(proxy.url)
+    assert got == want
+    assert every > pruned  # the history lacks some of the health metrics: their statistics cost queries
+    said = [r.getMessage() for r in caplog.records if "metric names are not available" in r.getMessage()]
+    assert len(said) == 1
+
+
 def test_vmselect_path_prefix(stores: tuple[Prometheus, VictoriaMetrics]) -> None:
     """vmselect (the cluster) serves tenant 0's API under /select/0/prometheus; the single-node
     binary has no such path, so a proxy strips it, as vmselect routes it."""
@@ -151,7 +191,8 @@ def test_a_limit_refusal_splits_the_shard_like_a_cap(stores: tuple[Prometheus, V
                                                      caplog: pytest.LogCaptureFixture) -> None:
     prom, _ = stores
     want = _patterns(prom.url)
-    with FaultProxy(prom.url, refuse=lambda q, series: refusal if series > 100 else None) as store:
+    # 40 series: a shard's statistic (one series a GPU) is refused until the shard is split twice or more
+    with FaultProxy(prom.url, refuse=lambda q, series: refusal if series > 40 else None) as store:
         reader = Reader(PromClient(store.url, timeout=60), QueryConfig(source="gpu-exporter"))
         with caplog.at_level(logging.DEBUG, logger="exporter.profiler.queries"):
             snap = reader.read(END)
@@ -165,8 +206,11 @@ def test_a_limit_refusal_splits_the_shard_like_a_cap(stores: tuple[Prometheus, V
 def test_a_query_the_store_finds_too_long_is_asked_for_in_halves_down_to_one_node(
         stores: tuple[Prometheus, VictoriaMetrics]) -> None:
     prom, _ = stores
-    vm_words = "too long query; got {n} bytes; mustn't exceed `-search.maxQueryLen=1000` bytes"
-    with FaultProxy(prom.url, refuse=lambda q, _: (422, vm_words.format(n=len(q))) if len(q) > 1000 else None) \
+    # a shard's query (its node pattern in backquotes) does not fit 60 bytes, even for one node; the
+    # cluster-wide ones (nodes, unlabelled series) do not count
+    vm_words = "too long query; got {n} bytes; mustn't exceed `-search.maxQueryLen=60` bytes"
+    with FaultProxy(prom.url, refuse=lambda q, _: (422, vm_words.format(n=len(q)))
+                    if len(q) > 60 and "=~`" in q else None) \
             as store:
         reader = Reader(PromClient(store.url, timeout=60), QueryConfig(source="gpu-exporter"))
         with pytest.raises(PromError) as err:
@@ -239,4 +283,5 @@ def test_every_query_carries_nocache(stores: tuple[Prometheus, VictoriaMetrics])
     prom, _ = stores
     with FaultProxy(prom.url) as store:
         _patterns(store.url)
-    assert store.params and all(p.get("nocache") == ["1"] for p in store.params)
+    queries = [p for p, path in zip(store.params, store.paths, strict=True) if path.startswith("/api/v1/query")]
+    assert queries and all(p.get("nocache") == ["1"] for p in queries)

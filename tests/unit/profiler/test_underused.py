@@ -11,7 +11,8 @@ import pytest
 
 from exporter.profiler.classify import STEADY, UNDERUSED, GpuStats, Thresholds, classify_gpu, dominant_pattern
 from exporter.profiler.prom import PromClient
-from exporter.profiler.queries import QueryConfig, Reader
+from exporter.profiler.promql import SM_ACTIVE
+from exporter.profiler.queries import PARTS_PER_QUERY, QueryConfig, Reader
 from tests.fakes.profiler_history import (
     GpuHistory,
     make_history,
@@ -92,7 +93,10 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
 def test_underused_through_prometheus_only_where_the_series_exists(prom: Prometheus) -> None:
     client = PromClient(prom.url)
     snap = Reader(client, QueryConfig()).read(END)
-    assert snap.queries == client.requests_sent <= 10  # SM activity rides in the utilisation queries
+    assert snap.queries == client.requests_sent
+    # SM activity costs a shard its two statistics' queries (mean, count), no more
+    shard = Reader(client, QueryConfig()).builder.shard_queries("`sm-node`", 16384, PARTS_PER_QUERY)
+    assert sorted(stat for _, stat, q in shard if SM_ACTIVE in q) == ["sm_count", "sm_mean"]
     got = {g: classify_gpu(st) for (node, g), st in snap.gpus.items() if node == "sm-node"}
     assert {g: p.pattern for g, p in got.items()} == {"0": UNDERUSED, "1": STEADY, "2": STEADY, "3": STEADY,
                                                       "4": STEADY}
