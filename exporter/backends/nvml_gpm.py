@@ -249,7 +249,7 @@ class GpmReader:
         read, which is most of GPM's cost at 16 metrics per GPU)."""
         req = self._requests.get(index)
         if req is None:
-            request, slots = self._b.binding.gpm_request()
+            request, slots = self._b.binding.gpm_request(len(_METRICS))
             req = (request, slots, int(request.version))
             with self._lock:
                 self._requests[index] = req

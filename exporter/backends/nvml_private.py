@@ -164,6 +164,7 @@ class Binding:
         lookup = self._have["_nvmlGetFunctionPointer"]
         #: ``lookup(symbol)``: the C function; NVMLError FUNCTION_NOT_FOUND when the library lacks it
         self.lookup: Callable[[str], Any] = lookup if lookup is not None else self._no_lookup
+        self._gpm_struct: Any = None  # nvmlGpmMetricsGet_t's ctypes type, made at the first gpm_request
 
     @classmethod
     def load(cls) -> Binding:
@@ -308,18 +309,23 @@ class Binding:
             self._need(name)
         self.lookup("nvmlGpmQueryDeviceSupport")
 
-    def gpm_request(self) -> tuple[Any, list[Any]]:
+    def gpm_request(self, slots: int) -> tuple[Any, list[Any]]:
         """A new ``nvmlGpmMetricsGet_t`` as plain ctypes (the layout of nvml.h and pynvml's
-        ``c_nvmlGpmMetricsGet_t``), and views of its metric slots made once (indexing a ctypes
-        array makes an object). ``version`` is set; the caller fills ``numMetrics``, the samples
-        and the slots' ``metricId``."""
-        sample_t = self._need("c_nvmlGpmSample_t")
+        ``c_nvmlGpmMetricsGet_t``), and views of its first ``slots`` metric slots made once (indexing a
+        ctypes array makes an object: views of all NVML_GPM_METRIC_MAX slots were 4 MiB at 64 GPUs, each
+        GPU having its own request, where at most ``slots`` metrics are ever asked). ``version`` is set;
+        the caller fills ``numMetrics``, the samples and the slots' ``metricId``."""
+        cls = self._gpm_struct
+        if cls is None:  # one structure type per binding, not one per GPU
+            sample_t = self._need("c_nvmlGpmSample_t")
 
-        class MetricsGet(ctypes.Structure):
-            _fields_ = [("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint),
-                        ("sample1", sample_t), ("sample2", sample_t),
-                        ("metrics", GpmMetric * int(self._need("NVML_GPM_METRIC_MAX")))]
+            class MetricsGet(ctypes.Structure):
+                _fields_ = [("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint),
+                            ("sample1", sample_t), ("sample2", sample_t),
+                            ("metrics", GpmMetric * int(self._need("NVML_GPM_METRIC_MAX")))]
 
-        request = MetricsGet()
+            cls = self._gpm_struct = MetricsGet
+        request = cls()
         request.version = int(self._need("NVML_GPM_METRICS_GET_VERSION"))
-        return request, list(request.metrics)
+        metrics = request.metrics
+        return request, [metrics[i] for i in range(min(slots, len(metrics)))]
