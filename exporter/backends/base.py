@@ -242,7 +242,8 @@ class _Relay:
         self.front = -1  # the item taken last
         self.staggered = -1  # the front item another worker was started beside
         self.live: set[int] = set()  # items taken, not finished and not given up on
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()  # (with it: a C-level context manager, where the Condition's is Python)
+        self.cond = threading.Condition(self.lock)  # the collecting thread sleeps on it until the relay is done
         while self.next < n and self.items[self.next][1] is None:
             self.next += 1
 
@@ -251,10 +252,10 @@ class _Relay:
         the worker finished the relay's last item and went idle then, before the collecting thread could
         start the next collection (which takes that worker, not a new thread)."""
         n = len(self.items)
-        cond = self.cond
+        lock = self.lock
         idled = False
         while True:
-            with cond:
+            with lock:
                 k = self.next
                 if k >= n:
                     return idled
@@ -269,14 +270,14 @@ class _Relay:
             try:
                 job = lane.claim(functools.partial(self.fn, dev), self.name)
             except LaneBusy as busy:  # a late call still runs on that GPU: refused, the next one is read
-                with cond:
+                with lock:
                     self.handed[k] = busy
                     idled = self._done(k, worker) or idled
                 continue
-            with cond:
+            with lock:
                 self.handed[k] = job
             lane.perform(job)
-            with cond:
+            with lock:
                 idled = self._done(k, worker) or idled
 
     def _done(self, k: int, worker: _Worker) -> bool:
@@ -291,14 +292,13 @@ class _Relay:
         return True
 
     def ready(self, i: int) -> Job | LaneBusy | None:
-        """Item ``i``'s job (or the refusal), None while no lane has it yet."""
-        with self.cond:
-            return self.handed[i]
+        """Item ``i``'s job (or the refusal), None while no lane has it yet (one list read: no lock)."""
+        return self.handed[i]
 
     def stagger_left(self) -> float:
         """Seconds before the front item has run STAGGER_S; once it has (and items are left), another
         worker starts beside it."""
-        with self.cond:
+        with self.lock:
             k = self.front
             if k < 0 or k not in self.live or k == self.staggered or self.next >= len(self.items):
                 return STAGGER_S
@@ -311,14 +311,14 @@ class _Relay:
 
     def idle(self, timeout: float) -> None:
         """Sleep until every item is done (or ``timeout`` seconds)."""
-        with self.cond:
+        with self.lock:
             if self.live or self.next < len(self.items):
                 self.cond.wait(timeout)
 
     def given_up(self, i: int) -> None:
         """Item ``i``'s job passed its deadline: not waited for any more; its worker is stuck in it, so
         another takes the items left."""
-        with self.cond:
+        with self.lock:
             self.live.discard(i)
             more = self.next < len(self.items) and self.staggered != i
             self.staggered = i if more else self.staggered
@@ -327,7 +327,7 @@ class _Relay:
 
     def stop(self) -> None:
         """No item starts from now on (the collection ended)."""
-        with self.cond:
+        with self.lock:
             self.next = len(self.items)
 
 
@@ -742,6 +742,10 @@ class Backend(ABC):
     def _await(self, dev: Device, lane: Lane, job: Job | LaneBusy | None) -> Any:
         """The result of ``job`` on ``dev``'s lane, waited for while its current call is within the call
         deadline; :class:`GpuHung` when it is not, or when the lane refused the job."""
+        if type(job) is Job and job.finished:  # the common case: done, nothing to wait for
+            if job.error is not None:
+                raise job.error
+            return job.result
         try:
             if isinstance(job, LaneBusy):
                 raise job

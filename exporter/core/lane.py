@@ -74,6 +74,7 @@ class Lane:
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._mu = threading.Lock()
         self._free = threading.Condition(self._mu)  # callers queued behind a running job (rare)
+        self._queued = 0  # how many: notified only when there are some (a notify_all is a dozen Python calls)
         self.job: Job | None = None  # the job given to the lane and not finished: at most one
         self._thread: threading.Thread | None = None
         #: the id of the thread running the lane's job, while it does (the funnel's test "am I on this
@@ -109,7 +110,11 @@ class Lane:
         :meth:`submit` to hand to the lane's thread); waits and refuses as :meth:`submit` says."""
         with self._mu:
             while self.job is not None and not self.job.abandoned:
-                self._free.wait()
+                self._queued += 1
+                try:
+                    self._free.wait()
+                finally:
+                    self._queued -= 1
             busy = self.job
             if busy is not None:
                 raise LaneBusy(self.what or busy.what, self.since, late=True)
@@ -127,7 +132,8 @@ class Lane:
                 with self._mu:
                     if not job.finished:
                         job.abandoned = True
-                        self._free.notify_all()  # callers queued behind it: refused from now on
+                        if self._queued:
+                            self._free.notify_all()  # callers queued behind it: refused from now on
                         raise LaneBusy(self.what or job.what, self.since, late=False)
                 break
             if job.done.acquire(timeout=left):
@@ -182,7 +188,8 @@ class Lane:
             self.tid = None
             self.what = ""
             late = job.abandoned
-            self._free.notify_all()
+            if self._queued:
+                self._free.notify_all()
         _here.lane = outer
         job.done.release()
         if late and self._on_return is not None:
