@@ -226,9 +226,6 @@ class _Gpu(Device):
         self.handle: Any = None
         self.static: dict[str, Any] = {}
         self.mig_devs: dict[int, Device] = {}  # MIG slot -> its own probe state
-        #: this GPU's direct calls and their C out values (NvmlBackend._build_direct), made at its first read:
-        #: its own, as the GPUs are read at once, each on its lane (a shared out value would mix GPUs)
-        self.direct: _Direct | None = None
 
     def begin(self) -> None:
         super().begin()
@@ -318,6 +315,8 @@ class NvmlBackend(Backend):
         self._processes = ProcessReader(self)  # compute processes, MPS clients, per-process use (nvml_processes.py)
         self._down: dict[int, str] = {}  # GPU index -> reason, while it is unreadable (one log line per outage)
         self._system_dev = Device(-1)  # probe state of system-level calls
+        #: .direct: the calling thread's direct calls and their C out values (NvmlBackend._direct)
+        self._threads = threading.local()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -372,8 +371,9 @@ class NvmlBackend(Backend):
 
     def abandoned(self, dev: Device) -> None:
         """A call was left running on ``dev``'s lane: GPM forgets the GPU's samples (the late call may still
-        fill one). Its direct calls' out values are its own (:attr:`_Gpu.direct`) and no call goes to it
-        before the late one returns, so nothing else needs renewing."""
+        fill one). The direct calls' out values the late call may still write are the stuck thread's own
+        (:meth:`_direct`), and no call goes to the GPU before the late one returns, so nothing else needs
+        renewing."""
         self._gpm.abandon(dev.index)
 
     def shutdown(self) -> None:
@@ -528,7 +528,7 @@ class NvmlBackend(Backend):
             gpu.handle = h
             gpu.static = {}
         h = gpu.handle
-        d = self._direct(gpu)
+        d = self._direct()
         if not gpu.static:
             self._read_static(gpu, h)
         st = gpu.static
@@ -571,11 +571,17 @@ class NvmlBackend(Backend):
         self._read_fabric_and_recovery(gpu, r, h)
         r.unsupported = {f.partition(":")[0] for f in gpu.unsupported if f != "handle" and f.startswith("gpu_")}
 
-    def _direct(self, gpu: _Gpu) -> _Direct:
-        """``gpu``'s direct calls, made at its first read after an initialisation."""
-        d = gpu.direct
-        if d is None:
-            d = gpu.direct = self._build_direct(self.binding)
+    def _direct(self) -> _Direct:
+        """The direct calls of the calling thread, made at its first read with this binding: a thread reads
+        one GPU at a time (a GPU's read is one job of its lane, run by one thread), so out values per thread
+        never mix two GPUs' values, even when GPUs are read side by side, and a thread stuck in a hung call
+        keeps its own. Per thread, not per GPU: a relay worker reads every GPU with one set (per GPU they
+        were about 1.5 MiB at 64 GPUs)."""
+        t = self._threads
+        d: _Direct | None = getattr(t, "direct", None)
+        if d is None or t.binding is not self.binding:
+            d = t.direct = self._build_direct(self.binding)
+            t.binding = self.binding
         return d
 
     def _build_direct(self, b: Binding) -> _Direct:
@@ -651,7 +657,7 @@ class NvmlBackend(Backend):
 
     def _read_memory(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """Memory info ``_v2`` (has ``reserved``; ``used`` excludes it), else v1: probed once per GPU."""
-        d = self._direct(gpu)
+        d = self._direct()
         m = self.probe(gpu, "gpu_memory_used_bytes", (("nvmlDeviceGetMemoryInfo_v2", d.memory_v2),
                                                       ("nvmlDeviceGetMemoryInfo", d.memory_v1)),
                        h, convert=_memory)
@@ -674,7 +680,7 @@ class NvmlBackend(Backend):
     def _read_depth(self, gpu: _Gpu, r: GpuReading, h: Any) -> None:
         """Health readings: ECC, row remapping, throttling, NVLink, codecs, processes, MIG."""
         nv = self._nv
-        d = self._direct(gpu)
+        d = self._direct()
         call = self.call
         en = self.enabled
         if self.any_enabled("gpu_ecc_mode_enabled", "gpu_ecc_errors_total"):
