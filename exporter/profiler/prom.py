@@ -308,10 +308,7 @@ class PromClient:
         self.requests_sent += 1
         url = self.base_url + path
         where = printable(url, 300)
-        if method == "GET":
-            url += "?" + body.decode()
-            body = b""
-        else:
+        if method != "GET":
             headers["Content-Type"] = "application/x-www-form-urlencoded"
         status, raw = self._exchange(url, body, headers, where, method)
         if status != 200:
@@ -393,6 +390,8 @@ class PromClient:
         watchdog.start()
         resp: http.client.HTTPResponse | None = None
         try:
+            if method == "GET":  # the parameters in the target: urlsplit's cache never sees them (a new one each cycle)
+                target += ("&" if parts.query else "?") + body.decode()
             conn.request(method, target, body=body if method == "POST" else None, headers=headers)
             if conn.sock is not None:
                 held.append(conn.sock)
