@@ -415,6 +415,7 @@ class Backend(ABC):
         self._workers: list[_Worker] = []  # idle relay workers (on_gpus); one stuck in a hung call is not
         self._workers_lock = threading.Lock()
         self._worker_count = 0
+        self._workers_stopped = False  # stop_lanes: a worker that becomes idle ends
         self._node_calls: dict[int, tuple[str, float]] = {}  # thread -> the call about no GPU it is in, since
 
     def setting(self, name: str) -> Any:
@@ -730,7 +731,10 @@ class Backend(ABC):
 
     def _idle(self, worker: _Worker) -> None:
         with self._workers_lock:
-            self._workers.append(worker)
+            if not self._workers_stopped:
+                self._workers.append(worker)
+                return
+        worker.relays.put(None)  # back from a hung call after stop_lanes: it ends now
 
     def _hand_over(self, lane: Lane, job: Callable[[], Any], what: str) -> Job | LaneBusy:
         """``job`` handed to ``lane``, or the :class:`LaneBusy` that refused it (a late call still runs)."""
@@ -792,6 +796,7 @@ class Backend(ABC):
             lane.stop()
         with self._workers_lock:
             idle, self._workers = self._workers, []
+            self._workers_stopped = True
         for worker in idle:
             worker.relays.put(None)
 

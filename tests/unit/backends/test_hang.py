@@ -468,6 +468,32 @@ def test_an_xid_wait_failing_every_time_costs_only_the_xid_reading(nvml: Vendor,
         engine.stop()
 
 
+@pytest.mark.slow  # waits out a call deadline: make test
+def test_a_thread_stuck_in_a_hung_call_at_stop_ends_once_the_call_returns(vendor: Vendor) -> None:
+    """The engine stops while GPU 3's call hangs: once that call returns, the thread it held ends too, as
+    every idle one did at the stop; no reader thread of the backend is left behind. (A relay worker stuck
+    at the stop went back to the idle pool when its call returned, and lived on: seen failing so.)"""
+    v = vendor
+    before = {t.ident for t in threading.enumerate()}
+    engine = engine_for(v)
+    engine.scrape()
+    v.hang(v.reading_call, 3)
+    try:
+        assert not gpus(engine.scrape())[3].up
+    finally:
+        engine.stop()
+        v.release(v.reading_call, 3)
+    wait_returned(v, [3])
+
+    def started() -> list[str]:  # the daemon threads started since, still running
+        return sorted(t.name for t in threading.enumerate() if t.daemon and t.ident not in before)
+
+    try:
+        wait_until(lambda: not started(), 30, what="every thread the backend started to end")
+    except AssertionError:  # wait_until timed out: say which
+        raise AssertionError(f"still running after the stop: {started()}") from None
+
+
 # --- bounded however long it hangs ------------------------------------------------------------------
 
 
