@@ -44,6 +44,7 @@ from exporter.profiler.classify import GpuStats
 from exporter.profiler.fold import Answers, attach_counts, attach_range, fold_shard, ours_key, scrape_interval
 from exporter.profiler.prom import (
     HTTP_5XX,
+    PARTIAL,
     SPLIT_KINDS,
     TIMEOUT,
     UNREACHABLE,
@@ -181,14 +182,15 @@ class Reader:
         """The metric names the store holds for the window (and the window before it, which the
         counters' rises read), for every builder to leave out the statistics of metrics nobody
         publishes (``QueryBuilder.has``): a fleet without XIDs, pod attribution or GPM costs nothing
-        for them. A store that does not answer (an API without the endpoint, a partial answer) only
-        loses that: every statistic is asked for, as before (a store that is down fails the read here)."""
+        for them. A store that does not answer (an API without the endpoint, a malformed answer) only
+        loses that: every statistic is asked for, as before. A store that is down, or whose answer is
+        partial (a store behind Thanos or vmselect missing), fails the read here, as its queries would."""
         self.queries_sent += 1
         try:
             names: frozenset[str] | None = frozenset(
                 self.client.label_values("__name__", at - 2 * self.cfg.window_s, at))
         except PromError as exc:
-            if exc.kind in (UNREACHABLE, TIMEOUT, HTTP_5XX):  # the store itself fails: so would the cycle's queries
+            if exc.kind in (UNREACHABLE, TIMEOUT, HTTP_5XX, PARTIAL):  # so would the cycle's queries: counted, no write
                 raise
             self._no_names(str(exc))
             return

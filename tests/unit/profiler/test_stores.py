@@ -157,6 +157,19 @@ def test_without_the_metric_names_every_statistic_is_asked_for(tmp_path: Path, n
     assert len(said) == 1
 
 
+def test_a_partial_metric_names_answer_fails_the_cycle_like_a_partial_query(
+        stores: tuple[Prometheus, VictoriaMetrics]) -> None:
+    """A names answer that says some of the data is missing (vmselect's isPartial; Thanos' warnings)
+    is not used, and nothing is read from that store this cycle: its queries would be partial too."""
+    prom, _ = stores
+    partial = json_reply({"status": "success", "isPartial": True, "data": ["gpu_up", "gpu_utilization_ratio"]})
+    with FaultProxy(prom.url, names=partial) as store:
+        reader = Reader(PromClient(store.url, timeout=60), QueryConfig(source="gpu-exporter"))
+        with pytest.raises(PromError) as err:
+            reader.read(END)
+    assert err.value.kind == PARTIAL and store.queries == [""]  # the names request alone
+
+
 def test_vmselect_path_prefix(stores: tuple[Prometheus, VictoriaMetrics]) -> None:
     """vmselect (the cluster) serves tenant 0's API under /select/0/prometheus; the single-node
     binary has no such path, so a proxy strips it, as vmselect routes it."""
