@@ -75,15 +75,17 @@ def test_serve_publishes_per_pod_readings_on_amd(fake: FakeAmdSmi, tmp_path: Pat
            "KUBECONFIG": str(kubeapi.kubeconfig(tmp_path / "kc"))}
     with ExporterProcess(["--backend", "amdsmi", "--cache-ttl", "0", "--per-process", "--pod-attribution", "off"],
                          env=env) as ex:
+        # 60 s bounds, not 20: the pods watch and the first collections under the full suite's load on
+        # 2 cores once took longer than 20 s (a bound, not a wait: each returns as soon as it holds)
         s = wait_until(lambda: (s := ex.scrape()) and len(pod_series(s, "gpu_pod_memory_used_bytes")) >= 2 and s,
-                       timeout=20, what="per-pod memory on AMD")
+                       timeout=60, what="per-pod memory on AMD")
         assert pod_series(s, "gpu_pod_memory_used_bytes") == {("0", "ml", "train-a", "trainer"): 3.0 * GIB,
                                                                ("0", "", "", ""): 1.0 * GIB}
         key = ("0", "ml", "train-a", "trainer")
         # from the second collection: no engine time added, 0
-        wait_until(lambda: pod_series(ex.scrape(), "gpu_pod_utilization_ratio").get(key) == 0.0, timeout=20,
+        wait_until(lambda: pod_series(ex.scrape(), "gpu_pod_utilization_ratio").get(key) == 0.0, timeout=60,
                    what="per-pod utilisation 0")
         # engine time grows by far more than the wall time between two collections: capped at 1
         _write(fake, f"1001:{2 * GIB}:python3:{10**15},1002:{GIB}:python3:1000,3001:{GIB}:jupyter:1000")
-        wait_until(lambda: pod_series(ex.scrape(), "gpu_pod_utilization_ratio").get(key) == 1.0, timeout=20,
+        wait_until(lambda: pod_series(ex.scrape(), "gpu_pod_utilization_ratio").get(key) == 1.0, timeout=60,
                    what="per-pod utilisation 1")
