@@ -62,8 +62,10 @@ def test_readme_pick_line_fails_loudly(tmp_path: Path) -> None:
     block = next(b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "gpu-exporter pick" in b)
     assert "export CUDA_VISIBLE_DEVICES=$(" not in block
     lines = [ln for ln in block.splitlines() if "pick" in ln or "CUDA_VISIBLE_DEVICES" in ln]
+    # 6 simulated GPUs: 0 and 5 idle (simulated.PATTERNS), so two qualify at any moment; with 4, the
+    # second depended on the clock (the periodic GPU's low phase, the bursty one's noise) and pick waited
     shim = (f'gpu-exporter() {{ PYTHONPATH={REPO} {sys.executable} -m exporter "$@" --backend simulated '
-            '--simulated-gpus 4; }\n')
+            '--simulated-gpus 6; }\n')
     for count, ok in (("2", True), ("64", False)):
         script = tmp_path / f"use-{count}.sh"
         body = "\n".join(ln.replace("-n 2", f"-n {count}") for ln in lines)
