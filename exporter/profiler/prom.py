@@ -331,7 +331,8 @@ class PromClient:
 
     def _exchange(self, url: str, body: bytes, headers: dict[str, str], where: str,
                   method: str = "POST") -> tuple[int, bytearray]:
-        """POST ``body`` to ``url``: (status, body read), all under one deadline of ``timeout`` s.
+        """``body`` to ``url`` by ``method`` (POST: the form; GET: the target's parameters): (status, body
+        read), all under one deadline of ``timeout`` s.
 
         Redirects are followed only within the origin of ``--prometheus-url`` (same scheme,
         host and port) and only when they keep the method (307, 308), at most 3 times: the
@@ -339,7 +340,7 @@ class PromClient:
         """
         deadline = time.monotonic() + self.timeout
         for _hop in range(MAX_REDIRECTS + 1):
-            status, location, raw = self._post(url, body, headers, where, deadline, method)
+            status, location, raw = self._send(url, body, headers, where, deadline, method)
             if status not in (301, 302, 303, 307, 308):
                 return status, raw
             if not location:  # nowhere to go: following it would only ask the same URL again
@@ -354,7 +355,7 @@ class PromClient:
             where = printable(url, 300)
         raise PromError(BAD_RESPONSE, f"{where}: more than {MAX_REDIRECTS} redirects")
 
-    def _post(self, url: str, body: bytes, headers: dict[str, str], where: str,
+    def _send(self, url: str, body: bytes, headers: dict[str, str], where: str,
               deadline: float, method: str = "POST") -> tuple[int, str | None, bytearray]:
         parts = urllib.parse.urlsplit(url)
         target = parts.path or "/"

@@ -293,7 +293,7 @@ class QueryBuilder:
             "early": lambda m: f"count_over_time({sel(u, m)}[{half}] offset {half})",
             "fresh": lambda m: f"count_over_time({sel(u, m)}[{f}])",
         }
-        if s.sm and self.has(s.sm):
+        if self.has(s.sm):
             # whole GPUs only (a MIG instance has its own series): underused where the series exists
             parts["sm_mean"] = lambda m: f"avg_over_time({sel(s.sm, m + ', ' + s.sm_whole)}[{w}])"
             parts["sm_count"] = lambda m: f"count_over_time({sel(s.sm, m + ', ' + s.sm_whole)}[{w}])"
@@ -354,13 +354,14 @@ class QueryBuilder:
             return fn
 
         slow = "|".join(SCORE_THROTTLE_REASONS)
-        parts = {
-            "score_xid": rise(XID, ""),
-            "score_ecc": rise(ECC, ', error_type="uncorrected", counter="volatile"'),
-            "score_throttle": lambda m: f'avg_over_time({THROTTLE}{{{m}, reason=~"{slow}"}}[{w}])',
-        }
-        metric = {"score_xid": XID, "score_ecc": ECC, "score_throttle": THROTTLE}
-        return {stat: fn for stat, fn in parts.items() if self.has(metric[stat])}
+        parts: dict[str, Callable[[str], str]] = {}
+        if self.has(XID):
+            parts["score_xid"] = rise(XID, "")
+        if self.has(ECC):
+            parts["score_ecc"] = rise(ECC, ', error_type="uncorrected", counter="volatile"')
+        if self.has(THROTTLE):
+            parts["score_throttle"] = lambda m: f'avg_over_time({THROTTLE}{{{m}, reason=~"{slow}"}}[{w}])'
+        return parts
 
     def _health_parts(self) -> dict[str, Callable[[str], str]]:
         """Health fields, read in the memory query (no query of their own): see health.py."""
