@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
 import random
 import re
 import socket
@@ -27,7 +28,11 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, TypeVar, cast
+
+import msgspec
 
 from exporter.platform.errors import printable
 
@@ -245,7 +250,7 @@ class PromClient:
         """Instant query evaluated at unix time ``at``; a scalar comes back as one Sample."""
         self._check_length(expr)
         return self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}", **_STORE_PARAMS},
-                          lambda d: _vector(d, expr))
+                          lambda d: _vector(d, expr), _fast_vector)
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[RangeSeries]:
         """Range query from ``start`` to ``end`` (unix seconds) every ``step`` seconds."""
@@ -253,7 +258,7 @@ class PromClient:
         return self._call(
             "/api/v1/query_range",
             {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}", **_STORE_PARAMS},
-            lambda d: _matrix(d, expr),
+            lambda d: _matrix(d, expr), _fast_matrix,
         )
 
     def label_values(self, label: str, start: float, end: float) -> list[str]:
@@ -285,7 +290,8 @@ class PromClient:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
-    def _call(self, path: str, params: dict[str, str], convert: Callable[[Any], T], method: str = "POST") -> T:
+    def _call(self, path: str, params: dict[str, str], convert: Callable[[Any], T],
+              fast: Callable[[bytearray], T | None] | None = None, method: str = "POST") -> T:
         last: PromError | None = None
         for attempt in range(self.retries + 1):
             if attempt:
@@ -294,7 +300,7 @@ class PromClient:
                 log.debug("retrying %s in %.2fs after: %s", path, delay, last)
                 self._sleep(delay)
             try:
-                return self._once(path, params, convert, method)
+                return self._once(path, params, convert, fast, method)
             except PromError as exc:
                 last = exc
                 if exc.kind not in (UNREACHABLE, TIMEOUT, HTTP_5XX):
@@ -302,7 +308,8 @@ class PromClient:
         assert last is not None
         raise last
 
-    def _once(self, path: str, params: dict[str, str], convert: Callable[[Any], T], method: str = "POST") -> T:
+    def _once(self, path: str, params: dict[str, str], convert: Callable[[Any], T],
+              fast: Callable[[bytearray], T | None] | None = None, method: str = "POST") -> T:
         body = urllib.parse.urlencode(params).encode()
         headers = self._headers()
         self.requests_sent += 1
@@ -323,7 +330,10 @@ class PromClient:
         # One answer is parsed and converted at a time, process-wide: the parser holds the GIL
         # anyway, and so at most one parse tree (bounded by --prometheus-max-parse-bytes) exists.
         with _PARSING:
-            result, error = _parse(raw, where, convert)
+            result = fast(raw) if fast is not None else None
+            error = None
+            if result is None:  # not the common shape: the careful way, which names what is wrong
+                result, error = _parse(raw, where, convert)
             raw.clear()
         if error is not None:
             raise error
@@ -480,6 +490,96 @@ def _parse(raw: bytearray, where: str,
         return None, PromError(exc.kind, str(exc))
     finally:
         del doc
+
+
+# ---- the common answer, decoded in C ------------------------------------------------------
+# A cycle at 10,000 nodes reads about 150 MB of answers: a million vector samples and two million
+# range points. msgspec decodes the common shape (status success, a vector or a matrix, labels all
+# strings, [time, "value"] pairs) straight into typed records, every type checked in C: about a
+# third of the CPU of json.loads and the per-sample checks of _samples and _points, which was most
+# of the profiler's no-change cycle. Anything else returns None and goes the careful way (json and
+# the functions below), which names what is wrong: a scalar, an error, a warning or a partial
+# answer, a value msgspec's float does not read ("+Inf"; Prometheus writes +Inf so), a time out of
+# range, a malformed answer. So the fast way changes no result, only its cost.
+
+
+class _FastSample(msgspec.Struct):
+    metric: dict[str, str]
+    value: tuple[float, float]  # lax: the value's string ("0.5", "NaN", "-Inf") read as a float in C
+
+
+class _FastSeries(msgspec.Struct):
+    metric: dict[str, str]
+    values: list[tuple[float, float]]
+
+
+class _FastVectorData(msgspec.Struct):
+    resultType: str
+    result: list[_FastSample]
+
+
+class _FastMatrixData(msgspec.Struct):
+    resultType: str
+    result: list[_FastSeries]
+
+
+class _FastVector(msgspec.Struct):
+    status: str
+    data: _FastVectorData
+    warnings: Any = None
+    isPartial: Any = None
+
+
+class _FastMatrix(msgspec.Struct):
+    status: str
+    data: _FastMatrixData
+    warnings: Any = None
+    isPartial: Any = None
+
+
+_VECTOR_DECODER = msgspec.json.Decoder(_FastVector, strict=False)
+_MATRIX_DECODER = msgspec.json.Decoder(_FastMatrix, strict=False)
+_TIME, _VALUE = itemgetter(0), itemgetter(1)
+_POINTS = attrgetter("values")
+
+
+def _decoded(decoder: msgspec.json.Decoder[Any], result_type: str, raw: bytearray) -> Any:
+    """The answer's result list when it is a successful answer of ``result_type`` with nothing that
+    the careful way must look at (a warning, a partial answer); None otherwise."""
+    try:
+        doc = decoder.decode(raw)
+    except msgspec.MsgspecError:
+        return None
+    whole = (doc.status == "success" and doc.data.resultType == result_type and not doc.warnings
+             and doc.isPartial in (None, False))
+    return doc.data.result if whole else None
+
+
+def _times_ok(pairs: list[tuple[float, float]]) -> bool:
+    """Every time finite and within _MAX_TIME (NaN fails the sum's test; a map in C, no Python step per pair)."""
+    if not pairs:
+        return True
+    times = list(map(_TIME, pairs))
+    return min(times) > -_MAX_TIME and max(times) < _MAX_TIME and math.isfinite(sum(times))
+
+
+def _fast_vector(raw: bytearray) -> list[Sample] | None:
+    """An instant vector's samples, or None: not the common shape (see above)."""
+    result: list[_FastSample] | None = _decoded(_VECTOR_DECODER, "vector", raw)
+    if result is None:
+        return None
+    pairs = [s.value for s in result]
+    if not _times_ok(pairs):
+        return None
+    return [Sample(s.metric, v) for s, v in zip(result, map(_VALUE, pairs), strict=True)]
+
+
+def _fast_matrix(raw: bytearray) -> list[RangeSeries] | None:
+    """A range answer's series, or None: not the common shape (see above)."""
+    result: list[_FastSeries] | None = _decoded(_MATRIX_DECODER, "matrix", raw)
+    if result is None or not _times_ok(list(chain.from_iterable(map(_POINTS, result)))):
+        return None
+    return [RangeSeries(s.metric, s.values) for s in result]
 
 
 def _vector(data: dict[str, Any], expr: str) -> list[Sample]:
