@@ -64,7 +64,7 @@ def test_best_gpu_is_a_healthy_one(demo: tuple[dict[int, str], dict[str, str]]) 
 @pytest.mark.prometheus
 def test_docs_show_the_block_the_demo_prints(demo: tuple[dict[int, str], dict[str, str]]) -> None:
     """docs/annotations.md's `kubectl describe node` block holds the demo's annotations: the same
-    keys and values; the score, a window mean, within 0.05."""
+    keys and values; the score, a window mean of random bursts, within 0.08."""
     states, ann = demo
     text = (REPO / "docs" / "annotations.md").read_text()
     block = re.search(r"## What `kubectl describe node` shows\n\n```\n(.*?)```", text, re.S)
@@ -80,7 +80,10 @@ def test_docs_show_the_block_the_demo_prints(demo: tuple[dict[int, str], dict[st
     assert set(documented) == set(ann), sorted(set(documented) ^ set(ann))
     for key, value in ann.items():
         if key.endswith("best-gpu-score"):
-            assert abs(float(documented[key]) - float(value)) <= 0.05, (key, documented[key], value)
+            # a window mean of the healthy GPU's bursts, which the simulator draws per 5 s slot of the
+            # wall clock: over 400 windows of its model the score spread 0.62-0.72 (median 0.67, standard
+            # deviation 0.017), and real runs gave 0.61 to 0.69; 0.05 failed about one run in three
+            assert abs(float(documented[key]) - float(value)) <= 0.08, (key, documented[key], value)
         else:
             assert documented[key] == value, (key, documented[key], value)
     assert f"its {len(demo[0])} simulated GPUs" in text
