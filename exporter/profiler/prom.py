@@ -548,7 +548,9 @@ def _decoded(decoder: msgspec.json.Decoder[Any], result_type: str, raw: bytearra
     the careful way must look at (a warning, a partial answer); None otherwise."""
     try:
         doc = decoder.decode(raw)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, ValueError, RecursionError):
+        # not only its own errors: past its depth limit a RecursionError, for a string that is not UTF-8
+        # a UnicodeDecodeError (both found by tests/unit/profiler/test_prom_fast.py)
         return None
     whole = (doc.status == "success" and doc.data.resultType == result_type and not doc.warnings
              and doc.isPartial in (None, False))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from typing import Any
 
 import pytest
@@ -124,7 +125,16 @@ def test_the_common_answers_take_the_fast_way() -> None:
         assert prom._fast_vector(bytearray(raw)) is None, raw
 
 
-@pytest.mark.parametrize("raw", [b"", b"{", b"[]", b'{"status":"success"}', b"\xff"])
+NESTED = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("raw", [
+    b"", b"{", b"[]", b'{"status":"success"}', b"\xff",
+    # msgspec raises RecursionError, not one of its own errors, for a value nested past its limit (an
+    # untyped field: warnings, isPartial): it escaped the fast way once
+    b'{"status":"success","warnings":' + NESTED + b',"data":{"resultType":"vector","result":[]}}',
+    b'{"status":"success","isPartial":' + NESTED + b',"data":{"resultType":"matrix","result":[]}}',
+])
 def test_garbage_is_declined_not_raised(raw: bytes) -> None:
     assert prom._fast_vector(bytearray(raw)) is None
     assert prom._fast_matrix(bytearray(raw)) is None
@@ -136,3 +146,32 @@ def test_the_properties_above_saw_accepted_answers() -> None:
         test_a_vector_reads_as_the_careful_way_reads_it()
         test_a_matrix_reads_as_the_careful_way_reads_it()
     assert sum(1 for n in ACCEPTED if n) >= 20
+
+
+def test_mangled_answers_are_declined_or_read_never_raised() -> None:
+    """Real answers with bytes changed, cut or inserted (quotes, escapes, lone surrogates, bytes that are
+    not UTF-8, brackets): the fast way returns a result or None, and never raises. A UnicodeDecodeError
+    escaped it once, in about one mangled answer in fifteen."""
+    vector = (b'{"status":"success","data":{"resultType":"vector","result":[' + b",".join(
+        b'{"metric":{"gpu":"%d","node":"node-0001","uuid":"GPU-%d"},"value":[1795896845,"0.%d"]}' % (i, i, i)
+        for i in range(8)) + b"]}}")
+    matrix = (b'{"status":"success","data":{"resultType":"matrix","result":[' + b",".join(
+        b'{"metric":{"uuid":"GPU-%d"},"values":[[1795895045,"0.5"],[1795895075,"0.%d"]]}' % (i, i)
+        for i in range(4)) + b"]}}")
+    pieces = [b"\\ud800", b"\\u0000", b"\xff", b"\xc3", b'"', b"\\", b"1e999", b"-", b"NaN", b"[", b"]", b"{",
+              b"}", b",", b":", b"null", b"true", b'"\\udfff"', b"\xf4\x90\x80\x80"]
+    rng = random.Random(5)
+    for i in range(3000):
+        b = bytearray(vector if i % 2 else matrix)
+        for _ in range(rng.randint(1, 3)):
+            pos = rng.randrange(len(b))
+            op = rng.random()
+            if op < 0.4:
+                b[pos:pos + 1] = rng.choice(pieces)
+            elif op < 0.7:
+                del b[pos:pos + rng.randint(1, 5)]
+            else:
+                b[pos] = rng.randrange(256)
+        for fast in (prom._fast_vector, prom._fast_matrix):
+            got = fast(bytearray(b))
+            assert got is None or isinstance(got, list)
