@@ -72,6 +72,10 @@ ERROR_KINDS = (*prom.KINDS, queries.EMPTY, *annotate.KINDS, INTERNAL)
 CONFLICT_RETRIES = 3
 
 
+# a node's plan (Profiler._plan): write the condition, the annotations it should carry, the patch to them
+_NodePlan = tuple[bool, dict[str, str], dict[str, str | None]]
+
+
 @dataclass
 class _Outage:
     """An error kind failing on consecutive cycles: when it began (monotonic), and for how many cycles."""
@@ -421,13 +425,13 @@ class Profiler:
         res.nodes_seen = len(targets)
         forbidden = threading.Event()
 
-        def one(target: tuple[NodeInfo, dict[str, GpuInput], health.Observed | None]
+        def one(target: tuple[NodeInfo, dict[str, GpuInput], health.Observed | None], plan: _NodePlan | None = None
                 ) -> tuple[str, dict[str, str] | None, str, str, bool]:
             info, gpus, obs = target
             if forbidden.is_set():
                 return info.name, None, "skipped", "", False
             try:
-                final, outcome, wrote = self._write(info, gpus, obs)
+                final, outcome, wrote = self._write(info, gpus, obs, plan)
                 return info.name, final, outcome, "", wrote
             except KubeError as exc:
                 if exc.kind == annotate.KUBE_FORBIDDEN:
@@ -441,14 +445,17 @@ class Profiler:
             # A node that already carries what this cycle found is decided here: handing it to a patch
             # thread cost more than planning it (a no-change cycle at 10,000 nodes spent seconds on
             # 10,000 hand-offs and the threads' GIL contention). Only nodes with a write go there.
-            decided, to_write = [], []
+            # The plan made here is the one a patch thread starts from (not made twice).
+            decided, to_write, plans = [], [], []
             for target in targets:
-                done = self._settled(*target)
-                if done is None:
+                plan = self._plan(*target)
+                write_cond, desired, patch = plan
+                if patch or write_cond:
                     to_write.append(target)
+                    plans.append(plan)
                 else:
-                    decided.append((target[0].name, done, "unchanged", "", False))
-            results = itertools.chain(decided, self._writers.map(one, to_write))
+                    decided.append((target[0].name, desired, "unchanged", "", False))
+            results = itertools.chain(decided, self._writers.map(one, to_write, plans))
         patterns: dict[tuple[str, str], str] = {}
         prefix = self.plan.prefix + "/gpu-"
         for name, final, outcome, message, wrote in results:
@@ -493,31 +500,26 @@ class Profiler:
                     nodes[name].condition = cond
         return nodes
 
-    def _settled(self, info: NodeInfo, gpus: dict[str, GpuInput], obs: health.Observed | None
-                 ) -> dict[str, str] | None:
-        """Our annotations as the node carries them, when it needs no write this cycle (neither
-        annotations nor condition; the plan :meth:`_write` would make first); None otherwise."""
+    def _plan(self, info: NodeInfo, gpus: dict[str, GpuInput], obs: health.Observed | None) -> _NodePlan:
+        """(write the GPUHealthy condition, our annotations as the node should carry them, the merge
+        patch that gets them there: empty when it carries them) for the node as ``info`` has it."""
         write_cond, extra = self._plan_condition(info, obs)
-        if write_cond:
-            return None
         desired = plan_node(info.annotations, gpus, self.plan, extra)
-        return None if diff(info.annotations, desired, self.plan.prefix) else desired
+        return write_cond, desired, diff(info.annotations, desired, self.plan.prefix)
 
-    def _write(self, info: NodeInfo, gpus: dict[str, GpuInput], obs: health.Observed | None = None
-               ) -> tuple[dict[str, str] | None, str, bool]:
+    def _write(self, info: NodeInfo, gpus: dict[str, GpuInput], obs: health.Observed | None = None,
+               plan: _NodePlan | None = None) -> tuple[dict[str, str] | None, str, bool]:
         """Plan and patch one node: (our annotations as the node now carries them, outcome,
         whether its GPUHealthy condition was written).
 
         Outcome: ``unchanged``, ``patched`` (dry run: printed) or ``gone`` (deleted meanwhile).
         A 409 re-reads the node and plans again, up to CONFLICT_RETRIES times. The condition
         (``obs``: what this cycle saw, None: no condition) goes after the annotations, which
-        carry its pending candidate.
+        carry its pending candidate. ``plan``: :meth:`_plan` of ``info``, when the caller made it already.
         """
-        prefix = self.plan.prefix
         for _ in range(CONFLICT_RETRIES + 1):
-            write_cond, extra = self._plan_condition(info, obs)
-            desired = plan_node(info.annotations, gpus, self.plan, extra)
-            patch = diff(info.annotations, desired, prefix)
+            write_cond, desired, patch = plan if plan is not None else self._plan(info, gpus, obs)
+            plan = None  # after a 409 the node is read again, and planned again
             if not patch:
                 return desired, "unchanged", self._set_condition(info, obs, write_cond)
             if self.dry_run:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from exporter.profiler import loop
 from exporter.profiler.annotate import NodeStore
 from exporter.profiler.loop import Profiler
 from exporter.profiler.main import run
@@ -77,7 +78,8 @@ def uuids(prom: Prometheus, node: str) -> tuple[str, str]:
     return got["0"], got["1"]
 
 
-def test_exact_patches_then_no_writes(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any) -> None:
+def test_exact_patches_then_no_writes(prom: Prometheus, kubeapi: FakeKubeAPI, make_profiler: Any,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
     created = {n: kubeapi.add_node(n)["metadata"]["resourceVersion"] for n in NODES}
     prof = _profiler(make_profiler, prom)
     r = prof.run_cycle()
@@ -98,9 +100,18 @@ def test_exact_patches_then_no_writes(prom: Prometheus, kubeapi: FakeKubeAPI, ma
     assert handed.nodes == []
     # a node whose annotation someone removed needs a patch: it alone goes to the patch threads
     kubeapi.edit_node("k-1", annotations={P + "gpu-0.pattern": None})
+    planned: list[dict[str, str]] = []
+    plan_node = loop.plan_node
+
+    def counted(current: dict[str, str], *args: Any) -> dict[str, str]:
+        planned.append(current)
+        return plan_node(current, *args)
+
+    monkeypatch.setattr(loop, "plan_node", counted)
     r3 = prof.run_cycle()
     assert r3.ok and r3.patches == 1 and r3.unchanged == 2
     assert handed.nodes == ["k-1"]
+    assert len(planned) == 3  # each node planned once: the patch thread starts from the cycle's plan
     assert kubeapi.node("k-1")["metadata"]["annotations"] == expected_patch(*uuids(prom, "k-1"))
 
 
@@ -108,12 +119,13 @@ class _Handed:
     """The profiler's patch thread pool, noting the nodes handed to it."""
 
     def __init__(self, pool: Any) -> None:
-        self.pool, self.nodes = pool, []  # type: list[str]
+        self.pool = pool
+        self.nodes: list[str] = []
 
-    def map(self, fn: Any, targets: Any) -> Any:
+    def map(self, fn: Any, targets: Any, *more: Any) -> Any:
         targets = list(targets)
         self.nodes += [t[0].name for t in targets]
-        return self.pool.map(fn, targets)
+        return self.pool.map(fn, targets, *more)
 
 
 def test_foreign_annotations_survive_and_stale_owned_keys_go(prom: Prometheus, kubeapi: FakeKubeAPI,
