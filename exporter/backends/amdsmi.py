@@ -562,9 +562,7 @@ class AmdSmiBackend(Backend):
         if not self._ready:
             self._start()
         self._metrics_now = {}
-        for d in self._devices:
-            d.begin()
-        # every GPU on its own lane, all at once: GPUs hanging in the same collection cost one deadline
+        # each GPU inside its lane's job, on this thread; a GPU that stops answering costs itself only
         for d, r, down in self.on_gpus(self._devices, self._read_gpu):
             out.gpus.append(self._down(d, down) if down is not None else r)
         out.peers = self._peers  # static until re-init: the renderer caches its text
@@ -584,6 +582,7 @@ class AmdSmiBackend(Backend):
 
     def _read_gpu(self, d: _Gpu) -> GpuReading:
         """One GPU's readings, on its lane."""
+        d.begin()  # here, inside its lane's job: never while a forsaken attempt still reads it
         r = self._identity(d)
         self._read_values(d, r, d)
         attrs = {_ATTR_OF_FAMILY.get(x.partition(":")[0], "") for x in d.unsupported}

@@ -41,12 +41,14 @@ what happens then is decided here, the same for every vendor:
     on, and no call is sent to the GPU until the late one returns (at most one outstanding call and
     one thread per GPU, however long it hangs). It is read again at the first collection after.
     A backend runs a whole GPU's read as one job of its lane (:meth:`Backend.on_gpus`, the calls inside
-    made directly), GPU after GPU on one relay worker thread, with no thread hand-off per GPU; another
-    worker starts beside a GPU whose read has run for ``STAGGER_S``, so GPUs that start hanging in the
-    same collection cost one deadline together, not one each; a worker stuck in a hung call holds that
-    GPU's lane alone; nothing a call writes is shared between GPUs. A call made anywhere else is
-    handed to its GPU's lane alone. So every vendor call about a GPU gets the deadline by construction,
-    whatever the backend does. Calls about no GPU run where they are made: the engine runs each backend's
+    made directly), GPU after GPU on the collecting thread itself, with no thread hand-off. The engine,
+    which waits for that thread, starts the collection again on another thread once the thread has
+    been in one GPU's call for ``STAGGER_S``; that GPU keeps the thread, and its job is taken over and
+    waited for until the deadline. So GPUs that start hanging in the same collection cost one deadline
+    together, not one each; a thread stuck in a hung call holds that GPU's lane alone; nothing a call
+    writes is shared between GPUs. A call made anywhere else is handed to its GPU's lane alone. So
+    every vendor call about a GPU gets the deadline by construction, whatever the backend does, in a
+    collection the engine runs. Calls about no GPU run where they are made: the engine runs each backend's
     collection on a lane of its own and publishes the backend ``stalled`` when one of them
     (:meth:`Backend.node_call`) overruns the deadline.
 
@@ -59,7 +61,6 @@ import enum
 import functools
 import logging
 import math
-import queue
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -74,6 +75,7 @@ from exporter.core.errors import DRIVER as DRIVER
 from exporter.core.errors import BackendError as BackendError
 from exporter.core.errors import BackendUnavailable as BackendUnavailable
 from exporter.core.k8s_names import KubernetesNames
+from exporter.core.lane import STAGGER_S as STAGGER_S
 from exporter.core.lane import Abandoned, Job, Lane, LaneBusy, here
 from exporter.core.options import BackendOptions, BackendSetting
 from exporter.core.pci import count_pci_gpus
@@ -93,9 +95,6 @@ GPU_ERROR = "gpu_error"
 GPU_HUNG = "gpu_hung"
 # DRIVER ("driver"): exporter.core.errors, with the two collection failures the engine counts
 
-# How long a collection waits for one GPU's read before it starts the next GPU's beside it (seconds):
-# longer than a healthy GPU's whole read (about 0.3 ms), short beside any call deadline.
-STAGGER_S = 0.05
 
 # "No value" sentinels of NVML and amdsmi for 32- and 64-bit fields (NVML_VALUE_NOT_AVAILABLE
 # as unsigned, UINT_MAX, ULLONG_MAX). A backend can add narrower ones (amdsmi's 0xFFFF).
@@ -219,139 +218,6 @@ def _called(fn: Callable[..., Any], where: str | None, reading: str) -> str:
     return where or str(getattr(fn, "__name__", reading))
 
 
-class _Relay:
-    """One collection's GPU jobs, each as its GPU's lane's job (:meth:`Lane.claim`), run one after another
-    by a relay worker thread (:class:`_Worker`), which moves on to the next GPU as soon as one is done:
-    no thread hand-off per GPU (a hand-off back to the collecting thread after each GPU, then on to the
-    next GPU's thread, cost two thread wake-ups a GPU: a 64-GPU collection took twice as long). The
-    collecting thread sleeps until the relay is done, waking only for the deadline of the GPU it waits
-    for and for the front job's :data:`STAGGER_S`: a job that has run that long (slow or hanging) gets
-    another worker beside it for the GPUs left. A worker stuck in a hung call holds that GPU's lane
-    alone, and that lane refuses every job until the call returns. Items whose lane is None (no GPU's,
-    or the caller's own lane) are passed over: the caller runs them in place."""
-
-    def __init__(self, backend: Backend, items: list[tuple[Any, Lane | None]], fn: Callable[[Any], Any]) -> None:
-        self.backend = backend
-        self.items = [(dev, None if lane is None or lane.current() else lane) for dev, lane in items]
-        self.fn = fn
-        self.name = getattr(fn, "__name__", "read")
-        n = len(items)
-        self.handed: list[Job | LaneBusy | None] = [None] * n  # set once the item's lane took or refused it
-        self.pulled = [0.0] * n  # when a worker took the item (monotonic)
-        self.next = 0  # the first item no worker has taken
-        self.front = -1  # the item taken last
-        self.staggered = -1  # the front item another worker was started beside
-        self.live: set[int] = set()  # items taken, not finished and not given up on
-        self.lock = threading.Lock()  # (with it: a C-level context manager, where the Condition's is Python)
-        self.cond = threading.Condition(self.lock)  # the collecting thread sleeps on it until the relay is done
-        while self.next < n and self.items[self.next][1] is None:
-            self.next += 1
-
-    def work(self, worker: _Worker) -> bool:
-        """On ``worker``: take the next item and run it as its lane's job, until none is left. True when
-        the worker finished the relay's last item and went idle then, before the collecting thread could
-        start the next collection (which takes that worker, not a new thread)."""
-        n = len(self.items)
-        lock = self.lock
-        idled = False
-        while True:
-            with lock:
-                k = self.next
-                if k >= n:
-                    return idled
-                self.next = k + 1
-                while self.next < n and self.items[self.next][1] is None:  # run in place by the caller
-                    self.next += 1
-                self.front = k
-                self.pulled[k] = time.monotonic()
-                self.live.add(k)
-            dev, lane = self.items[k]
-            assert lane is not None
-            try:
-                job = lane.claim(functools.partial(self.fn, dev), self.name)
-            except LaneBusy as busy:  # a late call still runs on that GPU: refused, the next one is read
-                with lock:
-                    self.handed[k] = busy
-                    idled = self._done(k, worker) or idled
-                continue
-            with lock:
-                self.handed[k] = job
-            lane.perform(job)
-            with lock:
-                idled = self._done(k, worker) or idled
-
-    def _done(self, k: int, worker: _Worker) -> bool:
-        """Item ``k`` finished (under the lock); True when that was the relay's last: the worker is idle."""
-        if k not in self.live:
-            return False  # given up on: the relay went on without it
-        self.live.discard(k)
-        if self.live or self.next < len(self.items):
-            return False
-        self.backend._idle(worker)
-        self.cond.notify_all()
-        return True
-
-    def ready(self, i: int) -> Job | LaneBusy | None:
-        """Item ``i``'s job (or the refusal), None while no lane has it yet (one list read: no lock)."""
-        return self.handed[i]
-
-    def stagger_left(self) -> float:
-        """Seconds before the front item has run STAGGER_S; once it has (and items are left), another
-        worker starts beside it."""
-        with self.lock:
-            k = self.front
-            if k < 0 or k not in self.live or k == self.staggered or self.next >= len(self.items):
-                return STAGGER_S
-            left = self.pulled[k] + STAGGER_S - time.monotonic()
-            if left > 0:
-                return left
-            self.staggered = k
-        self.backend._dispatch(self)
-        return STAGGER_S
-
-    def idle(self, timeout: float) -> None:
-        """Sleep until every item is done (or ``timeout`` seconds)."""
-        with self.lock:
-            if self.live or self.next < len(self.items):
-                self.cond.wait(timeout)
-
-    def given_up(self, i: int) -> None:
-        """Item ``i``'s job passed its deadline: not waited for any more; its worker is stuck in it, so
-        another takes the items left."""
-        with self.lock:
-            self.live.discard(i)
-            more = self.next < len(self.items) and self.staggered != i
-            self.staggered = i if more else self.staggered
-        if more:
-            self.backend._dispatch(self)
-
-    def stop(self) -> None:
-        """No item starts from now on (the collection ended)."""
-        with self.lock:
-            self.next = len(self.items)
-
-
-class _Worker:
-    """A relay worker: a thread that runs one relay after another, idle in between (Backend._dispatch)."""
-
-    def __init__(self, backend: Backend, name: str) -> None:
-        self.backend = backend
-        self.relays: queue.SimpleQueue[_Relay | None] = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name=name, daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            relay = self.relays.get()
-            if relay is None:
-                return
-            idled = False
-            try:
-                idled = relay.work(self)
-            finally:
-                if not idled:
-                    self.backend._idle(self)
-
-
 class Backend(ABC):
     """One vendor. Subclasses live one per file in ``exporter/backends/``."""
 
@@ -412,10 +278,6 @@ class Backend(ABC):
         self._errors_lock = threading.Lock()
         self._lanes: dict[int, Lane] = {}  # GPU index -> the thread its vendor calls run on
         self._lanes_lock = threading.Lock()
-        self._workers: list[_Worker] = []  # idle relay workers (on_gpus); one stuck in a hung call is not
-        self._workers_lock = threading.Lock()
-        self._worker_count = 0
-        self._workers_stopped = False  # stop_lanes: a worker that becomes idle ends
         self._node_calls: dict[int, tuple[str, float]] = {}  # thread -> the call about no GPU it is in, since
 
     def setting(self, name: str) -> Any:
@@ -660,81 +522,67 @@ class Backend(ABC):
                                                    getattr(fn, "__name__", "read")))
 
     def on_gpus(self, devs: Sequence[_D], fn: Callable[[_D], Any]) -> Iterator[tuple[_D, Any, GpuDown | None]]:
-        """``fn(dev)`` for every GPU of ``devs``, each on its GPU's lane: yields ``(dev, result, None)``, or
-        ``(dev, None, down)`` with the :class:`GpuDown` it raised (:class:`GpuHung` as :meth:`on_gpu`
+        """``fn(dev)`` for every GPU of ``devs``, each as a job of its GPU's lane: yields ``(dev, result, None)``,
+        or ``(dev, None, down)`` with the :class:`GpuDown` it raised (:class:`GpuHung` as :meth:`on_gpu`
         says), in the order of ``devs``.
 
-        The GPUs are read one after another, as a relay (:class:`_Relay`): the lane that finishes one
-        GPU's job starts the next GPU's on its lane, so a healthy collection costs one thread wake-up per
-        GPU and the caller sleeps until the last is done (a hand-off back to the caller after each GPU
-        doubled an 8-GPU collection's time on an idle machine). One not done within :data:`STAGGER_S`
-        (slow or hanging) gets the next one started beside it by the caller, so GPUs that start hanging in
-        the same collection cost one :attr:`call_deadline` together (plus STAGGER_S each), not one each
-        in turn; eight lane threads running Python side by side would fight over the GIL (an 8-GPU
-        collection took 6.4 ms instead of 2.5). Any other exception (the driver gone, a bug) is raised
-        once every job started has finished or been given up on, and no job is started after it: no job
-        of this collection is left running unwatched when the backend is reset."""
-        relay = _Relay(self, [(dev, self._lane(dev)) for dev in devs], fn)
-        if relay.next < len(relay.items):
-            self._dispatch(relay)
-        i, n = 0, len(relay.items)
-        try:
-            while i < n:
-                dev, lane = relay.items[i]
-                if lane is None:  # no GPU's, or on this lane already: run in place, here
-                    try:
-                        result = fn(dev)
-                    except GpuDown as down:
-                        yield dev, None, down
-                    else:
-                        yield dev, result, None
-                    i += 1
-                    continue
-                job = relay.ready(i)
-                if not isinstance(job, LaneBusy) and (job is None or not job.finished):
-                    # asleep until the relay is done, the deadline of this GPU's call, or the front's stagger
-                    left = STAGGER_S if job is None else lane.since + self.call_deadline - time.monotonic()
-                    if left > 0:
-                        relay.idle(min(left, relay.stagger_left()))
-                        continue
-                    relay.given_up(i)  # _await abandons it; another worker reads the GPUs left
+        The GPUs are read one after another on the calling thread, each inside its lane's job
+        (:meth:`Lane.claim`, :meth:`Lane.perform`): no thread hand-off (a hand-off to a reader thread cost a
+        collection a third of its time: the wake-ups, and the work run on another CPU). The deadline is
+        watched by whoever waits for the calling thread: the engine runs a collection as a job of the
+        backend's lane, and once that thread has been in one GPU's call for :data:`STAGGER_S` it leaves the
+        thread to that GPU (:meth:`Lane.forsake`) and starts the collection again on another thread. There
+        each GPU's job still running from the forsaken attempt (the same ``fn`` and GPU) is taken over and
+        waited for until its call deadline (:class:`GpuHung` after), while the other GPUs are read: GPUs
+        that start hanging in the same collection cost one deadline together. The forsaken attempt stops
+        at the first GPU it finishes (:class:`Abandoned`). A collection that nobody watches (a tool calling
+        ``collect`` itself) waits for a hung call as the call does."""
+        outer = here()
+        started = outer.job if outer is not None else None  # this attempt's job (forsaken: it stops)
+        name = getattr(fn, "__name__", "read")
+        deadline = self.call_deadline
+        pending: list[tuple[_D, Lane | None, Any]] = []  # read, not yet yielded (behind a GPU taken over)
+        for dev in devs:
+            lane = self._lane(dev)
+            if lane is None or lane.current():  # no GPU's, or on this lane already: run in place
                 try:
-                    result = self._await(dev, lane, job)
+                    entry: Any = (fn(dev), None)
                 except GpuDown as down:
-                    yield dev, None, down
+                    entry = (None, down)
+                lane = None
+            else:
+                try:
+                    job, mine = lane.take(functools.partial(fn, dev), name, (fn, dev), deadline)
+                except LaneBusy as busy:  # a late call still runs on that GPU: refused, the next one is read
+                    entry = busy
                 else:
-                    yield dev, result, None
-                i += 1
-        finally:
-            relay.stop()
-            for k in range(i + 1, n):  # an error ended the collection: wait out the jobs still running
-                dev, lane = relay.items[k]
-                job = relay.ready(k)
-                if lane is not None and job is not None:
-                    try:
-                        self._await(dev, lane, job)
-                    except BaseException:  # noqa: BLE001 - the first error is the one raised
-                        pass
+                    if mine:
+                        lane.perform(job)
+                        if started is not None and started.forsaken:
+                            raise Abandoned  # started again elsewhere, which takes this GPU's job over
+                    entry = job
+            if pending or (lane is not None and type(entry) is Job and not entry.finished):
+                pending.append((dev, lane, entry))
+                continue
+            yield self._outcome(dev, lane, entry)
+        for dev, lane, entry in pending:  # in order, each taken-over job waited for until its call deadline
+            yield self._outcome(dev, lane, entry)
 
-    def _dispatch(self, relay: _Relay) -> None:
-        """A relay worker takes items of ``relay``: an idle one, else a new thread. Workers are started as
-        many as the GPUs' lanes at once, the first time (the thread count of a lane thread per GPU, which
-        stays flat whatever a collection does: a relay worker joins a slow GPU's beside it on a loaded
-        machine too); a worker stuck in a hung call holds one GPU's lane, so N GPUs never need more."""
-        with self._workers_lock:
-            if not self._workers:
-                for _ in range(max(1, len(self._lanes) - self._worker_count)):
-                    self._worker_count += 1
-                    self._workers.append(_Worker(self, f"{self.name}-relay{self._worker_count}"))
-            worker = self._workers.pop()
-        worker.relays.put(relay)
+    def _outcome(self, dev: _D, lane: Lane | None, entry: Any) -> tuple[_D, Any, GpuDown | None]:
+        if lane is None:
+            return dev, entry[0], entry[1]
+        try:
+            return dev, self._await(dev, lane, entry), None
+        except GpuDown as down:
+            return dev, None, down
 
-    def _idle(self, worker: _Worker) -> None:
-        with self._workers_lock:
-            if not self._workers_stopped:
-                self._workers.append(worker)
-                return
-        worker.relays.put(None)  # back from a hung call after stop_lanes: it ends now
+    def gpu_call(self, thread: int) -> tuple[int, str, float] | None:
+        """(the GPU, the vendor call about it that thread ``thread`` is in, since when, monotonic), or None:
+        the engine starts a collection again beside a thread held by one GPU for :data:`STAGGER_S`."""
+        for index, lane in list(self._lanes.items()):
+            if lane.tid == thread:
+                return index, lane.what, lane.since
+        return None
 
     def _hand_over(self, lane: Lane, job: Callable[[], Any], what: str) -> Job | LaneBusy:
         """``job`` handed to ``lane``, or the :class:`LaneBusy` that refused it (a late call still runs)."""
@@ -794,11 +642,6 @@ class Backend(ABC):
     def stop_lanes(self) -> None:
         for lane in list(self._lanes.values()):
             lane.stop()
-        with self._workers_lock:
-            idle, self._workers = self._workers, []
-            self._workers_stopped = True
-        for worker in idle:
-            worker.relays.put(None)
 
     # --- lifecycle -------------------------------------------------------------------------------
 

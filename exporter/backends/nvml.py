@@ -307,7 +307,6 @@ class NvmlBackend(Backend):
         self._gpus: list[_Gpu] = []
         self._driver_version: str | None = None
         self._cuda_version: str | None = None
-        self._lock = threading.Lock()  # one collection at a time (its GPUs read at once, each on its lane)
         self._initialised = False
         self._peers: list[PeerReading] | None = None
         self._xid = XidWatcher(self)
@@ -465,33 +464,32 @@ class NvmlBackend(Backend):
     def collect(self, out: Collection) -> None:
         if not self._initialised:
             self.init()
-        with self._lock:
-            self._enumerate()
-            self._gpm.begin()
-            for gpu in self._gpus:
-                gpu.begin()
-            # every GPU on its own lane, all at once: GPUs hanging in the same collection cost one deadline
-            for gpu, reading, down in self.on_gpus(self._gpus, self._read_one):
-                if down is not None:
-                    gpu.handle = None  # fetch the handle again next time: the GPU may come back
-                    # identity as last seen, so gpu_info keeps one series for the GPU while it is down
-                    reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia", name=gpu.static.get("name"),
-                                         pci_bus_id=gpu.static.get("pci_bus_id"), serial=gpu.static.get("serial"),
-                                         firmware_version=gpu.static.get("vbios_version"),
-                                         driver_version=self._driver_version,
-                                         cuda_driver_version=self._cuda_version).down(str(down), down.kind)
-                    if not reading.uuid or not reading.pci_bus_id:
-                        self._identity_from_sysfs(reading)
-                    self.count_error(down.kind)
-                    if gpu.index not in self._down:
-                        log.warning("nvml: GPU %d unreadable: %s", gpu.index, down)
-                    self._down[gpu.index] = str(down)
-                elif self._down.pop(gpu.index, None) is not None:
-                    log.info("nvml: GPU %d readable again", gpu.index)
-                out.gpus.append(reading)
-            self._gpm.end()  # a GPU not sampled now starts over: no rate across an outage
-            if len(self._gpus) > 1 and self.any_enabled("gpu_p2p_supported", "gpu_topology_level"):
-                self._read_topology(out)
+        # no lock: the engine runs one collection of a backend at a time; an attempt it left to a GPU that
+        # stopped answering (Backend.on_gpus) ends that GPU's read and stops, touching nothing shared
+        self._enumerate()
+        self._gpm.begin()
+        # each GPU inside its lane's job, on this thread; a GPU that stops answering costs itself only
+        for gpu, reading, down in self.on_gpus(self._gpus, self._read_one):
+            if down is not None:
+                gpu.handle = None  # fetch the handle again next time: the GPU may come back
+                # identity as last seen, so gpu_info keeps one series for the GPU while it is down
+                reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia", name=gpu.static.get("name"),
+                                     pci_bus_id=gpu.static.get("pci_bus_id"), serial=gpu.static.get("serial"),
+                                     firmware_version=gpu.static.get("vbios_version"),
+                                     driver_version=self._driver_version,
+                                     cuda_driver_version=self._cuda_version).down(str(down), down.kind)
+                if not reading.uuid or not reading.pci_bus_id:
+                    self._identity_from_sysfs(reading)
+                self.count_error(down.kind)
+                if gpu.index not in self._down:
+                    log.warning("nvml: GPU %d unreadable: %s", gpu.index, down)
+                self._down[gpu.index] = str(down)
+            elif self._down.pop(gpu.index, None) is not None:
+                log.info("nvml: GPU %d readable again", gpu.index)
+            out.gpus.append(reading)
+        self._gpm.end()  # a GPU not sampled now starts over: no rate across an outage
+        if len(self._gpus) > 1 and self.any_enabled("gpu_p2p_supported", "gpu_topology_level"):
+            self._read_topology(out)
         unwatched = self._xid.trouble()
         if unwatched is None:
             out.xid_counts, out.xid_last_seconds = self._xid.snapshot()
@@ -513,6 +511,7 @@ class NvmlBackend(Backend):
 
     def _read_one(self, gpu: _Gpu) -> GpuReading:
         """One GPU's readings, on its lane."""
+        gpu.begin()  # here, inside its lane's job: never while a forsaken attempt still reads it
         reading = GpuReading(index=gpu.index, uuid=gpu.uuid, vendor="nvidia", driver_version=self._driver_version,
                              cuda_driver_version=self._cuda_version)
         self._read_gpu(gpu, reading)

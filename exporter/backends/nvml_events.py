@@ -22,16 +22,13 @@ it asked for starts when the late call returns (one watcher thread, however long
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from exporter.backends.base import MISSING, BackendError, Device, GpuDown
-
-_D = TypeVar("_D", bound=Device)
 
 if TYPE_CHECKING:
     from exporter.backends.nvml_private import Binding
@@ -54,7 +51,7 @@ class _Host(Protocol):
 
     def log_once(self, key: str, msg: str, *args: object, level: int = logging.INFO) -> None: ...
 
-    def on_gpus(self, devs: Sequence[_D], fn: Callable[[_D], Any]) -> Iterator[tuple[_D, Any, GpuDown | None]]: ...
+    def on_gpu(self, dev: Device, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
 
     @property
     def call_deadline(self) -> float: ...
@@ -197,10 +194,14 @@ class XidWatcher:
         try:
             for g in self._gpus:
                 g.begin()
-            # each GPU on its lane, read as a collection reads them (one relay, no thread per GPU); a GPU whose
-            # lane still runs a late call is not watched now (as _call's MISSING)
-            for g, uuid, _ in self.b.on_gpus(self._gpus, functools.partial(self._register, evset=evset,
-                                                                            binding=binding)):
+            # each GPU's registration handed to its lane, this thread waiting under the call deadline (nobody
+            # watches this thread, so it never makes a GPU's call itself); a GPU whose lane still runs a
+            # late call, or whose call hangs now, is not watched now (as _call's MISSING)
+            for g in self._gpus:
+                try:
+                    uuid = self.b.on_gpu(g, self._register, g, evset=evset, binding=binding)
+                except GpuDown:
+                    uuid = None
                 if uuid is not None:
                     watched[g.index] = uuid
                 elif "xid:register" in g.unsupported:

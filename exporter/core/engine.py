@@ -18,8 +18,11 @@ caches the exposition of a snapshot (exporter/serve/http.py), the JSON API and t
 Backends with a ``min_interval`` (CLI-based, e.g. rocm-smi) are re-read at most that often.
 
 Each backend's collection runs on a lane of its own (exporter/core/lane.py), which the worker
-waits on. A call about one GPU is bounded by the backend's funnel (``--call-deadline``: that GPU is
-published ``hung``, exporter/backends/base.py); a call about no GPU (init, the device count) that
+waits on. The backend reads its GPUs on that lane's thread, each inside its GPU's lane's job; once the
+thread has been in one GPU's call for ``STAGGER_S``, the worker leaves it to that GPU (the lane
+forsakes the job) and starts the collection again on another of the lane's threads, which takes the
+GPU's job over and waits for it until ``--call-deadline`` (then that GPU is published ``hung``,
+exporter/backends/base.py) while it reads the others. A call about no GPU (init, the device count) that
 overruns the deadline (init: the collection timeout less one call deadline, as a driver may take
 seconds to load) makes
 the backend **stalled**: its last known GPUs are published ``gpu_up 0`` with the cause, readiness
@@ -32,6 +35,7 @@ backend reports a run it had to kill the same way (``BackendError`` kind ``stall
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -42,7 +46,7 @@ from typing import TYPE_CHECKING, Protocol
 from exporter.core import xid
 from exporter.core.errors import STALLED, BackendError, BackendUnavailable
 from exporter.core.gpu_health import HealthTracker
-from exporter.core.lane import Job, Lane, LaneBusy
+from exporter.core.lane import STAGGER_S, Job, Lane, LaneBusy
 from exporter.core.options import DEFAULTS, FieldFilter
 from exporter.core.readings import Collection, GpuReading, HostInfo, MigReading
 from exporter.core.snapshot import BackendStats, LabelHook, MigLabelHook, Snapshot
@@ -90,6 +94,8 @@ class Backend(Protocol):
     def reset(self) -> None: ...
 
     def shutdown(self) -> None: ...
+
+    # optional: node_call(thread) -> (call, since) | None, gpu_call(thread) -> (gpu, call, since) | None
 
 
 @dataclass
@@ -373,8 +379,23 @@ class Engine:
             del self._probing[b.name]
             self._initialised[b.name] = probe.job.error is None
         try:
-            job = lane.submit(lambda: self._init_and_collect(b, coll, lane), "collect")
-            lane.wait(job, lambda: self._stall_left(b, lane, t0))
+            while True:
+                job = lane.submit(functools.partial(self._init_and_collect, b, coll, lane), "collect")
+                held: list[int] = []  # the GPU that holds the collecting thread (_stall_left says)
+                try:
+                    lane.wait(job, functools.partial(self._stall_left, b, lane, t0, held))
+                    break
+                except LaneBusy:
+                    if not held:
+                        raise
+                # The thread has been in one GPU's call for STAGGER_S: leave it to that GPU and collect
+                # again on another thread, which takes that GPU's job over and waits for it until its call
+                # deadline while it reads the others (Backend.on_gpus). A GPU holds one thread at most.
+                lane.forsake(job)
+                lane.reserve(len(self._known.get(b.name, ())) + 1)
+                with self._lock:  # the forsaken attempt may still append to coll: a new one
+                    i = next(i for i, c in enumerate(flight.collections) if c is coll)
+                    flight.collections[i] = coll = Collection(backend=b.name)
         except LaneBusy as busy:
             call = self._node_call(b, lane)
             # the same words at every collection while it hangs (the GPUs' cause); /readyz adds the age
@@ -429,6 +450,7 @@ class Engine:
 
     def _init_and_collect(self, b: Backend, coll: Collection, lane: Lane) -> None:
         """On the backend's lane: initialise it if needed (one call about no GPU named ``init``), collect."""
+        mine = lane.job
         try:
             if not self._initialised[b.name]:
                 node_wide = getattr(b, "node_wide", None)
@@ -440,7 +462,9 @@ class Engine:
             b.collect(coll)
             b.count_bus(coll)
         except BaseException:
-            if lane.abandoned():  # nobody waits for this collection any more: leave the backend clean
+            # nobody waits for this collection any more: leave the backend clean (unless it was started
+            # again beside this one, which is using it)
+            if mine is not None and mine.abandoned and not mine.forsaken:
                 self._initialised[b.name] = False
                 try:
                     b.reset()
@@ -460,17 +484,27 @@ class Engine:
         to load) what a scrape can wait, less one call deadline."""
         return init_deadline(self.timeout, self.call_deadline) if what == "init" else self.call_deadline
 
-    def _stall_left(self, b: Backend, lane: Lane, started: float) -> float:
+    def _stall_left(self, b: Backend, lane: Lane, started: float, held: list[int]) -> float:
         """Seconds before the backend's collection counts as stalled: the call about no GPU it is in
         overruns the call deadline (``init``: the collection timeout less one call deadline), or the
-        whole collection runs past four collection timeouts (a hang outside the funnel). Asked again at
-        least every 50 ms."""
+        whole collection runs past four collection timeouts (a hang outside the funnel). Or before its
+        thread has been in one GPU's call for STAGGER_S: then that GPU is put in ``held``, and the
+        collection starts again beside it. Asked again at least every 50 ms."""
         now = time.monotonic()
         left = 4 * self.timeout - (time.perf_counter() - started)
         call = self._node_call(b, lane)
         if call is not None:
             what, since = call
             left = min(left, since + self._node_limit(what) - now)
+        gpu_call = getattr(b, "gpu_call", None)
+        ident = lane.ident()
+        on_gpu = gpu_call(ident) if gpu_call is not None and ident is not None else None
+        if on_gpu is not None and left > 0:
+            stagger = on_gpu[2] + STAGGER_S - now
+            if stagger <= 0:
+                held.append(on_gpu[0])
+                return 0.0
+            left = min(left, stagger)
         return min(left, 0.05) if left > 0 else left
 
     def _note_failure(self, name: str, kind: str, message: str) -> None:

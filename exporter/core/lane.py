@@ -1,17 +1,22 @@
 """A lane: one job at a time, on a thread its caller can leave behind, for callers that wait on it
-with a deadline (the lane's own thread, or a thread that claims the lane and runs the job itself).
+with a deadline (a thread of the lane's own, or a thread that claims the lane and runs the job itself).
 
 A vendor call that never returns (NVML while a GPU falls off the bus) cannot be interrupted: the
-thread making it is lost until the driver answers. So the calls about one GPU run on that GPU's
-lane (exporter/backends/base.py), and each backend's collection on its own lane
+thread making it is lost until the driver answers. So the calls about one GPU run as jobs of that
+GPU's lane (exporter/backends/base.py), and each backend's collection as a job of its own lane
 (exporter/core/engine.py). A caller waits at most its deadline and goes on without the answer;
 the lane stays *busy* with that job, and every later job is refused at once until the late one
-returns. A lane therefore holds at most one outstanding job and one thread, however long the job
-hangs; nothing queues behind it.
+returns. A GPU's lane therefore holds at most one outstanding job and one thread, however long the
+job hangs; nothing queues behind it.
 
 A job whose caller gave up is *abandoned*: when it gets control back, code that checks
 :meth:`Lane.abandoned` (the backends' funnel does, at every vendor call) raises :class:`Abandoned`
 so the job unwinds without another vendor call.
+
+A collection's lane can also *forsake* its job (:meth:`Lane.forsake`): the thread running it reads
+a GPU that has stopped answering, inline (exporter/backends/base.py ``on_gpus``), and the engine
+starts the collection again on another of the lane's threads; the forsaken thread, held by that
+GPU's lane alone, unwinds when its call returns and becomes a spare thread of the lane again.
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+# How long a collection's thread may stay in one vendor call about a GPU before the engine starts the
+# collection again beside it (seconds): longer than a healthy GPU's whole read (about 0.3 ms), short
+# beside any call deadline (exporter/core/engine.py).
+STAGGER_S = 0.05
 
 _here = threading.local()  # .lane: the Lane whose job this thread runs now
 
@@ -46,27 +56,29 @@ class LaneBusy(Exception):
 
 
 class Job:
-    __slots__ = ("abandoned", "done", "error", "finished", "fn", "result", "started", "what")
+    __slots__ = ("abandoned", "done", "error", "finished", "fn", "forsaken", "key", "result", "started", "what")
 
-    def __init__(self, fn: Callable[[], Any], what: str) -> None:
+    def __init__(self, fn: Callable[[], Any], what: str, key: object = None) -> None:
         self.fn = fn
         self.what = what
+        self.key = key  # what the job reads (Lane.take: a later caller wanting the same takes this one over)
         self.started = time.monotonic()
-        self.done = threading.Lock()  # held until the job finished: the caller's timed wait (one futex)
+        self.done = threading.Lock()  # held until the job finished: the callers' timed wait (one futex)
         self.done.acquire()
         self.finished = False
         self.result: Any = None
         self.error: BaseException | None = None
         self.abandoned = False
+        self.forsaken = False  # the lane went on without it (Lane.forsake): its caller started it again
 
 
 class Lane:
-    """At most one job at a time, run by the lane's own thread (started at the first :meth:`submit`),
-    named ``name``, or by a thread that :meth:`claim` s the lane and :meth:`perform` s the job itself (a
-    backend's relay worker, which reads GPU after GPU without a thread hand-off per GPU: a hand-off
-    costs two thread wake-ups). Either way a thread stuck in a job holds that job's lane alone, and the
-    lane refuses every job until it returns. ``on_return(what, seconds)`` is called on the thread that
-    ran an abandoned job when it finally returns."""
+    """At most one job at a time, run by a thread of the lane's own (started at a :meth:`submit` that finds
+    none spare), named ``name``, or by a thread that :meth:`claim` s the lane and :meth:`perform` s the job
+    itself (a collection reading GPU after GPU inline, without a thread hand-off per GPU: a hand-off costs
+    two thread wake-ups, and the work then runs on another CPU). Either way a thread stuck in a job holds
+    that job's lane alone, and the lane refuses every job until it returns. ``on_return(what, seconds)``
+    is called on the thread that ran an abandoned job when it finally returns."""
 
     def __init__(self, name: str, on_return: Callable[[str, float], None] | None = None) -> None:
         self.name = name
@@ -76,7 +88,9 @@ class Lane:
         self._free = threading.Condition(self._mu)  # callers queued behind a running job (rare)
         self._queued = 0  # how many: notified only when there are some (a notify_all is a dozen Python calls)
         self.job: Job | None = None  # the job given to the lane and not finished: at most one
-        self._thread: threading.Thread | None = None
+        self._threads = 0  # the lane's own threads (one, unless a job was forsaken: see forsake)
+        self._spare = 0  # of them, those idle for the next job
+        self._stopped = False
         #: the id of the thread running the lane's job, while it does (the funnel's test "am I on this
         #: lane?", one C call)
         self.tid: int | None = None
@@ -94,18 +108,31 @@ class Lane:
         return self.wait(job, lambda: self.since + deadline - time.monotonic())
 
     def submit(self, fn: Callable[[], Any], what: str = "") -> Job:
-        """Start ``fn`` on the lane's thread, after the job it runs for another caller (who waits for that
-        one with a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on."""
+        """Start ``fn`` on one of the lane's threads, after the job it runs for another caller (who waits
+        for that one with a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on."""
         job = self.claim(fn, what)
-        if self._thread is None:
-            with self._mu:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-                    self._thread.start()
+        with self._mu:
+            if self._spare:
+                self._spare -= 1
+            else:
+                self._start()
         self._jobs.put(job)
         return job
 
-    def claim(self, fn: Callable[[], Any], what: str = "") -> Job:
+    def reserve(self, n: int) -> None:
+        """Have at least ``n`` threads (after a forsaken job: ``n`` as many as the threads GPUs can hold,
+        plus one, so a collection started again later starts no thread, and the thread count stays flat)."""
+        with self._mu:
+            while self._threads < n and not self._stopped:
+                self._start()
+                self._spare += 1
+
+    def _start(self) -> None:  # under _mu
+        self._threads += 1
+        threading.Thread(target=self._loop, name=f"{self.name}-{self._threads}" if self._threads > 1 else self.name,
+                         daemon=True).start()
+
+    def claim(self, fn: Callable[[], Any], what: str = "", key: object = None) -> Job:
         """Make ``fn`` the lane's job, for the calling thread to run at once with :meth:`perform` (or for
         :meth:`submit` to hand to the lane's thread); waits and refuses as :meth:`submit` says."""
         with self._mu:
@@ -115,13 +142,41 @@ class Lane:
                     self._free.wait()
                 finally:
                     self._queued -= 1
-            busy = self.job
-            if busy is not None:
-                raise LaneBusy(self.what or busy.what, self.since, late=True)
-            job = Job(fn, what)
-            self.job = job
-            self.what, self.since = what, job.started
+            return self._claim(fn, what, key)
+
+    def _claim(self, fn: Callable[[], Any], what: str, key: object) -> Job:  # under _mu
+        busy = self.job
+        if busy is not None:
+            raise LaneBusy(self.what or busy.what, self.since, late=True)
+        job = Job(fn, what, key)
+        self.job = job
+        self.what, self.since = what, job.started
         return job
+
+    def take(self, fn: Callable[[], Any], what: str, key: object, deadline: float) -> tuple[Job, bool]:
+        """:meth:`claim`, for a collection that reads GPUs inline: ``(job, True)`` to :meth:`perform` now;
+        ``(job, False)`` when the lane already runs a job with the same ``key`` (what a forsaken attempt
+        of the same collection started): that one is taken over, its caller waits for it. Behind any
+        other job it waits at most until that job's call has run ``deadline`` seconds, then abandons it
+        and raises :class:`LaneBusy` (a caller that will never abandon it may be gone)."""
+        with self._mu:
+            while True:
+                running = self.job
+                if running is None or running.abandoned:
+                    return self._claim(fn, what, key), True
+                if key is not None and running.key == key:
+                    return running, False
+                left = self.since + deadline - time.monotonic()
+                if left <= 0:
+                    running.abandoned = True
+                    if self._queued:
+                        self._free.notify_all()
+                    raise LaneBusy(self.what or running.what, self.since, late=False)
+                self._queued += 1
+                try:
+                    self._free.wait(left)
+                finally:
+                    self._queued -= 1
 
     def wait(self, job: Job, remaining: Callable[[], float]) -> Any:
         """Wait for ``job`` while ``remaining()`` (seconds, asked again after each wake-up) is positive;
@@ -133,14 +188,29 @@ class Lane:
                     if not job.finished:
                         job.abandoned = True
                         if self._queued:
-                            self._free.notify_all()  # callers queued behind it: refused from now on
-                        raise LaneBusy(self.what or job.what, self.since, late=False)
+                            self._free.notify_all()
+                        raise LaneBusy(self.what if self.job is job and self.what else job.what,
+                                       self.since if self.job is job else job.started, late=False)
                 break
             if job.done.acquire(timeout=left):
+                job.done.release()  # for any other caller waiting on it (one taken over: Lane.take)
                 break
         if job.error is not None:
             raise job.error
         return job.result
+
+    def forsake(self, job: Job) -> None:
+        """Go on without ``job``: its thread is held by another lane's call (a GPU's, that has stopped
+        answering) and its caller starts it again. The job is abandoned and no longer the lane's; the
+        lane is free, and its next job runs on another thread (see :meth:`reserve`)."""
+        with self._mu:
+            job.abandoned = job.forsaken = True
+            if self.job is job:
+                self.job = None
+                self.tid = None
+                self.what = ""
+                if self._queued:
+                    self._free.notify_all()
 
     def mark(self, what: str) -> None:
         """On the lane: the job now makes the call ``what`` (its deadline starts now)."""
@@ -154,8 +224,8 @@ class Lane:
     # --- the lane's side -------------------------------------------------------------------------
 
     def ident(self) -> int | None:
-        """The lane's own thread's id (None before its first :meth:`submit`)."""
-        return None if self._thread is None else self._thread.ident
+        """The id of the thread that runs the lane's job now (None when it runs none)."""
+        return self.tid
 
     def current(self) -> bool:
         """Whether the calling thread runs this lane's job now."""
@@ -167,8 +237,12 @@ class Lane:
         return job is not None and job.abandoned
 
     def stop(self) -> None:
-        """Let the thread end once it is idle (a hung one ends when its call returns)."""
-        self._jobs.put(None)
+        """Let the lane's threads end once they are idle (a hung one ends when its call returns)."""
+        with self._mu:
+            self._stopped = True
+            n = self._threads
+        for _ in range(n):
+            self._jobs.put(None)
 
     def perform(self, job: Job) -> None:
         """Run the lane's job ``job`` (from :meth:`claim`) on the calling thread, which is this lane's
@@ -184,10 +258,11 @@ class Lane:
             job.error = exc
         with self._mu:
             job.finished = True
-            self.job = None
-            self.tid = None
-            self.what = ""
-            late = job.abandoned
+            if self.job is job:  # else forsaken: the lane went on with another job, on another thread
+                self.job = None
+                self.tid = None
+                self.what = ""
+            late = job.abandoned and not job.forsaken
             if self._queued:
                 self._free.notify_all()
         _here.lane = outer
@@ -204,3 +279,7 @@ class Lane:
             if job is None:
                 return
             self.perform(job)
+            with self._mu:
+                if self._stopped:  # stopped while it ran (a forsaken job's thread, back from its GPU): it ends
+                    return
+                self._spare += 1

@@ -1,7 +1,8 @@
-"""Issue 35: a backend reads its GPUs at once, each on its own lane (exporter/backends/base.py ``on_gpus``),
-so GPUs that start hanging in the same collection cost one call deadline together. That is only safe
-when no C out value, GPM request or sample is shared between GPUs: two GPUs' calls in flight at the same
-time would write into one buffer, and a GPU would publish another GPU's value.
+"""Issue 35: a backend can read GPUs side by side, each on its own lane (exporter/backends/base.py
+``on_gpus``: a collection the engine started again beside a thread that one GPU holds reads the others
+while that GPU's read goes on), so GPUs that start hanging in the same collection cost one call deadline
+together. That is only safe when no C out value, GPM request or sample is shared between GPUs: two GPUs'
+calls in flight at the same time would write into one buffer, and a GPU would publish another GPU's value.
 
 Through the real stack (the real pynvml / amdsmi over the fake C libraries, the real backends and
 engine), with the interpreter switching threads as often as it can: every GPU's every reading, in
