@@ -75,7 +75,6 @@ from exporter.core.errors import DRIVER as DRIVER
 from exporter.core.errors import BackendError as BackendError
 from exporter.core.errors import BackendUnavailable as BackendUnavailable
 from exporter.core.k8s_names import KubernetesNames
-from exporter.core.lane import STAGGER_S as STAGGER_S
 from exporter.core.lane import Abandoned, Job, Lane, LaneBusy, here
 from exporter.core.options import BackendOptions, BackendSetting
 from exporter.core.pci import count_pci_gpus
@@ -530,15 +529,19 @@ class Backend(ABC):
         (:meth:`Lane.claim`, :meth:`Lane.perform`): no thread hand-off (a hand-off to a reader thread cost a
         collection a third of its time: the wake-ups, and the work run on another CPU). The deadline is
         watched by whoever waits for the calling thread: the engine runs a collection as a job of the
-        backend's lane, and once that thread has been in one GPU's call for :data:`STAGGER_S` it leaves the
+        backend's lane, and once that thread has been in one GPU's call for ``lane.STAGGER_S`` it leaves the
         thread to that GPU (:meth:`Lane.forsake`) and starts the collection again on another thread. There
-        each GPU's job still running from the forsaken attempt (the same ``fn`` and GPU) is taken over and
-        waited for until its call deadline (:class:`GpuHung` after), while the other GPUs are read: GPUs
-        that start hanging in the same collection cost one deadline together. The forsaken attempt stops
-        at the first GPU it finishes (:class:`Abandoned`). A collection that nobody watches (a tool calling
+        each GPU's job of the forsaken attempt (the same ``fn``, GPU and collection) is taken over: its
+        result when it finished (no second read), else waited for until its call deadline
+        (:class:`GpuHung` after), while the other GPUs are read: GPUs that start hanging in the same
+        collection cost one deadline together. The forsaken attempt stops at the first GPU it finishes
+        (:class:`Abandoned`). A collection that nobody watches (a tool calling
         ``collect`` itself) waits for a hung call as the call does."""
         outer = here()
         started = outer.job if outer is not None else None  # this attempt's job (forsaken: it stops)
+        # which collection (the engine's key, the same for its every attempt): a GPU's job with the same
+        # read and key is this collection's, from a forsaken attempt (Lane.take)
+        collection = started.key if started is not None else None
         name = getattr(fn, "__name__", "read")
         deadline = self.call_deadline
         pending: list[tuple[_D, Lane | None, Any]] = []  # read, not yet yielded (behind a GPU taken over)
@@ -552,7 +555,8 @@ class Backend(ABC):
                 lane = None
             else:
                 try:
-                    job, mine = lane.take(functools.partial(fn, dev), name, (fn, dev), deadline)
+                    job, mine = lane.take(functools.partial(fn, dev), name,
+                                          None if collection is None else (collection, fn, dev), deadline)
                 except LaneBusy as busy:  # a late call still runs on that GPU: refused, the next one is read
                     entry = busy
                 else:
@@ -578,7 +582,7 @@ class Backend(ABC):
 
     def gpu_call(self, thread: int) -> tuple[int, str, float] | None:
         """(the GPU, the vendor call about it that thread ``thread`` is in, since when, monotonic), or None:
-        the engine starts a collection again beside a thread held by one GPU for :data:`STAGGER_S`."""
+        the engine starts a collection again beside a thread held by one GPU for ``lane.STAGGER_S``."""
         for index, lane in list(self._lanes.items()):
             if lane.tid == thread:
                 return index, lane.what, lane.since

@@ -378,9 +378,10 @@ class Engine:
         if probe is not None and probe.job.finished:  # the auto probe's late init returned: use its outcome
             del self._probing[b.name]
             self._initialised[b.name] = probe.job.error is None
+        collection = object()  # the key of this collection's every attempt (its GPUs' jobs are taken over)
         try:
             while True:
-                job = lane.submit(functools.partial(self._init_and_collect, b, coll, lane), "collect")
+                job = lane.submit(functools.partial(self._init_and_collect, b, coll, lane), "collect", collection)
                 held: list[int] = []  # the GPU that holds the collecting thread (_stall_left says)
                 try:
                     lane.wait(job, functools.partial(self._stall_left, b, lane, t0, held))

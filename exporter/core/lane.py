@@ -88,6 +88,7 @@ class Lane:
         self._free = threading.Condition(self._mu)  # callers queued behind a running job (rare)
         self._queued = 0  # how many: notified only when there are some (a notify_all is a dozen Python calls)
         self.job: Job | None = None  # the job given to the lane and not finished: at most one
+        self.last: Job | None = None  # the job that finished last (Lane.take: its result, for the same key)
         self._threads = 0  # the lane's own threads (one, unless a job was forsaken: see forsake)
         self._spare = 0  # of them, those idle for the next job
         self._stopped = False
@@ -107,10 +108,11 @@ class Lane:
         job = self.submit(fn, what)
         return self.wait(job, lambda: self.since + deadline - time.monotonic())
 
-    def submit(self, fn: Callable[[], Any], what: str = "") -> Job:
+    def submit(self, fn: Callable[[], Any], what: str = "", key: object = None) -> Job:
         """Start ``fn`` on one of the lane's threads, after the job it runs for another caller (who waits
-        for that one with a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on."""
-        job = self.claim(fn, what)
+        for that one with a deadline); :class:`LaneBusy` when the lane runs a job its caller gave up on.
+        ``key``: what the job is (the engine's: which collection, the same for its every attempt)."""
+        job = self.claim(fn, what, key)
         with self._mu:
             if self._spare:
                 self._spare -= 1
@@ -155,11 +157,15 @@ class Lane:
 
     def take(self, fn: Callable[[], Any], what: str, key: object, deadline: float) -> tuple[Job, bool]:
         """:meth:`claim`, for a collection that reads GPUs inline: ``(job, True)`` to :meth:`perform` now;
-        ``(job, False)`` when the lane already runs a job with the same ``key`` (what a forsaken attempt
-        of the same collection started): that one is taken over, its caller waits for it. Behind any
-        other job it waits at most until that job's call has run ``deadline`` seconds, then abandons it
-        and raises :class:`LaneBusy` (a caller that will never abandon it may be gone)."""
+        ``(job, False)`` when the lane runs, or last finished, a job with the same ``key`` (not None: what
+        a forsaken attempt of the same collection started): that one is taken over, its caller waits for
+        it or has its result. Behind any other job it waits at most until that job's call has run
+        ``deadline`` seconds, then abandons it and raises :class:`LaneBusy` (a caller that will never
+        abandon it may be gone)."""
         with self._mu:
+            last = self.last
+            if key is not None and last is not None and last.key == key and not last.abandoned:
+                return last, False
             while True:
                 running = self.job
                 if running is None or running.abandoned:
@@ -258,6 +264,7 @@ class Lane:
             job.error = exc
         with self._mu:
             job.finished = True
+            self.last = job
             if self.job is job:  # else forsaken: the lane went on with another job, on another thread
                 self.job = None
                 self.tid = None
