@@ -467,7 +467,6 @@ class NvmlBackend(Backend):
         # no lock: the engine runs one collection of a backend at a time; an attempt it left to a GPU that
         # stopped answering (Backend.on_gpus) ends that GPU's read and stops, touching nothing shared
         self._enumerate()
-        self._gpm.begin()
         # each GPU inside its lane's job, on this thread; a GPU that stops answering costs itself only
         for gpu, reading, down in self.on_gpus(self._gpus, self._read_one):
             if down is not None:

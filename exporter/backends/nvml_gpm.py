@@ -116,14 +116,15 @@ class GpmReader:
     def wanted(self) -> bool:
         return self._b.any_enabled(*FAMILIES)
 
-    def begin(self) -> None:
-        self._seen = set()
-
     def end(self) -> None:
-        """Free the samples of every GPU / instance this collection did not sample."""
+        """Free the samples of every GPU / instance this collection did not sample, and start the next
+        collection's count. Counted from the last end, not from the collection's start: a collection the
+        engine started again (exporter/backends/base.py ``on_gpus``) takes over the GPUs its forsaken
+        attempt sampled, and those must not be freed as unsampled."""
         with self._lock:
             for key in [k for k in self._pairs if k not in self._seen]:
                 self._free(self._pairs.pop(key))
+            self._seen = set()
 
     def abandon(self, index: int) -> None:
         """A call on GPU ``index`` was left running (hung): forget that GPU's samples and request without
@@ -138,6 +139,7 @@ class GpmReader:
             for pair in self._pairs.values():
                 self._free(pair)
             self._pairs.clear()
+            self._seen = set()
             self._available = None
             self._requests.clear()
 
