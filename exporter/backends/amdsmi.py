@@ -564,7 +564,7 @@ class AmdSmiBackend(Backend):
         self._metrics_now = {}
         # each GPU inside its lane's job, on this thread; a GPU that stops answering costs itself only
         for d, r, down in self.on_gpus(self._devices, self._read_gpu):
-            out.gpus.append(self._down(d, down) if down is not None else r)
+            out.gpus.append(self._down(d, down, out) if down is not None else r)
         out.peers = self._peers  # static until re-init: the renderer caches its text
 
     def _identity(self, d: _Gpu) -> GpuReading:
@@ -574,8 +574,8 @@ class AmdSmiBackend(Backend):
             firmware_version=d.firmware_version,
         )
 
-    def _down(self, d: _Gpu, down: GpuDown) -> GpuReading:
-        self.count_error(down.kind)
+    def _down(self, d: _Gpu, down: GpuDown, out: Collection) -> GpuReading:
+        out.count_error(down.kind)  # this collection's: an attempt started again counts its own GPUs once
         self.log_once(f"down:{d.index}:{down}", "amdsmi: GPU %d unreadable: %s", d.index, down,
                       level=logging.WARNING)
         return self._identity(d).down(str(down), down.kind)  # its identity, VBIOS included, and no readings

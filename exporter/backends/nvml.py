@@ -479,7 +479,7 @@ class NvmlBackend(Backend):
                                      cuda_driver_version=self._cuda_version).down(str(down), down.kind)
                 if not reading.uuid or not reading.pci_bus_id:
                     self._identity_from_sysfs(reading)
-                self.count_error(down.kind)
+                out.count_error(down.kind)  # this collection's: an attempt started again counts its GPUs once
                 if gpu.index not in self._down:
                     log.warning("nvml: GPU %d unreadable: %s", gpu.index, down)
                 self._down[gpu.index] = str(down)

@@ -19,6 +19,7 @@ from exporter.core.engine import Engine
 from exporter.core.host import host_info
 from exporter.core.options import FieldFilter
 from exporter.core.readings import Collection
+from exporter.core.snapshot import Snapshot
 from tests.harness.poll import wait_until
 from tests.unit.backends.test_hang import Vendor, amdsmi, nvml  # noqa: F401 - the fixtures
 
@@ -95,29 +96,41 @@ def test_the_engine_reads_the_gpus_on_its_collecting_thread(fleet: Vendor) -> No
         engine.stop()
 
 
+def patient_engine(v: Vendor) -> Engine:
+    """An engine whose deadlines (20 s) leave the test all the time it needs to release a held call."""
+    return Engine([v.backend], host_info(), FieldFilter(), collection_interval=0.0, collection_timeout=30.0,
+                  cache_ttl=0.0, call_deadline=20.0)
+
+
+def scrape_held_by_gpu_3(engine: Engine, v: Vendor, reads: list[tuple[int, int]]) -> Snapshot:
+    """A scrape during which GPU 3's power reading blocks until the collection started again beside it
+    has read GPUs 4-7 (and waits for GPU 3's job): then the call returns, within the deadline."""
+    v.hang(v.reading_call, 3)
+    try:
+        got: list[Snapshot] = []
+        scrape = threading.Thread(target=lambda: got.append(engine.scrape()), daemon=True)
+        scrape.start()
+        wait_until(lambda: sorted(i for _, i in reads) == [0, 1, 2, 3, 4, 5, 6, 7], 15,
+                   what="the collection started again to read GPUs 4-7")
+        assert v.hanging() == 1
+    finally:
+        v.release(v.reading_call, 3)
+    scrape.join(30)
+    assert got, "the scrape did not return"
+    return got[0]
+
+
 def test_a_collection_started_again_takes_over_what_the_held_thread_read(fleet: Vendor) -> None:
     """GPU 3's power reading blocks: after STAGGER_S the engine leaves the collecting thread to GPU 3 and
     collects again on another thread. That attempt takes over GPUs 0-2 as read (no second read: a second
     GPM sample a few ms after the first would make a rate over nothing), reads GPUs 4-7, and waits for
     GPU 3's job; when the call returns within the deadline, GPU 3's own reading is published."""
     v = fleet
-    engine = Engine([v.backend], host_info(), FieldFilter(), collection_interval=0.0, collection_timeout=30.0,
-                    cache_ttl=0.0, call_deadline=20.0)
+    engine = patient_engine(v)
     try:
         engine.scrape()
         reads = record_reads(v)
-        v.hang(v.reading_call, 3)
-        got: list[Any] = []
-        scrape = threading.Thread(target=lambda: got.append(engine.scrape()), daemon=True)
-        scrape.start()
-        # the second attempt has read GPUs 4-7 and waits for GPU 3's job: release the call now
-        wait_until(lambda: sorted(i for _, i in reads) == [0, 1, 2, 3, 4, 5, 6, 7], 15,
-                   what="the collection started again to read GPUs 4-7")
-        assert v.hanging() == 1
-        v.release(v.reading_call, 3)
-        scrape.join(30)
-        assert got, "the scrape did not return"
-        snap = got[0]
+        snap = scrape_held_by_gpu_3(engine, v, reads)
         now = {r.index: r for c in snap.collections for r in c.gpus}
         assert snap.stats[v.name].success and sorted(now) == list(range(8))
         assert all(r.up for r in now.values()), {i: r.up_reason for i, r in now.items() if not r.up}
@@ -126,5 +139,27 @@ def test_a_collection_started_again_takes_over_what_the_held_thread_read(fleet: 
         first, second = {t for t, i in reads if i <= 3}, {t for t, i in reads if i >= 4}
         assert len(first) == 1 and len(second) == 1 and first != second
     finally:
-        v.release(v.reading_call, 3)
+        engine.stop()
+
+
+@pytest.mark.parametrize("fleet", ["nvml"], indirect=True)  # the fake NVML can drop a GPU off the bus
+def test_a_collection_started_again_counts_a_lost_gpu_once(fleet: Vendor) -> None:
+    """GPU 1 fell off the bus and GPU 3's reading blocks: the forsaken attempt published GPU 1 as lost
+    (counted), the attempt started again takes GPU 1's read over and publishes it too; the collection's
+    error counter says one GPU lost, not two."""
+    v = fleet
+    engine = patient_engine(v)
+    try:
+        engine.scrape()
+        v.fake.lose(1)
+        lost_before = engine.scrape().stats["nvml"].errors_total.get("gpu_lost", 0)
+        assert lost_before >= 1
+        reads = record_reads(v)
+        snap = scrape_held_by_gpu_3(engine, v, reads)
+        assert len({t for t, _ in reads}) == 2  # it was started again
+        now = {r.index: r for c in snap.collections for r in c.gpus}
+        assert not now[1].up and now[3].up
+        assert snap.stats["nvml"].errors_total.get("gpu_lost", 0) - lost_before == 1
+    finally:
+        v.fake.restore(1)
         engine.stop()
