@@ -138,22 +138,8 @@ class Lane:
         """Make ``fn`` the lane's job, for the calling thread to run at once with :meth:`perform` (or for
         :meth:`submit` to hand to the lane's thread); waits and refuses as :meth:`submit` says."""
         with self._mu:
-            while self.job is not None and not self.job.abandoned:
-                self._queued += 1
-                try:
-                    self._free.wait()
-                finally:
-                    self._queued -= 1
+            self._behind(None, None)
             return self._claim(fn, what, key)
-
-    def _claim(self, fn: Callable[[], Any], what: str, key: object) -> Job:  # under _mu
-        busy = self.job
-        if busy is not None:
-            raise LaneBusy(self.what or busy.what, self.since, late=True)
-        job = Job(fn, what, key)
-        self.job = job
-        self.what, self.since = what, job.started
-        return job
 
     def take(self, fn: Callable[[], Any], what: str, key: object, deadline: float) -> tuple[Job, bool]:
         """:meth:`claim`, for a collection that reads GPUs inline: ``(job, True)`` to :meth:`perform` now;
@@ -166,23 +152,41 @@ class Lane:
             last = self.last
             if key is not None and last is not None and last.key == key and not last.abandoned:
                 return last, False
-            while True:
-                running = self.job
-                if running is None or running.abandoned:
-                    return self._claim(fn, what, key), True
-                if key is not None and running.key == key:
-                    return running, False
-                left = self.since + deadline - time.monotonic()
-                if left <= 0:
-                    running.abandoned = True
-                    if self._queued:
-                        self._free.notify_all()
-                    raise LaneBusy(self.what or running.what, self.since, late=False)
-                self._queued += 1
-                try:
-                    self._free.wait(left)
-                finally:
-                    self._queued -= 1
+            running = self._behind(key, deadline)
+            if running is not None:
+                return running, False
+            return self._claim(fn, what, key), True
+
+    def _behind(self, key: object, deadline: float | None) -> Job | None:  # under _mu
+        """Wait while the lane runs a job its caller still waits for; then return None (:meth:`_claim`
+        refuses an abandoned one). The running job itself when its ``key`` is ``key`` (not None). With a
+        ``deadline``: once that job's call has run that long, abandon it and raise :class:`LaneBusy`."""
+        while True:
+            running = self.job
+            if running is None or running.abandoned:
+                return None
+            if key is not None and running.key == key:
+                return running
+            left = None if deadline is None else self.since + deadline - time.monotonic()
+            if left is not None and left <= 0:
+                running.abandoned = True
+                if self._queued:
+                    self._free.notify_all()
+                raise LaneBusy(self.what or running.what, self.since, late=False)
+            self._queued += 1
+            try:
+                self._free.wait(left)
+            finally:
+                self._queued -= 1
+
+    def _claim(self, fn: Callable[[], Any], what: str, key: object) -> Job:  # under _mu
+        busy = self.job
+        if busy is not None:
+            raise LaneBusy(self.what or busy.what, self.since, late=True)
+        job = Job(fn, what, key)
+        self.job = job
+        self.what, self.since = what, job.started
+        return job
 
     def wait(self, job: Job, remaining: Callable[[], float]) -> Any:
         """Wait for ``job`` while ``remaining()`` (seconds, asked again after each wake-up) is positive;
