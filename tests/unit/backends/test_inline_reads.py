@@ -10,6 +10,7 @@ thread is started.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -97,7 +98,10 @@ def test_the_engine_reads_the_gpus_on_its_collecting_thread(fleet: Vendor) -> No
 
 
 def patient_engine(v: Vendor) -> Engine:
-    """An engine whose deadlines (20 s) leave the test all the time it needs to release a held call."""
+    """An engine and backend whose deadlines (20 s) leave the test all the time it needs to release a held
+    call (the backend's funnel waits by its own --call-deadline: the fixture's 1 s could pass on a loaded
+    machine before the release, and GPU 3 would be published hung)."""
+    v.backend.options = dataclasses.replace(v.backend.options, call_deadline=20.0)
     return Engine([v.backend], host_info(), FieldFilter(), collection_interval=0.0, collection_timeout=30.0,
                   cache_ttl=0.0, call_deadline=20.0)
 
