@@ -88,7 +88,9 @@ class Lane:
         self._free = threading.Condition(self._mu)  # callers queued behind a running job (rare)
         self._queued = 0  # how many: notified only when there are some (a notify_all is a dozen Python calls)
         self.job: Job | None = None  # the job given to the lane and not finished: at most one
-        self.last: Job | None = None  # the job that finished last (Lane.take: its result, for the same key)
+        #: the job with a key that finished last (Lane.take: its result, for the same key); a job without
+        #: one (an XID registration handed to the lane) leaves it, so a read is never made twice for it
+        self.last: Job | None = None
         self._threads = 0  # the lane's own threads (one, unless a job was forsaken: see forsake)
         self._spare = 0  # of them, those idle for the next job
         self._stopped = False
@@ -268,7 +270,8 @@ class Lane:
             job.error = exc
         with self._mu:
             job.finished = True
-            self.last = job
+            if job.key is not None:
+                self.last = job
             if self.job is job:  # else forsaken: the lane went on with another job, on another thread
                 self.job = None
                 self.tid = None

@@ -68,6 +68,24 @@ def test_take_takes_over_a_running_job_with_the_same_key() -> None:
         held.release.set()
 
 
+def test_take_has_a_finished_reads_result_after_another_job_ran_on_the_lane() -> None:
+    """A forsaken attempt finished GPU 3's read; then the XID watcher's registration (a job with no key)
+    ran on GPU 3's lane, before the next attempt came to GPU 3: it has the read's result, not a second
+    read of the GPU (seen failing so: Lane.last was whichever job finished last)."""
+    lane = Lane("t-between")
+    read = lane.claim(lambda: "first", "read", key=("read", 3))
+    lane.perform(read)
+    registration = lane.submit(lambda: "registered", "register")
+    assert lane.wait(registration, lambda: 30.0) == "registered"
+    taken, mine = lane.take(lambda: "second", "read", ("read", 3), deadline=30.0)
+    assert taken is read and not mine
+    assert lane.wait(taken, lambda: 30.0) == "first"
+    other, mine = lane.take(lambda: "next", "read", ("read", 4), deadline=30.0)  # another collection's: its own
+    assert mine and other is not read
+    lane.perform(other)
+    assert lane.wait(other, lambda: 30.0) == "next"
+
+
 def test_take_behind_another_callers_job_gives_up_at_the_deadline_and_abandons_it() -> None:
     """Behind a job that is not the same read (a forsaken attempt's topology row), a collection waits at
     most the call deadline: the job is abandoned and the lane refuses, so the GPU is published hung."""
