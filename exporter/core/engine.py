@@ -394,17 +394,13 @@ class Engine:
                 # deadline while it reads the others (Backend.on_gpus). A GPU holds one thread at most.
                 lane.forsake(job)
                 lane.reserve(len(self._known.get(b.name, ())) + 1)
-                with self._lock:  # the forsaken attempt may still append to coll: a new one
-                    i = next(i for i, c in enumerate(flight.collections) if c is coll)
-                    flight.collections[i] = coll = Collection(backend=b.name)
+                coll = self._fresh(flight, coll)  # the forsaken attempt may still append to coll
         except LaneBusy as busy:
             call = self._node_call(b, lane)
             # the same words at every collection while it hangs (the GPUs' cause); /readyz adds the age
             kind, message = STALLED, f"{busy.what} did not return" if call is None else (
                 f"{call[0]} did not return within {self._node_limit(call[0]):g} s")
-            with self._lock:  # the late collection may still append to coll: publish a new one
-                i = next(i for i, c in enumerate(flight.collections) if c is coll)
-                flight.collections[i] = coll = Collection(backend=b.name)
+            coll = self._fresh(flight, coll)  # the late collection may still append to coll: publish a new one
         except BackendUnavailable as exc:
             kind, message = "unavailable", str(exc)
         except BackendError as exc:
@@ -448,6 +444,15 @@ class Engine:
             self._note_recovery(b.name)
             if every > 0:
                 self._cached[b.name] = (now, coll)
+
+    def _fresh(self, flight: _Flight, coll: Collection) -> Collection:
+        """An empty collection in ``coll``'s place in ``flight``, for a backend whose collection thread
+        was left behind (it may still append to ``coll``)."""
+        fresh = Collection(backend=coll.backend)
+        with self._lock:
+            i = next(i for i, c in enumerate(flight.collections) if c is coll)
+            flight.collections[i] = fresh
+        return fresh
 
     def _init_and_collect(self, b: Backend, coll: Collection, lane: Lane) -> None:
         """On the backend's lane: initialise it if needed (one call about no GPU named ``init``), collect."""

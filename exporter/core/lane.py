@@ -217,12 +217,16 @@ class Lane:
         lane is free, and its next job runs on another thread (see :meth:`reserve`)."""
         with self._mu:
             job.abandoned = job.forsaken = True
-            if self.job is job:
-                self.job = None
-                self.tid = None
-                self.what = ""
-                if self._queued:
-                    self._free.notify_all()
+            self._vacate(job)
+
+    def _vacate(self, job: Job) -> None:  # under _mu
+        """``job`` is no longer the lane's (finished, or forsaken): the lane is free, callers behind it wake."""
+        if self.job is job:
+            self.job = None
+            self.tid = None
+            self.what = ""
+            if self._queued:
+                self._free.notify_all()
 
     def mark(self, what: str) -> None:
         """On the lane: the job now makes the call ``what`` (its deadline starts now)."""
@@ -272,13 +276,8 @@ class Lane:
             job.finished = True
             if job.key is not None:
                 self.last = job
-            if self.job is job:  # else forsaken: the lane went on with another job, on another thread
-                self.job = None
-                self.tid = None
-                self.what = ""
+            self._vacate(job)  # forsaken: the lane went on with another job already, on another thread
             late = job.abandoned and not job.forsaken
-            if self._queued:
-                self._free.notify_all()
         _here.lane = outer
         job.done.release()
         if late and self._on_return is not None:

@@ -35,6 +35,7 @@ from exporter.core.snapshot import Snapshot
 from tests.fakes.fakeamdsmi import FakeAmdSmi, two_gpu_fleet
 from tests.fakes.fakenvml import HANG, UNINITIALIZED, UNKNOWN, FakeNvml
 from tests.harness.poll import wait_until
+from tests.harness.threads import lane_threads
 
 DEADLINE = 1.0  # seconds: --call-deadline for these tests (the default; a loaded 2-core machine can stall a
 # thread for a few hundred ms, which must not pass for a hang)
@@ -384,8 +385,8 @@ def test_a_hung_init_reaches_a_python_api_caller_at_once(nvml: Vendor, backend: 
 
 
 def not_collecting() -> int:
-    """Threads, less the collection lane's (``collect-<backend>``), whose count follows the machine's load."""
-    return sum(not t.name.startswith("collect-") for t in threading.enumerate())
+    """Threads, less the collection lane's (``collect-nvml``), whose count follows the machine's load."""
+    return threading.active_count() - len(lane_threads("collect-nvml"))
 
 
 def xids(engine: Engine) -> dict[tuple[int, str, str], float] | None:
@@ -440,7 +441,7 @@ def test_a_hung_xid_wait_costs_only_the_xid_reading(nvml: Vendor, caplog: pytest
         # lane may reserve up to one thread per GPU, plus one, whenever a call outlasts STAGGER_S: bounded)
         assert [t.name for t in threading.enumerate() if t.name.startswith("nvml-xid")] == ["nvml-xid"]
         assert not_collecting() == threads
-        assert threading.active_count() - not_collecting() <= 9
+        assert len(lane_threads("collect-nvml")) <= 9
         assert v.hanging() == 1
         warned = [r for r in caplog.records if "XID events not watched" in r.getMessage()]
         assert len(warned) == 1, [r.getMessage() for r in warned]

@@ -22,6 +22,7 @@ from exporter.core.options import FieldFilter
 from exporter.core.readings import Collection
 from exporter.core.snapshot import Snapshot
 from tests.harness.poll import wait_until
+from tests.harness.threads import of_lane
 from tests.unit.backends.test_hang import Vendor, amdsmi, nvml  # noqa: F401 - the fixtures
 
 COLLECTIONS = 50
@@ -87,12 +88,9 @@ def test_the_engine_reads_the_gpus_on_its_collecting_thread(fleet: Vendor) -> No
             assert snap.stats[v.name].success
             collecting |= {t.name for t in threading.enumerate() if t.ident in {r for r, _ in reads}}
         assert len(reads) == 80, "a GPU was read twice in one collection"
-
-        def lanes(name: str) -> bool:  # the backend's collection lane's threads: collect-nvml, collect-nvml-2 ...
-            return name == f"collect-{v.name}" or name.startswith(f"collect-{v.name}-")
-
-        assert collecting and all(lanes(name) for name in collecting), collecting
-        assert all(lanes(name) for name in started_since(before, v)), started_since(before, v)
+        lane = f"collect-{v.name}"  # the backend's collection lane: collect-nvml, collect-nvml-2 ...
+        assert collecting and all(of_lane(name, lane) for name in collecting), collecting
+        assert all(of_lane(name, lane) for name in started_since(before, v)), started_since(before, v)
     finally:
         engine.stop()
 

@@ -15,10 +15,7 @@ import pytest
 
 from exporter.core.lane import Abandoned, Lane, LaneBusy
 from tests.harness.poll import wait_until
-
-
-def lane_threads(name: str) -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == name or t.name.startswith(f"{name}-")]
+from tests.harness.threads import lane_threads
 
 
 class Held:
